@@ -1,0 +1,171 @@
+"""The dead-letter queue: jobs that will not be retried any more, kept with their reason.
+
+A dead letter is a ``DeadLetter`` row (the record an operator reads and replays) plus a copy
+of the job on the ``dlq`` Celery queue, which no worker consumes, so the broker shows its
+depth. Both are written in one transaction through the outbox, so neither is lost when a
+worker dies half-way. Replay re-enqueues the original job through the outbox; the job itself
+is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.core.mail import mail_admins
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from core import queues
+from core.db import insert_or_skip
+from core.models import DeadLetter
+from core.outbox import outbox_enqueue, outbox_task_id
+
+logger = logging.getLogger(__name__)
+
+
+def dead_letter_record(*, task: str, task_id: str, args: list[Any], kwargs: dict[str, Any],
+                       queue: str, reason: str, exc: BaseException, traceback: str,
+                       attempts: int, first_failed_at: datetime | None = None
+                       ) -> DeadLetter | None:
+    """Record a dead letter once per task id, and mirror it onto the ``dlq`` queue.
+
+    Returns the new row, or None when this task id was already dead-lettered (a redelivery
+    after the worker died between recording and acknowledging).
+    """
+    now = timezone.now()
+    job_kwargs = {k: v for k, v in kwargs.items() if k != "outbox_id"}
+    letter = DeadLetter(
+        task=task,
+        task_id=task_id,
+        args=args,
+        kwargs=job_kwargs,
+        queue=queue,
+        reason=reason,
+        exception_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        exception_message=str(exc)[:10_000],
+        traceback=traceback[:50_000],
+        attempts=attempts,
+        first_failed_at=first_failed_at or now,
+        last_failed_at=now,
+    )
+    with transaction.atomic():
+        if not insert_or_skip(letter, conflict_fields=["task_id"]):
+            return None
+        letter.broker_copy = outbox_enqueue(
+            task=task, args=args, kwargs=job_kwargs, queue=queues.DLQ
+        )
+        letter.save(update_fields=["broker_copy"])
+    logger.error(
+        "job dead-lettered: %s",
+        reason,
+        extra={"dead_letter_id": letter.pk, "task_name": task, "task_id": task_id,
+               "job_args": args, "reason": reason, "attempts": attempts},
+    )
+    return letter
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    replayed: list[int]
+    skipped: list[int]  # already replayed
+
+
+def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> ReplayResult:
+    """Re-enqueue the original jobs of the given dead letters (all waiting ones if ``ids`` is
+    None). A dead letter is replayed at most once; replaying it again is reported as skipped."""
+    replayed: list[int] = []
+    with transaction.atomic():
+        letters = DeadLetter.objects.select_for_update().order_by("pk")
+        letters = letters.filter(pk__in=ids) if ids is not None else letters.filter(
+            replayed_at__isnull=True
+        )
+        found = list(letters)
+        skipped = [letter.pk for letter in found if letter.replayed_at is not None]
+        for letter in found:
+            if letter.replayed_at is not None:
+                continue
+            letter.replay_outbox = outbox_enqueue(
+                task=letter.task, args=letter.args, kwargs=letter.kwargs,
+                queue=letter.queue if letter.queue != queues.DLQ else queues.DEFAULT,
+            )
+            letter.replayed_at = timezone.now()
+            letter.replayed_by = actor[:150]
+            letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
+            replayed.append(letter.pk)
+    if replayed:
+        transaction.on_commit(lambda: dlq_broker_remove(dead_letter_ids=replayed), robust=True)
+        logger.info("replayed %d dead letter(s)", len(replayed),
+                    extra={"dead_letter_ids": replayed, "actor": actor})
+    return ReplayResult(replayed=replayed, skipped=skipped)
+
+
+def dead_letter_purge(*, older_than: timedelta) -> int:
+    """Delete dead letters created before ``now - older_than``; returns how many."""
+    doomed = DeadLetter.objects.filter(created_at__lt=timezone.now() - older_than)
+    ids = list(doomed.values_list("pk", flat=True))
+    dlq_broker_remove(dead_letter_ids=ids)
+    deleted, _ = DeadLetter.objects.filter(pk__in=ids).delete()
+    return deleted
+
+
+def dead_letters_waiting() -> QuerySet[DeadLetter]:
+    return DeadLetter.objects.filter(replayed_at__isnull=True)
+
+
+def dlq_broker_remove(*, dead_letter_ids: list[int]) -> int:
+    """Take the broker copies of these dead letters off the ``dlq`` queue (best effort: the
+    rows are the record; the copies only make the depth visible in the broker)."""
+    task_ids = {
+        outbox_task_id(pk)
+        for pk in DeadLetter.objects.filter(
+            pk__in=dead_letter_ids, broker_copy__isnull=False
+        ).values_list("broker_copy_id", flat=True)
+    }
+    if not task_ids:
+        return 0
+    from core.celery import app
+
+    removed = 0
+    try:
+        with app.connection_for_write() as conn:
+            client = conn.default_channel.client  # the Redis transport's client
+            key = conn.transport_options.get("global_keyprefix", "") + queues.DLQ
+            for raw in client.lrange(key, 0, -1):
+                try:
+                    task_id = json.loads(raw)["headers"]["id"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if task_id in task_ids:
+                    removed += client.lrem(key, 1, raw)
+    except Exception as exc:  # noqa: BLE001 - the DB rows stay right; the mirror catches up
+        logger.warning("could not remove dead letters from the dlq queue: %r", exc)
+    return removed
+
+
+def dlq_depth() -> int:
+    return dead_letters_waiting().count()
+
+
+def dlq_alert() -> int:
+    """Alert (ERROR log line and mail to ADMINS) when waiting dead letters reach the threshold,
+    at most once per period. Returns the depth."""
+    depth = dlq_depth()
+    if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
+        "dlq-alert-sent", depth, timeout=settings.DLQ_ALERT_PERIOD_SECONDS
+    ):
+        logger.error("DLQ depth %d has reached the alert threshold %d", depth,
+                     settings.DLQ_ALERT_THRESHOLD, extra={"dlq_depth": depth})
+        mail_admins(
+            f"Dead-letter queue depth {depth}",
+            f"{depth} job(s) wait in the dead-letter queue.\n"
+            "Inspect: python manage.py dlq list\nReplay: python manage.py dlq replay ID",
+            fail_silently=True,
+        )
+    return depth

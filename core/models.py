@@ -1,0 +1,83 @@
+"""Rows the async machinery keeps: outbox messages and dead letters.
+
+PostgreSQL is the source of truth for every job: Redis keeps nothing across a restart here,
+so whatever must not be lost is a row before it is a message.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class OutboxMessage(models.Model):
+    """An intent to publish one Celery task, committed with the state change that caused it."""
+
+    task = models.CharField(max_length=200)
+    args = models.JSONField(default=list, help_text="Ids only, never a snapshot of state.")
+    kwargs = models.JSONField(default=dict)
+    queue = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    publish_attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            # The relay's scan and the backlog gauge read only unpublished rows.
+            models.Index(
+                fields=["created_at"],
+                name="outbox_unpublished_idx",
+                condition=Q(published_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"outbox #{self.pk} {self.task}{tuple(self.args)}"
+
+
+class DeadLetter(models.Model):
+    """A job that will not be retried any more: exhausted, or failed permanently."""
+
+    class Reason(models.TextChoices):
+        PERMANENT = "permanent", "Permanent failure"
+        EXHAUSTED = "exhausted", "Retries exhausted"
+        PROVIDER_UNAVAILABLE = "provider_unavailable", "Provider unavailable"
+        REDELIVERY_LIMIT = "redelivery_limit", "Redelivered too often"
+
+    task = models.CharField(max_length=200)
+    # The Celery task id of the failed job; a worker that dies while dead-lettering and runs
+    # the job again writes the same row, not a second one.
+    task_id = models.CharField(max_length=255, unique=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    queue = models.CharField(max_length=100)
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    exception_class = models.CharField(max_length=255, blank=True)
+    exception_message = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField()
+    first_failed_at = models.DateTimeField()
+    last_failed_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=150, blank=True)
+    # The copy of the job on the ``dlq`` queue, published through the outbox.
+    broker_copy = models.ForeignKey(
+        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    replay_outbox = models.ForeignKey(
+        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="deadletter_waiting_idx",
+                condition=Q(replayed_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"dead letter #{self.pk} {self.task}{tuple(self.args)} ({self.reason})"

@@ -1,0 +1,107 @@
+"""The transactional outbox: nothing is published before the state change that caused it commits.
+
+``outbox_enqueue`` writes the intent in the caller's transaction and publishes it from
+``transaction.on_commit``. A publish that fails (broker down, stalled past the socket timeout)
+leaves the row unpublished and the request unharmed; ``outbox_relay`` publishes such rows later.
+Rows are published under ``SELECT ... FOR UPDATE SKIP LOCKED`` so two publishers never publish
+the same row at once. A crash between publishing and marking published publishes the row
+again: consumers are idempotent, so twice is harmless; never is what this prevents.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from core.models import OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+
+def outbox_task_id(message_id: int) -> str:
+    """The Celery task id of an outbox row's message: every publish of the row shares it."""
+    return f"outbox-{message_id}"
+
+
+def outbox_enqueue(
+    *, task: str, args: list[Any], queue: str, kwargs: dict[str, Any] | None = None
+) -> OutboxMessage:
+    """Record the intent to run ``task`` in the current transaction; publish once it commits."""
+    message = OutboxMessage.objects.create(
+        task=task, args=args, kwargs=kwargs or {}, queue=queue
+    )
+    transaction.on_commit(lambda: outbox_publish(ids=[message.pk]), robust=True)
+    return message
+
+
+def outbox_publish(*, ids: Iterable[int] | None = None, older_than: timedelta | None = None,
+                   limit: int | None = None) -> int:
+    """Publish unpublished rows (those in ``ids``, or those older than ``older_than``).
+
+    Returns how many were published. Stops at the first broker failure: the broker is down or
+    stalled, and every further row would wait out the same timeout.
+    """
+    from core.celery import app
+
+    rows = OutboxMessage.objects.select_for_update(skip_locked=True).filter(
+        published_at__isnull=True
+    )
+    if ids is not None:
+        rows = rows.filter(pk__in=list(ids))
+    if older_than is not None:
+        rows = rows.filter(created_at__lt=timezone.now() - older_than)
+    limit = limit or settings.OUTBOX_RELAY_BATCH_SIZE
+
+    published: list[int] = []
+    with transaction.atomic():
+        batch = list(rows.order_by("pk")[:limit])
+        for message in batch:
+            try:
+                app.send_task(
+                    message.task,
+                    args=message.args,
+                    kwargs={**message.kwargs, "outbox_id": message.pk},
+                    queue=message.queue,
+                    task_id=outbox_task_id(message.pk),
+                    # No blocking retry loop here: the row is the retry (celery #4296).
+                    retry=False,
+                )
+            except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
+                logger.warning(
+                    "outbox publish failed; the relay will retry",
+                    extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},
+                )
+                OutboxMessage.objects.filter(pk=message.pk).update(
+                    publish_attempts=F("publish_attempts") + 1, last_error=repr(exc)[:2000]
+                )
+                break
+            published.append(message.pk)
+        if published:
+            OutboxMessage.objects.filter(pk__in=published).update(
+                published_at=timezone.now(), publish_attempts=F("publish_attempts") + 1
+            )
+    return len(published)
+
+
+def outbox_relay(*, grace: timedelta | None = None, batch_size: int | None = None,
+                 max_batches: int = 50) -> int:
+    """Publish rows left unpublished past the grace period, batch by batch. Safe to run twice,
+    and concurrently: each batch takes only rows no other relay holds."""
+    grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
+    batch_size = batch_size or settings.OUTBOX_RELAY_BATCH_SIZE
+    total = 0
+    for _ in range(max_batches):
+        count = outbox_publish(older_than=grace, limit=batch_size)
+        total += count
+        if count < batch_size:
+            break
+    if total:
+        logger.info("outbox relay published %d message(s)", total, extra={"published": total})
+    return total

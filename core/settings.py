@@ -1,0 +1,279 @@
+"""Settings for the invoice-emailing application.
+
+One module, one environment reader (django-environ). Every default works on a development
+machine with PostgreSQL and Redis on localhost; with ``DJANGO_DEBUG`` off, secrets have no
+default and a missing one stops start-up with a message naming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+
+
+def _secret(name: str, *, dev_default: str) -> str:
+    """A secret from the environment: a development default only while DEBUG is on."""
+    value = env.str(name, default="").strip()
+    if value:
+        return value
+    if DEBUG:
+        return dev_default
+    raise ImproperlyConfigured(
+        f"{name} must be set when DJANGO_DEBUG is off (it has no production default)."
+    )
+
+
+SECRET_KEY = _secret(
+    "DJANGO_SECRET_KEY",
+    dev_default="django-insecure-development-only-key-never-use-in-production-0123456789",
+)
+ALLOWED_HOSTS = env.list(
+    "DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"]
+)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_celery_beat",
+    "core",
+    "invoicing",
+    "webhooks",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "core.urls"
+WSGI_APPLICATION = "core.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {
+    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/invoicing"),
+}
+# Persistent connections: a new PostgreSQL connection per webhook would cost more than the
+# webhook's own work. Health checks drop a connection that died (server restart) before use.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int(
+    "DATABASE_CONNECT_TIMEOUT", default=3
+)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Cache (throttles, circuit breaker state) ----------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/1")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env.str("REDIS_KEY_PREFIX", default="invoicing"),
+        "OPTIONS": {"socket_timeout": 1, "socket_connect_timeout": 1},
+    }
+}
+
+# --- Auth, i18n, static ---------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- HTTPS ------------------------------------------------------------------------------------
+# On by default in production; DJANGO_SECURE_SSL_REDIRECT=0 turns the HTTPS-only settings off
+# for plain HTTP on loopback (tests, stripe-cli) while keeping the rest of production.
+HTTPS_ONLY = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+SECURE_SSL_REDIRECT = HTTPS_ONLY
+SESSION_COOKIE_SECURE = HTTPS_ONLY
+CSRF_COOKIE_SECURE = HTTPS_ONLY
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31536000 if HTTPS_ONLY else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
+SECURE_HSTS_PRELOAD = HTTPS_ONLY
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Probes from inside the deployment speak plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^health/$", r"^metrics$"]
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+# --- Stripe webhooks ------------------------------------------------------------------------
+# One secret, or several separated by commas while a secret is rolled: Stripe then signs each
+# delivery with every active secret for up to 24 h.
+STRIPE_WEBHOOK_SECRETS = [
+    s.strip()
+    for s in _secret("STRIPE_WEBHOOK_SECRET", dev_default="whsec_development_only").split(",")
+    if s.strip()
+]
+# Seconds a signature timestamp may lie in the past or the future.
+STRIPE_WEBHOOK_TOLERANCE = env.int("STRIPE_WEBHOOK_TOLERANCE", default=300)
+if STRIPE_WEBHOOK_TOLERANCE <= 0:
+    # stripe-python treats a falsy tolerance as "no check": never allow that.
+    raise ImproperlyConfigured("STRIPE_WEBHOOK_TOLERANCE must be a positive number of seconds.")
+WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
+# What the provider is told to wait before retrying when we cannot take a delivery.
+WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
+
+# --- Email ------------------------------------------------------------------------------------
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
+EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+# Seconds for every blocking SMTP socket operation: a hung server must not hold a worker.
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Billing <billing@example.com>")
+SERVER_EMAIL = env.str("SERVER_EMAIL", default=DEFAULT_FROM_EMAIL)
+ADMINS = [("Operator", a) for a in env.list("DJANGO_ADMINS", default=[])]
+
+# --- Celery -----------------------------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+# Messages carry ids and intent; JSON keeps them readable and refuses pickled code.
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = TIME_ZONE
+# Nothing reads task results: the database holds every outcome.
+CELERY_TASK_IGNORE_RESULT = True
+# At-least-once: acknowledge after the task ran, not when it was received...
+CELERY_TASK_ACKS_LATE = True
+# ...and requeue, rather than acknowledge, a task whose pool process was killed.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A worker reserves one message at a time, so a dying worker strands at most one.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A default time budget for every task; the email task sets a tighter one of its own.
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=100)
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=120)
+# A lost broker connection cancels running acks_late tasks: their ack could not be delivered
+# anyway, and the broker redelivers them.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Long-running workers grow; recycle pool processes before they do.
+CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("CELERY_WORKER_MAX_TASKS_PER_CHILD", default=5000)
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int(
+    "CELERY_WORKER_MAX_MEMORY_PER_CHILD", default=256_000
+)  # KiB
+
+# An unacknowledged message is redelivered after this many seconds (the worker that held it
+# is presumed dead). It must outlive every countdown plus the task's time limit, or a delayed
+# task is delivered again while it waits (kombu #337); it also bounds how long a message held
+# by a SIGKILLed worker waits before redelivery.
+CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=180)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    # Scan for abandoned messages every 10 s instead of kombu's default ~100 s.
+    "unacked_restore_interval": 10,
+    "unacked_restore_throttle": 1,
+    # A restore that died holding the mutex blocks others for this long, not 5 minutes.
+    "unacked_mutex_expire": 30,
+    # Publishing must not hang on a stalled broker (celery #4296): fail fast instead; the
+    # outbox keeps the message.
+    "socket_timeout": env.float("CELERY_BROKER_SOCKET_TIMEOUT", default=2.0),
+    "socket_connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
+    # Separate runs sharing one Redis (tests, benchmarks) do not consume each other's tasks.
+    "global_keyprefix": env.str("CELERY_BROKER_KEY_PREFIX", default=""),
+}
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+# --- The invoice email task -------------------------------------------------------------------
+# Five attempts in all (Celery counts retries: max_retries = attempts - 1).
+EMAIL_MAX_ATTEMPTS = 5
+# Exponential backoff with full jitter: attempt n waits randrange(min(MAX, BASE * 2**n) + 1).
+EMAIL_RETRY_BACKOFF_BASE = env.int("EMAIL_RETRY_BACKOFF_BASE", default=2)
+EMAIL_RETRY_BACKOFF_MAX = env.int("EMAIL_RETRY_BACKOFF_MAX", default=60)
+EMAIL_TASK_SOFT_TIME_LIMIT = env.int("EMAIL_TASK_SOFT_TIME_LIMIT", default=45)
+EMAIL_TASK_TIME_LIMIT = env.int("EMAIL_TASK_TIME_LIMIT", default=60)
+# How long a claim on an invoice's email blocks other workers: longer than the task's hard
+# time limit, so a live claim is never taken over while its owner can still be sending.
+EMAIL_CLAIM_LEASE_SECONDS = env.int("EMAIL_CLAIM_LEASE_SECONDS", default=90)
+
+if EMAIL_RETRY_BACKOFF_BASE < 1 or EMAIL_RETRY_BACKOFF_MAX < 1:
+    raise ImproperlyConfigured("EMAIL_RETRY_BACKOFF_BASE and _MAX must be at least 1 second.")
+if EMAIL_CLAIM_LEASE_SECONDS <= EMAIL_TASK_TIME_LIMIT:
+    raise ImproperlyConfigured("EMAIL_CLAIM_LEASE_SECONDS must exceed EMAIL_TASK_TIME_LIMIT.")
+if (
+    EMAIL_RETRY_BACKOFF_MAX + EMAIL_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT
+    or CELERY_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT
+):
+    raise ImproperlyConfigured(
+        "CELERY_VISIBILITY_TIMEOUT must outlive the longest retry countdown plus the task "
+        "time limit, or a delayed task is delivered twice while it waits (kombu #337)."
+    )
+
+# --- Outbox -----------------------------------------------------------------------------------
+# Rows younger than this are left to their own on-commit publish; the sweep takes the rest.
+OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
+OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
+
+# --- Dead letters -----------------------------------------------------------------------------
+DLQ_ALERT_THRESHOLD = env.int("DLQ_ALERT_THRESHOLD", default=1)
+DLQ_ALERT_PERIOD_SECONDS = env.int("DLQ_ALERT_PERIOD_SECONDS", default=3600)
+
+# --- REST framework ---------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+}
+
+# --- Logging ----------------------------------------------------------------------------------
+LOG_FORMAT = env.str("LOG_FORMAT", default="text")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
+    },
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+    },
+}

@@ -1,0 +1,68 @@
+"""Invoices and the one-email-per-invoice key.
+
+``EmailDelivery.key`` is the idempotency key of an email (``invoice_email_sent:<invoice pk>``
+for the payment email): UNIQUE, so at most one row, and so at most one live claim, exists per
+email whatever runs concurrently.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Invoice(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        OPEN = "open"
+        PAID = "paid"
+        UNCOLLECTIBLE = "uncollectible"
+        VOID = "void"
+
+    provider_invoice_id = models.CharField(max_length=255, unique=True)
+    number = models.CharField(max_length=255, blank=True)
+    customer_email = models.CharField(max_length=320, blank=True)
+    customer_name = models.CharField(max_length=255, blank=True)
+    amount_paid = models.BigIntegerField(default=0, help_text="Integer minor units.")
+    currency = models.CharField(max_length=3, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.OPEN)
+    hosted_invoice_url = models.URLField(max_length=2000, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    # The provider's time (event ``created``) of the last state applied: an older event for
+    # this invoice changes nothing.
+    provider_updated_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "paid_at"], name="invoice_status_paid_idx")]
+
+    def __str__(self) -> str:
+        return self.number or self.provider_invoice_id
+
+
+class EmailDelivery(models.Model):
+    """One email's idempotency key and its claim: a worker sends only while it holds the row."""
+
+    class State(models.TextChoices):
+        SENDING = "sending", "Sending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    key = models.CharField(max_length=255, unique=True)
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="emails")
+    state = models.CharField(max_length=10, choices=State.choices)
+    attempts = models.PositiveIntegerField(default=0)
+    claimed_by = models.CharField(max_length=255, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    message_id = models.CharField(max_length=255)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    requested_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "email deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.state})"

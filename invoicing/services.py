@@ -1,0 +1,208 @@
+"""The email guarantee: one email per paid invoice, whatever runs twice.
+
+The key ``invoice_email_sent:<invoice pk>`` is an ``EmailDelivery`` row under a UNIQUE
+constraint. A worker sends only after it has *claimed* that row with one atomic
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: the claim succeeds for a new key, a
+key whose last attempt failed, or a claim whose lease has expired; it fails for a key already
+sent or claimed by a live worker. So two workers racing for one invoice send one email, and a
+run after success is a no-op.
+
+The crash window: a worker that dies after the SMTP server accepted the message but before it
+marked the key sent leaves a claim in ``sending``. The claim blocks every other worker for
+``EMAIL_CLAIM_LEASE_SECONDS`` (longer than the task's hard time limit, so a live owner is never
+overtaken). After that, the redelivered message (or the recovery job) takes the claim over and
+sends again: at most one duplicate per crash, carrying the same deterministic Message-ID so the
+receiving side can collapse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from core import queues
+from core.db import insert_or_skip
+from core.outbox import outbox_enqueue
+from core.tasks import PermanentError
+from invoicing import mail
+from invoicing.models import EmailDelivery, Invoice
+
+logger = logging.getLogger(__name__)
+
+SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"
+
+
+@dataclass(frozen=True)
+class InvoiceData:
+    """What we keep of a provider invoice, already validated."""
+
+    provider_invoice_id: str
+    number: str
+    customer_email: str
+    customer_name: str
+    amount_paid: int
+    currency: str
+    status: str
+    hosted_invoice_url: str
+    paid_at: datetime | None
+
+
+def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Invoice | None:
+    """Upsert an invoice from a payment event, inside the caller's transaction.
+
+    Never moves an invoice backwards: an event older than the state already applied changes
+    nothing (returns None), and a paid invoice stays paid. When this event is the one that made
+    the invoice paid, the intent to email it is written to the outbox in the same transaction.
+    """
+    fields = {
+        "number": data.number,
+        "customer_email": data.customer_email,
+        "customer_name": data.customer_name,
+        "amount_paid": data.amount_paid,
+        "currency": data.currency,
+        "status": data.status,
+        "hosted_invoice_url": data.hosted_invoice_url,
+        "paid_at": data.paid_at,
+        "provider_updated_at": provider_time,
+    }
+    invoice = Invoice(provider_invoice_id=data.provider_invoice_id, **fields)
+    if insert_or_skip(invoice, conflict_fields=["provider_invoice_id"]):
+        was_paid = False
+    else:
+        # The row lock serialises events for one invoice; the comparison below is then exact.
+        invoice = Invoice.objects.select_for_update().get(
+            provider_invoice_id=data.provider_invoice_id
+        )
+        if provider_time < invoice.provider_updated_at:
+            logger.info("stale invoice event ignored",
+                        extra={"invoice_id": invoice.pk, "provider_time": provider_time})
+            return None
+        was_paid = invoice.status == Invoice.Status.PAID
+        for name, value in fields.items():
+            setattr(invoice, name, value)
+        if was_paid:
+            invoice.status = Invoice.Status.PAID
+            invoice.paid_at = invoice.paid_at or data.paid_at
+        invoice.save()
+    if not was_paid and invoice.status == Invoice.Status.PAID:
+        outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk], queue=queues.EMAIL)
+    return invoice
+
+
+def invoice_email_key(invoice: Invoice) -> str:
+    return f"invoice_email_sent:{invoice.pk}"
+
+
+def invoice_email_message_id(invoice: Invoice, key: str) -> str:
+    """A Message-ID derived from the invoice and the key alone: every send of one email,
+    including a duplicate after a crash, carries the same one."""
+    provider = re.sub(r"[^A-Za-z0-9_.-]", "", invoice.provider_invoice_id)[:64] or "invoice"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"<{provider}.{digest}@{mail.message_id_domain()}>"
+
+
+_CLAIM_SQL = """
+INSERT INTO invoicing_emaildelivery AS d
+    (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
+     last_error, requested_by, created_at, updated_at)
+VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
+        now() + make_interval(secs => %(lease)s), %(message_id)s, '', %(requested_by)s,
+        now(), now())
+ON CONFLICT (key) DO UPDATE
+    SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
+        lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
+    WHERE d.state = 'failed' OR (d.state = 'sending' AND d.lease_expires_at < now())
+RETURNING id, attempts, (xmax <> 0) AS reclaimed, lease_expires_at
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    delivery_id: int
+    attempts: int
+    message_id: str
+
+
+def email_claim(*, invoice: Invoice, key: str, owner: str, requested_by: str = "") -> Claim | None:
+    """Claim the right to send the email under ``key``; None if it is sent or held by a live
+    claim. One statement, enforced by the UNIQUE key: no check-then-insert window."""
+    message_id = invoice_email_message_id(invoice, key)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, {
+            "key": key, "invoice_id": invoice.pk, "owner": owner[:255],
+            "lease": settings.EMAIL_CLAIM_LEASE_SECONDS, "message_id": message_id,
+            "requested_by": requested_by[:150],
+        })
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    delivery_id, attempts, reclaimed, _ = row
+    if reclaimed:
+        logger.info("email claim taken (attempt %d)", attempts,
+                    extra={"invoice_id": invoice.pk, "key": key, "attempt": attempts})
+    return Claim(delivery_id=delivery_id, attempts=attempts, message_id=message_id)
+
+
+def _claim_release(claim: Claim, *, owner: str, error: str) -> None:
+    EmailDelivery.objects.filter(
+        pk=claim.delivery_id, claimed_by=owner[:255], state=EmailDelivery.State.SENDING
+    ).update(state=EmailDelivery.State.FAILED, lease_expires_at=None, last_error=error[:2000])
+
+
+def _claim_mark_sent(claim: Claim) -> None:
+    """Mark the key sent. The message is already accepted, so a database blip here is waited
+    out (about 6 s) rather than turned into a retry that could send a duplicate."""
+    for delay in (0.5, 1, 1.5, 3, None):
+        try:
+            EmailDelivery.objects.filter(pk=claim.delivery_id).exclude(
+                state=EmailDelivery.State.SENT
+            ).update(state=EmailDelivery.State.SENT, sent_at=timezone.now(),
+                     lease_expires_at=None, last_error="")
+            return
+        except (OperationalError, InterfaceError):
+            if delay is None:
+                raise
+            logger.warning("could not mark the email sent; retrying in %.1f s", delay,
+                           extra={"delivery_id": claim.delivery_id})
+            connection.close()
+            time.sleep(delay)
+
+
+def invoice_email_send(*, invoice_id: int, owner: str) -> str:
+    """Send the paid-invoice email for ``invoice_id`` at most once. Returns what happened:
+    ``sent``, ``not_paid``, or ``skipped`` (already sent, or another worker holds the claim).
+
+    Raises ``TransientError`` (retry) or ``PermanentError`` (dead-letter)."""
+    invoice = Invoice.objects.filter(pk=invoice_id).first()
+    if invoice is None:
+        raise PermanentError(f"invoice {invoice_id} does not exist")
+    if invoice.status != Invoice.Status.PAID:
+        logger.info("invoice not paid; no email", extra={"invoice_id": invoice_id})
+        return "not_paid"
+    key = invoice_email_key(invoice)
+    claim = email_claim(invoice=invoice, key=key, owner=owner)
+    if claim is None:
+        logger.info("invoice email already sent or in progress",
+                    extra={"invoice_id": invoice_id, "key": key})
+        return "skipped"
+    try:
+        message = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
+        mail.deliver(message)
+    except Exception as exc:
+        # Release the claim whatever failed, so the retry (or a replay) can claim it again.
+        _claim_release(claim, owner=owner, error=repr(exc))
+        raise
+    _claim_mark_sent(claim)
+    logger.info("invoice email sent", extra={
+        "invoice_id": invoice_id, "key": key, "attempt": claim.attempts,
+        "message_id": claim.message_id,
+    })
+    return "sent"

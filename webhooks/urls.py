@@ -1,0 +1,6 @@
+from django.urls import path
+
+from webhooks.views import StripeWebhookView
+
+app_name = "webhooks"
+urlpatterns = [path("stripe/", StripeWebhookView.as_view(), name="stripe")]
