@@ -7,6 +7,12 @@ from collections.abc import Sequence
 from django.db import connection, models
 
 
+def _column(field: object) -> str:
+    column = getattr(field, "column", None)
+    assert isinstance(column, str), field
+    return connection.ops.quote_name(column)
+
+
 def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
     """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance.
 
@@ -17,13 +23,12 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
     """
     meta = instance._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key or instance.pk is not None]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    conflict = ", ".join(
-        connection.ops.quote_name(meta.get_field(name).column) for name in conflict_fields
-    )
+    columns = ", ".join(_column(f) for f in fields)
+    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     placeholders = ", ".join(["%s"] * len(fields))
-    pk_column = connection.ops.quote_name(meta.pk.column)  # type: ignore[union-attr]
+    assert meta.pk is not None
+    pk_column = _column(meta.pk)
     sql = (
         f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
         f"VALUES ({placeholders}) ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk_column}"

@@ -30,10 +30,19 @@ from core.outbox import outbox_enqueue, outbox_task_id
 logger = logging.getLogger(__name__)
 
 
-def dead_letter_record(*, task: str, task_id: str, args: list[Any], kwargs: dict[str, Any],
-                       queue: str, reason: str, exc: BaseException, traceback: str,
-                       attempts: int, first_failed_at: datetime | None = None
-                       ) -> DeadLetter | None:
+def dead_letter_record(
+    *,
+    task: str,
+    task_id: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    queue: str,
+    reason: str,
+    exc: BaseException,
+    traceback: str,
+    attempts: int,
+    first_failed_at: datetime | None = None,
+) -> DeadLetter | None:
     """Record a dead letter once per task id, and mirror it onto the ``dlq`` queue.
 
     Returns the new row, or None when this task id was already dead-lettered (a redelivery
@@ -65,8 +74,14 @@ def dead_letter_record(*, task: str, task_id: str, args: list[Any], kwargs: dict
     logger.error(
         "job dead-lettered: %s",
         reason,
-        extra={"dead_letter_id": letter.pk, "task_name": task, "task_id": task_id,
-               "job_args": args, "reason": reason, "attempts": attempts},
+        extra={
+            "dead_letter_id": letter.pk,
+            "task_name": task,
+            "task_id": task_id,
+            "job_args": args,
+            "reason": reason,
+            "attempts": attempts,
+        },
     )
     return letter
 
@@ -83,8 +98,10 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> Repl
     replayed: list[int] = []
     with transaction.atomic():
         letters = DeadLetter.objects.select_for_update().order_by("pk")
-        letters = letters.filter(pk__in=ids) if ids is not None else letters.filter(
-            replayed_at__isnull=True
+        letters = (
+            letters.filter(pk__in=ids)
+            if ids is not None
+            else letters.filter(replayed_at__isnull=True)
         )
         found = list(letters)
         skipped = [letter.pk for letter in found if letter.replayed_at is not None]
@@ -92,7 +109,9 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> Repl
             if letter.replayed_at is not None:
                 continue
             letter.replay_outbox = outbox_enqueue(
-                task=letter.task, args=letter.args, kwargs=letter.kwargs,
+                task=letter.task,
+                args=letter.args,
+                kwargs=letter.kwargs,
                 queue=letter.queue if letter.queue != queues.DLQ else queues.DEFAULT,
             )
             letter.replayed_at = timezone.now()
@@ -101,8 +120,11 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> Repl
             replayed.append(letter.pk)
     if replayed:
         transaction.on_commit(lambda: dlq_broker_remove(dead_letter_ids=replayed), robust=True)
-        logger.info("replayed %d dead letter(s)", len(replayed),
-                    extra={"dead_letter_ids": replayed, "actor": actor})
+        logger.info(
+            "replayed %d dead letter(s)",
+            len(replayed),
+            extra={"dead_letter_ids": replayed, "actor": actor},
+        )
     return ReplayResult(replayed=replayed, skipped=skipped)
 
 
@@ -135,8 +157,9 @@ def dlq_broker_remove(*, dead_letter_ids: list[int]) -> int:
     removed = 0
     try:
         with app.connection_for_write() as conn:
-            client = conn.default_channel.client  # the Redis transport's client
-            key = conn.transport_options.get("global_keyprefix", "") + queues.DLQ
+            channel: Any = conn.default_channel
+            client = channel.client  # the Redis transport's client
+            key = (conn.transport_options or {}).get("global_keyprefix", "") + queues.DLQ
             for raw in client.lrange(key, 0, -1):
                 try:
                     task_id = json.loads(raw)["headers"]["id"]
@@ -160,8 +183,12 @@ def dlq_alert() -> int:
     if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
         "dlq-alert-sent", depth, timeout=settings.DLQ_ALERT_PERIOD_SECONDS
     ):
-        logger.error("DLQ depth %d has reached the alert threshold %d", depth,
-                     settings.DLQ_ALERT_THRESHOLD, extra={"dlq_depth": depth})
+        logger.error(
+            "DLQ depth %d has reached the alert threshold %d",
+            depth,
+            settings.DLQ_ALERT_THRESHOLD,
+            extra={"dlq_depth": depth},
+        )
         mail_admins(
             f"Dead-letter queue depth {depth}",
             f"{depth} job(s) wait in the dead-letter queue.\n"

@@ -34,15 +34,17 @@ def outbox_enqueue(
     *, task: str, args: list[Any], queue: str, kwargs: dict[str, Any] | None = None
 ) -> OutboxMessage:
     """Record the intent to run ``task`` in the current transaction; publish once it commits."""
-    message = OutboxMessage.objects.create(
-        task=task, args=args, kwargs=kwargs or {}, queue=queue
-    )
+    message = OutboxMessage.objects.create(task=task, args=args, kwargs=kwargs or {}, queue=queue)
     transaction.on_commit(lambda: outbox_publish(ids=[message.pk]), robust=True)
     return message
 
 
-def outbox_publish(*, ids: Iterable[int] | None = None, older_than: timedelta | None = None,
-                   limit: int | None = None) -> int:
+def outbox_publish(
+    *,
+    ids: Iterable[int] | None = None,
+    older_than: timedelta | None = None,
+    limit: int | None = None,
+) -> int:
     """Publish unpublished rows (those in ``ids``, or those older than ``older_than``).
 
     Returns how many were published. Stops at the first broker failure: the broker is down or
@@ -90,8 +92,9 @@ def outbox_publish(*, ids: Iterable[int] | None = None, older_than: timedelta | 
     return len(published)
 
 
-def outbox_relay(*, grace: timedelta | None = None, batch_size: int | None = None,
-                 max_batches: int = 50) -> int:
+def outbox_relay(
+    *, grace: timedelta | None = None, batch_size: int | None = None, max_batches: int = 50
+) -> int:
     """Publish rows left unpublished past the grace period, batch by batch. Safe to run twice,
     and concurrently: each batch takes only rows no other relay holds."""
     grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace

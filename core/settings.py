@@ -63,7 +63,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "core.urls"
+# Benchmarks serve extra views (a no-op POST) beside the real ones through their own URLconf.
+ROOT_URLCONF = env.str("DJANGO_ROOT_URLCONF", default="core.urls")
 WSGI_APPLICATION = "core.wsgi.application"
 
 TEMPLATES = [

@@ -55,8 +55,9 @@ class ReliableTask(Task):
         except (TypeError, ValueError):
             return timezone.now()
 
-    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
-                   einfo: Any) -> None:
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
         from core.deadletters import dead_letter_record
         from core.models import DeadLetter
 

@@ -23,9 +23,26 @@ from invoicing.models import Invoice
 
 # ISO 4217 exponents that are not 2, for the currencies Stripe supports.
 _ZERO_DECIMAL = frozenset(
-    "bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split()
+    [
+        "bif",
+        "clp",
+        "djf",
+        "gnf",
+        "jpy",
+        "kmf",
+        "krw",
+        "mga",
+        "pyg",
+        "rwf",
+        "ugx",
+        "vnd",
+        "vuv",
+        "xaf",
+        "xof",
+        "xpf",
+    ]
 )
-_THREE_DECIMAL = frozenset("bhd jod kwd omr tnd".split())
+_THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
 
 
 def format_amount(minor: int, currency: str) -> str:
@@ -67,8 +84,7 @@ def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlter
         subject=f"Your invoice {context['number']} is paid",
         body=render_to_string("invoicing/email/invoice_paid.txt", context),
         from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[formataddr((invoice.customer_name, recipient)) if invoice.customer_name
-            else recipient],
+        to=[formataddr((invoice.customer_name, recipient)) if invoice.customer_name else recipient],
         headers={"Message-ID": message_id},
     )
     message.attach_alternative(

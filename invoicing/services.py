@@ -82,8 +82,10 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
             provider_invoice_id=data.provider_invoice_id
         )
         if provider_time < invoice.provider_updated_at:
-            logger.info("stale invoice event ignored",
-                        extra={"invoice_id": invoice.pk, "provider_time": provider_time})
+            logger.info(
+                "stale invoice event ignored",
+                extra={"invoice_id": invoice.pk, "provider_time": provider_time},
+            )
             return None
         was_paid = invoice.status == Invoice.Status.PAID
         for name, value in fields.items():
@@ -136,18 +138,27 @@ def email_claim(*, invoice: Invoice, key: str, owner: str, requested_by: str = "
     claim. One statement, enforced by the UNIQUE key: no check-then-insert window."""
     message_id = invoice_email_message_id(invoice, key)
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, {
-            "key": key, "invoice_id": invoice.pk, "owner": owner[:255],
-            "lease": settings.EMAIL_CLAIM_LEASE_SECONDS, "message_id": message_id,
-            "requested_by": requested_by[:150],
-        })
+        cursor.execute(
+            _CLAIM_SQL,
+            {
+                "key": key,
+                "invoice_id": invoice.pk,
+                "owner": owner[:255],
+                "lease": settings.EMAIL_CLAIM_LEASE_SECONDS,
+                "message_id": message_id,
+                "requested_by": requested_by[:150],
+            },
+        )
         row = cursor.fetchone()
     if row is None:
         return None
     delivery_id, attempts, reclaimed, _ = row
     if reclaimed:
-        logger.info("email claim taken (attempt %d)", attempts,
-                    extra={"invoice_id": invoice.pk, "key": key, "attempt": attempts})
+        logger.info(
+            "email claim taken (attempt %d)",
+            attempts,
+            extra={"invoice_id": invoice.pk, "key": key, "attempt": attempts},
+        )
     return Claim(delivery_id=delivery_id, attempts=attempts, message_id=message_id)
 
 
@@ -164,14 +175,21 @@ def _claim_mark_sent(claim: Claim) -> None:
         try:
             EmailDelivery.objects.filter(pk=claim.delivery_id).exclude(
                 state=EmailDelivery.State.SENT
-            ).update(state=EmailDelivery.State.SENT, sent_at=timezone.now(),
-                     lease_expires_at=None, last_error="")
+            ).update(
+                state=EmailDelivery.State.SENT,
+                sent_at=timezone.now(),
+                lease_expires_at=None,
+                last_error="",
+            )
             return
         except (OperationalError, InterfaceError):
             if delay is None:
                 raise
-            logger.warning("could not mark the email sent; retrying in %.1f s", delay,
-                           extra={"delivery_id": claim.delivery_id})
+            logger.warning(
+                "could not mark the email sent; retrying in %.1f s",
+                delay,
+                extra={"delivery_id": claim.delivery_id},
+            )
             connection.close()
             time.sleep(delay)
 
@@ -190,8 +208,10 @@ def invoice_email_send(*, invoice_id: int, owner: str) -> str:
     key = invoice_email_key(invoice)
     claim = email_claim(invoice=invoice, key=key, owner=owner)
     if claim is None:
-        logger.info("invoice email already sent or in progress",
-                    extra={"invoice_id": invoice_id, "key": key})
+        logger.info(
+            "invoice email already sent or in progress",
+            extra={"invoice_id": invoice_id, "key": key},
+        )
         return "skipped"
     try:
         message = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
@@ -201,8 +221,13 @@ def invoice_email_send(*, invoice_id: int, owner: str) -> str:
         _claim_release(claim, owner=owner, error=repr(exc))
         raise
     _claim_mark_sent(claim)
-    logger.info("invoice email sent", extra={
-        "invoice_id": invoice_id, "key": key, "attempt": claim.attempts,
-        "message_id": claim.message_id,
-    })
+    logger.info(
+        "invoice email sent",
+        extra={
+            "invoice_id": invoice_id,
+            "key": key,
+            "attempt": claim.attempts,
+            "message_id": claim.message_id,
+        },
+    )
     return "sent"

@@ -54,8 +54,13 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
             return Recorded(event_id=event.id, duplicate=True, state="duplicate")
         if event.invoice is not None:
             invoice = invoice_record_payment(data=event.invoice, provider_time=event.created)
-            logger.info("payment event applied", extra={
-                "event_id": event.id, "event_type": event.type,
-                "invoice_id": invoice.pk if invoice else None, "stale": invoice is None,
-            })
+            logger.info(
+                "payment event applied",
+                extra={
+                    "event_id": event.id,
+                    "event_type": event.type,
+                    "invoice_id": invoice.pk if invoice else None,
+                    "stale": invoice is None,
+                },
+            )
     return Recorded(event_id=event.id, duplicate=False, state=row.state)

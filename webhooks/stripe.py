@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 import stripe
 
@@ -37,8 +37,14 @@ class WebhookRejected(Exception):
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
-def signature_verify(*, payload: bytes, header: str | None, secrets: Sequence[str],
-                     tolerance: int, now: float | None = None) -> int:
+def signature_verify(
+    *,
+    payload: bytes,
+    header: str | None,
+    secrets: Sequence[str],
+    tolerance: int,
+    now: float | None = None,
+) -> int:
     """Verify a ``Stripe-Signature`` header; return its timestamp or raise ``WebhookRejected``."""
     if not header or not header.strip():
         raise WebhookRejected("missing Stripe-Signature header")
@@ -141,9 +147,13 @@ def _invoice(obj: Any, event_type: str) -> InvoiceData:
     )
 
 
-def _is_name(value: Any) -> bool:
-    return (isinstance(value, str) and 0 < len(value) <= 255 and value.strip() == value
-            and value.isprintable())
+def _is_name(value: Any) -> TypeGuard[str]:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= 255
+        and value.strip() == value
+        and value.isprintable()
+    )
 
 
 def event_parse(*, payload: bytes, signed_at: int) -> Event:

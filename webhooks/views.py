@@ -60,11 +60,17 @@ class StripeWebhookView(View):
                 event=event, body=payload.decode("utf-8"), headers=headers
             )
         except (OperationalError, InterfaceError) as exc:
-            logger.error("database unavailable; asking the provider to retry",
-                         extra={"event_id": event.id, "error": repr(exc)})
+            logger.error(
+                "database unavailable; asking the provider to retry",
+                extra={"event_id": event.id, "error": repr(exc)},
+            )
             response = JsonResponse({"error": "temporarily unavailable"}, status=503)
             response["Retry-After"] = str(settings.WEBHOOK_RETRY_AFTER_SECONDS)
             return response
-        return JsonResponse({
-            "received": True, "event_id": recorded.event_id, "duplicate": recorded.duplicate,
-        })
+        return JsonResponse(
+            {
+                "received": True,
+                "event_id": recorded.event_id,
+                "duplicate": recorded.duplicate,
+            }
+        )

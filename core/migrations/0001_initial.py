@@ -5,54 +5,108 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='OutboxMessage',
+            name="OutboxMessage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('task', models.CharField(max_length=200)),
-                ('args', models.JSONField(default=list, help_text='Ids only, never a snapshot of state.')),
-                ('kwargs', models.JSONField(default=dict)),
-                ('queue', models.CharField(max_length=100)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('published_at', models.DateTimeField(blank=True, null=True)),
-                ('publish_attempts', models.PositiveIntegerField(default=0)),
-                ('last_error', models.TextField(blank=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("task", models.CharField(max_length=200)),
+                (
+                    "args",
+                    models.JSONField(
+                        default=list, help_text="Ids only, never a snapshot of state."
+                    ),
+                ),
+                ("kwargs", models.JSONField(default=dict)),
+                ("queue", models.CharField(max_length=100)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("published_at", models.DateTimeField(blank=True, null=True)),
+                ("publish_attempts", models.PositiveIntegerField(default=0)),
+                ("last_error", models.TextField(blank=True)),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('published_at__isnull', True)), fields=['created_at'], name='outbox_unpublished_idx')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("published_at__isnull", True)),
+                        fields=["created_at"],
+                        name="outbox_unpublished_idx",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='DeadLetter',
+            name="DeadLetter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('task', models.CharField(max_length=200)),
-                ('task_id', models.CharField(max_length=255, unique=True)),
-                ('args', models.JSONField(default=list)),
-                ('kwargs', models.JSONField(default=dict)),
-                ('queue', models.CharField(max_length=100)),
-                ('reason', models.CharField(choices=[('permanent', 'Permanent failure'), ('exhausted', 'Retries exhausted'), ('provider_unavailable', 'Provider unavailable'), ('redelivery_limit', 'Redelivered too often')], max_length=32)),
-                ('exception_class', models.CharField(blank=True, max_length=255)),
-                ('exception_message', models.TextField(blank=True)),
-                ('traceback', models.TextField(blank=True)),
-                ('attempts', models.PositiveIntegerField()),
-                ('first_failed_at', models.DateTimeField()),
-                ('last_failed_at', models.DateTimeField()),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('replayed_at', models.DateTimeField(blank=True, null=True)),
-                ('replayed_by', models.CharField(blank=True, max_length=150)),
-                ('broker_copy', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='core.outboxmessage')),
-                ('replay_outbox', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='core.outboxmessage')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("task", models.CharField(max_length=200)),
+                ("task_id", models.CharField(max_length=255, unique=True)),
+                ("args", models.JSONField(default=list)),
+                ("kwargs", models.JSONField(default=dict)),
+                ("queue", models.CharField(max_length=100)),
+                (
+                    "reason",
+                    models.CharField(
+                        choices=[
+                            ("permanent", "Permanent failure"),
+                            ("exhausted", "Retries exhausted"),
+                            ("provider_unavailable", "Provider unavailable"),
+                            ("redelivery_limit", "Redelivered too often"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("exception_class", models.CharField(blank=True, max_length=255)),
+                ("exception_message", models.TextField(blank=True)),
+                ("traceback", models.TextField(blank=True)),
+                ("attempts", models.PositiveIntegerField()),
+                ("first_failed_at", models.DateTimeField()),
+                ("last_failed_at", models.DateTimeField()),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("replayed_at", models.DateTimeField(blank=True, null=True)),
+                ("replayed_by", models.CharField(blank=True, max_length=150)),
+                (
+                    "broker_copy",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="core.outboxmessage",
+                    ),
+                ),
+                (
+                    "replay_outbox",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="core.outboxmessage",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('replayed_at__isnull', True)), fields=['created_at'], name='deadletter_waiting_idx')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("replayed_at__isnull", True)),
+                        fields=["created_at"],
+                        name="deadletter_waiting_idx",
+                    )
+                ],
             },
         ),
     ]

@@ -5,53 +5,92 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Invoice',
+            name="Invoice",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('provider_invoice_id', models.CharField(max_length=255, unique=True)),
-                ('number', models.CharField(blank=True, max_length=255)),
-                ('customer_email', models.CharField(blank=True, max_length=320)),
-                ('customer_name', models.CharField(blank=True, max_length=255)),
-                ('amount_paid', models.BigIntegerField(default=0, help_text='Integer minor units.')),
-                ('currency', models.CharField(blank=True, max_length=3)),
-                ('status', models.CharField(choices=[('draft', 'Draft'), ('open', 'Open'), ('paid', 'Paid'), ('uncollectible', 'Uncollectible'), ('void', 'Void')], default='open', max_length=20)),
-                ('hosted_invoice_url', models.URLField(blank=True, max_length=2000)),
-                ('paid_at', models.DateTimeField(blank=True, null=True)),
-                ('provider_updated_at', models.DateTimeField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("provider_invoice_id", models.CharField(max_length=255, unique=True)),
+                ("number", models.CharField(blank=True, max_length=255)),
+                ("customer_email", models.CharField(blank=True, max_length=320)),
+                ("customer_name", models.CharField(blank=True, max_length=255)),
+                (
+                    "amount_paid",
+                    models.BigIntegerField(default=0, help_text="Integer minor units."),
+                ),
+                ("currency", models.CharField(blank=True, max_length=3)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("open", "Open"),
+                            ("paid", "Paid"),
+                            ("uncollectible", "Uncollectible"),
+                            ("void", "Void"),
+                        ],
+                        default="open",
+                        max_length=20,
+                    ),
+                ),
+                ("hosted_invoice_url", models.URLField(blank=True, max_length=2000)),
+                ("paid_at", models.DateTimeField(blank=True, null=True)),
+                ("provider_updated_at", models.DateTimeField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['status', 'paid_at'], name='invoice_status_paid_idx')],
+                "indexes": [
+                    models.Index(fields=["status", "paid_at"], name="invoice_status_paid_idx")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='EmailDelivery',
+            name="EmailDelivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=255, unique=True)),
-                ('state', models.CharField(choices=[('sending', 'Sending'), ('sent', 'Sent'), ('failed', 'Failed')], max_length=10)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('claimed_by', models.CharField(blank=True, max_length=255)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('message_id', models.CharField(max_length=255)),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('requested_by', models.CharField(blank=True, max_length=150)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('invoice', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='emails', to='invoicing.invoice')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=255, unique=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("sending", "Sending"), ("sent", "Sent"), ("failed", "Failed")],
+                        max_length=10,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("claimed_by", models.CharField(blank=True, max_length=255)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("message_id", models.CharField(max_length=255)),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True)),
+                ("requested_by", models.CharField(blank=True, max_length=150)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "invoice",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="emails",
+                        to="invoicing.invoice",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'email deliveries',
+                "verbose_name_plural": "email deliveries",
             },
         ),
     ]

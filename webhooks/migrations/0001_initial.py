@@ -4,25 +4,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='WebhookEvent',
+            name="WebhookEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.CharField(max_length=255, unique=True)),
-                ('type', models.CharField(db_index=True, max_length=255)),
-                ('livemode', models.BooleanField(default=False)),
-                ('body', models.TextField(help_text='The raw body exactly as received.')),
-                ('headers', models.JSONField(default=dict)),
-                ('received_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('state', models.CharField(choices=[('processed', 'Processed'), ('ignored', 'Ignored (type not acted on)'), ('failed', 'Failed')], max_length=10)),
-                ('error', models.TextField(blank=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("event_id", models.CharField(max_length=255, unique=True)),
+                ("type", models.CharField(db_index=True, max_length=255)),
+                ("livemode", models.BooleanField(default=False)),
+                ("body", models.TextField(help_text="The raw body exactly as received.")),
+                ("headers", models.JSONField(default=dict)),
+                ("received_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("processed", "Processed"),
+                            ("ignored", "Ignored (type not acted on)"),
+                            ("failed", "Failed"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                ("error", models.TextField(blank=True)),
             ],
         ),
     ]

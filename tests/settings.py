@@ -1,0 +1,18 @@
+"""Test settings: core.settings with a broker key prefix and cache prefix of this run's own,
+so test runs (and the worker processes they start) never consume each other's tasks, and
+short retry delays so exhausting five attempts takes seconds."""
+
+import os
+import uuid
+
+_RUN = os.environ.setdefault("TEST_RUN_ID", uuid.uuid4().hex[:10])
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("CELERY_BROKER_KEY_PREFIX", f"test-{_RUN}:")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
+os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{_RUN}")
+os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
+os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
+os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_test_primary,whsec_test_rolled")
+os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
+
+from core.settings import *  # noqa: E402, F403

@@ -1,0 +1,327 @@
+"""POST /webhooks/stripe/ against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from core.models import OutboxMessage
+from invoicing.models import Invoice
+from tests.conftest import SECRET, WEBHOOK_URL, paid_event, post_event
+from webhooks import testing as stripe_testing
+from webhooks.models import WebhookEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def test_valid_paid_event_is_stored_applied_and_acknowledged(client: Client) -> None:
+    event = paid_event(
+        "in_valid001",
+        customer_email="a@example.com",
+        amount=1999,
+        currency="eur",
+        number="INV-0001",
+    )
+    body = stripe_testing.encode(event)
+
+    response = post_event(client, body)
+
+    assert response.status_code == 200
+    assert response.json() == {"received": True, "event_id": event["id"], "duplicate": False}
+    stored = WebhookEvent.objects.get()
+    assert stored.event_id == event["id"]
+    assert stored.body == body.decode()  # the raw body, byte for byte
+    assert stored.headers["Stripe-Signature"].startswith("t=")
+    assert stored.state == WebhookEvent.State.PROCESSED
+    invoice = Invoice.objects.get()
+    assert (invoice.provider_invoice_id, invoice.number, invoice.customer_email) == (
+        "in_valid001",
+        "INV-0001",
+        "a@example.com",
+    )
+    assert (invoice.amount_paid, invoice.currency, invoice.status) == (1999, "eur", "paid")
+    assert invoice.paid_at is not None
+    outbox = OutboxMessage.objects.get()
+    assert (outbox.task, outbox.args) == ("invoicing.send_invoice_email", [invoice.pk])
+
+
+def test_other_event_types_are_stored_and_ignored(client: Client) -> None:
+    event = stripe_testing.event("customer.created", stripe_testing.customer_object())
+    response = post_event(client, stripe_testing.encode(event))
+    assert response.status_code == 200
+    assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
+    assert not Invoice.objects.exists()
+    assert not OutboxMessage.objects.exists()
+
+
+def test_missing_optional_fields_and_unknown_fields_do_not_fail(client: Client) -> None:
+    event = stripe_testing.event(
+        "invoice.payment_succeeded",
+        {
+            "id": "in_minimal",
+            "object": "invoice",
+            "brand_new_field": {"x": [1, 2]},
+        },
+    )
+    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    invoice = Invoice.objects.get()
+    assert (invoice.status, invoice.number, invoice.customer_email) == ("paid", "", "")
+
+
+def _body() -> bytes:
+    return stripe_testing.encode(paid_event())
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (None, "missing Stripe-Signature header"),
+        ("", "missing Stripe-Signature header"),
+        ("garbage", "malformed Stripe-Signature header"),
+        ("t=abc,v1=00", "malformed Stripe-Signature header"),
+        ("t=1,t=2,v1=00", "malformed Stripe-Signature header"),
+        ("t=%(now)s,v1=é", "malformed Stripe-Signature header"),
+        ("t=%(now)s,v1=" + "0" * 64, "no signature matches"),
+        ("t=%(now)s,v0=" + "0" * 64, "no v1 signature in Stripe-Signature header"),
+    ],
+)
+def test_bad_signature_headers_are_400_and_store_nothing(
+    client: Client, header: str | None, reason: str
+) -> None:
+    extra: dict[str, Any] = {}
+    if header is not None:
+        extra["HTTP_STRIPE_SIGNATURE"] = header % {"now": int(time.time())}
+    response = client.post(WEBHOOK_URL, data=_body(), content_type="application/json", **extra)
+    assert response.status_code == 400
+    assert response.json() == {"error": reason}
+    assert not WebhookEvent.objects.exists()
+
+
+def test_only_a_fake_v0_signature_is_refused(client: Client) -> None:
+    body = _body()
+    good = stripe_testing.signature_header(body, SECRET)
+    v0_only = good.replace("v1=", "v0=")
+    response = post_event(client, body, header=v0_only)
+    assert response.status_code == 400
+    assert not WebhookEvent.objects.exists()
+
+
+def test_stripe_cli_shape_with_fake_v0_beside_v1_is_accepted(client: Client) -> None:
+    body = _body()
+    header = stripe_testing.signature_header(body, SECRET, with_v0=True)
+    assert ",v0=" in header
+    assert post_event(client, body, header=header).status_code == 200
+
+
+def test_signature_from_a_different_secret_is_refused(client: Client) -> None:
+    response = post_event(client, _body(), secret="whsec_someone_else")
+    assert response.status_code == 400
+    assert response.json()["error"] == "no signature matches"
+    assert not WebhookEvent.objects.exists()
+
+
+def test_rotation_accepts_either_secret_and_any_v1(client: Client) -> None:
+    body = _body()
+    assert post_event(client, body, secret="whsec_test_rolled").status_code == 200
+    # During a roll Stripe sends one v1 per secret; a bad one first must not hide a good one.
+    body2 = _body()
+    good = stripe_testing.signature_header(body2, SECRET)
+    timestamp, v1 = good.split(",")
+    header = f"{timestamp},v1={'f' * 64},{v1}"
+    assert post_event(client, body2, header=header).status_code == 200
+    assert WebhookEvent.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("offset", "status", "reason"),
+    [
+        (-290, 200, None),
+        (290, 200, None),
+        (-310, 400, "signature timestamp too old"),
+        (310, 400, "signature timestamp in the future"),
+    ],
+)
+def test_timestamp_tolerance_in_both_directions(
+    client: Client, offset: int, status: int, reason: str | None
+) -> None:
+    response = post_event(client, _body(), timestamp=int(time.time()) + offset)
+    assert response.status_code == status
+    if reason:
+        assert response.json()["error"] == reason
+        assert not WebhookEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'\xff\xfe{"id": 1}', "body is not UTF-8"),
+        (b"{not json", "body is not JSON"),
+        (b"[1, 2]", "body is not a JSON object"),
+        (b'{"type": "invoice.paid"}', "event has no id"),
+        (b'{"id": "evt_1"}', "event has no type"),
+        (b'{"id": "", "type": "invoice.paid"}', "event has no id"),
+        (b'{"id": "evt_1", "type": "invoice.paid", "data": {}}', "data.object is missing"),
+        (
+            b'{"id": "evt_1", "type": "invoice.paid", "data": {"object": {"id": "in_1", '
+            b'"amount_paid": "12"}}}',
+            "amount_paid is not a non-negative integer",
+        ),
+        (
+            b'{"id": "evt_1", "type": "x", "created": 99999999999999}',
+            "created is not a plausible timestamp",
+        ),
+        (b'{"id": "evt\\u0000", "type": "x"}', "event has no id"),
+        (b'{"id": "evt_1", "type": "x", "pad": "\x00"}', "body contains a NUL byte"),
+    ],
+)
+def test_bad_bodies_are_400_and_store_nothing(client: Client, body: bytes, reason: str) -> None:
+    response = post_event(client, body)
+    assert response.status_code == 400
+    assert response.json() == {"error": reason}
+    assert not WebhookEvent.objects.exists()
+    assert not Invoice.objects.exists()
+
+
+def test_empty_body_is_400(client: Client) -> None:
+    response = post_event(client, b"")
+    assert response.status_code == 400
+
+
+def test_body_over_one_mebibyte_is_413(client: Client) -> None:
+    event = paid_event()
+    event["padding"] = "x" * (1024 * 1024)
+    response = post_event(client, stripe_testing.encode(event))
+    assert response.status_code == 413
+    assert not WebhookEvent.objects.exists()
+
+
+@pytest.mark.parametrize("method", ["get", "put", "patch", "delete", "head", "options"])
+def test_other_methods_are_405(client: Client, method: str) -> None:
+    response = getattr(client, method)(WEBHOOK_URL)
+    assert response.status_code == 405
+    assert response["Allow"] == "POST"
+
+
+def test_sequential_duplicate_answers_200_and_changes_nothing(client: Client) -> None:
+    body = _body()
+    first = post_event(client, body)
+    invoice_before = Invoice.objects.values().get()
+    second = post_event(client, body)  # a provider retry: new t, new signature, same event
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert second.json()["duplicate"] is True
+    assert WebhookEvent.objects.count() == 1
+    assert Invoice.objects.values().get() == invoice_before
+    assert OutboxMessage.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_deliveries_store_one_row_and_log_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    body = _body()
+    barrier = threading.Barrier(20)
+    statuses: list[int] = []
+    errors: list[BaseException] = []
+
+    def deliver() -> None:
+        try:
+            client = Client()
+            barrier.wait()
+            statuses.append(post_event(client, body).status_code)
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with caplog.at_level(logging.WARNING):
+        threads = [threading.Thread(target=deliver) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+    assert errors == []
+    assert statuses == [200] * 20
+    assert WebhookEvent.objects.count() == 1
+    assert Invoice.objects.count() == 1
+    assert OutboxMessage.objects.count() == 1
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_paid_and_payment_succeeded_for_one_invoice_write_one_outbox_row() -> None:
+    events = [
+        stripe_testing.encode(paid_event("in_race", event_type=t))
+        for t in ("invoice.paid", "invoice.payment_succeeded")
+    ]
+    bodies = [body for body in events for _ in range(5)]
+    barrier = threading.Barrier(len(bodies))
+    statuses: list[int] = []
+
+    def deliver(body: bytes) -> None:
+        try:
+            barrier.wait()
+            statuses.append(post_event(Client(), body).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver, args=(b,)) for b in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(statuses) == [200] * 10
+    assert WebhookEvent.objects.count() == 2
+    assert Invoice.objects.count() == 1
+    assert OutboxMessage.objects.count() == 1
+
+
+def test_stale_event_for_a_paid_invoice_changes_nothing(client: Client) -> None:
+    now = int(time.time())
+    newer = paid_event("in_order", created=now, customer_email="new@example.com")
+    older = paid_event(
+        "in_order",
+        created=now - 60,
+        customer_email="old@example.com",
+        event_type="invoice.payment_succeeded",
+    )
+    assert post_event(client, stripe_testing.encode(newer)).status_code == 200
+    before = Invoice.objects.values().get()
+    assert post_event(client, stripe_testing.encode(older)).status_code == 200
+    assert Invoice.objects.values().get() == before
+    assert WebhookEvent.objects.count() == 2  # stored, but without effect
+    assert OutboxMessage.objects.count() == 1
+
+
+def test_a_paid_invoice_stays_paid(client: Client) -> None:
+    now = int(time.time())
+    post_event(client, stripe_testing.encode(paid_event("in_stay", created=now)))
+    # A later event claiming the invoice is open (as a misordered replay could) keeps it paid.
+    later = paid_event("in_stay", created=now + 5, status="open")
+    assert post_event(client, stripe_testing.encode(later)).status_code == 200
+    assert Invoice.objects.get().status == "paid"
+    assert OutboxMessage.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_unavailable_answers_503_with_retry_after(client: Client) -> None:
+    body = _body()
+    real_port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "1"  # nothing listens there: a real refused connection
+    try:
+        response = post_event(client, body)
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = real_port
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) > 0
+    assert json.loads(response.content) == {"error": "temporarily unavailable"}
+    assert not WebhookEvent.objects.exists()
