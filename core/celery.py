@@ -16,4 +16,5 @@ app = Celery("core")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = queues.DEFAULT
 app.conf.task_queues = queues.CONSUMED
+app.conf.task_routes = queues.ROUTES
 app.autodiscover_tasks()

@@ -109,10 +109,7 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> Repl
             if letter.replayed_at is not None:
                 continue
             letter.replay_outbox = outbox_enqueue(
-                task=letter.task,
-                args=letter.args,
-                kwargs=letter.kwargs,
-                queue=letter.queue if letter.queue != queues.DLQ else queues.DEFAULT,
+                task=letter.task, args=letter.args, kwargs=letter.kwargs
             )
             letter.replayed_at = timezone.now()
             letter.replayed_by = actor[:150]

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core import queues
 from core.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,14 @@ def outbox_task_id(message_id: int) -> str:
 
 
 def outbox_enqueue(
-    *, task: str, args: list[Any], queue: str, kwargs: dict[str, Any] | None = None
+    *, task: str, args: list[Any], kwargs: dict[str, Any] | None = None, queue: str | None = None
 ) -> OutboxMessage:
-    """Record the intent to run ``task`` in the current transaction; publish once it commits."""
-    message = OutboxMessage.objects.create(task=task, args=args, kwargs=kwargs or {}, queue=queue)
+    """Record the intent to run ``task`` in the current transaction; publish once it commits.
+
+    ``queue`` defaults to the task's route (``core.queues.ROUTES``)."""
+    message = OutboxMessage.objects.create(
+        task=task, args=args, kwargs=kwargs or {}, queue=queue or queues.queue_for(task)
+    )
     transaction.on_commit(lambda: outbox_publish(ids=[message.pk]), robust=True)
     return message
 

@@ -13,3 +13,12 @@ DLQ = "dlq"
 
 # What a worker started with no -Q consumes.
 CONSUMED = (Queue(DEFAULT), Queue(EMAIL))
+
+# Where each task is published: the one place a task's queue is decided.
+ROUTES = {
+    "invoicing.send_invoice_email": {"queue": EMAIL},
+}
+
+
+def queue_for(task_name: str) -> str:
+    return ROUTES.get(task_name, {}).get("queue", DEFAULT)

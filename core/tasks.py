@@ -70,7 +70,7 @@ class ReliableTask(Task):
             task_id=task_id,
             args=list(args or ()),
             kwargs=dict(kwargs or {}),
-            queue=delivery.get("routing_key") or getattr(self, "queue", None) or queues.DEFAULT,
+            queue=delivery.get("routing_key") or queues.queue_for(self.name),
             reason=reason,
             exc=exc,
             traceback=str(einfo) if einfo else "",
@@ -79,7 +79,7 @@ class ReliableTask(Task):
         )
 
 
-@shared_task(base=ReliableTask, name="core.outbox_relay", queue=queues.DEFAULT, max_retries=0)
+@shared_task(base=ReliableTask, name="core.outbox_relay", max_retries=0)
 def outbox_relay() -> int:
     from core.outbox import outbox_relay as relay
 

@@ -28,7 +28,6 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from core import queues
 from core.db import insert_or_skip
 from core.outbox import outbox_enqueue
 from core.tasks import PermanentError
@@ -95,7 +94,7 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
             invoice.paid_at = invoice.paid_at or data.paid_at
         invoice.save()
     if not was_paid and invoice.status == Invoice.Status.PAID:
-        outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk], queue=queues.EMAIL)
+        outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk])
     return invoice
 
 

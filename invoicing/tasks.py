@@ -5,7 +5,6 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from core import queues
 from core.tasks import ReliableTask
 from invoicing import services
 
@@ -14,7 +13,6 @@ from invoicing import services
     bind=True,
     base=ReliableTask,
     name=services.SEND_INVOICE_EMAIL_TASK,
-    queue=queues.EMAIL,
     max_retries=settings.EMAIL_MAX_ATTEMPTS - 1,  # Celery counts retries, not attempts
     retry_backoff=settings.EMAIL_RETRY_BACKOFF_BASE,
     retry_backoff_max=settings.EMAIL_RETRY_BACKOFF_MAX,
