@@ -10,7 +10,9 @@ again: consumers are idempotent, so twice is harmless; never is what this preven
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -42,6 +44,34 @@ def outbox_enqueue(
     )
     transaction.on_commit(lambda: outbox_publish(ids=[message.pk]), robust=True)
     return message
+
+
+_local = threading.local()
+
+
+def _connection() -> Any:
+    """This thread's broker connection for publishing, with a short socket timeout of its own:
+    a stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
+    timeout (kombu's publish otherwise blocks, celery #4296)."""
+    from core.celery import app
+
+    connection = getattr(_local, "connection", None)
+    if connection is None:
+        timeout = settings.OUTBOX_PUBLISH_TIMEOUT
+        options = {
+            **app.conf.broker_transport_options,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+        }
+        connection = _local.connection = app.connection_for_write(transport_options=options)
+    return connection
+
+
+def _connection_drop() -> None:
+    connection = _local.__dict__.pop("connection", None)
+    if connection is not None:
+        with contextlib.suppress(Exception):
+            connection.release()
 
 
 def outbox_publish(
@@ -77,10 +107,12 @@ def outbox_publish(
                     kwargs={**message.kwargs, "outbox_id": message.pk},
                     queue=message.queue,
                     task_id=outbox_task_id(message.pk),
+                    connection=_connection(),
                     # No blocking retry loop here: the row is the retry (celery #4296).
                     retry=False,
                 )
             except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
+                _connection_drop()
                 logger.warning(
                     "outbox publish failed; the relay will retry",
                     extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},

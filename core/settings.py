@@ -245,6 +245,8 @@ if (
 # Rows younger than this are left to their own on-commit publish; the sweep takes the rest.
 OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
 OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
+# Seconds a publish may wait on the broker before the row is left to the relay.
+OUTBOX_PUBLISH_TIMEOUT = env.float("OUTBOX_PUBLISH_TIMEOUT", default=0.5)
 
 # --- Dead letters -----------------------------------------------------------------------------
 DLQ_ALERT_THRESHOLD = env.int("DLQ_ALERT_THRESHOLD", default=1)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from tests.smtp import SmtpServer
+from tests.smtp import SmtpServer, free_port
 from webhooks import testing as stripe_testing
 
 SECRET = "whsec_test_primary"
@@ -49,15 +49,28 @@ def paid_event(
     )
 
 
+def use_smtp(settings: Any, port: int) -> None:
+    # The test runner swaps in the locmem backend; these tests talk SMTP for real.
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST = "127.0.0.1"
+    settings.EMAIL_PORT = port
+
+
 @pytest.fixture
 def smtp(settings: Any) -> Iterator[SmtpServer]:
     """A real SMTP server for this test; Django's email settings point at it."""
     server = SmtpServer().start()
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = server.port
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    use_smtp(settings, server.port)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def smtp_unreachable(settings: Any) -> int:
+    """Django's email settings point at a port where nothing listens."""
+    port = free_port()
+    use_smtp(settings, port)
+    return port
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:

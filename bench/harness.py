@@ -1,0 +1,361 @@
+"""Serving the application with gunicorn and loading it over HTTP, for every benchmark.
+
+``serve()`` starts gunicorn on a socket it binds itself (no free-port race), waits until a
+request gets a real answer from Django (gunicorn listens before its workers have loaded the
+application), and stops the whole process group on the way out, on an error or Ctrl-C too.
+
+``load()`` is a closed-loop generator: ``concurrency`` threads each send one pre-built request,
+wait for the complete response, and send the next, for a fixed time or until the requests run
+out. Requests are raw HTTP/1.1 bytes built before timing; the client parses just enough of the
+response (status line, ``Content-Length``, ``Connection``) to keep its own CPU cost small on a
+machine it shares with the server. A latency runs from the first byte sent (the connect, when
+the server closed the previous connection) to the last byte of the response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.stack import ROOT
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class GunicornConfig:
+    worker_class: str = "sync"
+    workers: int = 4
+    threads: int = 1
+    timeout: int = 30
+
+    def argv(self) -> list[str]:
+        return [
+            f"--worker-class={self.worker_class}",
+            f"--workers={self.workers}",
+            f"--threads={self.threads}",
+            f"--timeout={self.timeout}",
+        ]
+
+    def describe(self) -> str:
+        threads = f" x {self.threads} threads" if self.worker_class == "gthread" else ""
+        return f"{self.worker_class}, {self.workers} workers{threads}"
+
+
+@dataclass(frozen=True)
+class Server:
+    host: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def worker_pids(self) -> list[int]:
+        """The master and its worker processes."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [self.process.pid, *(int(pid) for pid in children.read_text().split())]
+
+
+def http_request(
+    *, path: str, body: bytes, port: int, headers: Mapping[str, str] | None = None
+) -> bytes:
+    """A complete HTTP/1.1 POST, ready to write to a socket."""
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {HOST}:{port}",
+        f"Content-Length: {len(body)}",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _Response:
+    __slots__ = ("body", "keep_alive", "status")
+
+    def __init__(self, status: int, body: bytes, keep_alive: bool) -> None:
+        self.status = status
+        self.body = body
+        self.keep_alive = keep_alive
+
+
+def _exchange(sock: socket.socket, request: bytes) -> _Response:
+    sock.sendall(request)
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("connection closed before the response headers")
+        buffer += chunk
+    head, _, body = buffer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.split(b"\r\n")
+    status = int(status_line.split(b" ", 2)[1])
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip().lower()
+    keep_alive = headers.get(b"connection") != b"close"
+    if b"content-length" not in headers:
+        if headers.get(b"transfer-encoding") or keep_alive:
+            raise ConnectionError("response framed other than by Content-Length or close")
+        while chunk := sock.recv(65536):
+            body += chunk
+        return _Response(status, body, keep_alive=False)
+    length = int(headers[b"content-length"])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("connection closed inside the response body")
+        body += chunk
+    return _Response(status, body, keep_alive)
+
+
+def _connect(port: int, timeout: float) -> socket.socket:
+    sock = socket.create_connection((HOST, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def post_once(port: int, request: bytes, *, timeout: float = 5.0) -> tuple[int, bytes]:
+    """Send one request on a new connection; return the status and body."""
+    with _connect(port, timeout) as sock:
+        response = _exchange(sock, request)
+    return response.status, response.body
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the master (graceful), then SIGKILL its whole process group if it lingers."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+    # Workers orphaned by a master that died or hung are still in the group we created.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@contextlib.contextmanager
+def serve(
+    *,
+    env: Mapping[str, str],
+    config: GunicornConfig,
+    log_path: Path,
+    ready_path: str,
+    ready_body: bytes = b"{}",
+    ready_status: int = 200,
+    startup_timeout: float = 60.0,
+) -> Iterator[Server]:
+    """Run ``gunicorn core.wsgi`` with ``env`` on 127.0.0.1 for the duration of the block.
+
+    The block starts once a POST of ``ready_body`` to ``ready_path`` gets ``ready_status``.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((HOST, 0))
+    port = listener.getsockname()[1]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "core.wsgi",
+                f"--bind=fd://{listener.fileno()}",
+                *config.argv(),
+                "--no-control-socket",
+                "--log-level=warning",
+                f"--error-logfile={log_path}",
+            ],
+            cwd=ROOT,
+            env=dict(env),
+            pass_fds=(listener.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches us, and we stop the server in order
+        )
+    listener.close()
+    try:
+        request = http_request(path=ready_path, body=ready_body, port=port)
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"gunicorn exited with {process.returncode}:\n{_log_tail(log_path)}"
+                )
+            try:
+                status, body = post_once(port, request, timeout=2.0)
+            except OSError:
+                status, body = 0, b""
+            if status == ready_status:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"gunicorn gave no {ready_status} within {startup_timeout:.0f} s "
+                    f"(last: {status} {body[:200]!r}):\n{_log_tail(log_path)}"
+                )
+            time.sleep(0.2)
+        yield Server(host=HOST, port=port, process=process)
+    finally:
+        _stop(process, grace=10.0)
+
+
+@dataclass
+class LoadResult:
+    """One closed-loop run: latencies (seconds) of the successful requests, failures by kind."""
+
+    elapsed: float
+    latencies: list[float]
+    errors: Counter[str]
+    exhausted: bool  # the requests ran out before the duration did
+
+    @property
+    def successes(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def requests(self) -> int:
+        return self.successes + sum(self.errors.values())
+
+    @property
+    def rate(self) -> float:
+        """Successful requests per second."""
+        return self.successes / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending sequence (``nan`` when it is empty)."""
+    if not ordered:
+        return math.nan
+    return ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1]
+
+
+@dataclass
+class _Tally:
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    exhausted: bool = False
+    crash: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    port: int
+    requests: Sequence[bytes]
+    cycle: bool
+    expect: bytes
+    deadline: float
+    timeout: float
+    next_index: Iterator[int]  # itertools.count: next() is atomic under the GIL
+    stop: threading.Event
+
+
+def _send_loop(plan: _Plan, tally: _Tally) -> None:
+    total = len(plan.requests)
+    sock: socket.socket | None = None
+    try:
+        while not plan.stop.is_set() and time.perf_counter() < plan.deadline:
+            index = next(plan.next_index)
+            if index >= total:
+                if not plan.cycle:
+                    tally.exhausted = True
+                    break
+                index %= total
+            started = time.perf_counter()
+            try:
+                if sock is None:
+                    sock = _connect(plan.port, plan.timeout)
+                response = _exchange(sock, plan.requests[index])
+            except (OSError, ValueError) as exc:
+                tally.errors[type(exc).__name__] += 1
+                if sock is not None:
+                    sock.close()
+                    sock = None
+                continue
+            latency = time.perf_counter() - started
+            if not response.keep_alive:
+                sock.close()
+                sock = None
+            if response.status != 200:
+                tally.errors[f"HTTP {response.status}"] += 1
+            elif plan.expect not in response.body:
+                tally.errors["unexpected body"] += 1
+            else:
+                tally.latencies.append(latency)
+    except BaseException as exc:  # reported by load(), not lost with the thread
+        tally.crash = exc
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def load(
+    *,
+    port: int,
+    requests: Sequence[bytes],
+    duration: float,
+    concurrency: int,
+    expect: bytes,
+    cycle: bool,
+    timeout: float = 30.0,
+) -> LoadResult:
+    """Send ``requests`` from ``concurrency`` threads for ``duration`` seconds.
+
+    With ``cycle`` the requests are sent round and round; without, each is sent once and the
+    run ends early if they run out (``exhausted``). A success is a 200 whose body contains
+    ``expect``; anything else (status, body, socket error, timeout) is counted by kind.
+    """
+    if not requests:
+        raise ValueError("no requests to send")
+    plan = _Plan(
+        port=port,
+        requests=requests,
+        cycle=cycle,
+        expect=expect,
+        deadline=time.perf_counter() + duration,
+        timeout=timeout,
+        next_index=itertools.count(),
+        stop=threading.Event(),
+    )
+    tallies = [_Tally() for _ in range(concurrency)]
+    threads = [
+        threading.Thread(target=_send_loop, args=(plan, tally), daemon=True) for tally in tallies
+    ]
+    started = time.perf_counter()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        plan.stop.set()
+        for thread in threads:
+            thread.join(timeout + 1)
+    elapsed = time.perf_counter() - started
+    for tally in tallies:
+        if tally.crash is not None:
+            raise RuntimeError("a load thread failed") from tally.crash
+    return LoadResult(
+        elapsed=elapsed,
+        latencies=[latency for tally in tallies for latency in tally.latencies],
+        errors=sum((tally.errors for tally in tallies), Counter()),
+        exhausted=any(tally.exhausted for tally in tallies),
+    )

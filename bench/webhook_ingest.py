@@ -1,0 +1,422 @@
+"""Webhook ingest under concurrency, against gunicorn.
+
+Measures deliveries per second and p50/p99 acknowledgement latency of ``POST /webhooks/stripe/``
+for three arms, all served by one gunicorn in one run, through the same middleware:
+
+* ``noop``: the baseline, a Django view that reads the body and answers (``bench.urls``);
+* ``unique``: every delivery a new ``invoice.paid`` event for a new invoice (signature check,
+  event row, invoice upsert, outbox row, commit, Celery publish to Redis on commit);
+* ``duplicate``: 100% redeliveries of events stored before the run (signature check and an
+  ``INSERT ... ON CONFLICT DO NOTHING`` that finds the row).
+
+Every request is a real Stripe delivery, signed as Stripe signs it, built before timing.
+Arms are interleaved over several rounds, each after a warm-up. Goals (issue): ingest rate at
+least 0.6 of the no-op rate; duplicates no slower than unique events. A missed goal prints MISS
+and still exits 0; a failed request, a failed check of what the run stored, or a crash exits 1.
+
+The run uses a database of its own (recreated at start) and Redis keys under a prefix of its
+own (deleted at the end); no Celery worker runs, so published messages wait in Redis until
+then. Results: a table on stdout and ``bench/results/webhook_ingest.json``.
+
+    .venv/bin/python -m bench.webhook_ingest [--rounds 3 --duration 10 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import secrets
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench.harness import GunicornConfig, LoadResult, Server, http_request, load, percentile, serve
+from bench.stack import (
+    ROOT,
+    cpu_snapshot,
+    cpu_spent,
+    database_counts,
+    database_recreate,
+    redis_prefix_delete,
+    redis_queued,
+    stack_pids,
+)
+from webhooks import testing
+
+WEBHOOK_PATH = "/webhooks/stripe/"
+NOOP_PATH = "/bench/noop/"
+ARMS = ("noop", "unique", "duplicate")
+# A success is a 200 whose body says what the arm should have done.
+EXPECTED_BODY = {
+    "noop": b'"received": true',
+    "unique": b'"duplicate": false',
+    "duplicate": b'"duplicate": true',
+}
+# The headers Stripe sends with a delivery, besides Stripe-Signature.
+STRIPE_HEADERS = {
+    "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+    "Content-Type": "application/json; charset=utf-8",
+    "Accept": "*/*; q=0.5, application/xml",
+    "Cache-Control": "no-cache",
+}
+INGEST_GOAL = 0.6  # ingest rate / no-op rate
+RESULTS = ROOT / "bench" / "results"
+
+
+def paid_event() -> bytes:
+    """A new ``invoice.paid`` event for a new invoice, encoded as Stripe sends it."""
+    invoice = testing.invoice_object(invoice_id=testing.new_id("in"))
+    return testing.encode(testing.event("invoice.paid", invoice))
+
+
+def signed_requests(bodies: Sequence[bytes], *, path: str, port: int, secret: str) -> list[bytes]:
+    """Each body as a delivery signed now, as Stripe signs it (the signature covers ``t``)."""
+    now = int(time.time())
+    return [
+        http_request(
+            path=path,
+            body=body,
+            port=port,
+            headers={
+                **STRIPE_HEADERS,
+                "Stripe-Signature": testing.signature_header(body, secret, timestamp=now),
+            },
+        )
+        for body in bodies
+    ]
+
+
+@dataclass(frozen=True)
+class Options:
+    rounds: int
+    duration: float
+    warmup: float
+    concurrency: int
+    duplicates: int
+    gunicorn: GunicornConfig
+    database_url: str
+    redis_url: str
+    output: Path
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    """One measured run of one arm, and the CPU seconds each part of the stack spent on it."""
+
+    arm: str
+    round: int
+    result: LoadResult
+    cpu: dict[str, float]
+
+
+class IngestBenchmark:
+    """The three arms against one running server; tracks what the webhook should have stored."""
+
+    def __init__(self, *, server: Server, options: Options, secret: str) -> None:
+        self.server = server
+        self.options = options
+        self.secret = secret
+        self.duplicate_bodies = [paid_event() for _ in range(options.duplicates)]
+        self.noop_bodies = [paid_event() for _ in range(options.duplicates)]
+        self.stored = 0  # events the webhook acknowledged as new, warm-ups included
+        self.unique_rate = 0.0  # the best unique rate seen, to size the next batch of events
+
+    def _requests(self, bodies: Sequence[bytes], path: str) -> list[bytes]:
+        return signed_requests(bodies, path=path, port=self.server.port, secret=self.secret)
+
+    def _load(self, arm: str, requests: Sequence[bytes], duration: float) -> LoadResult:
+        result = load(
+            port=self.server.port,
+            requests=requests,
+            duration=duration,
+            concurrency=self.options.concurrency,
+            expect=EXPECTED_BODY[arm],
+            cycle=arm != "unique",
+        )
+        if arm == "unique":
+            self.stored += result.successes
+        return result
+
+    def store_duplicates(self) -> LoadResult:
+        """Deliver the events the ``duplicate`` arm will redeliver, once each."""
+        requests = self._requests(self.duplicate_bodies, WEBHOOK_PATH)
+        result = self._load("unique", requests, duration=math.inf)
+        if result.errors or result.successes != len(requests):
+            raise RuntimeError(f"storing the events to duplicate failed: {dict(result.errors)}")
+        self.unique_rate = result.rate
+        return result
+
+    def _arm_requests(self, arm: str, duration: float) -> list[bytes]:
+        if arm == "noop":
+            return self._requests(self.noop_bodies, NOOP_PATH)
+        if arm == "duplicate":
+            return self._requests(self.duplicate_bodies, WEBHOOK_PATH)
+        # Twice the best rate so far: the run should end by its clock, not by running out.
+        count = math.ceil(2 * self.unique_rate * duration) + 10 * self.options.concurrency
+        return self._requests([paid_event() for _ in range(count)], WEBHOOK_PATH)
+
+    def run(self, arm: str, round_: int) -> ArmRun:
+        self._load(arm, self._arm_requests(arm, self.options.warmup), self.options.warmup)
+        requests = self._arm_requests(arm, self.options.duration)
+        pids = stack_pids(gunicorn=self.server.worker_pids())
+        before = cpu_snapshot(pids)
+        result = self._load(arm, requests, self.options.duration)
+        cpu = cpu_spent(before, cpu_snapshot(pids))
+        if arm == "unique":
+            self.unique_rate = max(self.unique_rate, result.rate)
+        return ArmRun(arm=arm, round=round_, result=result, cpu=cpu)
+
+
+def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
+    """Pool the rounds of one arm: totals, the rate over all measured time, pooled latencies."""
+    elapsed = sum(run.result.elapsed for run in runs)
+    latencies = sorted(latency for run in runs for latency in run.result.latencies)
+    successes = len(latencies)
+    errors: Counter[str] = sum((run.result.errors for run in runs), Counter())
+    cpu_groups = runs[0].cpu.keys()
+    cpu = {group: sum(run.cpu[group] for run in runs) for group in cpu_groups}
+    return {
+        "requests": sum(run.result.requests for run in runs),
+        "successes": successes,
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors),
+        "seconds": round(elapsed, 3),
+        "rate": successes / elapsed,
+        "round_rates": [round(run.result.rate, 1) for run in runs],
+        "exhausted_rounds": sum(run.result.exhausted for run in runs),
+        "p50_ms": percentile(latencies, 50) * 1000,
+        "p99_ms": percentile(latencies, 99) * 1000,
+        "max_ms": latencies[-1] * 1000 if latencies else math.nan,
+        "cpu_ms_per_delivery": {
+            group: seconds * 1000 / successes if successes else math.nan
+            for group, seconds in cpu.items()
+        },
+        "machine_busy": cpu["machine"] / (elapsed * (os.cpu_count() or 1)),
+    }
+
+
+def goals(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    noop, unique, duplicate = arms["noop"], arms["unique"], arms["duplicate"]
+    ratios = {
+        "unique_over_noop_rate": unique["rate"] / noop["rate"],
+        "duplicate_over_noop_rate": duplicate["rate"] / noop["rate"],
+        "duplicate_over_unique_rate": duplicate["rate"] / unique["rate"],
+        "duplicate_over_unique_p50": duplicate["p50_ms"] / unique["p50_ms"],
+        "duplicate_over_unique_p99": duplicate["p99_ms"] / unique["p99_ms"],
+    }
+    return {
+        "ratios": ratios,
+        "goals": {
+            f"ingest rate >= {INGEST_GOAL} x no-op rate (unique events)": (
+                ratios["unique_over_noop_rate"] >= INGEST_GOAL
+            ),
+            "duplicates no slower than unique (rate >=, p50 and p99 <=)": (
+                ratios["duplicate_over_unique_rate"] >= 1
+                and ratios["duplicate_over_unique_p50"] <= 1
+                and ratios["duplicate_over_unique_p99"] <= 1
+            ),
+        },
+    }
+
+
+def report(options: Options, arms: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> str:
+    lines = [
+        f"gunicorn {options.gunicorn.describe()}; {options.concurrency} concurrent senders; "
+        f"{options.rounds} round(s) x {options.duration:g} s per arm after "
+        f"{options.warmup:g} s warm-up; {os.cpu_count()} CPUs",
+        "",
+        f"{'arm':<10} {'requests':>9} {'ok':>9} {'errors':>6} {'deliv/s':>8} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'max ms':>7}  per-round deliv/s",
+    ]
+    for arm, s in arms.items():
+        rounds = " ".join(f"{rate:.0f}" for rate in s["round_rates"])
+        lines.append(
+            f"{arm:<10} {s['requests']:>9} {s['successes']:>9} {s['errors']:>6} "
+            f"{s['rate']:>8.0f} {s['p50_ms']:>7.2f} {s['p99_ms']:>7.2f} {s['max_ms']:>7.1f}  "
+            f"{rounds}"
+        )
+    groups = [g for g in next(iter(arms.values()))["cpu_ms_per_delivery"] if g != "machine"]
+    lines += [
+        "",
+        "CPU ms per delivery: " + "  ".join(f"{g:>8}" for g in [*groups, "all"]) + "  busy",
+    ]
+    for arm, s in arms.items():
+        cpu = s["cpu_ms_per_delivery"]
+        figures = "  ".join(f"{cpu[g]:>8.3f}" for g in [*groups, "machine"])
+        lines.append(f"  {arm:<18} {figures}  {s['machine_busy']:>4.0%}")
+    r = verdict["ratios"]
+    lines += [
+        "",
+        f"unique/noop rate {r['unique_over_noop_rate']:.2f}   "
+        f"duplicate/noop rate {r['duplicate_over_noop_rate']:.2f}   "
+        f"duplicate/unique rate {r['duplicate_over_unique_rate']:.2f}, "
+        f"p50 {r['duplicate_over_unique_p50']:.2f}, p99 {r['duplicate_over_unique_p99']:.2f}",
+    ]
+    lines += [f"{'PASS' if ok else 'MISS'}  {goal}" for goal, ok in verdict["goals"].items()]
+    return "\n".join(lines)
+
+
+def server_env(*, options: Options, prefix: str, secret: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "core.settings",
+        "DJANGO_ROOT_URLCONF": "bench.urls",
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "LOG_LEVEL": "WARNING",
+        "DATABASE_URL": options.database_url,
+        "CELERY_BROKER_URL": options.redis_url,
+        "CELERY_BROKER_KEY_PREFIX": prefix,
+        "REDIS_URL": options.redis_url,
+        "REDIS_KEY_PREFIX": prefix.rstrip(":"),  # cache keys become "<prefix>1:<key>"
+        "STRIPE_WEBHOOK_SECRET": secret,
+    }
+
+
+def checks(options: Options, prefix: str, stored: int) -> dict[str, Any]:
+    """What the run left behind must match what it was told: every new event stored once,
+    with its invoice and its outbox row, every outbox row published to Redis."""
+    counts = database_counts(url=options.database_url)
+    queued = redis_queued(url=options.redis_url, prefix=prefix)
+    found = {
+        "events": counts.events,
+        "invoices": counts.invoices,
+        "outbox": counts.outbox,
+        "outbox_unpublished": counts.outbox_unpublished,
+        "broker_messages": queued,
+    }
+    expected = {"events": stored, "invoices": stored, "outbox": stored}
+    expected |= {"outbox_unpublished": 0, "broker_messages": stored}
+    return {"expected": expected, "found": found, "ok": found == expected}
+
+
+def benchmark(options: Options, prefix: str) -> dict[str, Any]:
+    secret = f"whsec_bench_{secrets.token_hex(16)}"
+    print(f"recreating {options.database_url} ...", flush=True)
+    database_recreate(url=options.database_url)
+    runs: list[ArmRun] = []
+    with serve(
+        env=server_env(options=options, prefix=prefix, secret=secret),
+        config=options.gunicorn,
+        log_path=RESULTS / "webhook_ingest.gunicorn.log",
+        ready_path=NOOP_PATH,
+    ) as server:
+        bench = IngestBenchmark(server=server, options=options, secret=secret)
+        stored = bench.store_duplicates()
+        print(
+            f"stored {stored.successes} events to redeliver ({stored.rate:.0f}/s); "
+            f"running {options.rounds} round(s)",
+            flush=True,
+        )
+        for round_ in range(options.rounds):
+            order = ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]
+            for arm in order:
+                run = bench.run(arm, round_)
+                runs.append(run)
+                print(
+                    f"  round {round_ + 1} {arm:<9} {run.result.rate:7.0f}/s "
+                    f"p50 {percentile(sorted(run.result.latencies), 50) * 1000:6.2f} ms "
+                    f"errors {sum(run.result.errors.values())}",
+                    flush=True,
+                )
+    arms = {arm: summarize([run for run in runs if run.arm == arm]) for arm in ARMS}
+    return {
+        "arms": arms,
+        **goals(arms),
+        "checks": checks(options, prefix, bench.stored),
+    }
+
+
+def parse(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.webhook_ingest", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three arms")
+    parser.add_argument("--duration", type=float, default=10, help="measured seconds per arm")
+    parser.add_argument("--warmup", type=float, default=2, help="unmeasured seconds before each")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent senders")
+    parser.add_argument(
+        "--duplicates", type=int, default=2000, help="events stored once, then redelivered"
+    )
+    parser.add_argument("--worker-class", default="sync", choices=["sync", "gthread"])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="threads per gthread worker")
+    parser.add_argument(
+        "--database-url", default="postgres://postgres@127.0.0.1:5432/invoicing_bench"
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--output", type=Path, default=RESULTS / "webhook_ingest.json")
+    args = parser.parse_args(argv)
+    return Options(
+        rounds=args.rounds,
+        duration=args.duration,
+        warmup=args.warmup,
+        concurrency=args.concurrency,
+        duplicates=args.duplicates,
+        gunicorn=GunicornConfig(
+            worker_class=args.worker_class, workers=args.workers, threads=args.threads
+        ),
+        database_url=args.database_url,
+        redis_url=args.redis_url,
+        output=args.output,
+    )
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # Unwind through every ``finally`` (gunicorn stopped, Redis keys deleted) as Ctrl-C does.
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    prefix = f"bench-{secrets.token_hex(6)}:"
+    started = time.time()
+    try:
+        results = benchmark(options, prefix)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        deleted = redis_prefix_delete(url=options.redis_url, prefix=prefix)
+        print(f"deleted {deleted} Redis key(s) under {prefix}", flush=True)
+    document = {
+        "benchmark": "webhook_ingest",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "config": {
+            "gunicorn": options.gunicorn.describe(),
+            "concurrency": options.concurrency,
+            "rounds": options.rounds,
+            "duration_s": options.duration,
+            "warmup_s": options.warmup,
+            "duplicates": options.duplicates,
+        },
+        **results,
+    }
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    print()
+    print(report(options, results["arms"], results))
+    print(f"\nresults: {options.output}")
+    failures = sum(arm["errors"] for arm in results["arms"].values())
+    if failures:
+        print(f"FAILED: {failures} request(s) did not succeed", file=sys.stderr)
+    if not results["checks"]["ok"]:
+        print(f"FAILED: stored state {results['checks']}", file=sys.stderr)
+    return 1 if failures or not results["checks"]["ok"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Admin for the async machinery: rows that record what happened are read-only; operators act
+through named actions that call the same services as the commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from core.deadletters import dead_letter_replay
+from core.models import DeadLetter, OutboxMessage
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReplayStateFilter(admin.SimpleListFilter):
+    title = "replay state"
+    parameter_name = "replayed"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "Waiting"), ("yes", "Replayed")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "no":
+            return queryset.filter(replayed_at__isnull=True)
+        if self.value() == "yes":
+            return queryset.filter(replayed_at__isnull=False)
+        return queryset
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "task",
+        "args",
+        "reason",
+        "attempts",
+        "exception_class",
+        "created_at",
+        "replayed_at",
+    )
+    list_filter = ("reason", ReplayStateFilter, "task")
+    search_fields = ("task_id", "exception_message")
+    date_hierarchy = "created_at"
+    actions = ["replay_selected"]
+    fields = (
+        "task",
+        "task_id",
+        "args",
+        "kwargs",
+        "queue",
+        "reason",
+        "attempts",
+        "exception_class",
+        "exception_message",
+        "traceback_display",
+        "first_failed_at",
+        "last_failed_at",
+        "created_at",
+        "replayed_at",
+        "replayed_by",
+        "replay_outbox",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="Traceback")
+    def traceback_display(self, obj: DeadLetter) -> str:
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.traceback)
+
+    @admin.action(description="Replay selected dead letters")
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        result = dead_letter_replay(
+            ids=list(queryset.values_list("pk", flat=True)),
+            actor=f"admin:{request.user.get_username()}",
+        )
+        self.message_user(
+            request, f"Replayed {len(result.replayed)} dead letter(s).", messages.SUCCESS
+        )
+        if result.skipped:
+            self.message_user(
+                request, f"Skipped {len(result.skipped)} already replayed.", messages.WARNING
+            )
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    list_display = ("id", "task", "args", "queue", "created_at", "published_at", "publish_attempts")
+    list_filter = ("queue", "task", ("published_at", admin.EmptyFieldListFilter))
+    readonly_fields = (
+        "task",
+        "args",
+        "kwargs",
+        "queue",
+        "created_at",
+        "published_at",
+        "publish_attempts",
+        "last_error",
+    )

@@ -1,0 +1,162 @@
+"""Webhook -> outbox -> worker -> SMTP, with a real broker (Redis), a real worker and a real
+SMTP server (aiosmtpd)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import Client
+
+from core.models import DeadLetter, OutboxMessage
+from invoicing.models import EmailDelivery, Invoice
+from tests.conftest import paid_event, post_event, wait_until
+from tests.smtp import SmtpServer
+from tests.workers import worker_thread
+from webhooks import testing as stripe_testing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_one_paid_event_sends_one_email(client: Client, smtp: SmtpServer) -> None:
+    event = paid_event(
+        "in_one",
+        customer_email="ada@example.com",
+        customer_name="Ada Lovelace",
+        amount=123456,
+        currency="eur",
+        number="INV-42",
+    )
+    with worker_thread():
+        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        [message] = smtp.handler.wait_for(1, timeout=20)
+
+    invoice = Invoice.objects.get()
+    delivery = EmailDelivery.objects.get()
+    assert delivery.key == f"invoice_email_sent:{invoice.pk}"
+    assert (delivery.state, delivery.attempts) == ("sent", 1)
+    assert message["To"] == "Ada Lovelace <ada@example.com>"
+    assert message["From"] == "Billing <billing@example.com>"
+    assert message["Subject"] == "Your invoice INV-42 is paid"
+    assert message["Message-ID"] == delivery.message_id
+    assert message["Message-ID"].startswith("<in_one.")
+    assert message["Message-ID"].endswith("@example.com>")
+    plain = message.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    html = message.get_body(("html",)).get_content()  # type: ignore[union-attr]
+    for part in (plain, html):
+        assert "1,234.56 EUR" in part
+        assert "INV-42" in part
+        assert "https://invoice.stripe.com/i/acct_test/in_one" in part
+    assert OutboxMessage.objects.get().published_at is not None
+
+
+def test_paid_and_payment_succeeded_each_delivered_twice_send_one_email(
+    client: Client, smtp: SmtpServer
+) -> None:
+    paid = stripe_testing.encode(paid_event("in_twice"))
+    succeeded = stripe_testing.encode(
+        paid_event("in_twice", event_type="invoice.payment_succeeded")
+    )
+    with worker_thread():
+        for body in (paid, succeeded, paid, succeeded):
+            assert post_event(client, body).status_code == 200
+        smtp.handler.wait_for(1, timeout=20)
+        # Also push the job itself twice more, as a broker redelivery would.
+        from invoicing.tasks import send_invoice_email
+
+        invoice = Invoice.objects.get()
+        send_invoice_email.delay(invoice.pk)
+        send_invoice_email.delay(invoice.pk)
+        time.sleep(2)
+    assert len(smtp.messages) == 1
+    assert EmailDelivery.objects.get().state == "sent"
+
+
+def test_smtp_451_twice_then_accepted_is_delivered_on_the_third_attempt(
+    client: Client, smtp: SmtpServer
+) -> None:
+    smtp.handler.faults.replies = ["451 4.3.0 try again later", "451 4.3.0 try again later"]
+    with worker_thread():
+        post_event(client, stripe_testing.encode(paid_event()))
+        smtp.handler.wait_for(1, timeout=30)
+    assert smtp.handler.attempts == 3
+    delivery = EmailDelivery.objects.get()
+    assert (delivery.state, delivery.attempts) == ("sent", 3)
+    assert not DeadLetter.objects.exists()
+
+
+def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> None:
+    smtp.handler.faults.always = "550 5.7.1 message rejected"
+    with worker_thread():
+        post_event(client, stripe_testing.encode(paid_event()))
+        assert wait_until(DeadLetter.objects.exists, timeout=20)
+        time.sleep(1)
+    letter = DeadLetter.objects.get()
+    invoice = Invoice.objects.get()
+    assert smtp.handler.attempts == 1
+    assert (letter.task, letter.args, letter.reason) == (
+        "invoicing.send_invoice_email",
+        [invoice.pk],
+        "permanent",
+    )
+    assert letter.attempts == 1
+    assert letter.exception_class == "core.tasks.PermanentError"
+    assert "SMTP 550" in letter.exception_message
+    assert "Traceback" in letter.traceback
+    assert EmailDelivery.objects.get().state == "failed"
+
+
+def test_refused_recipient_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> None:
+    smtp.handler.faults.refuse = {"nobody@example.com"}
+    with worker_thread():
+        post_event(client, stripe_testing.encode(paid_event(customer_email="nobody@example.com")))
+        assert wait_until(DeadLetter.objects.exists, timeout=20)
+    letter = DeadLetter.objects.get()
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert "recipient refused" in letter.exception_message
+
+
+@pytest.mark.parametrize(
+    ("email", "reason"),
+    [
+        ("", "invoice has no customer email"),
+        ("not-an-address", "invalid recipient address"),
+        ("a@example.com\nBcc: victim@example.com", "header injection"),
+    ],
+)
+def test_bad_recipients_are_permanent_failures(
+    client: Client, smtp: SmtpServer, email: str, reason: str
+) -> None:
+    with worker_thread():
+        post_event(client, stripe_testing.encode(paid_event(customer_email=email)))
+        assert wait_until(DeadLetter.objects.exists, timeout=20)
+    letter = DeadLetter.objects.get()
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert reason in letter.exception_message
+    assert smtp.handler.attempts == 0
+
+
+def test_a_missing_invoice_is_a_permanent_failure(smtp: SmtpServer) -> None:
+    from invoicing.tasks import send_invoice_email
+
+    with worker_thread():
+        send_invoice_email.delay(987654)
+        assert wait_until(DeadLetter.objects.exists, timeout=20)
+    letter = DeadLetter.objects.get()
+    assert (letter.args, letter.reason, letter.attempts) == ([987654], "permanent", 1)
+    assert "invoice 987654 does not exist" in letter.exception_message
+
+
+def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
+    client: Client, smtp_unreachable: int
+) -> None:
+    with worker_thread():
+        post_event(client, stripe_testing.encode(paid_event()))
+        # Backoff 1, 2, 2, 2 s at most (base 1, cap 2 in the test settings), with jitter.
+        assert wait_until(DeadLetter.objects.exists, timeout=30)
+    letter = DeadLetter.objects.get()
+    assert (letter.reason, letter.attempts) == ("exhausted", 5)
+    assert letter.exception_class == "core.tasks.TransientError"
+    assert letter.first_failed_at < letter.last_failed_at
+    delivery = EmailDelivery.objects.get()
+    assert (delivery.state, delivery.attempts) == ("failed", 5)

@@ -1,0 +1,252 @@
+"""compose.yaml, Dockerfile and .dockerignore, checked by reading them (no Docker engine here).
+
+The point is that the deployment files cannot drift from the application: every environment
+variable compose sets must be one core/settings.py reads, commands must match the entry points
+(``core.wsgi``, ``celery -A core``), and the start-up order must wait for what each process needs.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+SETTINGS = ROOT / "core" / "settings.py"
+
+APP_SERVICES = ("web", "worker", "beat")
+REQUIRED_APP_ENV = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "REDIS_URL",
+    "STRIPE_WEBHOOK_SECRET",
+    "EMAIL_HOST",
+    "EMAIL_PORT",
+    "DJANGO_SECRET_KEY",
+    "DJANGO_DEBUG",
+)
+FALSE_VALUES = {"0", "false", "off", "no"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    # safe_load resolves the `<<: *app` merge keys, so each service below carries its
+    # merged-in build, image and environment.
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    """The service's command as a list ([] when it runs its image's default)."""
+    cmd = service.get("command") or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):  # the `- NAME=value` form
+        env = dict(item.split("=", 1) for item in env)
+    return {name: str(value) for name, value in env.items()}
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, str]:
+    """Each dependency and its condition (the short list form means service_started)."""
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: spec.get("condition", "service_started") for name, spec in deps.items()}
+
+
+def one_shot_services(services: dict[str, dict[str, Any]]) -> set[str]:
+    """Services others wait on to *finish*: everything else is long-running."""
+    return {
+        name
+        for service in services.values()
+        for name, condition in depends_on(service).items()
+        if condition == "service_completed_successfully"
+    }
+
+
+def settings_env_names() -> set[str]:
+    """The environment variable names core/settings.py reads (env.str("X"), _secret("X"), ...)."""
+    source = SETTINGS.read_text()
+    return set(re.findall(r'\b(?:env(?:\.\w+)?|_secret)\(\s*"([A-Z][A-Z0-9_]*)"', source))
+
+
+def mail_catcher(services: dict[str, dict[str, Any]]) -> str:
+    names = [
+        n for n, s in services.items() if str(s.get("image", "")).startswith("axllent/mailpit")
+    ]
+    assert len(names) == 1, f"expected one Mailpit service, found {names}"
+    return names[0]
+
+
+def test_services_exist(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("postgres", "redis", *APP_SERVICES):
+        assert name in services, name
+    mail_catcher(services)
+    assert services["postgres"]["image"].startswith("postgres:16")
+    assert services["postgres"]["environment"]["POSTGRES_DB"] == "invoicing"
+
+
+def test_settings_regex_finds_the_names_it_should() -> None:
+    # Guards the test below: a regex that matched nothing would make it vacuous.
+    names = settings_env_names()
+    assert {"DATABASE_URL", "DJANGO_SECRET_KEY", "STRIPE_WEBHOOK_SECRET", "EMAIL_PORT"} <= names
+
+
+def test_web_runs_gunicorn_on_all_interfaces(services: dict[str, dict[str, Any]]) -> None:
+    cmd = command(services["web"])
+    assert cmd[:2] == ["gunicorn", "core.wsgi"]
+    assert "0.0.0.0:8000" in cmd
+    assert "--workers" in cmd or "-w" in cmd
+
+
+def test_worker_runs_celery_and_never_consumes_the_dlq(services: dict[str, dict[str, Any]]) -> None:
+    cmd = command(services["worker"])
+    assert cmd[:4] == ["celery", "-A", "core", "worker"]
+    # Queues come from core/celery.py; a -Q would override them and could add dlq.
+    assert not any(
+        part in ("-Q", "--queues") or part.startswith(("-Q", "--queues=")) for part in cmd
+    ), cmd
+    assert not any("dlq" in part for part in cmd), cmd
+
+
+def test_beat_runs_celery_beat_exactly_once(services: dict[str, dict[str, Any]]) -> None:
+    beat = services["beat"]
+    assert command(beat)[:4] == ["celery", "-A", "core", "beat"]
+    assert beat.get("deploy", {}).get("replicas", 1) == 1
+    assert beat.get("scale", 1) == 1
+    beats = [n for n, s in services.items() if command(s)[:4] == ["celery", "-A", "core", "beat"]]
+    assert beats == ["beat"]
+
+
+def test_long_running_services_have_healthchecks(services: dict[str, dict[str, Any]]) -> None:
+    one_shot = one_shot_services(services)
+    assert one_shot == {"migrate"}
+    for name, service in services.items():
+        if name in one_shot:
+            continue
+        healthcheck = service.get("healthcheck")
+        assert healthcheck, f"{name} has no healthcheck"
+        assert not healthcheck.get("disable"), name
+        assert healthcheck.get("test"), name
+
+
+def test_healthchecks_probe_the_right_things(services: dict[str, dict[str, Any]]) -> None:
+    assert "pg_isready" in str(services["postgres"]["healthcheck"]["test"])
+    assert "redis-cli" in str(services["redis"]["healthcheck"]["test"])
+    worker_test = str(services["worker"]["healthcheck"]["test"])
+    assert "inspect ping" in worker_test
+    # $$ so that the container's $HOSTNAME, not the host's, names the node.
+    assert "celery@$$HOSTNAME" in worker_test
+    assert "/health/" in str(services["web"]["healthcheck"]["test"])
+
+
+def test_redis_persists_the_broker(services: dict[str, dict[str, Any]]) -> None:
+    cmd = command(services["redis"])
+    assert cmd[cmd.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
+
+
+def test_app_environment(services: dict[str, dict[str, Any]]) -> None:
+    for name in APP_SERVICES:
+        env = environment(services[name])
+        for var in REQUIRED_APP_ENV:
+            assert var in env, f"{name} lacks {var}"
+        assert env["DJANGO_DEBUG"].lower() in FALSE_VALUES, name
+        # Secrets come from the caller's environment; Compose refuses to start without them.
+        assert env["DJANGO_SECRET_KEY"].startswith("${DJANGO_SECRET_KEY:?"), name
+        assert env["STRIPE_WEBHOOK_SECRET"].startswith("${STRIPE_WEBHOOK_SECRET:?"), name
+        assert env["DJANGO_SECURE_SSL_REDIRECT"].lower() in FALSE_VALUES, name
+
+
+def test_every_app_variable_is_read_by_settings(services: dict[str, dict[str, Any]]) -> None:
+    # A setting renamed in core/settings.py but not here would be silently ignored.
+    known = settings_env_names()
+    image = services["web"]["image"]
+    app_services = [n for n, s in services.items() if s.get("image") == image]
+    assert set(APP_SERVICES) | {"migrate"} <= set(app_services)
+    for name in app_services:
+        unknown = set(environment(services[name])) - known
+        assert not unknown, f"{name} sets variables core/settings.py never reads: {unknown}"
+
+
+def test_urls_point_at_their_services(services: dict[str, dict[str, Any]]) -> None:
+    env = environment(services["web"])
+    database = urlsplit(env["DATABASE_URL"])
+    assert database.scheme in ("postgres", "postgresql", "pgsql")
+    assert database.hostname == "postgres"
+    assert database.path == "/" + services["postgres"]["environment"]["POSTGRES_DB"]
+    assert database.username == services["postgres"]["environment"]["POSTGRES_USER"]
+    assert database.password == services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    for var in ("CELERY_BROKER_URL", "REDIS_URL"):
+        url = urlsplit(env[var])
+        assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379), var
+    # The broker and the cache do not share a Redis database.
+    assert urlsplit(env["CELERY_BROKER_URL"]).path != urlsplit(env["REDIS_URL"]).path
+
+
+def test_email_goes_to_the_mail_catcher(services: dict[str, dict[str, Any]]) -> None:
+    catcher = mail_catcher(services)
+    smtp_bind = environment(services[catcher]).get("MP_SMTP_BIND_ADDR", "0.0.0.0:1025")
+    smtp_port = smtp_bind.rsplit(":", 1)[1]
+    for name in APP_SERVICES:
+        env = environment(services[name])
+        assert env["EMAIL_HOST"] == catcher, name
+        assert env["EMAIL_PORT"] == smtp_port, name
+
+
+def test_start_up_order(services: dict[str, dict[str, Any]]) -> None:
+    migrate = services["migrate"]
+    migrate_cmd = " ".join(command(migrate))
+    assert "manage.py migrate" in migrate_cmd
+    assert "manage.py setup_periodic_tasks" in migrate_cmd
+    assert migrate.get("restart", "no") == "no"
+    assert depends_on(migrate).get("postgres") == "service_healthy"
+    for name in APP_SERVICES:
+        deps = depends_on(services[name])
+        assert deps.get("migrate") == "service_completed_successfully", name
+        assert deps.get("postgres") == "service_healthy", name
+        assert deps.get("redis") == "service_healthy", name
+    assert depends_on(services["worker"]).get(mail_catcher(services)) == "service_healthy"
+
+
+def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
+    text = DOCKERFILE.read_text()
+    lines = [
+        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0].startswith("FROM python:3.11-slim")
+    assert re.search(r"^RUN pip install \.(\s|$)", text, re.MULTILINE), "expected `pip install .`"
+    installs = [line for line in lines if "pip install" in line]
+    assert installs, "nothing is installed"
+    assert not any("[dev]" in line or "-e " in line for line in installs), installs
+    users = [line.split(None, 1)[1] for line in lines if line.startswith("USER ")]
+    assert users, "the Dockerfile never switches away from root"
+    assert users[-1].split(":")[0] not in ("root", "0")
+    assert "EXPOSE 8000" in lines
+    assert any(line.startswith("CMD") and "gunicorn" in line for line in lines)
+
+
+def test_dockerignore_keeps_local_state_out() -> None:
+    patterns = {
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".venv", ".git", "bench/results", ".env"} <= patterns
