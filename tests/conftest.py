@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from django.test import Client
 from tests.smtp import SmtpServer, free_port
 from webhooks import testing as stripe_testing
 
+ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_test_primary"
 WEBHOOK_URL = "/webhooks/stripe/"
 

@@ -6,9 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from celery.contrib.testing.worker import start_worker
@@ -53,8 +54,8 @@ class WorkerProcess:
 
     def __init__(self, env: dict[str, str], name: str, concurrency: int = 1) -> None:
         self.name = name
-        self.log = ROOT / ".pytest_cache" / f"worker-{name}-{os.getpid()}.log"
-        self.log.parent.mkdir(exist_ok=True)
+        self.log = Path(tempfile.mkdtemp(prefix="worker-")) / f"{name}.log"
+        self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -75,7 +76,7 @@ class WorkerProcess:
             ],
             cwd=ROOT,
             env=env,
-            stdout=self.log.open("w"),
+            stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -95,14 +96,14 @@ class WorkerProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self._log_file.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.kill()
 
     def output(self) -> str:
         return self.log.read_text()

@@ -4,10 +4,10 @@ left behind, and concurrent relays never publish one row twice."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 import redis
@@ -36,7 +36,8 @@ def queued(queue: str) -> list[dict[str, object]]:
 
 
 def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
-        client: Client, smtp: SmtpServer) -> None:
+    client: Client, smtp: SmtpServer
+) -> None:
     body = stripe_testing.encode(paid_event())
     broker().execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # the broker stalls
     started = time.monotonic()
@@ -61,7 +62,8 @@ def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
 
 
 def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_is_sent(
-        client: Client, smtp: SmtpServer) -> None:
+    client: Client, smtp: SmtpServer
+) -> None:
     from core.celery import app
 
     with worker_thread():
@@ -71,8 +73,13 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_i
         # the message went out, the row is still unpublished.
         row = OutboxMessage.objects.get()
         OutboxMessage.objects.filter(pk=row.pk).update(published_at=None)
-        app.send_task(row.task, args=row.args, kwargs={"outbox_id": row.pk},
-                      task_id=outbox_task_id(row.pk), queue=row.queue)
+        app.send_task(
+            row.task,
+            args=row.args,
+            kwargs={"outbox_id": row.pk},
+            task_id=outbox_task_id(row.pk),
+            queue=row.queue,
+        )
         assert outbox_relay() == 1
         time.sleep(2)
     assert len(smtp.messages) == 1

@@ -1,0 +1,198 @@
+"""The dead-letter queue: recorded once, mirrored on the dlq queue, listed, replayed once
+(from the command and the admin), purged, and alerted on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.core.cache import cache
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+from django.utils import timezone
+
+from core.deadletters import dead_letter_record, dlq_alert
+from core.models import DeadLetter
+from core.tasks import PermanentError
+from invoicing.models import Invoice
+from tests.conftest import ROOT, paid_event, post_event, wait_until
+from tests.smtp import SmtpServer
+from tests.workers import worker_thread
+from webhooks import testing as stripe_testing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def dlq_broker_depth() -> int:
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "dlq"
+    return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(key))
+
+
+def refused_invoice_dead_letter(client: Client, smtp: SmtpServer) -> tuple[Invoice, DeadLetter]:
+    """A paid invoice whose recipient the SMTP server refuses: one dead letter."""
+    smtp.handler.faults.refuse = {"typo@exmaple.com"}
+    post_event(client, stripe_testing.encode(paid_event(customer_email="typo@exmaple.com")))
+    assert wait_until(DeadLetter.objects.exists, timeout=20)
+    assert wait_until(lambda: dlq_broker_depth() == 1, timeout=5)
+    return Invoice.objects.get(), DeadLetter.objects.get()
+
+
+def dlq(*args: str) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command("dlq", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_replay_after_the_recipient_is_fixed_sends_one_email_and_twice_is_once(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+        listed = json.loads(dlq("list", "--json"))
+        assert [x["id"] for x in listed] == [letter.pk]
+        assert {"id", "task", "args", "reason", "attempts", "created_at", "replayed_at"} <= set(
+            listed[0]
+        )
+        assert (listed[0]["args"], listed[0]["replayed_at"]) == ([invoice.pk], None)
+
+        Invoice.objects.filter(pk=invoice.pk).update(customer_email="fixed@example.com")
+        assert "1 replayed, 0 skipped" in dlq("replay", str(letter.pk))
+        smtp.handler.wait_for(1, timeout=20)
+        assert "0 replayed, 1 skipped" in dlq("replay", str(letter.pk))
+        assert "0 replayed, 0 skipped" in dlq("replay", "--all")
+        time.sleep(2)
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
+    letter.refresh_from_db()
+    assert letter.replayed_at is not None
+    assert letter.replayed_by == "manage.py dlq replay"
+    assert dlq_broker_depth() == 0  # the broker copy left the dlq queue with the replay
+    assert json.loads(dlq("list", "--json"))[0]["replayed_at"] is not None
+
+
+def test_replay_of_a_dead_letter_whose_email_was_meanwhile_sent_sends_nothing(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, _letter = refused_invoice_dead_letter(client, smtp)
+        smtp.handler.faults.refuse = set()
+        from invoicing.services import invoice_email_send
+
+        assert invoice_email_send(invoice_id=invoice.pk, owner="operator") == "sent"
+        dlq("replay", "--all")
+        time.sleep(3)
+    assert len(smtp.messages) == 1
+
+
+def test_replay_from_the_admin_action(client: Client, smtp: SmtpServer) -> None:
+    admin = get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
+    with worker_thread():
+        _invoice, letter = refused_invoice_dead_letter(client, smtp)
+        smtp.handler.faults.refuse = set()
+        staff = Client()
+        staff.force_login(admin)
+        page = staff.get(f"/admin/core/deadletter/{letter.pk}/change/")
+        assert page.status_code == 200
+        assert b"Traceback" in page.content
+        response = staff.post(
+            "/admin/core/deadletter/",
+            {"action": "replay_selected", "_selected_action": [letter.pk]},
+            follow=True,
+        )
+        assert b"Replayed 1 dead letter(s)." in response.content
+        response = staff.post(
+            "/admin/core/deadletter/",
+            {"action": "replay_selected", "_selected_action": [letter.pk]},
+            follow=True,
+        )
+        assert b"Replayed 0 dead letter(s)." in response.content
+        assert b"Skipped 1 already replayed." in response.content
+        smtp.handler.wait_for(1, timeout=20)
+        time.sleep(2)
+    assert len(smtp.messages) == 1
+    letter.refresh_from_db()
+    assert letter.replayed_by == "admin:op"
+
+
+def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
+    with pytest.raises(CommandError, match="no dead letter with id 424242"):
+        dlq("replay", "424242")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "dlq", "replay", "424242"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "no dead letter with id 424242" in result.stderr
+    assert "Traceback" not in result.stderr
+    with pytest.raises(CommandError, match="not both"):
+        dlq("replay")
+
+
+def record(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
+    return dead_letter_record(
+        task="invoicing.send_invoice_email",
+        task_id=task_id,
+        args=[1],
+        kwargs={"outbox_id": 9},
+        queue="email",
+        reason="permanent",
+        exc=PermanentError("nope"),
+        traceback="tb",
+        attempts=1,
+        **extra,
+    )
+
+
+def test_recording_the_same_task_twice_keeps_one_dead_letter_and_one_broker_copy() -> None:
+    first = record()
+    second = record()  # the worker died after recording and ran the job again
+    assert first is not None
+    assert second is None
+    letter = DeadLetter.objects.get()
+    assert letter.kwargs == {}  # ids of the job only, not the outbox trace
+    assert wait_until(lambda: dlq_broker_depth() == 1, timeout=5)
+    assert dlq_broker_depth() == 1
+
+
+def test_purge_older_than_days() -> None:
+    record("old")
+    record("new")
+    DeadLetter.objects.filter(task_id="old").update(created_at=timezone.now() - timedelta(days=40))
+    assert "purged 1 dead letter(s)" in dlq("purge", "--older-than", "30")
+    assert list(DeadLetter.objects.values_list("task_id", flat=True)) == ["new"]
+    with pytest.raises(CommandError):
+        dlq("purge", "--older-than", "-1")
+
+
+def test_dlq_alert_logs_and_mails_once_per_period(
+    caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    settings.ADMINS = [("Ops", "ops@example.com")]
+    settings.DLQ_ALERT_THRESHOLD = 2
+    cache.delete("dlq-alert-sent")
+    record("a")
+    with caplog.at_level(logging.ERROR, logger="core.deadletters"):
+        assert dlq_alert() == 1  # below the threshold
+        record("b")
+        assert dlq_alert() == 2
+        assert dlq_alert() == 2  # within the period: no second alert
+    alerts = [r for r in caplog.records if "alert threshold" in r.getMessage()]
+    assert len(alerts) == 1
+    assert [m.subject for m in mail.outbox] == ["[Django] Dead-letter queue depth 2"]
+    cache.delete("dlq-alert-sent")

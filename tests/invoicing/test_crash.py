@@ -1,0 +1,88 @@
+"""The crash window, for real: SIGKILL the whole worker (parent included) while it is in the
+SMTP conversation, start a new one, and the invoice still gets its email, within the bound
+the visibility timeout and the claim lease set, and never more than the documented duplicate
+carrying the same Message-ID.
+
+The worker here runs with the timing scaled down (visibility 20 s, lease 10 s) so the test
+takes seconds; ``test_default_recovery_bound`` checks the same relation at the defaults.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
+from tests.conftest import wait_until
+from tests.smtp import SmtpServer
+from tests.workers import WorkerProcess, worker_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SCALED = {
+    "CELERY_VISIBILITY_TIMEOUT": "20",
+    "CELERY_TASK_TIME_LIMIT": "15",
+    "CELERY_TASK_SOFT_TIME_LIMIT": "12",
+    "EMAIL_TASK_TIME_LIMIT": "8",
+    "EMAIL_TASK_SOFT_TIME_LIMIT": "6",
+    "EMAIL_CLAIM_LEASE_SECONDS": "10",
+}
+RESTORE_INTERVAL = settings.CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"]
+
+
+def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
+    smtp: SmtpServer,
+) -> None:
+    invoice = Invoice.objects.create(
+        provider_invoice_id="in_crash",
+        number="INV-9",
+        customer_email="k@example.com",
+        amount_paid=100,
+        currency="usd",
+        status="paid",
+        provider_updated_at=timezone.now(),
+    )
+    smtp.handler.faults.delay = 3  # the server holds its reply to DATA: the worker waits in it
+    env = worker_env(smtp.port, **SCALED)
+    first = WorkerProcess(env, name="doomed")
+    second = None
+    try:
+        first.wait_ready()
+        send_invoice_email.delay(invoice.pk)
+        assert wait_until(lambda: smtp.handler.attempts >= 1, timeout=20)
+        first.kill()  # the whole worker, parent included: nothing is left to requeue
+        killed_at = time.monotonic()
+        assert EmailDelivery.objects.get().state == "sending"  # the claim is orphaned
+
+        smtp.handler.faults.delay = 0
+        second = WorkerProcess(env, name="survivor")
+        second.wait_ready()
+        bound = int(SCALED["CELERY_VISIBILITY_TIMEOUT"]) + RESTORE_INTERVAL + 10
+        assert wait_until(lambda: EmailDelivery.objects.get().state == "sent", timeout=bound)
+        recovered_after = time.monotonic() - killed_at
+        time.sleep(1)
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+
+    messages = smtp.messages
+    delivery = EmailDelivery.objects.get()
+    assert 1 <= len(messages) <= 2  # the crashed attempt may have been accepted: one duplicate
+    assert {m["Message-ID"] for m in messages} == {delivery.message_id}
+    assert delivery.attempts == 2
+    print(f"recovered {recovered_after:.1f} s after the kill; {len(messages)} message(s)")
+
+
+def test_default_recovery_bound() -> None:
+    """At the defaults, a message held by a SIGKILLed worker is redelivered within
+    visibility timeout + restore interval, the redelivery finds the claim's lease expired,
+    and that is inside five minutes."""
+    visibility = settings.CELERY_VISIBILITY_TIMEOUT
+    assert visibility > settings.EMAIL_CLAIM_LEASE_SECONDS  # the redelivery can take over
+    assert settings.EMAIL_CLAIM_LEASE_SECONDS > settings.EMAIL_TASK_TIME_LIMIT
+    assert visibility + RESTORE_INTERVAL <= 300
