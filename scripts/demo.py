@@ -1,0 +1,316 @@
+"""The whole flow in one command: ``make demo`` (or ``.venv/bin/python scripts/demo.py``).
+
+Starts a local SMTP sink, a Celery worker and the web app (gunicorn) on the local PostgreSQL
+and Redis, then plays what a payment provider and an operator would:
+
+1. a paid-invoice event delivered twice (a provider retry): one invoice, one email;
+2. a paid invoice whose recipient the mail server refuses: one dead letter, with its reason;
+3. the operator fixes the address and replays the dead letter: the email goes out.
+
+It prints what happened at each step and stops everything it started, on an error too. The
+broker keys carry a prefix of this run's own, so leftover messages from elsewhere are not
+consumed and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RUN = secrets.token_hex(4)
+LOGS = Path(tempfile.mkdtemp(prefix="invoice-demo-"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise SystemExit(f"demo: timed out after {timeout:.0f} s waiting for {what} (logs: {LOGS})")
+
+
+class Sink:
+    """An SMTP server that keeps what it receives and refuses some recipients, like a real one
+    refusing a mistyped address."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.messages: list[EmailMessage] = []
+        self.refuse = refuse
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
+        if address in self.refuse:
+            return "550 5.1.1 <%s>: mailbox unavailable" % address
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(message_from_bytes(envelope.content, policy=policy.default))  # type: ignore[arg-type]
+        return "250 Message accepted"
+
+
+@contextlib.contextmanager
+def process(name: str, argv: list[str], env: dict[str, str]) -> Iterator[Path]:
+    log = LOGS / f"{name}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            yield log
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def post(url: str, body: bytes, signature: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Stripe-Signature": signature},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - local URL
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def ensure_database() -> None:
+    """Create the configured database if it does not exist yet (a fresh machine)."""
+    import psycopg
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    try:
+        psycopg.connect(
+            host=db["HOST"],
+            port=db["PORT"] or 5432,
+            user=db["USER"],
+            password=db["PASSWORD"],
+            dbname=db["NAME"],
+            connect_timeout=3,
+        ).close()
+        return
+    except psycopg.OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise SystemExit(f"demo: PostgreSQL is not reachable: {exc}") from exc
+    with psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
+    say(f"created database {db['NAME']}")
+
+
+def show_email(message: EmailMessage) -> None:
+    body = message.get_body(("plain",))
+    say(f"    To:         {message['To']}")
+    say(f"    Subject:    {message['Subject']}")
+    say(f"    Message-ID: {message['Message-ID']}")
+    for line in (body.get_content() if body else "").strip().splitlines():
+        say(f"    | {line}")
+
+
+def main() -> None:
+    smtp_port, web_port = free_port(), free_port()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
+    os.environ.update(
+        {
+            "CELERY_BROKER_KEY_PREFIX": f"demo-{RUN}:",
+            "EMAIL_HOST": "127.0.0.1",
+            "EMAIL_PORT": str(smtp_port),
+            "DJANGO_SECURE_SSL_REDIRECT": "0",
+            "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
+            # Retries come quickly in a demo; the defaults are 2 s doubling up to 60 s.
+            "EMAIL_RETRY_BACKOFF_BASE": "1",
+            "EMAIL_RETRY_BACKOFF_MAX": "2",
+        }
+    )
+    import django
+
+    django.setup()
+    from aiosmtpd.controller import Controller
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from core.models import DeadLetter
+    from invoicing.models import EmailDelivery, Invoice
+    from webhooks import testing
+
+    say(f"== Invoice emails, end to end (logs in {LOGS})")
+    ensure_database()
+    call_command("migrate", verbosity=0)
+    say("database migrated")
+
+    sink = Sink(refuse={"jenny@exmaple.com"})
+    controller = Controller(sink, hostname="127.0.0.1", port=smtp_port)
+    controller.start()
+    env = {**os.environ}
+    python = sys.executable
+    try:
+        with (
+            process(
+                "worker",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "core",
+                    "worker",
+                    "-c",
+                    "2",
+                    "-n",
+                    f"demo-{RUN}@%h",
+                    "-l",
+                    "INFO",
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                env,
+            ) as worker_log,
+            process(
+                "web",
+                [python, "-m", "gunicorn", "core.wsgi", "-b", f"127.0.0.1:{web_port}", "-w", "2"],
+                env,
+            ),
+        ):
+            wait_for("the worker", lambda: " ready." in worker_log.read_text(), 60)
+            url = f"http://127.0.0.1:{web_port}/webhooks/stripe/"
+
+            def web_up() -> bool:
+                with contextlib.suppress(OSError):
+                    return post(url, b"", "")[0] == 400
+                return False
+
+            wait_for("the web app", web_up, 60)
+            say(f"SMTP sink on :{smtp_port}, worker up, web app on :{web_port}")
+            secret = settings.STRIPE_WEBHOOK_SECRETS[0]
+
+            def deliver(event: dict[str, Any]) -> None:
+                body = testing.encode(event)
+                status, answer = post(url, body, testing.signature_header(body, secret))
+                say(f"  POST {event['type']} {event['id']} -> {status} {json.dumps(answer)}")
+
+            say("\n1. invoice.paid, delivered twice (a provider retry)")
+            invoice_id = testing.new_id("in")
+            paid = testing.event(
+                "invoice.paid",
+                testing.invoice_object(
+                    invoice_id=invoice_id,
+                    customer_email="ada@example.com",
+                    customer_name="Ada Lovelace",
+                    amount=4200,
+                    currency="eur",
+                ),
+            )
+            deliver(paid)
+            deliver(paid)
+            wait_for("the email", lambda: len(sink.messages) >= 1, 60)
+            time.sleep(1)  # room for a second email, were there one
+            say(f"  emails received: {len(sink.messages)}")
+            show_email(sink.messages[0])
+
+            say("\n2. a paid invoice whose recipient the mail server refuses")
+            refused_id = testing.new_id("in")
+            deliver(
+                testing.event(
+                    "invoice.paid",
+                    testing.invoice_object(
+                        invoice_id=refused_id, customer_email="jenny@exmaple.com"
+                    ),
+                )
+            )
+            letter = wait_for(
+                "the dead letter",
+                lambda: DeadLetter.objects.filter(
+                    args=[Invoice.objects.get(provider_invoice_id=refused_id).pk]
+                ).first(),
+                60,
+            )
+            say("  python manage.py dlq list --waiting")
+            call_command("dlq", "list", "--waiting")
+            say(f"  reason: {letter.exception_message}")
+
+            say("\n3. the operator fixes the address and replays the dead letter")
+            Invoice.objects.filter(provider_invoice_id=refused_id).update(
+                customer_email="jenny@example.com"
+            )
+            say(f"  python manage.py dlq replay {letter.pk}")
+            call_command("dlq", "replay", str(letter.pk))
+            wait_for("the replayed email", lambda: len(sink.messages) >= 2, 60)
+            show_email(sink.messages[1])
+            time.sleep(1)
+
+            ours = Invoice.objects.filter(provider_invoice_id__in=[invoice_id, refused_id])
+            sent = EmailDelivery.objects.filter(invoice__in=ours, state="sent").count()
+            waiting = DeadLetter.objects.filter(
+                args__in=[[pk] for pk in ours.values_list("pk", flat=True)],
+                replayed_at__isnull=True,
+            ).count()
+            say(
+                f"\n== {len(sink.messages)} emails received for 2 paid invoices "
+                f"({sent} marked sent); dead letters waiting: {waiting}"
+            )
+            if len(sink.messages) != 2:
+                raise SystemExit("demo: expected exactly two emails")
+    finally:
+        controller.stop()
+        _broker_cleanup()
+
+
+def _broker_cleanup() -> None:
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+if __name__ == "__main__":
+    main()
