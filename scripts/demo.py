@@ -71,7 +71,7 @@ class Sink:
         self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
     ) -> str:
         if address in self.refuse:
-            return "550 5.1.1 <%s>: mailbox unavailable" % address
+            return f"550 5.1.1 <{address}>: mailbox unavailable"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -107,7 +107,7 @@ def post(url: str, body: bytes, signature: str) -> tuple[int, dict[str, Any]]:
         headers={"Content-Type": "application/json", "Stripe-Signature": signature},
     )
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - local URL
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
