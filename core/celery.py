@@ -18,3 +18,5 @@ app.conf.task_default_queue = queues.DEFAULT
 app.conf.task_queues = queues.CONSUMED
 app.conf.task_routes = queues.ROUTES
 app.autodiscover_tasks()
+# Scheduled jobs live in each app's jobs.py.
+app.autodiscover_tasks(related_name="jobs")

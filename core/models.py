@@ -24,6 +24,8 @@ class OutboxMessage(models.Model):
 
     class Meta:
         indexes = [
+            # "Is a job for this invoice pending?" (the reconcile job) without a scan.
+            models.Index(fields=["task", "args"], name="outbox_task_args_idx"),
             # The relay's scan and the backlog gauge read only unpublished rows.
             models.Index(
                 fields=["created_at"],
@@ -81,3 +83,21 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"dead letter #{self.pk} {self.task}{tuple(self.args)} ({self.reason})"
+
+
+class ScheduledJob(models.Model):
+    """What each scheduled job last did, for operators: the lock itself is a PostgreSQL
+    advisory lock (``core.locks``); this row only records runs, skips and the holder."""
+
+    name = models.CharField(max_length=100, unique=True)
+    runs = models.PositiveIntegerField(default=0)
+    skips = models.PositiveIntegerField(default=0)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_skipped_at = models.DateTimeField(null=True, blank=True)
+    last_holder = models.CharField(max_length=255, blank=True)
+    last_result = models.CharField(max_length=500, blank=True)
+    last_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -214,7 +214,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Separate runs sharing one Redis (tests, benchmarks) do not consume each other's tasks.
     "global_keyprefix": env.str("CELERY_BROKER_KEY_PREFIX", default=""),
 }
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's DatabaseScheduler, dispatching only while it holds the leader lock.
+CELERY_BEAT_SCHEDULER = "core.beat:LeaderDatabaseScheduler"
 
 # --- The invoice email task -------------------------------------------------------------------
 # Five attempts in all (Celery counts retries: max_retries = attempts - 1).
@@ -247,6 +248,17 @@ OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
 OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
 # Seconds a publish may wait on the broker before the row is left to the relay.
 OUTBOX_PUBLISH_TIMEOUT = env.float("OUTBOX_PUBLISH_TIMEOUT", default=0.5)
+
+# --- Scheduled jobs ---------------------------------------------------------------------------
+# Only the beat holding the PostgreSQL leader lock dispatches; a standby checks this often.
+BEAT_STANDBY_POLL_SECONDS = env.int("BEAT_STANDBY_POLL_SECONDS", default=5)
+# Save each entry's last run after every dispatch, so a standby taking over knows it.
+CELERY_BEAT_SYNC_EVERY = 1
+# A paid invoice with no email and nothing pending for this long is re-enqueued by reconcile.
+RECONCILE_QUIET_SECONDS = env.int("RECONCILE_QUIET_SECONDS", default=600)
+RECONCILE_WINDOW_DAYS = env.int("RECONCILE_WINDOW_DAYS", default=7)
+WEBHOOK_RETENTION_DAYS = env.int("WEBHOOK_RETENTION_DAYS", default=30)
+OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 
 # --- Dead letters -----------------------------------------------------------------------------
 DLQ_ALERT_THRESHOLD = env.int("DLQ_ALERT_THRESHOLD", default=1)

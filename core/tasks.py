@@ -18,7 +18,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
@@ -77,10 +77,3 @@ class ReliableTask(Task):
             attempts=self.request.retries + 1,
             first_failed_at=self._first_failed_at(),
         )
-
-
-@shared_task(base=ReliableTask, name="core.outbox_relay", max_retries=0)
-def outbox_relay() -> int:
-    from core.outbox import outbox_relay as relay
-
-    return relay()

@@ -1,0 +1,104 @@
+"""The safety nets of the email guarantee, run on a schedule (``core.jobs.SCHEDULES``).
+
+* ``email_claims_recover``: a claim still ``sending`` after its lease belongs to a worker that
+  died (SIGKILL, hard time limit) after claiming; release it and enqueue the email again.
+  The same takeover happens when the dead worker's message is redelivered; this job does not
+  wait for the broker's visibility timeout, and it also covers a message the broker lost.
+* ``invoices_reconcile``: a paid invoice with no email sent and nothing pending for
+  ``RECONCILE_QUIET_SECONDS`` (no live claim, no recent or unpublished outbox row, no dead
+  letter waiting for a human) gets its email enqueued again. This is what recovers the jobs a
+  Redis restart dropped (Redis keeps nothing on disk here).
+
+Both enqueue through the outbox, and both are safe to run twice: what they enqueue is pending
+afterwards, so the next run leaves it alone.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from core.jobs import JobTask, job_run
+from core.outbox import outbox_enqueue
+from invoicing.models import EmailDelivery
+from invoicing.services import SEND_INVOICE_EMAIL_TASK
+
+EMAIL_KEY_PREFIX = "invoice_email_sent:"
+
+
+def email_claims_recover(*, limit: int = 500) -> int:
+    """Release claims whose lease expired and re-enqueue their emails; returns how many."""
+    with transaction.atomic():
+        stale = list(
+            EmailDelivery.objects.select_for_update(skip_locked=True)
+            .filter(
+                state=EmailDelivery.State.SENDING,
+                lease_expires_at__lt=timezone.now(),
+                key__startswith=EMAIL_KEY_PREFIX,
+            )
+            .order_by("pk")[:limit]
+        )
+        for delivery in stale:
+            delivery.state = EmailDelivery.State.FAILED
+            delivery.lease_expires_at = None
+            delivery.last_error = (
+                f"claim by {delivery.claimed_by} expired unfinished; re-enqueued by recovery"
+            )
+            delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
+            outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id])
+    return len(stale)
+
+
+_RECONCILE_SQL = """
+SELECT i.id FROM invoicing_invoice i
+WHERE i.status = 'paid' AND i.provider_updated_at >= %(since)s
+  AND NOT EXISTS (
+    SELECT 1 FROM invoicing_emaildelivery d
+    WHERE d.key = %(prefix)s || i.id::text
+      AND (d.state <> 'failed' OR d.updated_at >= %(quiet_since)s))
+  AND NOT EXISTS (
+    SELECT 1 FROM core_deadletter l
+    WHERE l.task = %(task)s AND l.args = jsonb_build_array(i.id) AND l.replayed_at IS NULL)
+  AND NOT EXISTS (
+    SELECT 1 FROM core_outboxmessage o
+    WHERE o.task = %(task)s AND o.args = jsonb_build_array(i.id) AND o.queue <> 'dlq'
+      AND (o.published_at IS NULL OR o.published_at >= %(quiet_since)s))
+ORDER BY i.id
+LIMIT %(limit)s
+"""
+
+
+def invoices_reconcile(*, limit: int = 1000) -> int:
+    """Enqueue the email of every paid invoice that has none and nothing pending."""
+    now = timezone.now()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _RECONCILE_SQL,
+                {
+                    "since": now - timedelta(days=settings.RECONCILE_WINDOW_DAYS),
+                    "quiet_since": now - timedelta(seconds=settings.RECONCILE_QUIET_SECONDS),
+                    "prefix": EMAIL_KEY_PREFIX,
+                    "task": SEND_INVOICE_EMAIL_TASK,
+                    "limit": limit,
+                },
+            )
+            invoice_ids = [row[0] for row in cursor.fetchall()]
+        for invoice_id in invoice_ids:
+            outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice_id])
+    return len(invoice_ids)
+
+
+@shared_task(base=JobTask, name="invoicing.recover_stale_claims")
+def recover_stale_claims() -> Any:
+    return job_run(name="email-claims-recover", body=email_claims_recover).result
+
+
+@shared_task(base=JobTask, name="invoicing.reconcile_paid_invoices")
+def reconcile_paid_invoices() -> Any:
+    return job_run(name="email-reconcile", body=invoices_reconcile).result

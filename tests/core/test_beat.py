@@ -1,0 +1,95 @@
+"""One active beat: two ``celery -A core beat`` processes, one dispatches; kill it and the
+standby takes over within BEAT_STANDBY_POLL_SECONDS."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+from core.beat import active_beat
+from tests.conftest import ROOT, wait_until
+from tests.smtp import free_port
+from tests.workers import worker_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+INTERVAL = 2  # seconds between slots of the probe task
+
+
+class Beat:
+    def __init__(self, name: str) -> None:
+        self.log = Path(tempfile.mkdtemp(prefix="beat-")) / f"{name}.log"
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "core", "beat", "-l", "INFO"],
+            cwd=ROOT,
+            env=worker_env(free_port()),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._out.close()
+
+
+def test_two_beats_dispatch_once_per_slot_and_the_standby_takes_over() -> None:
+    queue = f"beattest-{uuid.uuid4().hex[:8]}"
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + queue
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    every, _ = IntervalSchedule.objects.get_or_create(every=INTERVAL, period="seconds")
+    PeriodicTask.objects.create(
+        name="beat-probe", task="tests.beat_probe", interval=every, queue=queue
+    )
+    first = Beat("first")
+    second = None
+    try:
+        assert wait_until(lambda: "took the leader lock" in first.text(), timeout=30)
+        second = Beat("second")
+        assert wait_until(lambda: "beat: Starting" in second.text(), timeout=30)
+        assert "beat-leader" in (active_beat() or "")
+        broker.delete(key)
+        time.sleep(6 * INTERVAL)  # six slots with both beats running
+        during = [json.loads(m)["headers"]["id"] for m in broker.lrange(key, 0, -1)]
+        assert "took the leader lock" not in second.text()  # the standby dispatched nothing
+
+        first.kill()
+        killed_at = time.monotonic()
+        assert wait_until(
+            lambda: "took the leader lock" in second.text(),
+            timeout=settings.BEAT_STANDBY_POLL_SECONDS + 5,
+        )
+        takeover = time.monotonic() - killed_at
+        before = broker.llen(key)
+        assert wait_until(lambda: broker.llen(key) > before, timeout=INTERVAL + 5)
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+        broker.delete(key)
+
+    assert 5 <= len(during) <= 7  # one per slot, not one per beat
+    assert len(set(during)) == len(during)
+    assert takeover <= settings.BEAT_STANDBY_POLL_SECONDS + 1
+    print(
+        f"{len(during)} dispatches in {6 * INTERVAL} s with two beats; "
+        f"standby took over {takeover:.1f} s after the kill"
+    )

@@ -1,0 +1,115 @@
+"""The email guarantee's safety nets: stale-claim recovery and the reconcile job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from core.models import DeadLetter, OutboxMessage
+from invoicing.jobs import email_claims_recover, invoices_reconcile
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.services import email_claim, invoice_email_key
+from tests.smtp import SmtpServer
+from tests.workers import worker_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def paid(provider_id: str, **fields: Any) -> Invoice:
+    values: dict[str, Any] = {
+        "number": provider_id.upper(),
+        "customer_email": f"{provider_id}@example.com",
+        "amount_paid": 100,
+        "currency": "usd",
+        "status": "paid",
+        "provider_updated_at": timezone.now(),
+        **fields,
+    }
+    return Invoice.objects.create(provider_invoice_id=provider_id, **values)
+
+
+def long_ago() -> Any:
+    return timezone.now() - timedelta(hours=1)
+
+
+def test_recovery_releases_expired_claims_once_and_the_email_goes_out(smtp: SmtpServer) -> None:
+    invoice = paid("in_stale")
+    live = paid("in_live")
+    email_claim(invoice=invoice, key=invoice_email_key(invoice), owner="dead-worker")
+    email_claim(invoice=live, key=invoice_email_key(live), owner="live-worker")
+    EmailDelivery.objects.filter(invoice=invoice).update(lease_expires_at=long_ago())
+
+    with worker_thread():
+        assert email_claims_recover() == 1
+        assert email_claims_recover() == 0  # safe twice: nothing stale is left
+        smtp.handler.wait_for(1, timeout=20)
+    [message] = smtp.messages
+    assert message["To"] == "in_stale@example.com"
+    assert EmailDelivery.objects.get(invoice=invoice).state == "sent"
+    assert EmailDelivery.objects.get(invoice=live).state == "sending"  # a live claim is left
+
+
+def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
+    lost = paid("in_lost")  # its message was lost with a Redis restart
+    OutboxMessage.objects.create(
+        task="invoicing.send_invoice_email", args=[lost.pk], queue="email", published_at=long_ago()
+    )
+    OutboxMessage.objects.filter(args=[lost.pk]).update(created_at=long_ago())
+    never = paid("in_never")  # no trace at all
+    failed_long_ago = paid("in_failed")  # its retry was lost
+    EmailDelivery.objects.create(
+        key=invoice_email_key(failed_long_ago),
+        invoice=failed_long_ago,
+        state="failed",
+        message_id="<x>",
+    )
+    EmailDelivery.objects.filter(invoice=failed_long_ago).update(updated_at=long_ago())
+
+    sent = paid("in_sent")
+    EmailDelivery.objects.create(
+        key=invoice_email_key(sent), invoice=sent, state="sent", message_id="<s>"
+    )
+    in_progress = paid("in_progress")
+    email_claim(invoice=in_progress, key=invoice_email_key(in_progress), owner="w")
+    retrying = paid("in_retrying")  # failed a moment ago: its retry is in the broker
+    EmailDelivery.objects.create(
+        key=invoice_email_key(retrying), invoice=retrying, state="failed", message_id="<r>"
+    )
+    queued = paid("in_queued")  # published a moment ago
+    OutboxMessage.objects.create(
+        task="invoicing.send_invoice_email",
+        args=[queued.pk],
+        queue="email",
+        published_at=timezone.now(),
+    )
+    unpublished = paid("in_unpublished")  # the relay's to publish
+    OutboxMessage.objects.create(
+        task="invoicing.send_invoice_email", args=[unpublished.pk], queue="email"
+    )
+    dead = paid("in_dead")  # waits for a human
+    DeadLetter.objects.create(
+        task="invoicing.send_invoice_email",
+        task_id="t",
+        args=[dead.pk],
+        queue="email",
+        reason="permanent",
+        attempts=1,
+        first_failed_at=timezone.now(),
+        last_failed_at=timezone.now(),
+    )
+    paid("in_open", status="open")
+    old = paid("in_old")
+    Invoice.objects.filter(pk=old.pk).update(
+        provider_updated_at=timezone.now() - timedelta(days=30)
+    )
+
+    before = set(OutboxMessage.objects.values_list("pk", flat=True))
+    assert invoices_reconcile() == 3
+    enqueued = OutboxMessage.objects.exclude(pk__in=before)
+    assert sorted(a[0] for a in enqueued.values_list("args", flat=True)) == sorted(
+        [lost.pk, never.pk, failed_long_ago.pk]
+    )
+    assert invoices_reconcile() == 0  # safe twice: what it enqueued is pending now
