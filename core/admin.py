@@ -11,7 +11,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from core.deadletters import dead_letter_replay
-from core.models import DeadLetter, OutboxMessage
+from core.locks import lock_holder
+from core.models import DeadLetter, OutboxMessage, ScheduledJob
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -109,3 +110,40 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "publish_attempts",
         "last_error",
     )
+
+
+@admin.register(ScheduledJob)
+class ScheduledJobAdmin(ReadOnlyAdmin):
+    """Beside django-celery-beat's "Periodic tasks": what each job did, and who runs it now."""
+
+    list_display = (
+        "name",
+        "last_started_at",
+        "last_finished_at",
+        "last_skipped_at",
+        "runs",
+        "skips",
+        "running_now",
+        "last_holder",
+        "last_error_short",
+    )
+    readonly_fields = (
+        "name",
+        "runs",
+        "skips",
+        "last_started_at",
+        "last_finished_at",
+        "last_skipped_at",
+        "last_holder",
+        "running_now",
+        "last_result",
+        "last_error",
+    )
+
+    @admin.display(description="Lock held by")
+    def running_now(self, obj: ScheduledJob) -> str:
+        return lock_holder(f"job:{obj.name}") or "-"
+
+    @admin.display(description="Last error")
+    def last_error_short(self, obj: ScheduledJob) -> str:
+        return obj.last_error[:80]
