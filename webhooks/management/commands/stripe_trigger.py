@@ -1,0 +1,122 @@
+"""``manage.py stripe_trigger EVENT_TYPE``: the offline twin of ``stripe trigger``.
+
+Builds a realistic Stripe event, signs it with ``STRIPE_WEBHOOK_SECRET`` exactly as Stripe does
+(``t=<unix time>,v1=<HMAC-SHA256 of "<t>.<body>">``, plus a fake ``v0`` as test mode sends),
+and POSTs it to the receiver. ``--repeat`` delivers the same event again (a provider retry:
+each with a fresh timestamp and signature, as Stripe's retries are); ``--stale`` signs it with a
+timestamp older than the tolerance, which the receiver must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from webhooks import testing
+
+EVENT_TYPES = (
+    "invoice.paid",
+    "invoice.payment_succeeded",
+    "invoice.payment_failed",
+    "customer.created",
+)
+
+
+class Command(BaseCommand):
+    help = "Build, sign and POST a realistic Stripe event to the webhook receiver."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "event_type",
+            metavar="EVENT_TYPE",
+            choices=EVENT_TYPES,
+            help=f"One of: {', '.join(EVENT_TYPES)}.",
+        )
+        parser.add_argument(
+            "--url",
+            default="http://127.0.0.1:8000/webhooks/stripe/",
+            help="The receiver (default: %(default)s).",
+        )
+        parser.add_argument("--customer-email", default="jenny.rosen@example.com")
+        parser.add_argument(
+            "--invoice-id",
+            default=None,
+            help="The Stripe invoice id (in_...), so several events can "
+            "concern one invoice. Default: a new one.",
+        )
+        parser.add_argument("--amount", type=int, default=2000, help="Minor units.")
+        parser.add_argument("--currency", default="usd")
+        parser.add_argument(
+            "--repeat",
+            type=int,
+            default=1,
+            metavar="N",
+            help="Deliver the same event N times (duplicates).",
+        )
+        parser.add_argument(
+            "--stale", action="store_true", help="Sign with a timestamp older than the tolerance."
+        )
+        parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["repeat"] < 1:
+            raise CommandError("--repeat must be at least 1")
+        invoice_id = options["invoice_id"] or testing.new_id("in")
+        if not invoice_id.startswith("in_"):
+            raise CommandError("--invoice-id must look like a Stripe invoice id (in_...)")
+        body = testing.encode(self.build(options["event_type"], invoice_id, options))
+        secret = settings.STRIPE_WEBHOOK_SECRETS[0]
+        failures = 0
+        for attempt in range(1, options["repeat"] + 1):
+            timestamp = int(time.time())
+            if options["stale"]:
+                timestamp -= settings.STRIPE_WEBHOOK_TOLERANCE + 60
+            header = testing.signature_header(body, secret, timestamp=timestamp, with_v0=True)
+            status, answer = self.post(options["url"], body, header, options["timeout"])
+            self.stdout.write(f"delivery {attempt}: {status} {answer}")
+            failures += status != 200
+        if failures:
+            raise CommandError(f"{failures} of {options['repeat']} deliveries were not accepted")
+
+    @staticmethod
+    def build(event_type: str, invoice_id: str, options: dict[str, Any]) -> dict[str, Any]:
+        if event_type == "customer.created":
+            obj = testing.customer_object(customer_email=options["customer_email"])
+        else:
+            status = "open" if event_type == "invoice.payment_failed" else "paid"
+            obj = testing.invoice_object(
+                invoice_id=invoice_id,
+                customer_email=options["customer_email"],
+                amount=options["amount"],
+                currency=options["currency"],
+                status=status,
+            )
+        return testing.event(event_type, obj)
+
+    @staticmethod
+    def post(url: str, body: bytes, header: str, timeout: float) -> tuple[int | str, str]:
+        if not url.startswith(("http://", "https://")):
+            raise CommandError("--url must be an http:// or https:// URL")
+        request = urllib.request.Request(
+            url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json; charset=utf-8",
+                "Stripe-Signature": header,
+                "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - scheme checked above
+                return response.status, response.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as exc:
+            return "unreachable", json.dumps(str(getattr(exc, "reason", exc)))
