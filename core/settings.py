@@ -47,6 +47,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
     "django_celery_beat",
     "core",
     "invoicing",
@@ -242,6 +244,30 @@ if (
         "time limit, or a delayed task is delivered twice while it waits (kombu #337)."
     )
 
+# --- Circuit breaker on the email provider (core/breaker.py) -------------------------------
+# Consecutive transient SMTP failures, from any worker, that open the breaker.
+EMAIL_BREAKER_FAILURE_THRESHOLD = env.int("EMAIL_BREAKER_FAILURE_THRESHOLD", default=5)
+# Seconds it stays open before one probe may try; a deferred email waits this plus jitter.
+EMAIL_BREAKER_RESET_SECONDS = env.int("EMAIL_BREAKER_RESET_SECONDS", default=30)
+# Seconds an email may be deferred by an open breaker before it is dead-lettered.
+EMAIL_PROVIDER_DEADLINE_SECONDS = env.int("EMAIL_PROVIDER_DEADLINE_SECONDS", default=86400)
+
+if EMAIL_BREAKER_FAILURE_THRESHOLD < 1 or EMAIL_BREAKER_RESET_SECONDS < 1:
+    raise ImproperlyConfigured(
+        "EMAIL_BREAKER_FAILURE_THRESHOLD and EMAIL_BREAKER_RESET_SECONDS must be at least 1."
+    )
+if EMAIL_PROVIDER_DEADLINE_SECONDS < EMAIL_BREAKER_RESET_SECONDS:
+    raise ImproperlyConfigured(
+        "EMAIL_PROVIDER_DEADLINE_SECONDS must be at least EMAIL_BREAKER_RESET_SECONDS."
+    )
+# A deferral waits at most the cool-down plus a full cool-down of jitter.
+if 2 * EMAIL_BREAKER_RESET_SECONDS + EMAIL_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT:
+    raise ImproperlyConfigured(
+        "CELERY_VISIBILITY_TIMEOUT must outlive the longest deferral (twice "
+        "EMAIL_BREAKER_RESET_SECONDS: cool-down plus jitter) plus the task time limit, or a "
+        "deferred task is delivered twice while it waits (kombu #337)."
+    )
+
 # --- Outbox -----------------------------------------------------------------------------------
 # Rows younger than this are left to their own on-commit publish; the sweep takes the rest.
 OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
@@ -264,12 +290,55 @@ OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 DLQ_ALERT_THRESHOLD = env.int("DLQ_ALERT_THRESHOLD", default=1)
 DLQ_ALERT_PERIOD_SECONDS = env.int("DLQ_ALERT_PERIOD_SECONDS", default=3600)
 
+# --- Inbound throttling, backpressure, health ------------------------------------------------
+# Webhook requests one client address may make per period ("N/s", "N/min", "N/hour", "N/day");
+# empty turns the throttle off. Stripe sends from a few addresses: this stops a flood from one.
+WEBHOOK_THROTTLE_RATE = env.str("WEBHOOK_THROTTLE_RATE", default="6000/min").strip()
+# Proxies in front of the app that append the client to X-Forwarded-For; 0 ignores the header.
+NUM_PROXIES = env.int("NUM_PROXIES", default=0)
+# Seconds the throttle may wait on Redis; past that it lets requests through (fails open).
+WEBHOOK_THROTTLE_TIMEOUT = env.float("WEBHOOK_THROTTLE_TIMEOUT", default=0.2)
+# Backlog (the larger of unpublished outbox rows and messages waiting on the email queue) at
+# which webhook events we do not act on are refused with 503 and not stored...
+BACKPRESSURE_SOFT_MARK = env.int("BACKPRESSURE_SOFT_MARK", default=5000)
+# ...and at which every webhook event is refused with 503, payment events included.
+BACKPRESSURE_HARD_MARK = env.int("BACKPRESSURE_HARD_MARK", default=50000)
+# Seconds each process reuses its last measurement of the backlog: the check stays cheap.
+BACKPRESSURE_CHECK_SECONDS = env.float("BACKPRESSURE_CHECK_SECONDS", default=1.0)
+# Seconds one backlog or health probe may wait on Redis or a PostgreSQL statement.
+PROBE_TIMEOUT_SECONDS = env.float("PROBE_TIMEOUT_SECONDS", default=0.5)
+# Seconds GET /health/ waits for all its checks together; a check still running then fails.
+HEALTH_TIMEOUT_SECONDS = env.float("HEALTH_TIMEOUT_SECONDS", default=2.0)
+# An unpublished outbox row older than this fails /health/: the relay should have sent it.
+OUTBOX_STALE_SECONDS = env.int("OUTBOX_STALE_SECONDS", default=300)
+
+_count, _, _period = WEBHOOK_THROTTLE_RATE.partition("/")
+_periods = {"s", "sec", "m", "min", "h", "hour", "d", "day"}
+if WEBHOOK_THROTTLE_RATE and not (_count.isdigit() and int(_count) > 0 and _period in _periods):
+    raise ImproperlyConfigured("WEBHOOK_THROTTLE_RATE must look like 6000/min (or be empty).")
+if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
+    raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
+
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
+    # Client addresses for throttling come from X-Forwarded-For only behind this many proxies.
+    "NUM_PROXIES": NUM_PROXIES,
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
     ],
+    # The API is for operators: staff only.
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Invoice emails API",
+    "DESCRIPTION": "Operator API: invoices and their payment email, dead letters and replay.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
 }
 
 # --- Logging ----------------------------------------------------------------------------------

@@ -10,16 +10,22 @@
 * ``acks_late`` + ``reject_on_worker_lost``: a worker that dies mid-task leaves the message to
   be redelivered, and the dead letter is written before the message is acknowledged, so a
   worker dying while it dead-letters runs the job again rather than losing it.
+* ``Deferred`` (a dependency known to be down, e.g. an open circuit breaker) is not a
+  failure: ``defer()`` re-publishes the job after the dependency's cool-down plus jitter with
+  its retry count unchanged, so no attempt is spent, until a deadline counted from the first
+  deferral; then it is dead-lettered with the exception's reason.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from datetime import datetime
-from typing import Any
+import random
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
@@ -36,6 +42,33 @@ class PermanentError(Exception):
     """A failure no retry can fix: dead-letter at once."""
 
 
+class Deferred(Exception):
+    """The job must not run now, through no fault of its own: run it again in ``retry_in``
+    seconds plus up to ``jitter`` seconds of full jitter, without spending an attempt, for at
+    most ``deadline`` seconds after its first deferral (``ReliableTask.defer``)."""
+
+    dead_letter_reason: ClassVar[str]
+
+    def __init__(self, message: str, *, retry_in: float, jitter: float, deadline: float) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
+        self.jitter = jitter
+        self.deadline = deadline
+
+    def __reduce__(self) -> Any:
+        # Celery pickles the exception a job failed with; keyword-only arguments need this.
+        rebuild = functools.partial(
+            type(self), retry_in=self.retry_in, jitter=self.jitter, deadline=self.deadline
+        )
+        return (rebuild, (str(self),))
+
+
+class ProviderUnavailable(Deferred):
+    """A provider's circuit breaker is open: calling it now would only add to its load."""
+
+    dead_letter_reason = "provider_unavailable"  # DeadLetter.Reason.PROVIDER_UNAVAILABLE
+
+
 class ReliableTask(Task):
     autoretry_for = (TransientError, SoftTimeLimitExceeded, OperationalError, InterfaceError)
     retry_jitter = True  # full jitter: randrange(countdown + 1)
@@ -43,17 +76,70 @@ class ReliableTask(Task):
     reject_on_worker_lost = True
 
     def retry(self, *args: Any, **options: Any) -> Any:
-        # Carry the time of the first failure across retries, for the dead letter.
-        headers = dict(options.pop("headers", None) or {})
+        # Carry the time of the first failure across retries, for the dead letter, and keep
+        # the job's other headers (first_deferred_at: a retry must not restart the deadline).
+        headers = {**(self.request.headers or {}), **(options.pop("headers", None) or {})}
         headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
         return super().retry(*args, headers=headers, **options)
 
-    def _first_failed_at(self) -> datetime:
-        value = getattr(self.request, "first_failed_at", None)
+    def defer(self, exc: Deferred) -> Retry:
+        """Re-publish this job to run after ``exc.retry_in`` plus full jitter, with the same
+        retry count, and return the ``Retry`` to raise so this message is acknowledged.
+
+        Custom headers surface on ``self.request`` as attributes and in ``request.headers``,
+        and ``signature_from_request`` copies the latter: ``first_deferred_at`` survives every
+        deferral and retry. Past ``exc.deadline`` seconds since then, ``exc`` itself is raised
+        and ``on_failure`` dead-letters the job with ``exc.dead_letter_reason``."""
+        request = self.request
+        if request.called_directly or request.is_eager:
+            raise exc  # nothing to wait on outside a worker; eager would spin until the deadline
+        now = timezone.now()
+        first = _header_time(request, "first_deferred_at") or now
+        if (now - first).total_seconds() >= exc.deadline:
+            logger.warning(
+                "job deferred for %.0f s, past its deadline of %.0f s: %s",
+                (now - first).total_seconds(),
+                exc.deadline,
+                exc,
+                extra={"task_name": self.name, "task_id": request.id},
+            )
+            raise exc
+        deferrals = int(getattr(request, "deferrals", 0) or 0) + 1
+        countdown = exc.retry_in + random.uniform(0, exc.jitter)  # noqa: S311 - jitter
+        headers = {
+            **(request.headers or {}),
+            "first_deferred_at": first.isoformat(),
+            "deferrals": deferrals,
+        }
+        signature = self.signature_from_request(
+            request, countdown=countdown, retries=request.retries, headers=headers
+        )
         try:
-            return datetime.fromisoformat(value) if value else timezone.now()
-        except (TypeError, ValueError):
-            return timezone.now()
+            signature.apply_async()
+        except Exception as publish_error:
+            # Unlike Celery's retry (which drops the message), put it back: if the broker is
+            # gone the reject fails too and the visibility timeout redelivers the message.
+            raise Reject(publish_error, requeue=True) from publish_error
+        logger.info(
+            "job deferred %.1f s (deferral %d): %s",
+            countdown,
+            deferrals,
+            exc,
+            extra={"task_name": self.name, "task_id": request.id, "deferrals": deferrals},
+        )
+        return Retry(str(exc), exc=exc, when=now + timedelta(seconds=countdown), sig=signature)
+
+    def _first_failed_at(self) -> datetime:
+        # A job that was deferred before it ever failed dates its trouble from the deferral.
+        times = [
+            t
+            for t in (
+                _header_time(self.request, "first_failed_at"),
+                _header_time(self.request, "first_deferred_at"),
+            )
+            if t is not None
+        ]
+        return min(times, default=None) or timezone.now()
 
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
@@ -77,3 +163,11 @@ class ReliableTask(Task):
             attempts=self.request.retries + 1,
             first_failed_at=self._first_failed_at(),
         )
+
+
+def _header_time(request: Any, name: str) -> datetime | None:
+    value = getattr(request, name, None)
+    try:
+        return datetime.fromisoformat(value) if value else None
+    except (TypeError, ValueError):
+        return None

@@ -26,7 +26,7 @@ from django.utils import timezone
 from core.jobs import JobTask, job_run
 from core.outbox import outbox_enqueue
 from invoicing.models import EmailDelivery
-from invoicing.services import SEND_INVOICE_EMAIL_TASK
+from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
 
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
@@ -73,8 +73,14 @@ LIMIT %(limit)s
 """
 
 
-def invoices_reconcile(*, limit: int = 1000) -> int:
-    """Enqueue the email of every paid invoice that has none and nothing pending."""
+def invoices_reconcile(*, limit: int = 1000) -> int | str:
+    """Enqueue the email of every paid invoice that has none and nothing pending.
+
+    Stands aside while the provider's breaker is not closed: jobs deferred by an open breaker
+    hold no claim and would look lost, and enqueueing more of them only grows the queue."""
+    breaker = email_breaker().state()["state"]
+    if breaker != "closed":
+        return f"skipped: email provider breaker {breaker}"
     now = timezone.now()
     with transaction.atomic():
         with connection.cursor() as cursor:

@@ -13,6 +13,10 @@ marked the key sent leaves a claim in ``sending``. The claim blocks every other 
 overtaken). After that, the redelivered message (or the recovery job) takes the claim over and
 sends again: at most one duplicate per crash, carrying the same deterministic Message-ID so the
 receiving side can collapse it.
+
+The provider's circuit breaker (``email_breaker``) is asked before the claim, so a job it
+defers holds no claim: while it is open no worker touches SMTP, and the job is re-published
+without spending an attempt (``ProviderUnavailable``, ``ReliableTask.defer``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
+from django.core.mail import EmailMultiAlternatives
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from core.breaker import Breaker, Decision
 from core.db import insert_or_skip
 from core.outbox import outbox_enqueue
-from core.tasks import PermanentError
+from core.tasks import PermanentError, ProviderUnavailable, TransientError
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 
@@ -193,17 +200,89 @@ def _claim_mark_sent(claim: Claim) -> None:
             time.sleep(delay)
 
 
+def email_breaker() -> Breaker:
+    """The circuit breaker on the email provider, shared by every worker; built from the
+    settings as they are now (tests and operators change them at run time)."""
+    return Breaker(
+        "email",
+        threshold=settings.EMAIL_BREAKER_FAILURE_THRESHOLD,
+        reset_seconds=settings.EMAIL_BREAKER_RESET_SECONDS,
+        # A probe whose worker died frees the probe once the task's hard limit has passed.
+        probe_ttl_seconds=settings.EMAIL_TASK_TIME_LIMIT + 10,
+    )
+
+
+def email_breaker_check() -> dict[str, Any]:
+    """The breaker's part of /health/ (not critical: while it is open, emails wait; nothing
+    is lost and webhooks are still taken)."""
+    state = email_breaker().state()
+    status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
+        state["state"], "unknown"
+    )
+    return {"status": status, **state}
+
+
+def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
+    return ProviderUnavailable(
+        f"email provider circuit open; next try in {retry_in:.1f} s",
+        retry_in=retry_in,
+        jitter=settings.EMAIL_BREAKER_RESET_SECONDS,
+        deadline=settings.EMAIL_PROVIDER_DEADLINE_SECONDS,
+    )
+
+
+def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> None:
+    """``mail.deliver``, its outcome told to the breaker. Only a transient failure (4xx,
+    refused, reset, timeout) counts against the provider; a 5xx for this message or mailbox
+    is the provider answering, which proves it is up, so it counts as a success.
+
+    A failed probe re-opens the breaker and is deferred like the jobs it probed for, not
+    retried: it tested the provider on everyone's behalf, and charging its attempt would let
+    a long outage exhaust whichever jobs happen to draw the probes."""
+    try:
+        mail.deliver(message)
+    except TransientError as exc:
+        breaker.record_failure()
+        if decision.probe:
+            raise _provider_unavailable(breaker.reset_seconds) from exc
+        raise
+    except PermanentError:
+        breaker.record_success()
+        raise
+    breaker.record_success()
+
+
 def invoice_email_send(*, invoice_id: int, owner: str) -> str:
     """Send the paid-invoice email for ``invoice_id`` at most once. Returns what happened:
     ``sent``, ``not_paid``, or ``skipped`` (already sent, or another worker holds the claim).
 
-    Raises ``TransientError`` (retry) or ``PermanentError`` (dead-letter)."""
+    Raises ``TransientError`` (retry), ``PermanentError`` (dead-letter) or
+    ``ProviderUnavailable`` (the provider's breaker is open: defer, no attempt spent)."""
     invoice = Invoice.objects.filter(pk=invoice_id).first()
     if invoice is None:
         raise PermanentError(f"invoice {invoice_id} does not exist")
     if invoice.status != Invoice.Status.PAID:
         logger.info("invoice not paid; no email", extra={"invoice_id": invoice_id})
         return "not_paid"
+    # Asked before the claim, so a deferred job holds no claim.
+    breaker = email_breaker()
+    decision = breaker.allow()
+    if not decision.allowed:
+        raise _provider_unavailable(decision.retry_in)
+    try:
+        return _invoice_email_send_claimed(
+            invoice=invoice, owner=owner, breaker=breaker, decision=decision
+        )
+    finally:
+        # A probe that never reached the provider (already sent, bad address, database error)
+        # gives the probe back at once; after it recorded an outcome this is a no-op.
+        breaker.release_probe(decision)
+
+
+def _invoice_email_send_claimed(
+    *, invoice: Invoice, owner: str, breaker: Breaker, decision: Decision
+) -> str:
+    invoice_id = invoice.pk
     key = invoice_email_key(invoice)
     claim = email_claim(invoice=invoice, key=key, owner=owner)
     if claim is None:
@@ -214,7 +293,7 @@ def invoice_email_send(*, invoice_id: int, owner: str) -> str:
         return "skipped"
     try:
         message = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
-        mail.deliver(message)
+        _deliver(message, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release the claim whatever failed, so the retry (or a replay) can claim it again.
         _claim_release(claim, owner=owner, error=repr(exc))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from core.tasks import ReliableTask
+from core.tasks import Deferred, ReliableTask
 from invoicing import services
 
 
@@ -21,4 +21,8 @@ from invoicing import services
 )
 def send_invoice_email(self: ReliableTask, invoice_id: int, outbox_id: int | None = None) -> str:
     """Email a paid invoice once. ``outbox_id`` only traces which outbox row published this."""
-    return services.invoice_email_send(invoice_id=invoice_id, owner=self.request.id or "")
+    try:
+        return services.invoice_email_send(invoice_id=invoice_id, owner=self.request.id or "")
+    except Deferred as exc:
+        # The provider's breaker is open: run again after its cool-down, no attempt spent.
+        raise self.defer(exc) from exc

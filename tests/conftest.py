@@ -67,6 +67,39 @@ def smtp(settings: Any) -> Iterator[SmtpServer]:
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def _broker_empty() -> Iterator[None]:
+    """Every test starts and ends with this run's broker keys gone: a message a test published
+    and no worker consumed (an outbox publish, a dead letter's copy) must not reach the next
+    test's worker."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    pattern = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "*"
+
+    def purge() -> None:
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+
+    purge()
+    yield
+    purge()
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _email_breaker_closed() -> Iterator[None]:
+    """Every test starts and ends with the email provider's breaker closed: its state lives
+    in Redis, shared by the whole run, and a test that trips it must not defer the next's."""
+    from invoicing.services import email_breaker
+
+    email_breaker().reset()
+    yield
+    email_breaker().reset()
+
+
 @pytest.fixture
 def smtp_unreachable(settings: Any) -> int:
     """Django's email settings point at a port where nothing listens."""

@@ -113,3 +113,16 @@ def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
         [lost.pk, never.pk, failed_long_ago.pk]
     )
     assert invoices_reconcile() == 0  # safe twice: what it enqueued is pending now
+
+
+def test_reconcile_stands_aside_while_the_breaker_is_open(settings: Any) -> None:
+    from invoicing.services import email_breaker
+
+    paid("in_waiting")
+    settings.EMAIL_BREAKER_FAILURE_THRESHOLD = 1
+    email_breaker().record_failure()
+    assert email_breaker().state()["state"] == "open"
+    assert invoices_reconcile() == "skipped: email provider breaker open"
+    assert not OutboxMessage.objects.exists()
+    email_breaker().reset()
+    assert invoices_reconcile() == 1

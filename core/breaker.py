@@ -1,0 +1,308 @@
+"""A circuit breaker shared by every worker, its state in Redis.
+
+What it guarantees:
+
+* **closed → open**: ``threshold`` consecutive failures (no success in between, whichever
+  process reported them) open it. Only the caller decides what a failure is; the email path
+  reports transient provider failures only.
+* **open**: every caller is denied, and told how many seconds remain of the cool-down
+  (``reset_seconds``, measured on the Redis server's clock, so workers on hosts whose clocks
+  disagree still agree on when it ends).
+* **half-open**: once the cool-down has passed, exactly one caller across all processes gets
+  the probe (``SET NX`` on a token key, inside the same script that reads the state). The
+  token expires after ``probe_ttl_seconds`` (longer than the task's hard time limit), so a
+  probe whose worker died frees the probe; a probe that ended without calling the provider
+  gives it back at once (``release_probe``).
+* a success, probe or not, closes it and resets the count; a failure once the cool-down has
+  passed (the probe's) re-opens it for a new cool-down.
+* every transition is one Lua script, so it is atomic against every other worker.
+* **Redis is not the outage**: every Redis call has a short socket timeout and at most one
+  retry; if Redis cannot be reached, ``allow()`` says "closed" (traffic flows as if there were
+  no breaker) and a warning is logged, at most once per ``_WARN_EVERY`` seconds per breaker
+  and process.
+
+Why not pybreaker: its ``CircuitRedisStorage`` shares the state, but its half-open state is
+not a single probe. ``CircuitOpenState.before_call`` switches to half-open and then calls the
+function for *every* caller that arrives once the timeout has elapsed, in every process, so a
+queue of a thousand deferred emails would all hit a provider that is still down. Its state
+changes are also read-modify-write from each client, not atomic.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+logger = logging.getLogger(__name__)
+
+# Seconds for every socket operation on the breaker's Redis: a stalled Redis costs a caller at
+# most connect + read, for two tries (one retry), about 1.2 s, before the breaker steps aside.
+SOCKET_TIMEOUT = 0.3
+_WARN_EVERY = 30.0
+
+# allow(): KEYS = state hash, probe token; ARGV = reset seconds, token, probe ttl (ms).
+_ALLOW = """
+local opened = redis.call('HGET', KEYS[1], 'opened_at')
+if not opened then return {'allowed', '0'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local remaining = tonumber(opened) + tonumber(ARGV[1]) - now
+if remaining > 0 then return {'denied', tostring(remaining)} end
+if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return {'probe', '0'} end
+-- the probe is out: by one cool-down from now it has closed the breaker or re-opened it
+return {'denied', ARGV[1]}
+"""
+
+# record_failure(): KEYS = state hash, probe token; ARGV = threshold, reset seconds.
+_FAILURE = """
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local opened = redis.call('HGET', KEYS[1], 'opened_at')
+if opened then
+  if tonumber(opened) + tonumber(ARGV[2]) <= now then
+    redis.call('HSET', KEYS[1], 'opened_at', tostring(now))
+    redis.call('DEL', KEYS[2])
+    return {'reopened', failures}
+  end
+  return {'open', failures}
+end
+if failures >= tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'opened_at', tostring(now))
+  return {'opened', failures}
+end
+return {'closed', failures}
+"""
+
+# record_success(): KEYS = state hash, probe token. Returns opened_at if it was open.
+_SUCCESS = """
+local opened = redis.call('HGET', KEYS[1], 'opened_at')
+redis.call('DEL', KEYS[1], KEYS[2])
+return opened
+"""
+
+# release_probe(): KEYS = probe token; ARGV = token. Only the holder's own token is deleted.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Verdict(enum.StrEnum):
+    ALLOWED = "allowed"  # closed: call the provider
+    PROBE = "probe"  # half-open: this caller is the one probe
+    DENIED = "denied"  # open, or half-open with the probe taken: do not call
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    retry_in: float = 0.0  # denied: seconds until asking again can be allowed
+    token: str | None = None  # probe: the token to give back with release_probe()
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict is not Verdict.DENIED
+
+    @property
+    def probe(self) -> bool:
+        return self.verdict is Verdict.PROBE
+
+
+_ALLOWED = Decision(Verdict.ALLOWED)
+
+
+@functools.lru_cache(maxsize=8)
+def _client(url: str) -> redis.Redis:
+    # One pool per URL and process (redis-py resets it after a fork). redis-py retries ten
+    # times with backoff by default; one immediate retry covers a pooled connection that a
+    # Redis restart closed, without multiplying the timeout.
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=SOCKET_TIMEOUT,
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _script(url: str, source: str) -> Script:
+    # EVALSHA, falling back to EVAL once per Redis (after a restart, or the first time).
+    return _client(url).register_script(source)
+
+
+_warn_lock = threading.Lock()
+_last_warning: dict[str, float] = {}
+
+
+def _warn_unavailable(name: str, action: str, exc: Exception) -> None:
+    with _warn_lock:
+        now = time.monotonic()
+        if now - _last_warning.get(name, -_WARN_EVERY) < _WARN_EVERY:
+            return
+        _last_warning[name] = now
+    logger.warning(
+        "circuit breaker %r: Redis unavailable during %s (%r); treating it as closed",
+        name,
+        action,
+        exc,
+        extra={"breaker": name},
+    )
+
+
+class Breaker:
+    """A circuit breaker named ``name``, shared by every process using the same Redis and
+    key prefix. Cheap to construct: build one per call with the current settings."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        threshold: int,
+        reset_seconds: float,
+        probe_ttl_seconds: float,
+        url: str | None = None,
+        key_prefix: str | None = None,
+    ) -> None:
+        if threshold < 1 or reset_seconds <= 0 or probe_ttl_seconds <= 0:
+            raise ValueError("threshold, reset_seconds and probe_ttl_seconds must be positive")
+        self.name = name
+        self.threshold = threshold
+        self.reset_seconds = float(reset_seconds)
+        self.probe_ttl_ms = int(probe_ttl_seconds * 1000)
+        self.url = url or settings.REDIS_URL
+        prefix = (
+            settings.CACHES["default"].get("KEY_PREFIX", "") if key_prefix is None else key_prefix
+        )
+        base = f"{prefix}:breaker:{name}" if prefix else f"breaker:{name}"
+        self.key = base
+        self.probe_key = f"{base}:probe"
+
+    @property
+    def _redis(self) -> redis.Redis:
+        return _client(self.url)
+
+    def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return _script(self.url, script)(keys=keys, args=args)
+
+    def allow(self) -> Decision:
+        """May the caller call the provider now? Never raises."""
+        token = uuid.uuid4().hex
+        try:
+            verdict, value = self._eval(
+                _ALLOW,
+                [self.key, self.probe_key],
+                [self.reset_seconds, token, self.probe_ttl_ms],
+            )
+        except redis.RedisError as exc:
+            _warn_unavailable(self.name, "allow", exc)
+            return _ALLOWED
+        verdict = Verdict(verdict.decode())
+        if verdict is Verdict.PROBE:
+            logger.info("circuit breaker %r half-open: probing", self.name)
+            return Decision(Verdict.PROBE, token=token)
+        if verdict is Verdict.DENIED:
+            return Decision(Verdict.DENIED, retry_in=max(0.0, float(value)))
+        return _ALLOWED
+
+    def record_failure(self) -> None:
+        """One more consecutive failure of the provider. Never raises."""
+        try:
+            outcome, failures = self._eval(
+                _FAILURE, [self.key, self.probe_key], [self.threshold, self.reset_seconds]
+            )
+        except redis.RedisError as exc:
+            _warn_unavailable(self.name, "record_failure", exc)
+            return
+        outcome = outcome.decode()
+        if outcome == "opened":
+            logger.warning(
+                "circuit breaker %r opened after %d consecutive failures; cool-down %.0f s",
+                self.name,
+                failures,
+                self.reset_seconds,
+                extra={"breaker": self.name, "failures": failures},
+            )
+        elif outcome == "reopened":
+            logger.warning(
+                "circuit breaker %r probe failed; open for another %.0f s",
+                self.name,
+                self.reset_seconds,
+                extra={"breaker": self.name, "failures": failures},
+            )
+
+    def record_success(self) -> None:
+        """The provider answered: close the breaker and reset the count. Never raises."""
+        try:
+            opened = self._eval(_SUCCESS, [self.key, self.probe_key], [])
+        except redis.RedisError as exc:
+            _warn_unavailable(self.name, "record_success", exc)
+            return
+        if opened is not None:
+            logger.info("circuit breaker %r closed", self.name, extra={"breaker": self.name})
+
+    def release_probe(self, decision: Decision) -> None:
+        """Give back a probe that ended without an outcome (it never called the provider), so
+        the next caller can probe at once. A no-op once the probe recorded an outcome."""
+        if decision.token is None:
+            return
+        try:
+            self._eval(_RELEASE, [self.probe_key], [decision.token])
+        except redis.RedisError as exc:  # the token expires by itself
+            _warn_unavailable(self.name, "release_probe", exc)
+
+    def reset(self) -> None:
+        """Force the breaker closed (an operator who knows the provider is back)."""
+        try:
+            self._redis.delete(self.key, self.probe_key)
+        except redis.RedisError as exc:
+            _warn_unavailable(self.name, "reset", exc)
+
+    def state(self) -> dict[str, Any]:
+        """For health checks and metrics: ``state`` is closed, open, half-open, or unknown
+        (Redis unreachable); ``failures`` the consecutive failures; ``opened_at`` a Unix time;
+        ``retry_in`` the seconds left of the cool-down; ``probing`` whether a probe is out."""
+        try:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.key)
+                pipe.exists(self.probe_key)
+                pipe.time()
+                fields, probing, (seconds, micros) = pipe.execute()
+        except redis.RedisError as exc:
+            _warn_unavailable(self.name, "state", exc)
+            return {
+                "name": self.name,
+                "state": "unknown",
+                "failures": None,
+                "opened_at": None,
+                "retry_in": 0.0,
+                "probing": False,
+            }
+        failures = int(fields.get(b"failures", 0))
+        opened_at = float(fields[b"opened_at"]) if b"opened_at" in fields else None
+        retry_in = 0.0
+        if opened_at is None:
+            state = "closed"
+        else:
+            retry_in = max(0.0, opened_at + self.reset_seconds - (seconds + micros / 1e6))
+            state = "open" if retry_in > 0 else "half-open"
+        return {
+            "name": self.name,
+            "state": state,
+            "failures": failures,
+            "opened_at": opened_at,
+            "retry_in": retry_in,
+            "probing": bool(probing),
+        }

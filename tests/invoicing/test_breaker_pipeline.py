@@ -1,0 +1,224 @@
+"""The email provider's circuit breaker end to end: a real worker, the real Redis breaker, and
+an SMTP server that goes down and comes back.
+
+During the outage the "server" is a TCP listener that accepts each connection and closes it
+at once (an MTA that is down behind its address), so every connection attempt is counted.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.signals import task_postrun
+from django.utils import timezone
+
+from core.models import DeadLetter
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
+from invoicing.tasks import send_invoice_email
+from tests.conftest import use_smtp, wait_until
+from tests.smtp import SmtpServer, free_port
+from tests.workers import worker_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+THRESHOLD = 3
+RESET = 2  # seconds of cool-down
+CONCURRENCY = 4
+EMAILS = 20
+
+
+class DownServer:
+    """Accepts TCP connections on ``port`` and closes each at once, counting them."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.connections: list[float] = []  # time.time() of each
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", port))
+        self._sock.listen(128)
+        self._sock.settimeout(0.05)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def start(self) -> DownServer:
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            self.connections.append(time.time())
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+@pytest.fixture
+def breaker_settings(settings: Any) -> Any:
+    settings.EMAIL_BREAKER_FAILURE_THRESHOLD = THRESHOLD
+    settings.EMAIL_BREAKER_RESET_SECONDS = RESET
+    settings.EMAIL_PROVIDER_DEADLINE_SECONDS = 600
+    return settings
+
+
+@pytest.fixture
+def finished_runs() -> Iterator[list[dict[str, Any]]]:
+    """Every run of the email task that ended, with the retry count and deferrals it carried."""
+    runs: list[dict[str, Any]] = []
+
+    def record(sender: Any, task: Any, args: Any, state: str, **_: Any) -> None:
+        if task.name == SEND_INVOICE_EMAIL_TASK:
+            runs.append(
+                {
+                    "invoice_id": args[0],
+                    "state": state,
+                    "retries": task.request.retries,
+                    "deferrals": int(getattr(task.request, "deferrals", 0) or 0),
+                }
+            )
+
+    task_postrun.connect(record, weak=False)
+    yield runs
+    task_postrun.disconnect(record)
+
+
+def paid_invoices(count: int) -> list[Invoice]:
+    return [
+        Invoice.objects.create(
+            provider_invoice_id=f"in_outage_{n}",
+            number=f"INV-{n}",
+            customer_email=f"customer{n}@example.com",
+            amount_paid=100 + n,
+            currency="usd",
+            status="paid",
+            provider_updated_at=timezone.now(),
+        )
+        for n in range(count)
+    ]
+
+
+def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recovery(
+    breaker_settings: Any, finished_runs: list[dict[str, Any]]
+) -> None:
+    port = free_port()
+    use_smtp(breaker_settings, port)
+    down = DownServer(port).start()
+    invoices = paid_invoices(EMAILS)
+    breaker = email_breaker()
+    try:
+        with worker_thread(concurrency=CONCURRENCY):
+            started = time.time()
+            for invoice in invoices:
+                send_invoice_email.delay(invoice.pk)
+
+            # The breaker opens after THRESHOLD consecutive failures.
+            assert wait_until(lambda: breaker.state()["state"] == "open", timeout=20)
+            opened = breaker.state()
+            assert opened["failures"] >= THRESHOLD
+            first_opened_at = opened["opened_at"]
+
+            time.sleep(4 * RESET)  # the outage lasts four cool-downs more
+
+            down.stop()
+            recovered = time.time()
+            connections = list(down.connections)
+            smtp = SmtpServer(port=port).start()
+            try:
+                messages = smtp.handler.wait_for(EMAILS, timeout=30)
+                drained = time.time()
+                assert wait_until(
+                    lambda: sum(r["state"] == "SUCCESS" for r in finished_runs) >= EMAILS,
+                    timeout=10,
+                )
+                time.sleep(0.5)  # anything still due would show up as a duplicate
+                messages = smtp.messages
+            finally:
+                smtp.stop()
+    finally:
+        down.stop()
+
+    # Before the first cool-down ended, only the calls let in while it was closed connected.
+    before_probes = [t for t in connections if t < first_opened_at + RESET]
+    probes = [t for t in connections if t >= first_opened_at + RESET]
+    outage = recovered - first_opened_at
+    print(
+        f"\n{EMAILS} emails queued; SMTP down {recovered - started:.1f} s; "
+        f"{len(connections)} SMTP connections during the outage "
+        f"({len(before_probes)} before it opened, {len(probes)} probes over {outage:.1f} s, "
+        f"cool-down {RESET} s); all sent {drained - recovered:.1f} s after recovery"
+    )
+    assert THRESHOLD <= len(before_probes) <= THRESHOLD + CONCURRENCY - 1
+    # About one probe per cool-down, not one connection per queued email (100 without it).
+    assert 1 <= len(probes) <= outage / RESET + 1
+    assert len(connections) < EMAILS
+
+    # After recovery: every invoice emailed exactly once, nothing dead-lettered.
+    assert sorted(m["To"] for m in messages) == sorted(i.customer_email for i in invoices)
+    assert len({m["Message-ID"] for m in messages}) == EMAILS
+    assert not DeadLetter.objects.exists()
+    deliveries = EmailDelivery.objects.all()
+    assert [d.state for d in deliveries] == ["sent"] * EMAILS
+    # Deferred jobs claimed nothing: every claim was one SMTP connection.
+    assert sum(d.attempts for d in deliveries) == EMAILS + len(connections)
+    assert drained - recovered < 2 * RESET + 5
+    assert breaker.state()["state"] == "closed"
+
+    # No attempt was spent while deferred: only the failures before it opened were retries.
+    successes = [r for r in finished_runs if r["state"] == "SUCCESS"]
+    assert sorted(r["invoice_id"] for r in successes) == sorted(i.pk for i in invoices)
+    assert sum(r["retries"] for r in successes) == len(before_probes)
+    assert sum(r["deferrals"] for r in successes) >= EMAILS - len(before_probes)
+    assert max(r["deferrals"] for r in successes) >= 2
+
+
+def test_a_refused_recipient_is_the_provider_answering_and_does_not_open_it(
+    breaker_settings: Any, smtp: SmtpServer
+) -> None:
+    smtp.handler.faults.always = "550 5.7.1 message rejected"
+    invoices = paid_invoices(THRESHOLD + 2)
+    with worker_thread():
+        for invoice in invoices:
+            send_invoice_email.delay(invoice.pk)
+        assert wait_until(lambda: DeadLetter.objects.count() == len(invoices), timeout=20)
+    state = email_breaker().state()
+    assert (state["state"], state["failures"]) == ("closed", 0)
+    assert smtp.handler.attempts == len(invoices)
+    assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"permanent"}
+
+
+def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavailable(
+    settings: Any, smtp_unreachable: int
+) -> None:
+    settings.EMAIL_BREAKER_FAILURE_THRESHOLD = 1
+    settings.EMAIL_BREAKER_RESET_SECONDS = 1
+    settings.EMAIL_PROVIDER_DEADLINE_SECONDS = 3
+    invoices = paid_invoices(2)
+    with worker_thread():
+        for invoice in invoices:
+            send_invoice_email.delay(invoice.pk)
+        assert wait_until(lambda: DeadLetter.objects.count() == 2, timeout=30)
+        time.sleep(0.5)
+    letters = list(DeadLetter.objects.order_by("args"))
+    assert [letter.args for letter in letters] == [[i.pk] for i in invoices]
+    for letter in letters:
+        assert letter.reason == DeadLetter.Reason.PROVIDER_UNAVAILABLE == "provider_unavailable"
+        assert letter.exception_class == "core.tasks.ProviderUnavailable"
+        assert "circuit open" in letter.exception_message
+        # Deferred for the whole deadline, counted from the first deferral across many
+        # re-publications, yet at most the one attempt made before the breaker opened.
+        assert (letter.last_failed_at - letter.first_failed_at).total_seconds() >= 3
+        assert letter.attempts <= 2
+    assert not EmailDelivery.objects.filter(state="sending").exists()
