@@ -1,4 +1,7 @@
-"""POST /webhooks/stripe/: verify, store once, answer; the email is someone else's job."""
+"""POST /webhooks/stripe/: throttle, verify, shed under backpressure, store once, answer; the
+email is someone else's job.
+
+Every answer other than 200 stores nothing; a 200 is sent only after the event committed."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
+from core.backpressure import backpressure_shed
 from webhooks.services import KEPT_HEADERS, webhook_event_record
-from webhooks.stripe import WebhookRejected, event_parse, signature_verify
+from webhooks.stripe import PAYMENT_EVENT_TYPES, WebhookRejected, event_parse, signature_verify
+from webhooks.throttle import webhook_throttle_wait
 
 logger = logging.getLogger(__name__)
 
@@ -22,11 +27,22 @@ def _reject(reason: str, status: int) -> JsonResponse:
     return JsonResponse({"error": reason}, status=status)
 
 
+def _retry_later(error: str, *, status: int = 503, seconds: int | None = None) -> JsonResponse:
+    """Not taken, nothing stored: the provider is to deliver it again later."""
+    response = JsonResponse({"error": error}, status=status)
+    response["Retry-After"] = str(seconds or settings.WEBHOOK_RETRY_AFTER_SECONDS)
+    return response
+
+
 @method_decorator(csrf_exempt, name="dispatch")
 class StripeWebhookView(View):
     http_method_names = ["post"]
 
     def post(self, request: HttpRequest) -> JsonResponse:
+        # Before the body is read or verified: a flood is refused at the cost of one counter.
+        wait = webhook_throttle_wait(request=request)
+        if wait is not None:
+            return _retry_later("rate limited", status=429, seconds=wait)
         limit = settings.WEBHOOK_MAX_BODY_BYTES
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -50,6 +66,16 @@ class StripeWebhookView(View):
         except WebhookRejected as exc:
             return _reject(exc.reason, exc.status)
 
+        # Shed under backpressure: only now is the type known, and nothing is stored yet.
+        shed = backpressure_shed(essential=event.type in PAYMENT_EVENT_TYPES)
+        if shed is not None:
+            logger.warning(
+                "webhook shed under backpressure (%s); the provider will redeliver it",
+                shed,
+                extra={"event_id": event.id, "event_type": event.type, "level": str(shed)},
+            )
+            return _retry_later("overloaded")
+
         headers = {
             name: str(request.META[meta]).replace("\x00", "")[:2000]
             for meta, name in KEPT_HEADERS.items()
@@ -64,9 +90,7 @@ class StripeWebhookView(View):
                 "database unavailable; asking the provider to retry",
                 extra={"event_id": event.id, "error": repr(exc)},
             )
-            response = JsonResponse({"error": "temporarily unavailable"}, status=503)
-            response["Retry-After"] = str(settings.WEBHOOK_RETRY_AFTER_SECONDS)
-            return response
+            return _retry_later("temporarily unavailable")
         return JsonResponse(
             {
                 "received": True,

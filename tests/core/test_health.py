@@ -1,0 +1,202 @@
+"""GET /health/ against the real PostgreSQL and Redis, and with each of them really gone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from core import health, queues
+from core.backpressure import queue_depth
+from core.models import DeadLetter, OutboxMessage
+from tests.smtp import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the checks run on their own connections
+
+HEALTH_URL = "/health/"
+COMPONENTS = {"database", "broker", "outbox", "backpressure", "dlq", "breaker", "beat"}
+
+
+def unpublished(*, age: timedelta, count: int = 1) -> None:
+    rows = OutboxMessage.objects.bulk_create(
+        OutboxMessage(task="invoicing.send_invoice_email", args=[n], queue=queues.EMAIL)
+        for n in range(count)
+    )
+    OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
+        created_at=timezone.now() - age
+    )
+
+
+def test_healthy_is_200_and_names_every_component(client: Client) -> None:
+    response = client.get(HEALTH_URL)
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["failing"] == []
+    # No beat runs in this test: "beat" says degraded (not failing: emails still go out).
+    assert body["status"] == "degraded"
+    assert body["degraded"] == ["beat"]
+    assert set(body["checks"]) == COMPONENTS
+    for name in ("database", "broker", "outbox", "backpressure", "dlq"):
+        assert body["checks"][name]["status"] == "ok", name
+    assert body["checks"]["outbox"]["unpublished"] == 0
+    assert body["checks"]["outbox"]["oldest_unpublished_age_seconds"] is None
+    assert body["checks"]["dlq"]["waiting"] == 0
+    assert body["checks"]["backpressure"]["level"] == "normal"
+    assert isinstance(body["checks"]["backpressure"]["email_queue_depth"], int)
+    assert body["checks"]["breaker"] == {
+        **body["checks"]["breaker"],
+        "status": "ok",
+        "state": "closed",
+    }
+    assert body["checks"]["beat"] == {
+        **body["checks"]["beat"],
+        "status": "degraded",
+        "active": None,
+    }
+    assert response["Cache-Control"] == "no-store"
+
+
+def test_database_unreachable_is_503_naming_database(client: Client) -> None:
+    real_port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "1"  # nothing listens there: a real refused connection
+    try:
+        response = client.get(HEALTH_URL)
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = real_port
+
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "failing"
+    assert "database" in body["failing"]
+    assert "broker" not in body["failing"]
+    assert body["checks"]["database"]["error"] == "OperationalError"
+
+
+def test_broker_unreachable_is_503_naming_broker(client: Client, settings: Any) -> None:
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{free_port()}/0"
+
+    response = client.get(HEALTH_URL)
+
+    assert response.status_code == 503
+    assert response.json()["failing"] == ["broker"]
+
+
+def test_a_stale_unpublished_outbox_row_is_503_naming_outbox(client: Client, settings: Any) -> None:
+    unpublished(age=timedelta(seconds=settings.OUTBOX_STALE_SECONDS + 60))
+
+    response = client.get(HEALTH_URL)
+
+    assert response.status_code == 503
+    body = response.json()
+    assert body["failing"] == ["outbox"]
+    outbox = body["checks"]["outbox"]
+    assert outbox["unpublished"] == 1
+    assert outbox["oldest_unpublished_age_seconds"] > settings.OUTBOX_STALE_SECONDS
+
+
+def test_a_young_backlog_is_healthy(client: Client) -> None:
+    unpublished(age=timedelta(seconds=30), count=3)
+    response = client.get(HEALTH_URL)
+    assert response.status_code == 200
+    assert response.json()["checks"]["outbox"]["unpublished"] == 3
+
+
+def test_backlog_at_the_hard_mark_is_503_at_the_soft_mark_degraded(
+    client: Client, settings: Any
+) -> None:
+    # Messages earlier tests' commits left on the email queue count too: stay above them.
+    waiting = queue_depth(queues.EMAIL)
+    settings.BACKPRESSURE_SOFT_MARK = waiting + 2
+    settings.BACKPRESSURE_HARD_MARK = waiting + 4
+    unpublished(age=timedelta(seconds=1), count=waiting + 2)
+    soft = client.get(HEALTH_URL)
+    unpublished(age=timedelta(seconds=1), count=2)
+    hard = client.get(HEALTH_URL)
+
+    assert soft.status_code == 200
+    assert soft.json()["degraded"] == ["backpressure", "beat"]
+    assert soft.json()["checks"]["backpressure"]["level"] == "soft"
+    assert hard.status_code == 503
+    assert hard.json()["failing"] == ["backpressure"]
+    assert hard.json()["checks"]["outbox"]["unpublished_capped"] is True
+
+
+def test_dead_letters_past_the_threshold_degrade_but_stay_200(
+    client: Client, settings: Any
+) -> None:
+    settings.DLQ_ALERT_THRESHOLD = 1
+    now = timezone.now()
+    DeadLetter.objects.create(
+        task="invoicing.send_invoice_email",
+        task_id="health-dlq-1",
+        args=[1],
+        queue=queues.EMAIL,
+        reason=DeadLetter.Reason.PERMANENT,
+        attempts=1,
+        first_failed_at=now,
+        last_failed_at=now,
+    )
+
+    response = client.get(HEALTH_URL)
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "degraded"
+    assert body["checks"]["dlq"] == {**body["checks"]["dlq"], "status": "degraded", "waiting": 1}
+
+
+@pytest.fixture
+def extra_checks() -> Iterator[None]:
+    saved = dict(health._checks)
+    yield
+    health._checks.clear()
+    health._checks.update(saved)
+
+
+def test_a_check_past_the_deadline_fails_within_the_deadline(
+    client: Client, settings: Any, extra_checks: None
+) -> None:
+    settings.HEALTH_TIMEOUT_SECONDS = 0.5
+    health.register_check("slow", lambda: time.sleep(3) or {"status": "ok"})
+
+    started = time.monotonic()
+    response = client.get(HEALTH_URL)
+    elapsed = time.monotonic() - started
+
+    assert response.status_code == 503
+    assert response.json()["failing"] == ["slow"]
+    assert response.json()["checks"]["slow"]["error"] == "timed out after 0.5 s"
+    assert elapsed < 2
+
+
+def test_a_registered_provider_replaces_the_built_in_one(
+    client: Client, extra_checks: None
+) -> None:
+    health.register_check(
+        "breaker", lambda: {"status": "degraded", "state": "open"}, critical=False
+    )
+    health.register_check("beat", lambda: 1 / 0, critical=False)  # a provider that raises
+    health.register_check("odd", lambda: {"status": "ok", "figure": object()}, critical=False)
+
+    response = client.get(HEALTH_URL)
+
+    assert response.status_code == 200  # neither is critical
+    checks = response.json()["checks"]
+    assert checks["breaker"] == {**checks["breaker"], "status": "degraded", "state": "open"}
+    assert checks["beat"] == {**checks["beat"], "status": "failing", "error": "ZeroDivisionError"}
+    assert checks["odd"] == {**checks["odd"], "status": "failing", "error": "TypeError"}
+    assert sorted(response.json()["degraded"]) == ["beat", "breaker", "odd"]
+
+
+def test_only_get_and_head(client: Client) -> None:
+    assert client.head(HEALTH_URL).status_code == 200
+    assert client.post(HEALTH_URL).status_code == 405
