@@ -1,0 +1,77 @@
+"""Reads several callers share (admin, API, pipeline status): an invoice with the state of
+its payment email, in one query."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import (
+    CharField,
+    Exists,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Cast, Coalesce, Concat, JSONArray
+
+from core.models import DeadLetter
+from invoicing.models import EmailDelivery, Invoice
+
+SEND_TASK = "invoicing.send_invoice_email"
+EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
+
+
+def invoices_with_email_status() -> QuerySet[Invoice]:
+    """Invoices annotated with ``email_state``, ``email_attempts``, ``email_sent_at`` (of the
+    ``invoice_email_sent`` key) and ``email_dead_lettered`` (a dead letter waits for it)."""
+    delivery = EmailDelivery.objects.filter(
+        key=Concat(Value("invoice_email_sent:"), Cast(OuterRef("pk"), CharField()))
+    )
+    return Invoice.objects.annotate(
+        email_state=Subquery(delivery.values("state")[:1]),
+        email_attempts=Coalesce(
+            Subquery(delivery.values("attempts")[:1], output_field=IntegerField()), 0
+        ),
+        email_sent_at=Subquery(delivery.values("sent_at")[:1]),
+        email_dead_lettered=Exists(
+            DeadLetter.objects.filter(
+                task=SEND_TASK, args=JSONArray(OuterRef("pk")), replayed_at__isnull=True
+            )
+        ),
+    )
+
+
+def email_status(invoice: Invoice) -> str:
+    """pending / sending / sent / dead_lettered for a paid invoice; none for an unpaid one.
+    Needs the annotations of ``invoices_with_email_status``."""
+    state = getattr(invoice, "email_state", None)
+    if state == EmailDelivery.State.SENT:
+        return "sent"
+    if getattr(invoice, "email_dead_lettered", False):
+        return "dead_lettered"
+    if state == EmailDelivery.State.SENDING:
+        return "sending"
+    if invoice.status == Invoice.Status.PAID:
+        return "pending"
+    return "none"
+
+
+def filter_by_email_status(queryset: QuerySet[Any], status: str) -> QuerySet[Any]:
+    """Filter an ``invoices_with_email_status`` queryset by the email status."""
+    sent = {"email_state": EmailDelivery.State.SENT}
+    if status == "sent":
+        return queryset.filter(**sent)
+    if status == "dead_lettered":
+        return queryset.exclude(**sent).filter(email_dead_lettered=True)
+    if status == "sending":
+        return queryset.filter(email_state=EmailDelivery.State.SENDING, email_dead_lettered=False)
+    if status == "pending":
+        return queryset.filter(
+            Q(email_state__isnull=True) | Q(email_state=EmailDelivery.State.FAILED),
+            status=Invoice.Status.PAID,
+            email_dead_lettered=False,
+        )
+    return queryset.exclude(status=Invoice.Status.PAID)

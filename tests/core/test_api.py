@@ -1,0 +1,100 @@
+"""Dead letters over the API, the OpenAPI schema, and schemathesis against it: no request the
+schema allows (or that it does not) gives a 5xx."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
+from hypothesis import HealthCheck, settings
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from core.models import DeadLetter
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff() -> APIClient:
+    client = APIClient()
+    client.force_authenticate(get_user_model().objects.create_user("op", is_staff=True))
+    return client
+
+
+def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
+    values: dict[str, Any] = {
+        "task": "invoicing.send_invoice_email",
+        "args": [1],
+        "queue": "email",
+        "reason": "permanent",
+        "attempts": 1,
+        "first_failed_at": timezone.now(),
+        "last_failed_at": timezone.now(),
+        **fields,
+    }
+    return DeadLetter.objects.create(task_id=task_id, **values)
+
+
+def test_dead_letters_list_filter_and_replay_once(staff: APIClient) -> None:
+    first = letter("t1")
+    letter("t2", reason="exhausted")
+    assert staff.get("/api/dead-letters/").json()["count"] == 2
+    rows = staff.get("/api/dead-letters/?reason=exhausted").json()["results"]
+    assert [row["task_id"] for row in rows] == ["t2"]
+
+    replay = staff.post(f"/api/dead-letters/{first.pk}/replay/")
+    assert replay.status_code == 200
+    assert replay.json() == {"id": first.pk, "replayed": True, "detail": "replayed"}
+    again = staff.post(f"/api/dead-letters/{first.pk}/replay/").json()
+    assert again["replayed"] is False
+    first.refresh_from_db()
+    assert first.replayed_by == "api:op"
+    waiting = staff.get("/api/dead-letters/?replayed=false").json()["results"]
+    assert [row["task_id"] for row in waiting] == ["t2"]
+
+
+def test_bad_filters_and_unknown_ids(staff: APIClient) -> None:
+    assert staff.get("/api/dead-letters/?reason=nope").status_code == 400
+    assert staff.get("/api/dead-letters/?replayed=maybe").status_code == 400
+    assert staff.post("/api/dead-letters/424242/replay/").status_code == 404
+    assert staff.get("/api/dead-letters/1/replay/").status_code == 405
+
+
+def test_schema_is_served_to_staff_and_valid(staff: APIClient) -> None:
+    response = staff.get("/api/schema/?format=json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    assert {
+        "/api/invoices/",
+        "/api/invoices/{id}/",
+        "/api/dead-letters/",
+        "/api/dead-letters/{id}/replay/",
+    } <= set(paths)
+    assert APIClient().get("/api/schema/").status_code in (401, 403)
+
+
+schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
+
+
+@pytest.fixture
+def token_header(db: Any) -> dict[str, str]:
+    user = get_user_model().objects.create_user("fuzzer", is_staff=True)
+    letter("fuzz-1")
+    return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+
+
+@pytest.mark.django_db(transaction=True)
+@schema.parametrize()
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_schemathesis_no_5xx(case: Any, live_server: Any, token_header: dict[str, str]) -> None:
+    response = case.call(base_url=live_server.url, headers=token_header)
+    assert response.status_code < 500, (case.path, case.method, response.text[:500])

@@ -1,0 +1,119 @@
+"""GET /api/invoices/: staff only, with the payment email's status and attempts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from core.models import DeadLetter
+from invoicing.models import EmailDelivery, Invoice
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff() -> APIClient:
+    client = APIClient()
+    client.force_authenticate(get_user_model().objects.create_user("op", is_staff=True))
+    return client
+
+
+def invoice(provider_id: str, status: str = "paid") -> Invoice:
+    return Invoice.objects.create(
+        provider_invoice_id=provider_id,
+        number=provider_id,
+        customer_email="x@example.com",
+        status=status,
+        provider_updated_at=timezone.now(),
+    )
+
+
+def test_anonymous_and_non_staff_are_refused() -> None:
+    client = APIClient()
+    assert client.get("/api/invoices/").status_code in (401, 403)
+    client.force_authenticate(get_user_model().objects.create_user("customer"))
+    assert client.get("/api/invoices/").status_code == 403
+
+
+def test_list_and_detail_show_email_status_and_attempts(staff: APIClient) -> None:
+    sent, pending, dead, unpaid = (
+        invoice("in_a"),
+        invoice("in_b"),
+        invoice("in_c"),
+        invoice("in_d", "open"),
+    )
+    EmailDelivery.objects.create(
+        key=f"invoice_email_sent:{sent.pk}",
+        invoice=sent,
+        state="sent",
+        attempts=2,
+        message_id="<a>",
+        sent_at=timezone.now(),
+    )
+    EmailDelivery.objects.create(
+        key=f"invoice_email_sent:{dead.pk}",
+        invoice=dead,
+        state="failed",
+        attempts=1,
+        message_id="<c>",
+    )
+    DeadLetter.objects.create(
+        task="invoicing.send_invoice_email",
+        task_id="t1",
+        args=[dead.pk],
+        queue="email",
+        reason="permanent",
+        attempts=1,
+        first_failed_at=timezone.now(),
+        last_failed_at=timezone.now(),
+    )
+
+    body: dict[str, Any] = staff.get("/api/invoices/").json()
+    by_id = {row["provider_invoice_id"]: row for row in body["results"]}
+    assert body["count"] == 4
+    assert (by_id["in_a"]["email_status"], by_id["in_a"]["email_attempts"]) == ("sent", 2)
+    assert by_id["in_a"]["email_sent_at"] is not None
+    assert (by_id["in_b"]["email_status"], by_id["in_b"]["email_attempts"]) == ("pending", 0)
+    assert by_id["in_c"]["email_status"] == "dead_lettered"
+    assert by_id["in_d"]["email_status"] == "none"
+    detail = staff.get(f"/api/invoices/{sent.pk}/").json()
+    assert (detail["id"], detail["email_status"]) == (sent.pk, "sent")
+    assert pending.pk
+    assert unpaid.pk
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("status=paid", {"in_a", "in_b", "in_c"}),
+        ("status=open", {"in_d"}),
+        ("email_status=sent", {"in_a"}),
+        ("email_status=pending", {"in_b", "in_c"}),
+        ("email_status=none", {"in_d"}),
+    ],
+)
+def test_filters(staff: APIClient, query: str, expected: set[str]) -> None:
+    a = invoice("in_a")
+    invoice("in_b")
+    invoice("in_c")
+    invoice("in_d", "open")
+    EmailDelivery.objects.create(
+        key=f"invoice_email_sent:{a.pk}", invoice=a, state="sent", message_id="<a>"
+    )
+    rows = staff.get(f"/api/invoices/?{query}").json()["results"]
+    assert {row["provider_invoice_id"] for row in rows} == expected
+
+
+@pytest.mark.parametrize("query", ["status=bogus", "email_status=bogus"])
+def test_bad_filters_are_400_with_a_reason(staff: APIClient, query: str) -> None:
+    response = staff.get(f"/api/invoices/?{query}")
+    assert response.status_code == 400
+    assert "one of" in str(response.json())
+
+
+def test_unknown_invoice_is_404(staff: APIClient) -> None:
+    assert staff.get("/api/invoices/999999/").status_code == 404
