@@ -17,6 +17,7 @@ CONSUMED = (Queue(DEFAULT), Queue(EMAIL))
 # Where each task is published: the one place a task's queue is decided.
 ROUTES = {
     "invoicing.send_invoice_email": {"queue": EMAIL},
+    "invoicing.resend_invoice_email": {"queue": EMAIL},
 }
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import serializers, viewsets
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from invoicing.models import Invoice
 from invoicing.selectors import (
@@ -15,6 +18,7 @@ from invoicing.selectors import (
     filter_by_email_status,
     invoices_with_email_status,
 )
+from invoicing.services import invoice_email_resend_request
 
 
 class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
@@ -45,6 +49,25 @@ class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
 
     def get_email_status(self, obj: Invoice) -> str:
         return email_status(obj)
+
+
+class ResendSerializer(serializers.Serializer[None]):
+    delivery_id = serializers.IntegerField()
+    invoice_id = serializers.IntegerField()
+    key = serializers.CharField()
+    message_id = serializers.CharField()
+    requested_by = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="Any unique string, at most 255 characters. Retrying with the same key "
+    "returns the first response and sends nothing more; a new key sends again.",
+)
 
 
 @extend_schema_view(
@@ -83,3 +106,34 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
                 raise ValidationError({"email_status": f"one of {', '.join(EMAIL_STATUSES)}"})
             queryset = filter_by_email_status(queryset, wanted)
         return queryset
+
+    @extend_schema(request=None, parameters=[IDEMPOTENCY_KEY], responses={202: ResendSerializer})
+    @action(detail=True, methods=["post"], url_path="resend-email")
+    def resend_email(self, request: Request, pk: str | None = None) -> Response:
+        """Send the invoice email again, deliberately, under the request's own key."""
+        key = request.headers.get("Idempotency-Key", "").strip()
+        if not key:
+            raise ValidationError({"Idempotency-Key": "this header is required"})
+        if len(key) > 255:
+            raise ValidationError({"Idempotency-Key": "at most 255 characters"})
+        invoice = self.get_object()
+        try:
+            result = invoice_email_resend_request(
+                invoice_id=invoice.pk,
+                idempotency_key=key,
+                actor=f"api:{request.user.get_username()}",
+            )
+        except ValueError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        delivery = result.delivery
+        return Response(
+            {
+                "delivery_id": delivery.pk,
+                "invoice_id": invoice.pk,
+                "key": delivery.key,
+                "message_id": delivery.message_id,
+                "requested_by": delivery.requested_by,
+                "requested_at": delivery.created_at,
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )

@@ -1,7 +1,8 @@
 """The safety nets of the email guarantee, run on a schedule (``core.jobs.SCHEDULES``).
 
 * ``email_claims_recover``: a claim still ``sending`` after its lease belongs to a worker that
-  died (SIGKILL, hard time limit) after claiming; release it and enqueue the email again.
+  died (SIGKILL, hard time limit) after claiming; release it and enqueue the email again. A
+  resend still ``pending`` after the quiet period lost its message; enqueue it again.
   The same takeover happens when the dead worker's message is redelivered; this job does not
   wait for the broker's visibility timeout, and it also covers a message the broker lost.
 * ``invoices_reconcile``: a paid invoice with no email sent and nothing pending for
@@ -21,36 +22,43 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core.jobs import JobTask, job_run
 from core.outbox import outbox_enqueue
 from invoicing.models import EmailDelivery
-from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
+from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK, email_breaker
 
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
 
 def email_claims_recover(*, limit: int = 500) -> int:
-    """Release claims whose lease expired and re-enqueue their emails; returns how many."""
+    """Release claims whose lease expired and re-enqueue their emails, and re-enqueue resends
+    still pending after the quiet period (their message was lost); returns how many."""
+    now = timezone.now()
+    quiet_since = now - timedelta(seconds=settings.RECONCILE_QUIET_SECONDS)
     with transaction.atomic():
         stale = list(
             EmailDelivery.objects.select_for_update(skip_locked=True)
             .filter(
-                state=EmailDelivery.State.SENDING,
-                lease_expires_at__lt=timezone.now(),
-                key__startswith=EMAIL_KEY_PREFIX,
+                Q(state=EmailDelivery.State.SENDING, lease_expires_at__lt=now)
+                | Q(state=EmailDelivery.State.PENDING, updated_at__lt=quiet_since)
             )
             .order_by("pk")[:limit]
         )
         for delivery in stale:
-            delivery.state = EmailDelivery.State.FAILED
-            delivery.lease_expires_at = None
-            delivery.last_error = (
-                f"claim by {delivery.claimed_by} expired unfinished; re-enqueued by recovery"
-            )
+            if delivery.state == EmailDelivery.State.SENDING:
+                delivery.state = EmailDelivery.State.FAILED
+                delivery.lease_expires_at = None
+                delivery.last_error = (
+                    f"claim by {delivery.claimed_by} expired unfinished; re-enqueued by recovery"
+                )
             delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
-            outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id])
+            if delivery.key.startswith(EMAIL_KEY_PREFIX):
+                outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id])
+            else:
+                outbox_enqueue(task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk])
     return len(stale)
 
 

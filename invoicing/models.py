@@ -44,6 +44,7 @@ class EmailDelivery(models.Model):
     """One email's idempotency key and its claim: a worker sends only while it holds the row."""
 
     class State(models.TextChoices):
+        PENDING = "pending", "Pending (requested, not yet claimed)"
         SENDING = "sending", "Sending"
         SENT = "sent", "Sent"
         FAILED = "failed", "Failed"

@@ -127,7 +127,8 @@ VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
 ON CONFLICT (key) DO UPDATE
     SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
         lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
-    WHERE d.state = 'failed' OR (d.state = 'sending' AND d.lease_expires_at < now())
+    WHERE d.state IN ('pending', 'failed')
+       OR (d.state = 'sending' AND d.lease_expires_at < now())
 RETURNING id, attempts, (xmax <> 0) AS reclaimed, lease_expires_at
 """
 
@@ -252,8 +253,9 @@ def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Dec
     breaker.record_success()
 
 
-def invoice_email_send(*, invoice_id: int, owner: str) -> str:
-    """Send the paid-invoice email for ``invoice_id`` at most once. Returns what happened:
+def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -> str:
+    """Send the paid-invoice email for ``invoice_id`` at most once under ``key`` (the payment
+    email's ``invoice_email_sent`` key unless a resend names its own). Returns what happened:
     ``sent``, ``not_paid``, or ``skipped`` (already sent, or another worker holds the claim).
 
     Raises ``TransientError`` (retry), ``PermanentError`` (dead-letter) or
@@ -271,7 +273,11 @@ def invoice_email_send(*, invoice_id: int, owner: str) -> str:
         raise _provider_unavailable(decision.retry_in)
     try:
         return _invoice_email_send_claimed(
-            invoice=invoice, owner=owner, breaker=breaker, decision=decision
+            invoice=invoice,
+            key=key or invoice_email_key(invoice),
+            owner=owner,
+            breaker=breaker,
+            decision=decision,
         )
     finally:
         # A probe that never reached the provider (already sent, bad address, database error)
@@ -280,10 +286,9 @@ def invoice_email_send(*, invoice_id: int, owner: str) -> str:
 
 
 def _invoice_email_send_claimed(
-    *, invoice: Invoice, owner: str, breaker: Breaker, decision: Decision
+    *, invoice: Invoice, key: str, owner: str, breaker: Breaker, decision: Decision
 ) -> str:
     invoice_id = invoice.pk
-    key = invoice_email_key(invoice)
     claim = email_claim(invoice=invoice, key=key, owner=owner)
     if claim is None:
         logger.info(
@@ -309,3 +314,44 @@ def _invoice_email_send_claimed(
         },
     )
     return "sent"
+
+
+RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
+
+
+@dataclass(frozen=True)
+class ResendRequest:
+    delivery: EmailDelivery
+    created: bool  # False: this idempotency key was seen before; nothing more was sent
+
+
+def invoice_email_resend_request(
+    *, invoice_id: int, idempotency_key: str, actor: str
+) -> ResendRequest:
+    """Ask for a deliberate new email for a paid invoice, under a key of its own
+    (``invoice_email_resend:<invoice>:<hash of the idempotency key>``): the same idempotency
+    key again finds the first request and sends nothing more; the payment email's key is never
+    touched. Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid invoice."""
+    invoice = Invoice.objects.get(pk=invoice_id)
+    if invoice.status != Invoice.Status.PAID:
+        raise ValueError("only a paid invoice's email can be resent")
+    digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+    key = f"invoice_email_resend:{invoice.pk}:{digest}"
+    delivery = EmailDelivery(
+        key=key,
+        invoice=invoice,
+        state=EmailDelivery.State.PENDING,
+        message_id=invoice_email_message_id(invoice, key),
+        requested_by=actor[:150],
+    )
+    with transaction.atomic():
+        created = insert_or_skip(delivery, conflict_fields=["key"])
+        if created:
+            outbox_enqueue(task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk])
+    if not created:
+        delivery = EmailDelivery.objects.get(key=key)
+    logger.info(
+        "invoice email resend requested",
+        extra={"invoice_id": invoice.pk, "key": key, "actor": actor, "duplicate": not created},
+    )
+    return ResendRequest(delivery=delivery, created=created)

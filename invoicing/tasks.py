@@ -5,8 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from core.tasks import Deferred, ReliableTask
+from core.tasks import Deferred, PermanentError, ReliableTask
 from invoicing import services
+from invoicing.models import EmailDelivery
 
 
 @shared_task(
@@ -25,4 +26,27 @@ def send_invoice_email(self: ReliableTask, invoice_id: int, outbox_id: int | Non
         return services.invoice_email_send(invoice_id=invoice_id, owner=self.request.id or "")
     except Deferred as exc:
         # The provider's breaker is open: run again after its cool-down, no attempt spent.
+        raise self.defer(exc) from exc
+
+
+@shared_task(
+    bind=True,
+    base=ReliableTask,
+    name=services.RESEND_INVOICE_EMAIL_TASK,
+    max_retries=settings.EMAIL_MAX_ATTEMPTS - 1,
+    retry_backoff=settings.EMAIL_RETRY_BACKOFF_BASE,
+    retry_backoff_max=settings.EMAIL_RETRY_BACKOFF_MAX,
+    soft_time_limit=settings.EMAIL_TASK_SOFT_TIME_LIMIT,
+    time_limit=settings.EMAIL_TASK_TIME_LIMIT,
+)
+def resend_invoice_email(self: ReliableTask, delivery_id: int, outbox_id: int | None = None) -> str:
+    """Send a deliberate resend, once, under the key its request created."""
+    delivery = EmailDelivery.objects.filter(pk=delivery_id).first()
+    if delivery is None:
+        raise PermanentError(f"email delivery {delivery_id} does not exist")
+    try:
+        return services.invoice_email_send(
+            invoice_id=delivery.invoice_id, owner=self.request.id or "", key=delivery.key
+        )
+    except Deferred as exc:
         raise self.defer(exc) from exc
