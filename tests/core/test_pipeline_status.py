@@ -1,0 +1,59 @@
+"""``manage.py pipeline_status``: one screen with what the operator needs."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from core.celery import app
+from core.jobs import job_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def status(*args: str) -> str:
+    out = StringIO()
+    call_command("pipeline_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_json_has_health_queue_depths_and_jobs() -> None:
+    job_run(name="outbox-relay", body=lambda: 0)
+    app.send_task("invoicing.send_invoice_email", args=[1], queue="email")
+
+    report = json.loads(status("--json"))
+
+    assert set(report["health"]["checks"]) >= {
+        "database",
+        "broker",
+        "outbox",
+        "backpressure",
+        "dlq",
+        "breaker",
+        "beat",
+    }
+    assert report["queues"]["email"] == 1
+    assert report["queues"]["dlq"] == 0
+    relay = next(job for job in report["jobs"] if job["job"] == "outbox-relay")
+    assert (relay["runs"], relay["skips"], relay["running_now"]) == (1, 0, None)
+    assert relay["last_run"] is not None
+
+
+def test_screen_names_every_part() -> None:
+    screen = status()
+    for part in (
+        "pipeline:",
+        "database",
+        "broker",
+        "outbox",
+        "dlq",
+        "breaker",
+        "beat",
+        "queues: default=0, email=0, dlq=0",
+        "outbox-relay",
+        "email-reconcile",
+    ):
+        assert part in screen
