@@ -1,7 +1,10 @@
 """The whole flow in one command: ``make demo`` (or ``.venv/bin/python scripts/demo.py``).
 
-Starts a local SMTP sink, a Celery worker and the web app (gunicorn) on the local PostgreSQL
-and Redis, then plays what a payment provider and an operator would:
+Starts a local SMTP sink, a Celery worker, Celery beat and the web app (gunicorn) on the local
+PostgreSQL and Redis, then plays what a payment provider and an operator would.
+
+Celery beat runs the scheduled jobs (outbox relay, stale-claim recovery, reconcile, DLQ
+alert, retention) under its leader lock. Then:
 
 1. a paid-invoice event delivered twice (a provider retry): one invoice, one email;
 2. a paid invoice whose recipient the mail server refuses: one dead letter, with its reason;
@@ -182,7 +185,8 @@ def main() -> None:
     say(f"== Invoice emails, end to end (logs in {LOGS})")
     ensure_database()
     call_command("migrate", verbosity=0)
-    say("database migrated")
+    call_command("setup_periodic_tasks", verbosity=0)
+    say("database migrated, schedules synced")
 
     sink = Sink(refuse={"jenny@exmaple.com"})
     controller = Controller(sink, hostname="127.0.0.1", port=smtp_port)
@@ -212,6 +216,9 @@ def main() -> None:
                 env,
             ) as worker_log,
             process(
+                "beat", [python, "-m", "celery", "-A", "core", "beat", "-l", "INFO"], env
+            ) as beat_log,
+            process(
                 "web",
                 [python, "-m", "gunicorn", "core.wsgi", "-b", f"127.0.0.1:{web_port}", "-w", "2"],
                 env,
@@ -226,7 +233,7 @@ def main() -> None:
                 return False
 
             wait_for("the web app", web_up, 60)
-            say(f"SMTP sink on :{smtp_port}, worker up, web app on :{web_port}")
+            say(f"SMTP sink on :{smtp_port}, worker and beat up, web app on :{web_port}")
             secret = settings.STRIPE_WEBHOOK_SECRETS[0]
 
             def deliver(event: dict[str, Any]) -> None:
@@ -296,6 +303,11 @@ def main() -> None:
             )
             if len(sink.messages) != 2:
                 raise SystemExit("demo: expected exactly two emails")
+            leading = "took the leader lock" in beat_log.read_text()
+            say(f"beat: {'dispatching scheduled jobs' if leading else 'standing by'}")
+            say("\npython manage.py pipeline_status")
+            with contextlib.suppress(SystemExit, Exception):
+                call_command("pipeline_status")
     finally:
         controller.stop()
         _broker_cleanup()

@@ -38,4 +38,6 @@ def test_demo_runs_the_whole_flow_in_under_a_minute() -> None:
     assert (
         "== 2 emails received for 2 paid invoices (2 marked sent); dead letters waiting: 0" in out
     )
+    assert "beat: dispatching scheduled jobs" in out
+    assert "pipeline: OK" in out
     assert elapsed < 60
