@@ -1,6 +1,6 @@
-"""Benchmarks run against the application served by gunicorn, never against the dev data.
+"""Benchmarks, each run as ``python -m bench.<name>`` from the repository root.
 
-``python -m bench.webhook_ingest`` measures webhook ingest; ``bench.harness`` holds the server
-and load-generator pieces later benchmarks reuse, ``bench.stack`` the database, broker and CPU
-bookkeeping around them.
+``bench.harness`` serves the application with gunicorn and loads it over HTTP; ``bench.stack``
+sets up and checks what surrounds the server (a database of the benchmark's own, Redis keys
+under a prefix of its own, CPU per process group). Results go to ``bench/results/`` (ignored).
 """

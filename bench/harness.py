@@ -37,7 +37,7 @@ HOST = "127.0.0.1"
 @dataclass(frozen=True)
 class GunicornConfig:
     worker_class: str = "sync"
-    workers: int = 4
+    workers: int = 3
     threads: int = 1
     timeout: int = 30
 
@@ -56,7 +56,8 @@ class GunicornConfig:
 
 @dataclass(frozen=True)
 class Server:
-    host: str
+    """A running gunicorn on ``HOST``:``port``."""
+
     port: int
     process: subprocess.Popen[bytes]
 
@@ -213,7 +214,7 @@ def serve(
                     f"(last: {status} {body[:200]!r}):\n{_log_tail(log_path)}"
                 )
             time.sleep(0.2)
-        yield Server(host=HOST, port=port, process=process)
+        yield Server(port=port, process=process)
     finally:
         _stop(process, grace=10.0)
 

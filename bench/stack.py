@@ -8,18 +8,40 @@ unique to the run and are deleted at the end. CPU is read from ``/proc`` (Linux 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class DatabaseBusy(RuntimeError):
+    """Another benchmark run holds the benchmark database."""
+
+
+@contextlib.contextmanager
+def database_exclusive(*, url: str) -> Iterator[None]:
+    """Hold, for the block, a PostgreSQL advisory lock named after the database in ``url``;
+    raise at once if another run holds it. Taken in the ``postgres`` database, as advisory locks
+    are per database and the benchmark's own is about to be dropped."""
+    parts = urlsplit(url)
+    digest = hashlib.sha256(f"bench:{parts.path}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as lock:
+        row = lock.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
+        if row is None or not row[0]:
+            raise DatabaseBusy(f"another benchmark run is using {parts.path.lstrip('/')}")
+        yield  # the lock goes with the connection
 
 
 def database_recreate(*, url: str) -> None:
@@ -155,20 +177,41 @@ def cpu_snapshot(groups: Mapping[str, Iterable[int]]) -> CpuSnapshot:
 
 def cpu_spent(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
     """CPU seconds each group spent between two snapshots (a process that started in between
-    counts from zero; one that ended in between is lost), plus ``machine`` for all cores."""
+    counts from zero; one that ended in between is lost), ``all`` that the machine spent, and
+    ``other`` for the rest: the kernel's own work (loopback TCP) and other users' processes."""
     spent = {
         group: sum(t - before.per_group.get(group, {}).get(pid, 0.0) for pid, t in times.items())
         for group, times in after.per_group.items()
     }
-    spent["machine"] = after.machine - before.machine
-    return spent
+    machine = after.machine - before.machine
+    return {**spent, "other": machine - sum(spent.values()), "all": machine}
 
 
-def stack_pids(*, gunicorn: Iterable[int]) -> dict[str, list[int]]:
-    """The processes a webhook request runs through on this machine, by group."""
+# A client backend's title: "postgres: 15/main: <user> <database> <host>(<port>) <state>".
+_CLIENT_BACKEND = re.compile(r"postgres: [^:]+: \S+ (\S+) (?:\S+\(\d+\)|\[local\])")
+
+
+def _postgres_pids(database: str) -> list[int]:
+    """The server's own processes (postmaster, WAL writer, checkpointer...) and the backends
+    of ``database``; not the backends of other databases, which other users' work keeps busy."""
+    pids = []
+    for pid in _pids_named("postgres"):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        backend = _CLIENT_BACKEND.match(title)
+        if backend is None or backend.group(1) == database:
+            pids.append(pid)
+    return pids
+
+
+def stack_pids(*, gunicorn: Iterable[int], database: str) -> dict[str, list[int]]:
+    """The processes a webhook request runs through on this machine, by group. Redis is shared:
+    its figure includes other users of the same server."""
     return {
         "gunicorn": list(gunicorn),
-        "postgres": _pids_named("postgres"),
+        "postgres": _postgres_pids(database),
         "redis": _pids_named("redis-server"),
         "client": [os.getpid()],
     }
