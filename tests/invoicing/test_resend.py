@@ -26,13 +26,18 @@ def staff() -> APIClient:
 
 
 def paid_invoice(status: str = "paid") -> Invoice:
-    return Invoice.objects.create(provider_invoice_id="in_resend", number="INV-R",
-                                  customer_email="r@example.com", status=status,
-                                  provider_updated_at=timezone.now())
+    return Invoice.objects.create(
+        provider_invoice_id="in_resend",
+        number="INV-R",
+        customer_email="r@example.com",
+        status=status,
+        provider_updated_at=timezone.now(),
+    )
 
 
-def test_same_key_twice_sends_once_and_a_new_key_sends_again(staff: APIClient,
-                                                              smtp: SmtpServer) -> None:
+def test_same_key_twice_sends_once_and_a_new_key_sends_again(
+    staff: APIClient, smtp: SmtpServer
+) -> None:
     invoice = paid_invoice()
     assert invoice_email_send(invoice_id=invoice.pk, owner="payment") == "sent"
     url = f"/api/invoices/{invoice.pk}/resend-email/"
@@ -66,6 +71,8 @@ def test_missing_or_oversized_key_is_400_and_unpaid_is_409(staff: APIClient) -> 
     assert staff.post(url, HTTP_IDEMPOTENCY_KEY="k" * 256).status_code == 400
     Invoice.objects.filter(pk=invoice.pk).update(status="open")
     assert staff.post(url, HTTP_IDEMPOTENCY_KEY="x").status_code == 409
-    assert staff.post("/api/invoices/999999/resend-email/",
-                      HTTP_IDEMPOTENCY_KEY="x").status_code == 404
+    assert (
+        staff.post("/api/invoices/999999/resend-email/", HTTP_IDEMPOTENCY_KEY="x").status_code
+        == 404
+    )
     assert not EmailDelivery.objects.exists()
