@@ -10,6 +10,10 @@ out. Requests are raw HTTP/1.1 bytes built before timing; the client parses just
 response (status line, ``Content-Length``, ``Connection``) to keep its own CPU cost small on a
 machine it shares with the server. A latency runs from the first byte sent (the connect, when
 the server closed the previous connection) to the last byte of the response.
+
+``pace()`` is the open-loop counterpart: request ``i`` is due ``i / rate`` seconds after the
+start, whatever the server is doing with the earlier ones, and its latency runs from when it was
+due, so a server that falls behind is charged for the wait (no coordinated omission).
 """
 
 from __future__ import annotations
@@ -360,3 +364,141 @@ def load(
         errors=sum((tally.errors for tally in tallies), Counter()),
         exhausted=any(tally.exhausted for tally in tallies),
     )
+
+
+# --- Open loop ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Paced:
+    """One request of an open-loop run. Times are seconds from the run's start: when it was
+    due, when it was actually sent (later than due when every sender was busy), when its
+    response ended. ``status`` is 0 when the exchange failed (``error`` says how)."""
+
+    due: float
+    sent: float
+    done: float
+    status: int
+    body: bytes
+    error: str = ""
+
+    @property
+    def latency(self) -> float:
+        """From when the request was due: what a client sending on schedule waits, lag
+        included (no coordinated omission)."""
+        return self.done - self.due
+
+    @property
+    def lag(self) -> float:
+        return self.sent - self.due
+
+
+@dataclass
+class PacedResult:
+    rate: float  # requests per second offered
+    outcomes: list[Paced | None]  # by request index; None: never sent (stopped)
+    elapsed: float  # from the start to the last response
+
+    def sent(self) -> list[Paced]:
+        return [outcome for outcome in self.outcomes if outcome is not None]
+
+
+def _pace_loop(
+    *,
+    port: int,
+    requests: Sequence[bytes],
+    rate: float,
+    start: float,
+    timeout: float,
+    next_index: Iterator[int],
+    stop: threading.Event,
+    outcomes: list[Paced | None],
+    crash: list[BaseException],
+) -> None:
+    sock: socket.socket | None = None
+    try:
+        while not stop.is_set():
+            index = next(next_index)
+            if index >= len(requests):
+                break
+            due = index / rate
+            wait = start + due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            sent = time.perf_counter() - start
+            try:
+                if sock is None:
+                    sock = _connect(port, timeout)
+                response = _exchange(sock, requests[index])
+            except (OSError, ValueError) as exc:
+                if sock is not None:
+                    sock.close()
+                    sock = None
+                done = time.perf_counter() - start
+                outcomes[index] = Paced(due, sent, done, 0, b"", type(exc).__name__)
+                continue
+            done = time.perf_counter() - start
+            if not response.keep_alive:
+                sock.close()
+                sock = None
+            outcomes[index] = Paced(due, sent, done, response.status, response.body)
+    except BaseException as exc:  # reported by pace(), not lost with the thread
+        crash.append(exc)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def pace(
+    *,
+    port: int,
+    requests: Sequence[bytes],
+    rate: float,
+    senders: int,
+    timeout: float = 30.0,
+) -> PacedResult:
+    """Send request ``i`` at ``i / rate`` seconds from the start, whatever the earlier ones
+    are doing (open loop), from ``senders`` threads; each request is sent once. The run lasts
+    ``len(requests) / rate`` seconds plus the last responses. A request is late only when all
+    the senders are waiting on responses: its ``lag`` shows it, and its latency counts it.
+    """
+    if rate <= 0 or not requests:
+        raise ValueError("need a positive rate and requests to send")
+    outcomes: list[Paced | None] = [None] * len(requests)
+    crash: list[BaseException] = []
+    stop = threading.Event()
+    # Every thread started before the first request is due.
+    start = time.perf_counter() + 0.05 + 0.001 * senders
+    # One counter shared by every thread: itertools.count's next() is atomic under the GIL.
+    shared = itertools.count()
+    threads = [
+        threading.Thread(
+            target=_pace_loop,
+            kwargs={
+                "port": port,
+                "requests": requests,
+                "rate": rate,
+                "start": start,
+                "timeout": timeout,
+                "next_index": shared,
+                "stop": stop,
+                "outcomes": outcomes,
+                "crash": crash,
+            },
+            daemon=True,
+        )
+        for _ in range(senders)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout + 1)
+    if crash:
+        raise RuntimeError("a pacing thread failed") from crash[0]
+    done = [outcome.done for outcome in outcomes if outcome is not None]
+    return PacedResult(rate=rate, outcomes=outcomes, elapsed=max(done, default=0.0))

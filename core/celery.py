@@ -8,7 +8,8 @@ import os
 
 from celery import Celery
 
-from core import queues
+from core import logging as log_context
+from core import metrics, queues
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
 
@@ -20,3 +21,7 @@ app.conf.task_routes = queues.ROUTES
 app.autodiscover_tasks()
 # Scheduled jobs live in each app's jobs.py.
 app.autodiscover_tasks(related_name="jobs")
+# Worker-side observability hangs on Celery's signals: the log context every task line carries
+# (and Celery keeping its hands off settings.LOGGING), and the task counters.
+log_context.celery_signals_connect()
+metrics.celery_signals_connect()

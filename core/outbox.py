@@ -3,9 +3,13 @@
 ``outbox_enqueue`` writes the intent in the caller's transaction and publishes it from
 ``transaction.on_commit``. A publish that fails (broker down, stalled past the socket timeout)
 leaves the row unpublished and the request unharmed; ``outbox_relay`` publishes such rows later.
-Rows are published under ``SELECT ... FOR UPDATE SKIP LOCKED`` so two publishers never publish
-the same row at once. A crash between publishing and marking published publishes the row
-again: consumers are idempotent, so twice is harmless; never is what this prevents.
+The relay and the admin's republish take rows under ``SELECT ... FOR UPDATE SKIP LOCKED``, so
+two of them never publish the same row at once; the on-commit publish sends the row it just
+wrote without a lock (the relay leaves rows younger than its grace period alone). A crash
+between publishing and marking published publishes the row again: consumers are idempotent,
+so twice is harmless; never is what this prevents.
+``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
+for a message the broker lost after it was marked published.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from core import queues
+from core import metrics, queues
 from core.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -42,8 +46,23 @@ def outbox_enqueue(
     message = OutboxMessage.objects.create(
         task=task, args=args, kwargs=kwargs or {}, queue=queue or queues.queue_for(task)
     )
-    transaction.on_commit(lambda: outbox_publish(ids=[message.pk]), robust=True)
+    transaction.on_commit(lambda: _publish_committed(message), robust=True)
     return message
+
+
+def _publish_committed(message: OutboxMessage) -> None:
+    """The on-commit publish of a row this process has just committed: no re-read and no row
+    lock, one UPDATE to mark it (half the cost of a webhook otherwise). The relay leaves rows
+    younger than its grace period alone, and were both to send, the consumers are idempotent."""
+    error = _send(message)
+    marked = OutboxMessage.objects.filter(pk=message.pk)
+    if error is None:
+        marked.filter(published_at__isnull=True).update(
+            published_at=timezone.now(), publish_attempts=F("publish_attempts") + 1
+        )
+        metrics.outbox_published(queue=message.queue, created_at=message.created_at)
+    else:
+        marked.update(publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000])
 
 
 _local = threading.local()
@@ -62,6 +81,13 @@ def _connection() -> Any:
             **app.conf.broker_transport_options,
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
+            # One connection attempt, no waiting between retries: a broker that refuses
+            # connections fails the publish at once (kombu would otherwise retry for seconds).
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0,
+            "interval_max": 0,
+            "connect_retries_timeout": timeout,
         }
         connection = _local.connection = app.connection_for_write(transport_options=options)
     return connection
@@ -85,43 +111,72 @@ def outbox_publish(
     Returns how many were published. Stops at the first broker failure: the broker is down or
     stalled, and every further row would wait out the same timeout.
     """
-    from core.celery import app
-
-    rows = OutboxMessage.objects.select_for_update(skip_locked=True).filter(
-        published_at__isnull=True
-    )
+    rows = OutboxMessage.objects.filter(published_at__isnull=True)
     if ids is not None:
         rows = rows.filter(pk__in=list(ids))
     if older_than is not None:
         rows = rows.filter(created_at__lt=timezone.now() - older_than)
-    limit = limit or settings.OUTBOX_RELAY_BATCH_SIZE
+    return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
 
+
+def outbox_republish(*, ids: Iterable[int]) -> int:
+    """Publish the given rows again, published or not: for a message the broker lost after
+    taking it (a Redis restart without persistence). Same path as every publish, so a row
+    another publisher holds is skipped, and the message keeps its task id; consumers are
+    idempotent, so a message that was not lost after all runs as a no-op. Returns how many
+    were published; a row the broker refuses is marked unpublished, for the relay."""
+    ids = list(ids)
+    if not ids:
+        return 0
+    return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids))
+
+
+def _send(message: OutboxMessage) -> Exception | None:
+    """Publish one row's message; return the error instead of raising it (and drop this
+    thread's broker connection, which may be half-broken)."""
+    from core.celery import app
+
+    try:
+        app.send_task(
+            message.task,
+            args=message.args,
+            kwargs={**message.kwargs, "outbox_id": message.pk},
+            queue=message.queue,
+            task_id=outbox_task_id(message.pk),
+            connection=_connection(),
+            # No blocking retry loop here: the row is the retry (celery #4296).
+            retry=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
+        _connection_drop()
+        metrics.outbox_publish_failed(queue=message.queue)
+        logger.warning(
+            "outbox publish failed; the relay will retry",
+            extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},
+        )
+        return exc
+    return None
+
+
+def _publish(rows: QuerySet[OutboxMessage], *, limit: int) -> int:
+    """Send up to ``limit`` of ``rows`` that no other publisher holds, in id order, and mark
+    those sent published, in one transaction; stop at the first broker failure."""
     published: list[int] = []
     with transaction.atomic():
-        batch = list(rows.order_by("pk")[:limit])
+        batch = list(rows.select_for_update(skip_locked=True).order_by("pk")[:limit])
         for message in batch:
-            try:
-                app.send_task(
-                    message.task,
-                    args=message.args,
-                    kwargs={**message.kwargs, "outbox_id": message.pk},
-                    queue=message.queue,
-                    task_id=outbox_task_id(message.pk),
-                    connection=_connection(),
-                    # No blocking retry loop here: the row is the retry (celery #4296).
-                    retry=False,
-                )
-            except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
-                _connection_drop()
-                logger.warning(
-                    "outbox publish failed; the relay will retry",
-                    extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},
-                )
+            error = _send(message)
+            if error is not None:
+                # Unpublished again (a failed republish, too), so the relay takes it over.
                 OutboxMessage.objects.filter(pk=message.pk).update(
-                    publish_attempts=F("publish_attempts") + 1, last_error=repr(exc)[:2000]
+                    published_at=None,
+                    publish_attempts=F("publish_attempts") + 1,
+                    last_error=repr(error)[:2000],
                 )
                 break
             published.append(message.pk)
+            if message.published_at is None:  # a republish is not a publish's latency
+                metrics.outbox_published(queue=message.queue, created_at=message.created_at)
         if published:
             OutboxMessage.objects.filter(pk__in=published).update(
                 published_at=timezone.now(), publish_attempts=F("publish_attempts") + 1

@@ -7,6 +7,7 @@ default and a missing one stops start-up with a message naming it.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import environ
@@ -319,6 +320,35 @@ if WEBHOOK_THROTTLE_RATE and not (_count.isdigit() and int(_count) > 0 and _peri
 if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
 
+# --- Observability (core/metrics.py, core/logging.py) ---------------------------------------
+# GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
+# one, only clients in these networks (the address the webhook throttle uses, see NUM_PROXIES).
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="").strip()
+METRICS_ALLOWED_NETWORKS = env.list(
+    "METRICS_ALLOWED_NETWORKS",
+    default=[
+        "127.0.0.0/8",
+        "::1/128",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "fc00::/7",
+    ],
+)
+# A Celery worker serves its own counters on this port (0: not served), from its main process.
+# Under the prefork pool that needs PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself,
+# in the environment of the web and the worker processes alike): a directory of its own per
+# process group, emptied at start, where every process of the group keeps its counts.
+WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
+# All interfaces by default: Prometheus scrapes workers from another host.
+WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="0.0.0.0")  # noqa: S104
+
+try:
+    for _network in METRICS_ALLOWED_NETWORKS:
+        ipaddress.ip_network(_network, strict=False)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"METRICS_ALLOWED_NETWORKS: {exc}") from exc
+
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     # Client addresses for throttling come from X-Forwarded-For only behind this many proxies.
@@ -347,14 +377,24 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # Both carry event_id, invoice_id, task_id and attempt when the line has them
+        # (core/logging.py): appended to a text line, top-level keys of a JSON object.
+        "text": {
+            "()": "core.logging.TextFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         "json": {
             "()": "pythonjsonlogger.json.JsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
     },
+    "filters": {"context": {"()": "core.logging.ContextFilter"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        },
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {

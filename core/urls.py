@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 
 from core.health import health_view
+from core.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhooks.urls")),
     path("api/", include("core.api_urls")),
     path("health/", health_view, name="health"),
+    path("metrics", metrics_view, name="metrics"),
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -16,6 +18,7 @@ from invoicing.selectors import (
     filter_by_email_status,
     invoices_with_email_status,
 )
+from invoicing.services import invoice_email_resend_request
 
 
 class EmailDeliveryInline(admin.TabularInline):
@@ -64,6 +67,9 @@ class InvoiceAdmin(admin.ModelAdmin):
     list_filter = ("status", EmailStatusFilter, "currency")
     search_fields = ("number", "customer_email", "provider_invoice_id")
     inlines = [EmailDeliveryInline]
+    actions = ["resend_email"]
+    # The provider's invoice URLs are https (and Django 6 defaults to it; 5.2 warns without).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     readonly_fields = (
         "provider_invoice_id",
         "amount_paid",
@@ -89,3 +95,31 @@ class InvoiceAdmin(admin.ModelAdmin):
     @admin.display(description="Email sent at", ordering="email_sent_at")
     def email_when(self, obj: Invoice) -> Any:
         return getattr(obj, "email_sent_at", None)
+
+    @admin.action(description="Resend invoice email")
+    def resend_email(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
+        """A deliberate new email per selected paid invoice, each under a key of its own (the
+        payment email's key is never touched), recording who asked; the service decides what
+        may be resent."""
+        # One idempotency key per click: the service derives each invoice's key from it.
+        click = str(uuid.uuid4())
+        actor = f"admin:{request.user.get_username()}"
+        requested, skipped = 0, []
+        for invoice in queryset.order_by("pk"):
+            try:
+                invoice_email_resend_request(
+                    invoice_id=invoice.pk, idempotency_key=click, actor=actor
+                )
+            except (Invoice.DoesNotExist, ValueError):
+                skipped.append(str(invoice))
+                continue
+            requested += 1
+        self.message_user(
+            request, f"Requested {requested} invoice email resend(s).", messages.SUCCESS
+        )
+        if skipped:
+            self.message_user(
+                request,
+                f"Skipped {len(skipped)} unpaid invoice(s): {', '.join(skipped[:20])}.",
+                messages.WARNING,
+            )

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from core.breaker import Breaker, Decision
 from core.db import insert_or_skip
+from core.logging import log_context_bind
 from core.outbox import outbox_enqueue
 from core.tasks import PermanentError, ProviderUnavailable, TransientError
 from invoicing import mail
@@ -100,6 +101,8 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
             invoice.status = Invoice.Status.PAID
             invoice.paid_at = invoice.paid_at or data.paid_at
         invoice.save()
+    # The rest of the request's lines, and the email job it publishes, carry the invoice.
+    log_context_bind(invoice_id=invoice.pk)
     if not was_paid and invoice.status == Invoice.Status.PAID:
         outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk])
     return invoice
@@ -260,6 +263,7 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
 
     Raises ``TransientError`` (retry), ``PermanentError`` (dead-letter) or
     ``ProviderUnavailable`` (the provider's breaker is open: defer, no attempt spent)."""
+    log_context_bind(invoice_id=invoice_id)
     invoice = Invoice.objects.filter(pk=invoice_id).first()
     if invoice is None:
         raise PermanentError(f"invoice {invoice_id} does not exist")

@@ -1,23 +1,96 @@
+"""Webhook deliveries for the operator: read-only, as received, with their verdict; a named
+"Reprocess" action applies chosen events again through the service (idempotent)."""
+
 from __future__ import annotations
 
-from django.contrib import admin
+import json
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
 
 from core.admin import ReadOnlyAdmin
 from webhooks.models import WebhookEvent
+from webhooks.services import webhook_event_reprocess
+
+
+def _pre(text: str) -> str:
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
 
 
 @admin.register(WebhookEvent)
 class WebhookEventAdmin(ReadOnlyAdmin):
-    list_display = ("event_id", "type", "state", "received_at")
-    list_filter = ("type", "state")
-    search_fields = ("event_id",)
+    list_display = ("event_id", "type", "verdict", "livemode", "received_at", "error_short")
+    list_filter = ("state", "type", "livemode")
+    search_fields = ("event_id", "type")
+    date_hierarchy = "received_at"
+    actions = ["reprocess_selected"]
+    fieldsets = (
+        (None, {"fields": ("event_id", "type", "livemode", "received_at", "verdict", "error")}),
+        ("Delivery", {"fields": ("body_pretty", "headers_display")}),
+        ("Raw body, byte for byte as signed", {"fields": ("body_raw",), "classes": ("collapse",)}),
+    )
     readonly_fields = (
         "event_id",
         "type",
         "livemode",
-        "body",
-        "headers",
         "received_at",
-        "state",
+        "verdict",
         "error",
+        "body_pretty",
+        "headers_display",
+        "body_raw",
     )
+
+    @admin.display(description="Verdict", ordering="state")
+    def verdict(self, obj: WebhookEvent) -> str:
+        # "Accepted" and "duplicate" are answers to a delivery, not stored: a duplicate stores
+        # nothing. What a stored event came to is its state.
+        return obj.state
+
+    @admin.display(description="Error")
+    def error_short(self, obj: WebhookEvent) -> str:
+        return obj.error[:80]
+
+    @admin.display(description="Body")
+    def body_pretty(self, obj: WebhookEvent) -> str:
+        try:
+            text = json.dumps(json.loads(obj.body), indent=2, ensure_ascii=False)
+        except (ValueError, RecursionError):
+            text = obj.body
+        return _pre(text)
+
+    @admin.display(description="Headers")
+    def headers_display(self, obj: WebhookEvent) -> str:
+        return _pre("\n".join(f"{name}: {value}" for name, value in sorted(obj.headers.items())))
+
+    @admin.display(description="Raw body")
+    def body_raw(self, obj: WebhookEvent) -> str:
+        return _pre(obj.body)
+
+    @admin.action(description="Reprocess selected webhook events")
+    def reprocess_selected(self, request: HttpRequest, queryset: QuerySet[WebhookEvent]) -> None:
+        result = webhook_event_reprocess(
+            event_ids=list(queryset.values_list("event_id", flat=True)),
+            actor=f"admin:{request.user.get_username()}",
+        )
+        done = len(result.processed) + len(result.ignored) + len(result.failed)
+        self.message_user(
+            request,
+            f"Reprocessed {done} webhook event(s): {len(result.processed)} processed, "
+            f"{len(result.ignored)} ignored, {len(result.failed)} failed.",
+            messages.WARNING if result.failed else messages.SUCCESS,
+        )
+        if result.failed:
+            self.message_user(
+                request,
+                f"Failed, the reason is on each event: {', '.join(result.failed[:20])}.",
+                messages.WARNING,
+            )
+        if result.missing:
+            self.message_user(
+                request,
+                f"Skipped {len(result.missing)} no longer stored.",
+                messages.WARNING,
+            )

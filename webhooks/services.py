@@ -4,19 +4,24 @@ together with its effect, in one transaction.
 The event row is inserted with ``ON CONFLICT (event_id) DO NOTHING``: a duplicate delivery,
 sequential or concurrent, finds the row (or waits for the transaction inserting it) and
 changes nothing, without an IntegrityError anywhere.
+
+``webhook_event_reprocess`` (the admin's "Reprocess") applies stored deliveries again; applying
+is idempotent, so it changes nothing for an event already applied.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from core.db import insert_or_skip
 from invoicing.services import invoice_record_payment
 from webhooks.models import WebhookEvent
-from webhooks.stripe import Event
+from webhooks.stripe import Event, WebhookRejected, event_parse
 
 logger = logging.getLogger(__name__)
 
@@ -64,3 +69,98 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
                 },
             )
     return Recorded(event_id=event.id, duplicate=False, state=row.state)
+
+
+@dataclass(frozen=True)
+class Reprocessed:
+    """What a reprocess did, by provider event id."""
+
+    processed: list[str]
+    ignored: list[str]  # a type we do not act on
+    failed: list[str]  # the reason is on the row's ``error``
+    missing: list[str]  # no such event stored (deleted by retention meanwhile)
+
+
+def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str = "") -> Reprocessed:
+    """Apply stored deliveries (by provider event id) again, each in its own transaction under
+    its row's lock, in the order they were received.
+
+    The stored body is parsed again, but its signature is not checked again: the row was
+    verified before it was stored. Applying is ``invoice_record_payment``, which is idempotent
+    and never moves an invoice backwards, so an event already applied changes nothing and
+    writes no second outbox row, and one whose earlier processing failed is applied now. Each
+    row ends ``processed``, ``ignored`` or ``failed``, with the reason in ``error``.
+    """
+    wanted = set(event_ids)
+    order = list(
+        WebhookEvent.objects.filter(event_id__in=wanted)
+        .order_by("received_at", "pk")
+        .values_list("event_id", flat=True)
+    )
+    outcome: dict[str, list[str]] = {state: [] for state in WebhookEvent.State.values}
+    missing = sorted(wanted - set(order))
+    for event_id in order:
+        with transaction.atomic():
+            row = WebhookEvent.objects.select_for_update().filter(event_id=event_id).first()
+            if row is None:
+                missing.append(event_id)
+                continue
+            row.state, row.error = _reapply(row)
+            row.save(update_fields=["state", "error"])
+        outcome[row.state].append(event_id)
+    result = Reprocessed(
+        processed=outcome[WebhookEvent.State.PROCESSED],
+        ignored=outcome[WebhookEvent.State.IGNORED],
+        failed=outcome[WebhookEvent.State.FAILED],
+        missing=missing,
+    )
+    logger.info(
+        "reprocessed %d webhook event(s)",
+        len(order) - len(result.missing),
+        extra={
+            "actor": actor,
+            "processed": result.processed,
+            "ignored": result.ignored,
+            "failed": result.failed,
+            "missing": result.missing,
+        },
+    )
+    return result
+
+
+_SIGNED_AT = re.compile(r"(?:^|,)\s*t=([0-9]{1,12})\s*(?:,|$)")
+
+
+def _signed_at(row: WebhookEvent) -> int:
+    """The signature's timestamp, as on arrival (the event's time if its body has none)."""
+    match = _SIGNED_AT.search(str(row.headers.get("Stripe-Signature", "")))
+    return int(match.group(1)) if match else int(row.received_at.timestamp())
+
+
+def _reapply(row: WebhookEvent) -> tuple[str, str]:
+    """Parse and apply one stored event; its new state and error."""
+    try:
+        # A savepoint: an apply that fails half-way leaves nothing behind.
+        with transaction.atomic():
+            event = event_parse(payload=row.body.encode(), signed_at=_signed_at(row))
+            if event.id != row.event_id:
+                raise WebhookRejected(f"the body is event {event.id}, not {row.event_id}")
+            if event.invoice is None:
+                return WebhookEvent.State.IGNORED, ""
+            invoice = invoice_record_payment(data=event.invoice, provider_time=event.created)
+    except WebhookRejected as exc:
+        error = exc.reason
+    except DatabaseError as exc:
+        error = repr(exc)
+    else:
+        logger.info(
+            "payment event reapplied",
+            extra={
+                "event_id": row.event_id,
+                "invoice_id": invoice.pk if invoice else None,
+                "stale": invoice is None,
+            },
+        )
+        return WebhookEvent.State.PROCESSED, ""
+    logger.warning("webhook event reprocessing failed: %s", error, extra={"event_id": row.event_id})
+    return WebhookEvent.State.FAILED, error[:2000]

@@ -15,14 +15,23 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 from core.backpressure import backpressure_shed
+from core.logging import log_context
+from core.metrics import webhook_delivery_count
 from webhooks.services import KEPT_HEADERS, webhook_event_record
-from webhooks.stripe import PAYMENT_EVENT_TYPES, WebhookRejected, event_parse, signature_verify
+from webhooks.stripe import (
+    PAYMENT_EVENT_TYPES,
+    Event,
+    WebhookRejected,
+    event_parse,
+    signature_verify,
+)
 from webhooks.throttle import webhook_throttle_wait
 
 logger = logging.getLogger(__name__)
 
 
 def _reject(reason: str, status: int) -> JsonResponse:
+    webhook_delivery_count("rejected", reason)
     logger.warning("webhook rejected: %s", reason, extra={"reason": reason, "status": status})
     return JsonResponse({"error": reason}, status=status)
 
@@ -42,6 +51,7 @@ class StripeWebhookView(View):
         # Before the body is read or verified: a flood is refused at the cost of one counter.
         wait = webhook_throttle_wait(request=request)
         if wait is not None:
+            webhook_delivery_count("throttled")
             return _retry_later("rate limited", status=429, seconds=wait)
         limit = settings.WEBHOOK_MAX_BODY_BYTES
         try:
@@ -65,10 +75,16 @@ class StripeWebhookView(View):
             event = event_parse(payload=payload, signed_at=signed_at)
         except WebhookRejected as exc:
             return _reject(exc.reason, exc.status)
+        # Every line logged from here on, down to the outbox publish, carries the event id.
+        with log_context(event_id=event.id):
+            return self._take(request, event=event, payload=payload)
 
+    def _take(self, request: HttpRequest, *, event: Event, payload: bytes) -> JsonResponse:
+        """Shed, or store once and acknowledge, a verified event."""
         # Shed under backpressure: only now is the type known, and nothing is stored yet.
         shed = backpressure_shed(essential=event.type in PAYMENT_EVENT_TYPES)
         if shed is not None:
+            webhook_delivery_count("shed", str(shed))
             logger.warning(
                 "webhook shed under backpressure (%s); the provider will redeliver it",
                 shed,
@@ -86,11 +102,13 @@ class StripeWebhookView(View):
                 event=event, body=payload.decode("utf-8"), headers=headers
             )
         except (OperationalError, InterfaceError) as exc:
+            webhook_delivery_count("unavailable")
             logger.error(
                 "database unavailable; asking the provider to retry",
                 extra={"event_id": event.id, "error": repr(exc)},
             )
             return _retry_later("temporarily unavailable")
+        webhook_delivery_count("duplicate" if recorded.duplicate else "accepted")
         return JsonResponse(
             {
                 "received": True,

@@ -28,7 +28,7 @@ from core.tasks import PermanentError
 from invoicing.models import Invoice
 from tests.conftest import ROOT, paid_event, post_event, wait_until
 from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from tests.workers import worker_env, worker_thread
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -136,6 +136,7 @@ def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
         text=True,
         timeout=60,
         check=False,
+        env=worker_env(0),
     )
     assert result.returncode == 1
     assert "no dead letter with id 424242" in result.stderr

@@ -1,0 +1,382 @@
+"""Webhook acknowledgement latency with a slow SMTP server against an instant one.
+
+The whole stack runs (gunicorn, Celery workers, an SMTP sink in this process) and new
+``invoice.paid`` events are posted open-loop at a fixed, moderate rate for a fixed time, in two
+arms interleaved over rounds:
+
+* ``instant``: the sink answers every DATA at once, so the workers send emails while the
+  webhook takes events;
+* ``slow``: the sink answers every DATA after 5 s (awaited per session, like a slow provider:
+  ``EMAIL_TIMEOUT``, 10 s by default, is longer), so every worker process is soon waiting on
+  SMTP and the email queue grows.
+
+A latency runs from when the request was due (open loop: a server that falls behind is charged
+for it) to the end of the response. Goal (issue 3): p99 with the slow server at most 1.2 x the
+p99 with the instant one: the acknowledgement never waits on email. After each arm the sink is
+made instant and the backlog drained, so the next arm starts from empty queues; at the end every
+event must have produced exactly one email and no dead letter.
+
+    .venv/bin/python -m bench.ack_latency [--rate 25 --duration 20 --rounds 2 --delay 5 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.fullstack import (
+    ACCEPTED_BODY,
+    DATABASE_URL,
+    NO_LIMITS,
+    REDIS_URL,
+    RESULTS,
+    Backend,
+    RunConfig,
+    WorkerConfig,
+    backend,
+    cpu_per_item,
+    emails_check,
+    owned_run,
+    paid_batch,
+    serving,
+    stored,
+)
+from bench.harness import GunicornConfig, PacedResult, Server, load, pace, percentile
+from bench.report import Goal, machine, utc
+from bench.stack import DatabaseBusy, cpu_snapshot, cpu_spent
+from bench.webhook_ingest import revision
+
+GOAL = 1.2  # p99 with the slow SMTP server / p99 with the instant one
+ARMS = ("instant", "slow")
+
+
+@dataclass(frozen=True)
+class Options:
+    rate: float
+    duration: float
+    rounds: int
+    senders: int
+    delay: float
+    drain_timeout: float
+    gunicorn: GunicornConfig
+    workers: WorkerConfig
+    database_url: str
+    redis_url: str
+    output: Path
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    arm: str
+    round: int
+    result: PacedResult
+    emails_during: int  # emails the sink received while the arm ran
+    drain_seconds: float  # after the arm, until every email so far had arrived
+    cpu: dict[str, float]
+
+
+def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": percentile(ordered, 50) * 1000,
+        "p99_ms": percentile(ordered, 99) * 1000,
+        "p99_9_ms": percentile(ordered, 99.9) * 1000,
+        "max_ms": ordered[-1] * 1000 if ordered else math.nan,
+    }
+
+
+def accepted(result: PacedResult) -> tuple[list[float], dict[str, int]]:
+    """Latencies of the requests acknowledged as new events, and the others by kind."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    for outcome in result.outcomes:
+        if outcome is None:
+            kind = "not sent"
+        elif outcome.status == 200 and ACCEPTED_BODY in outcome.body:
+            latencies.append(outcome.latency)
+            continue
+        else:
+            kind = outcome.error or f"HTTP {outcome.status}"
+        errors[kind] = errors.get(kind, 0) + 1
+    return latencies, errors
+
+
+class AckLatency:
+    def __init__(self, *, backend: Backend, server: Server, options: Options) -> None:
+        self.backend = backend
+        self.server = server
+        self.options = options
+        self.invoices: list[str] = []
+
+    def warm_up(self, count: int = 50) -> None:
+        batch = paid_batch(count, port=self.server.port, secret=self.backend.run.secret)
+        result = load(
+            port=self.server.port,
+            requests=batch.requests,
+            duration=60,
+            concurrency=4,
+            expect=ACCEPTED_BODY,
+            cycle=False,
+        )
+        self.invoices += batch.invoice_ids
+        if result.successes != count:
+            raise RuntimeError(f"warm-up: {dict(result.errors)}")
+        self.drain()
+
+    def drain(self) -> float:
+        """Make the sink instant and wait for every email posted so far; seconds waited."""
+        self.backend.sink.delay = 0.0
+        started = time.perf_counter()
+        self.backend.wait_emails(len(self.invoices), self.options.drain_timeout)
+        return time.perf_counter() - started
+
+    def run(self, arm: str, round_: int) -> ArmRun:
+        options = self.options
+        count = max(1, round(options.rate * options.duration))
+        batch = paid_batch(count, port=self.server.port, secret=self.backend.run.secret)
+        groups = self.backend.cpu_groups(self.server)
+        self.backend.sink.delay = options.delay if arm == "slow" else 0.0
+        emails_before = self.backend.sink.count
+        before = cpu_snapshot(groups)
+        result = pace(
+            port=self.server.port,
+            requests=batch.requests,
+            rate=options.rate,
+            senders=options.senders,
+        )
+        cpu = cpu_spent(before, cpu_snapshot(groups))
+        emails_during = self.backend.sink.count - emails_before
+        self.invoices += batch.invoice_ids
+        return ArmRun(
+            arm=arm,
+            round=round_,
+            result=result,
+            emails_during=emails_during,
+            drain_seconds=self.drain(),
+            cpu=cpu,
+        )
+
+
+def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    lags: list[float] = []
+    for run in runs:
+        ok, failed = accepted(run.result)
+        latencies += ok
+        lags += [outcome.lag for outcome in run.result.sent()]
+        for kind, n in failed.items():
+            errors[kind] = errors.get(kind, 0) + n
+    requests = sum(len(run.result.outcomes) for run in runs)
+    cpu = {group: sum(run.cpu[group] for run in runs) for group in runs[0].cpu}
+    return {
+        "requests": requests,
+        "accepted": len(latencies),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "offered_rate": runs[0].result.rate,
+        **latency_summary(latencies),
+        "round_p99_ms": [
+            round(percentile(sorted(accepted(run.result)[0]), 99) * 1000, 1) for run in runs
+        ],
+        "max_lag_ms": max(lags, default=math.nan) * 1000,
+        "emails_during": sum(run.emails_during for run in runs),
+        "drain_seconds": [round(run.drain_seconds, 1) for run in runs],
+        "cpu_ms_per_request": cpu_per_item(cpu, requests),
+    }
+
+
+def goals(arms: dict[str, dict[str, Any]]) -> list[Goal]:
+    slow, instant = arms["slow"], arms["instant"]
+    return [
+        Goal(
+            source="ack_latency",
+            metric="webhook p99 ack, 5 s SMTP ÷ instant SMTP",
+            value=f"{slow['p99_ms']:.1f} / {instant['p99_ms']:.1f} ms",
+            measured=slow["p99_ms"] / instant["p99_ms"],
+            op="<=",
+            limit=GOAL,
+        )
+    ]
+
+
+def checks(bench: AckLatency, options: Options) -> dict[str, Any]:
+    time.sleep(2.0)  # room for a duplicate email, were there one
+    total = len(bench.invoices)
+    found = stored(options.database_url)
+    expected = {
+        "events": total,
+        "invoices": total,
+        "outbox": total,
+        "outbox_unpublished": 0,
+        "emails_sent": total,
+        "emails_not_sent": 0,
+        "dead_letters": 0,
+    }
+    emails = emails_check(bench.backend.sink, bench.invoices)
+    return {
+        "expected": expected,
+        "found": found,
+        "sink": emails,
+        "ok": found == expected and emails["ok"],
+    }
+
+
+def measure(options: Options, prefix: str) -> dict[str, Any]:
+    run = RunConfig(
+        name="ack_latency",
+        prefix=prefix,
+        database_url=options.database_url,
+        redis_url=options.redis_url,
+        gunicorn=options.gunicorn,
+        workers=options.workers,
+    )
+    runs: list[ArmRun] = []
+    with backend(run, settings=NO_LIMITS) as stack, serving(stack) as server:
+        bench = AckLatency(backend=stack, server=server, options=options)
+        bench.warm_up()
+        print(
+            f"warmed up; {options.rounds} round(s) x {options.duration:g} s per arm "
+            f"at {options.rate:g} events/s",
+            flush=True,
+        )
+        for round_ in range(options.rounds):
+            order = ARMS if round_ % 2 == 0 else ARMS[::-1]
+            for arm in order:
+                result = bench.run(arm, round_)
+                runs.append(result)
+                ok, errors = accepted(result.result)
+                latency = latency_summary(ok)
+                print(
+                    f"  round {round_ + 1} {arm:<8} {len(ok)} acknowledged, errors {errors or 0}, "
+                    f"p50 {latency['p50_ms']:.1f} ms, p99 {latency['p99_ms']:.1f} ms; "
+                    f"{result.emails_during} emails meanwhile, drained in "
+                    f"{result.drain_seconds:.1f} s",
+                    flush=True,
+                )
+        state = checks(bench, options)
+    arms = {arm: summarize([r for r in runs if r.arm == arm]) for arm in ARMS}
+    return {
+        "arms": arms,
+        "summary": [goal.as_dict() for goal in goals(arms)],
+        "checks": state,
+        "incidents": stack.incidents,
+    }
+
+
+def report(options: Options, results: dict[str, Any]) -> str:
+    arms = results["arms"]
+    lines = [
+        f"gunicorn {options.gunicorn.describe()}; {options.workers.describe()}; open loop at "
+        f"{options.rate:g}/s from up to {options.senders} senders; {options.rounds} round(s) x "
+        f"{options.duration:g} s per arm; slow SMTP: {options.delay:g} s per message",
+        "",
+        f"{'arm':<8} {'requests':>8} {'ok':>6} {'errors':>6} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'p99.9':>7} {'max ms':>7} {'lag ms':>7} {'emails':>6}  per-round p99",
+    ]
+    for arm, s in arms.items():
+        lines.append(
+            f"{arm:<8} {s['requests']:>8} {s['accepted']:>6} {s['errors']:>6} "
+            f"{s['p50_ms']:>7.1f} {s['p99_ms']:>7.1f} {s['p99_9_ms']:>7.1f} {s['max_ms']:>7.1f} "
+            f"{s['max_lag_ms']:>7.1f} {s['emails_during']:>6}  "
+            + " ".join(f"{p:.1f}" for p in s["round_p99_ms"])
+        )
+    groups = list(arms["instant"]["cpu_ms_per_request"])
+    lines += ["", "CPU ms per request " + " ".join(f"{g:>9}" for g in groups)]
+    for arm, s in arms.items():
+        cpu = s["cpu_ms_per_request"]
+        lines.append(f"  {arm:<16} " + " ".join(f"{cpu[g]:>9.2f}" for g in groups))
+    lines.append("")
+    lines += [Goal.from_dict(goal).line() for goal in results["summary"]]
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ack_latency", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--rate", type=float, default=25, help="events posted per second")
+    parser.add_argument("--duration", type=float, default=20, help="seconds per arm")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the two arms")
+    parser.add_argument("--senders", type=int, default=16, help="sender threads (open loop)")
+    parser.add_argument("--delay", type=float, default=5.0, help="slow SMTP: seconds per DATA")
+    parser.add_argument("--drain-timeout", type=float, default=300)
+    parser.add_argument("--gunicorn-workers", type=int, default=3)
+    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
+    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
+    parser.add_argument("--database-url", default=DATABASE_URL)
+    parser.add_argument("--redis-url", default=REDIS_URL)
+    parser.add_argument("--output", type=Path, default=RESULTS / "ack_latency.json")
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.duration <= 0 or args.rounds < 1:
+        parser.error("--rate, --duration and --rounds must be positive")
+    return Options(
+        rate=args.rate,
+        duration=args.duration,
+        rounds=args.rounds,
+        senders=args.senders,
+        delay=args.delay,
+        drain_timeout=args.drain_timeout,
+        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
+        workers=WorkerConfig(processes=args.worker_processes, concurrency=args.worker_concurrency),
+        database_url=args.database_url,
+        redis_url=args.redis_url,
+        output=args.output,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse(argv)
+    started = time.time()
+    try:
+        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
+            results = measure(options, prefix)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except DatabaseBusy as exc:
+        print(f"not run: {exc}", file=sys.stderr)
+        return 1
+    document = {
+        "benchmark": "ack_latency",
+        "started_at": utc(started),
+        "revision": revision(),
+        "machine": machine(),
+        "config": {
+            "gunicorn": options.gunicorn.describe(),
+            "workers": options.workers.describe(),
+            "rate": options.rate,
+            "duration_s": options.duration,
+            "rounds": options.rounds,
+            "senders": options.senders,
+            "slow_smtp_delay_s": options.delay,
+            "server_settings": NO_LIMITS,
+        },
+        **results,
+    }
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    print()
+    print(report(options, results))
+    state = results["checks"]
+    print(
+        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
+    )
+    print(f"\nresults: {options.output}")
+    failures = sum(arm["errors"] for arm in results["arms"].values())
+    if failures:
+        print(f"FAILED: {failures} request(s) not acknowledged", file=sys.stderr)
+    if not state["ok"]:
+        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
+    return 1 if failures or not state["ok"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""Webhook ingest against its own maximum: acknowledgement latency at 70% of it, and overload at
+twice it (issue 6), with the whole stack running (gunicorn, Celery workers, an SMTP sink).
+
+Phases, in one run:
+
+1. ``max``: the maximum ingest rate, measured closed-loop (``--senders`` threads posting new
+   ``invoice.paid`` events back to back for ``--max-duration`` seconds) while the workers email
+   what comes in. Throttle and backpressure thresholds are out of the way (``NO_LIMITS``).
+2. ``70%``: new events posted open-loop at 0.7 x max for ``--duration`` seconds; p50, p99 and
+   p99.9 acknowledgement latency from when each request was due. Goal: p99.9 <= 500 ms.
+3. ``overload``: gunicorn restarted with the application's own admission control configured
+   for the capacity just measured, ``WEBHOOK_THROTTLE_RATE=<max>/s`` (every sender is
+   127.0.0.1, so this per-address fixed window is a global limit here), and the default
+   backpressure marks; events offered open-loop at 2 x max. Goals: goodput (events acknowledged
+   as new per second) at least 0.9 of max; refusals (429 from the throttle, 503 from
+   backpressure) answered with p99 <= 20 ms; nothing acknowledged lost.
+
+Between phases the backlog of emails is drained. At the end, the invoices stored are exactly the
+events acknowledged (none of the refused ones), each with exactly one email, no dead letter.
+
+    .venv/bin/python -m bench.ingest_load [--max-duration 10 --duration 20 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.ack_latency import latency_summary
+from bench.fullstack import (
+    ACCEPTED_BODY,
+    DATABASE_URL,
+    NO_LIMITS,
+    REDIS_URL,
+    RESULTS,
+    Backend,
+    RunConfig,
+    WorkerConfig,
+    backend,
+    cpu_per_item,
+    emails_check,
+    owned_run,
+    paid_batch,
+    serving,
+    stored,
+    stored_invoice_ids,
+)
+from bench.harness import GunicornConfig, PacedResult, Server, load, pace
+from bench.report import Goal, machine, utc
+from bench.stack import DatabaseBusy, cpu_snapshot, cpu_spent
+from bench.webhook_ingest import revision
+
+P999_GOAL_MS = 500.0
+GOODPUT_GOAL = 0.9
+SHED_P99_GOAL_MS = 20.0
+# The application's defaults (core/settings.py), restored for the overload phase.
+DEFAULT_MARKS = {"BACKPRESSURE_SOFT_MARK": "5000", "BACKPRESSURE_HARD_MARK": "50000"}
+
+
+@dataclass(frozen=True)
+class Options:
+    max_duration: float
+    duration: float
+    fraction: float
+    overload: float
+    throttle: list[float]
+    senders: int
+    pace_senders: int
+    overload_senders: int
+    drain_timeout: float
+    gunicorn: GunicornConfig
+    workers: WorkerConfig
+    database_url: str
+    redis_url: str
+    output: Path
+
+
+def classify(result: PacedResult, invoice_ids: Sequence[str]) -> dict[str, Any]:
+    """Each request by answer: acknowledged as new, refused (429, 503), or anything else."""
+    accepted_ids: list[str] = []
+    accepted: list[float] = []
+    refused: list[float] = []
+    by_status: dict[str, int] = {}
+    other: dict[str, int] = {}
+    for outcome, invoice in zip(result.outcomes, invoice_ids, strict=True):
+        if outcome is None:
+            other["not sent"] = other.get("not sent", 0) + 1
+            continue
+        key = outcome.error or str(outcome.status)
+        by_status[key] = by_status.get(key, 0) + 1
+        if outcome.status == 200 and ACCEPTED_BODY in outcome.body:
+            accepted.append(outcome.latency)
+            accepted_ids.append(invoice)
+        elif outcome.status in (429, 503):
+            refused.append(outcome.latency)
+        else:
+            other[key] = other.get(key, 0) + 1
+    lags = [outcome.lag for outcome in result.sent()]
+    return {
+        "offered": len(result.outcomes),
+        "offered_rate": result.rate,
+        "elapsed": result.elapsed,
+        "accepted": len(accepted),
+        "refused": len(refused),
+        "other": sum(other.values()),
+        "other_kinds": other,
+        "by_status": by_status,
+        "accepted_latency": latency_summary(accepted),
+        "refused_latency": latency_summary(refused),
+        "max_lag_ms": max(lags, default=math.nan) * 1000,
+        "late_10ms": sum(1 for lag in lags if lag > 0.010),
+        "accepted_ids": accepted_ids,
+    }
+
+
+class IngestLoad:
+    def __init__(self, *, backend: Backend, options: Options) -> None:
+        self.backend = backend
+        self.options = options
+        self.accepted: list[str] = []  # invoices acknowledged as new, every phase
+
+    def drain(self) -> float:
+        started = time.perf_counter()
+        self.backend.wait_emails(len(self.accepted), self.options.drain_timeout)
+        return time.perf_counter() - started
+
+    def closed(
+        self, server: Server, *, count: int, duration: float, warmup: bool = False
+    ) -> dict[str, Any]:
+        """Post up to ``count`` new events back to back for ``duration`` seconds (a warm-up
+        posts all ``count``; a measurement must still have events left at the end)."""
+        batch = paid_batch(count, port=server.port, secret=self.backend.run.secret)
+        groups = self.backend.cpu_groups(server)
+        before = cpu_snapshot(groups)
+        result = load(
+            port=server.port,
+            requests=batch.requests,
+            duration=duration,
+            concurrency=self.options.senders,
+            expect=ACCEPTED_BODY,
+            cycle=False,
+        )
+        cpu = cpu_spent(before, cpu_snapshot(groups))
+        # The senders take requests in order: the first ``requests`` were sent, and every one
+        # of them must have been acknowledged.
+        self.accepted += batch.invoice_ids[: result.requests]
+        if result.errors:
+            raise RuntimeError(f"posting at the maximum rate failed: {dict(result.errors)}")
+        if result.exhausted and not warmup:
+            raise RuntimeError("ran out of events before the time was up: raise the estimate")
+        return {
+            "rate": result.rate,
+            "requests": result.requests,
+            "seconds": result.elapsed,
+            "cpu_ms_per_request": cpu_per_item(cpu, result.requests),
+        }
+
+    def maximum(self, server: Server) -> dict[str, Any]:
+        """The closed-loop maximum, then the backlog drained."""
+        duration = self.options.max_duration
+        top = self.closed(server, count=round(600 * duration), duration=duration)
+        print(f"  maximum: {top['rate']:.1f} events/s closed-loop", flush=True)
+        top["drain_s"] = self.drain()
+        return top
+
+    def paced(self, server: Server, *, rate: float, senders: int) -> dict[str, Any]:
+        count = max(1, round(rate * self.options.duration))
+        batch = paid_batch(count, port=server.port, secret=self.backend.run.secret)
+        groups = self.backend.cpu_groups(server)
+        before = cpu_snapshot(groups)
+        result = pace(port=server.port, requests=batch.requests, rate=rate, senders=senders)
+        cpu = cpu_spent(before, cpu_snapshot(groups))
+        summary = classify(result, batch.invoice_ids)
+        self.accepted += summary.pop("accepted_ids")
+        summary["goodput"] = summary["accepted"] / result.elapsed if result.elapsed else 0.0
+        summary["cpu_ms_per_request"] = cpu_per_item(cpu, count)
+        return summary
+
+
+def checks(bench: IngestLoad, options: Options) -> dict[str, Any]:
+    """Stored invoices are exactly the acknowledged events; one email each; no dead letter."""
+    time.sleep(2.0)
+    total = len(bench.accepted)
+    found = stored(options.database_url)
+    ids = stored_invoice_ids(options.database_url)
+    wanted = set(bench.accepted)
+    emails = emails_check(bench.backend.sink, bench.accepted)
+    expected = {
+        "events": total,
+        "invoices": total,
+        "outbox": total,
+        "outbox_unpublished": 0,
+        "emails_sent": total,
+        "emails_not_sent": 0,
+        "dead_letters": 0,
+    }
+    return {
+        "expected": expected,
+        "found": found,
+        "acknowledged_not_stored": len(wanted - ids),
+        "stored_not_acknowledged": len(ids - wanted),
+        "sink": emails,
+        "ok": found == expected and ids == wanted and emails["ok"],
+    }
+
+
+def measure(options: Options, prefix: str) -> dict[str, Any]:
+    run = RunConfig(
+        name="ingest_load",
+        prefix=prefix,
+        database_url=options.database_url,
+        redis_url=options.redis_url,
+        gunicorn=options.gunicorn,
+        workers=options.workers,
+    )
+    phases: dict[str, Any] = {}
+    with backend(run, settings=NO_LIMITS) as stack:
+        bench = IngestLoad(backend=stack, options=options)
+        with serving(stack) as server:
+            bench.closed(server, count=50, duration=60, warmup=True)
+            bench.drain()
+            phases["max"] = top = bench.maximum(server)
+            rate = options.fraction * top["rate"]
+            phases["fraction"] = steady = bench.paced(
+                server, rate=rate, senders=options.pace_senders
+            )
+            latency = steady["accepted_latency"]
+            print(
+                f"  {options.fraction:.0%} ({rate:.1f}/s): p50 {latency['p50_ms']:.1f} ms, "
+                f"p99 {latency['p99_ms']:.1f} ms, p99.9 {latency['p99_9_ms']:.1f} ms; "
+                f"not acknowledged {steady['refused'] + steady['other']}",
+                flush=True,
+            )
+            steady["drain_s"] = bench.drain()
+            # Measured again just before the overload: the neighbours' load moves.
+            phases["max_again"] = top = bench.maximum(server)
+        phases["overload"] = []
+        for fraction in options.throttle:
+            limit = max(1, math.floor(fraction * top["rate"]))
+            admission = {"WEBHOOK_THROTTLE_RATE": f"{limit}/s", **DEFAULT_MARKS}
+            log = f"ingest_load.overload-{fraction:g}"
+            with serving(stack, settings=admission, log=log) as server:
+                bench.closed(server, count=20, duration=60, warmup=True)
+                bench.drain()
+                rate = options.overload * top["rate"]
+                over = bench.paced(server, rate=rate, senders=options.overload_senders)
+                over["admission"] = admission
+                over["throttle_fraction"] = fraction
+                print(
+                    f"  overload ({rate:.1f}/s, throttle {limit}/s): goodput "
+                    f"{over['goodput']:.1f}/s, refused {over['refused']} (p99 "
+                    f"{over['refused_latency']['p99_ms']:.1f} ms), "
+                    f"other {over['other_kinds'] or 0}",
+                    flush=True,
+                )
+                over["drain_s"] = bench.drain()
+            phases["overload"].append(over)
+        state = checks(bench, options)
+    summary = [goal.as_dict() for goal in goals(phases, state)]
+    return {
+        "phases": phases,
+        "summary": summary,
+        "checks": state,
+        "incidents": stack.incidents,
+    }
+
+
+def goals(phases: dict[str, Any], state: dict[str, Any]) -> list[Goal]:
+    top, steady, over = phases["max_again"], phases["fraction"], phases["overload"][0]
+    latency = steady["accepted_latency"]
+    refused = over["refused_latency"]
+    # Acknowledged (any phase) but not stored, or stored but never emailed.
+    lost = state["acknowledged_not_stored"] + state["sink"]["missing"]
+    return [
+        Goal(
+            source="ingest_load",
+            metric="webhook p99.9 ack at 70% of max ingest",
+            value=f"{latency['p99_9_ms']:.1f} ms (p99 {latency['p99_ms']:.1f} ms) "
+            f"at {steady['offered_rate']:.0f}/s",
+            measured=latency["p99_9_ms"],
+            op="<=",
+            limit=P999_GOAL_MS,
+            unit="ms",
+        ),
+        Goal(
+            source="ingest_load",
+            metric=f"overload 2x max, throttle {over['throttle_fraction']:g} x max: goodput ÷ max",
+            value=f"{over['goodput']:.1f} / {top['rate']:.1f} per s",
+            measured=over["goodput"] / top["rate"],
+            op=">=",
+            limit=GOODPUT_GOAL,
+        ),
+        Goal(
+            source="ingest_load",
+            metric=f"overload 2x max, throttle {over['throttle_fraction']:g} x max: p99 of 429/503",
+            value=f"{refused['p99_ms']:.1f} ms ({over['refused']} refused)",
+            measured=refused["p99_ms"] if over["refused"] else math.nan,
+            op="<=",
+            limit=SHED_P99_GOAL_MS,
+            unit="ms",
+        ),
+        Goal(
+            source="ingest_load",
+            metric="acknowledged events lost (not stored or not emailed)",
+            value=str(lost),
+            measured=float(lost),
+            op="<=",
+            limit=0,
+            unit="events",
+        ),
+    ]
+
+
+def report(options: Options, results: dict[str, Any]) -> str:
+    phases = results["phases"]
+    first, again, steady = phases["max"], phases["max_again"], phases["fraction"]
+    rows = [("70%", steady)] + [
+        (f"2x, {over['throttle_fraction']:g}", over) for over in phases["overload"]
+    ]
+    lines = [
+        f"gunicorn {options.gunicorn.describe()}; {options.workers.describe()}",
+        f"max: {first['rate']:.1f} events/s, then {again['rate']:.1f} just before the overload "
+        f"({options.senders} closed-loop senders, {options.max_duration:g} s each)",
+        "",
+        f"{'phase':<10} {'offered/s':>9} {'sent':>6} {'ok':>6} {'429/503':>7} {'other':>5} "
+        f"{'good/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9':>7} {'max ms':>7} {'lag ms':>7}",
+    ]
+    for name, phase in rows:
+        latency = phase["accepted_latency"]
+        lines.append(
+            f"{name:<10} {phase['offered_rate']:>9.1f} {phase['offered']:>6} "
+            f"{phase['accepted']:>6} {phase['refused']:>7} {phase['other']:>5} "
+            f"{phase['goodput']:>7.1f} {latency['p50_ms']:>7.1f} {latency['p99_ms']:>7.1f} "
+            f"{latency['p99_9_ms']:>7.1f} {latency['max_ms']:>7.1f} {phase['max_lag_ms']:>7.1f}"
+        )
+    lines.append("(latencies of the events acknowledged, from when each request was due)")
+    for over in phases["overload"]:
+        refused = over["refused_latency"]
+        lines.append(
+            f"overload, throttle {over['admission']['WEBHOOK_THROTTLE_RATE']}: answers "
+            f"{over['by_status']}; refusals p50 {refused['p50_ms']:.1f} ms, p99 "
+            f"{refused['p99_ms']:.1f} ms, max {refused['max_ms']:.1f} ms"
+        )
+    groups = list(first["cpu_ms_per_request"])
+    lines += ["", "CPU ms per request " + " ".join(f"{g:>9}" for g in groups)]
+    for name, phase in [("max", first), ("max again", again), *rows]:
+        cpu = phase["cpu_ms_per_request"]
+        lines.append(f"  {name:<16} " + " ".join(f"{cpu[g]:>9.2f}" for g in groups))
+    lines.append("")
+    lines += [Goal.from_dict(goal).line() for goal in results["summary"]]
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ingest_load", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--max-duration", type=float, default=10, help="seconds at maximum")
+    parser.add_argument("--duration", type=float, default=20, help="seconds of each paced phase")
+    parser.add_argument("--fraction", type=float, default=0.7, help="of max, for latency")
+    parser.add_argument("--overload", type=float, default=2.0, help="x max, offered")
+    parser.add_argument(
+        "--throttle",
+        default="1.0",
+        help="WEBHOOK_THROTTLE_RATE for the overload, as fractions of max: one overload run "
+        "each, comma-separated; the goals use the first",
+    )
+    parser.add_argument("--senders", type=int, default=16, help="closed-loop senders for max")
+    parser.add_argument("--pace-senders", type=int, default=64, help="threads at 70%%")
+    parser.add_argument("--overload-senders", type=int, default=512, help="threads at 2x")
+    parser.add_argument("--drain-timeout", type=float, default=300)
+    parser.add_argument("--gunicorn-workers", type=int, default=3)
+    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
+    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
+    parser.add_argument("--database-url", default=DATABASE_URL)
+    parser.add_argument("--redis-url", default=REDIS_URL)
+    parser.add_argument("--output", type=Path, default=RESULTS / "ingest_load.json")
+    args = parser.parse_args(argv)
+    if min(args.max_duration, args.duration, args.fraction, args.overload) <= 0:
+        parser.error("durations and rate factors must be positive")
+    return Options(
+        max_duration=args.max_duration,
+        duration=args.duration,
+        fraction=args.fraction,
+        overload=args.overload,
+        throttle=[float(f) for f in args.throttle.split(",") if f.strip()],
+        senders=args.senders,
+        pace_senders=args.pace_senders,
+        overload_senders=args.overload_senders,
+        drain_timeout=args.drain_timeout,
+        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
+        workers=WorkerConfig(processes=args.worker_processes, concurrency=args.worker_concurrency),
+        database_url=args.database_url,
+        redis_url=args.redis_url,
+        output=args.output,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse(argv)
+    started = time.time()
+    try:
+        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
+            results = measure(options, prefix)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except DatabaseBusy as exc:
+        print(f"not run: {exc}", file=sys.stderr)
+        return 1
+    document = {
+        "benchmark": "ingest_load",
+        "started_at": utc(started),
+        "revision": revision(),
+        "machine": machine(),
+        "config": {
+            "gunicorn": options.gunicorn.describe(),
+            "workers": options.workers.describe(),
+            "max_duration_s": options.max_duration,
+            "duration_s": options.duration,
+            "fraction": options.fraction,
+            "overload": options.overload,
+            "throttle_fractions": options.throttle,
+            "senders": options.senders,
+            "pace_senders": options.pace_senders,
+            "overload_senders": options.overload_senders,
+            "server_settings": NO_LIMITS,
+        },
+        **results,
+    }
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    print()
+    print(report(options, results))
+    state = results["checks"]
+    print(
+        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
+    )
+    print(f"\nresults: {options.output}")
+    failures = results["phases"]["fraction"]["refused"] + results["phases"]["fraction"]["other"]
+    if failures:
+        print(f"FAILED: {failures} request(s) at 70% not acknowledged", file=sys.stderr)
+    if not state["ok"]:
+        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
+    return 1 if failures or not state["ok"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

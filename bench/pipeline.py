@@ -1,0 +1,403 @@
+"""End-to-end pipeline throughput: paid invoices pushed through webhook -> outbox -> Celery worker
+-> SMTP, beside a no-op Celery task on the same broker, pool and worker count, in one run.
+
+Two arms, interleaved over rounds, against one running stack (gunicorn, Celery workers started
+as ``celery -A core worker``, an SMTP sink in this process):
+
+* ``emails``: N new ``invoice.paid`` events, signed as Stripe signs them, posted to
+  ``/webhooks/stripe/`` by closed-loop senders; the clock runs from the first post to the N-th
+  email received by the sink. Each event is stored with its invoice and outbox row, published
+  to Redis on commit, and emailed by ``invoicing.send_invoice_email``.
+* ``noop``: N ``bench.noop`` tasks (``bench/tasks.py``: one Redis INCR) published from this
+  process to the ``default`` queue as fast as one connection allows; the clock runs from the
+  first publish to the N-th completion.
+
+Goals: pipeline emails/s at least 0.3 of the no-op task rate (issue 3), 0.4 (issue 6). At the
+end: one invoice and one sent email per event, exactly one email per invoice in the sink, no
+dead letter, no unpublished outbox row, nothing left in the broker's queues.
+
+    .venv/bin/python -m bench.pipeline [--emails 2000 --rounds 2 --worker-concurrency 4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from bench.fullstack import (
+    ACCEPTED_BODY,
+    DATABASE_URL,
+    NO_LIMITS,
+    REDIS_URL,
+    RESULTS,
+    Backend,
+    RunConfig,
+    WorkerConfig,
+    backend,
+    cpu_per_item,
+    emails_check,
+    noop_done,
+    owned_run,
+    paid_batch,
+    serving,
+    stored,
+)
+from bench.harness import GunicornConfig, Server, load
+from bench.report import Goal, machine, utc
+from bench.stack import DatabaseBusy, cpu_snapshot, cpu_spent, redis_queued
+from bench.tasks import NOOP_TASK
+from bench.webhook_ingest import revision
+
+GOALS = {"issue 3": 0.3, "issue 6": 0.4}  # pipeline emails/s over no-op tasks/s
+ARMS = ("emails", "noop")
+
+
+@dataclass(frozen=True)
+class Options:
+    emails: int
+    rounds: int
+    senders: int
+    warmup: int
+    timeout: float
+    gunicorn: GunicornConfig
+    workers: WorkerConfig
+    database_url: str
+    redis_url: str
+    output: Path
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    arm: str
+    round: int
+    items: int
+    seconds: float  # first post or publish -> N-th email or completion
+    submit_seconds: float  # first -> last post or publish
+    cpu: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.seconds
+
+
+def publisher(run: RunConfig) -> Celery:
+    """A Celery app in this process that publishes to the run's broker and key prefix, as the
+    project's app does (JSON; no results)."""
+    app = Celery("bench-publisher", broker=run.redis_url, set_as_current=False)
+    app.conf.update(
+        broker_transport_options={"global_keyprefix": run.prefix},
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+    )
+    return app
+
+
+class Pipeline:
+    def __init__(self, *, backend: Backend, server: Server, options: Options) -> None:
+        self.backend = backend
+        self.server = server
+        self.options = options
+        self.app = publisher(backend.run)
+        self.invoices: list[str] = []  # every invoice posted, warm-up included
+        self.noops = 0  # every no-op published
+
+    def post(self, count: int) -> tuple[float, float]:
+        """Post ``count`` new paid invoices; return the perf_counter times of the first post
+        and of the last response. Every one must be acknowledged as new."""
+        batch = paid_batch(count, port=self.server.port, secret=self.backend.run.secret)
+        started = time.perf_counter()
+        result = load(
+            port=self.server.port,
+            requests=batch.requests,
+            duration=self.options.timeout,
+            concurrency=self.options.senders,
+            expect=ACCEPTED_BODY,
+            cycle=False,
+        )
+        posted = time.perf_counter()
+        self.invoices += batch.invoice_ids
+        if result.errors or result.successes != count:
+            raise RuntimeError(
+                f"{result.successes} of {count} posts acknowledged: {dict(result.errors)}"
+            )
+        return started, posted
+
+    def publish(self, count: int) -> tuple[float, float]:
+        started = time.perf_counter()
+        with self.app.producer_or_acquire() as producer:
+            for _ in range(count):
+                self.app.send_task(NOOP_TASK, queue="default", producer=producer)
+        self.noops += count
+        return started, time.perf_counter()
+
+    def wait_emails(self, total: int) -> float:
+        self.backend.wait_emails(total, self.options.timeout)
+        return self.backend.sink.time_of(total)
+
+    def wait_noops(self, total: int) -> float:
+        deadline = time.perf_counter() + self.options.timeout
+        while noop_done(self.backend.redis, self.backend.run.prefix) < total:
+            if time.perf_counter() > deadline:
+                self.backend.workers.check()
+                raise RuntimeError(f"no-op tasks not all done after {self.options.timeout:.0f} s")
+            time.sleep(0.005)
+        return time.perf_counter()
+
+    def warm_up(self) -> None:
+        count = self.options.warmup
+        self.post(count)
+        self.wait_emails(len(self.invoices))
+        self.publish(count)
+        self.wait_noops(self.noops)
+
+    def run(self, arm: str, round_: int) -> ArmRun:
+        count = self.options.emails
+        groups = self.backend.cpu_groups(self.server)
+        before = cpu_snapshot(groups)
+        if arm == "emails":
+            started, submitted = self.post(count)
+            finished = self.wait_emails(len(self.invoices))
+        else:
+            started, submitted = self.publish(count)
+            finished = self.wait_noops(self.noops)
+        cpu = cpu_spent(before, cpu_snapshot(groups))
+        return ArmRun(
+            arm=arm,
+            round=round_,
+            items=count,
+            seconds=finished - started,
+            submit_seconds=submitted - started,
+            cpu=cpu,
+        )
+
+
+def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
+    items = sum(run.items for run in runs)
+    seconds = sum(run.seconds for run in runs)
+    cpu = {group: sum(run.cpu[group] for run in runs) for group in runs[0].cpu}
+    return {
+        "items": items,
+        "seconds": round(seconds, 3),
+        "rate": items / seconds,
+        "round_rates": [round(run.rate, 1) for run in runs],
+        "submit_rate": items / sum(run.submit_seconds for run in runs),
+        "cpu_ms_per_item": cpu_per_item(cpu, items),
+        "machine_busy": cpu["all"] / (seconds * (os.cpu_count() or 1)) if seconds else math.nan,
+    }
+
+
+def own_cpu(arm: dict[str, Any]) -> float:
+    """CPU ms per item of the stack's own processes (load generator and sink included; the
+    kernel's own work and other users' processes, ``other``, excluded)."""
+    cpu = arm["cpu_ms_per_item"]
+    return float(sum(ms for group, ms in cpu.items() if group not in ("other", "all")))
+
+
+def goals(arms: dict[str, dict[str, Any]]) -> list[Goal]:
+    emails, noop = arms["emails"], arms["noop"]
+    ratio = emails["rate"] / noop["rate"]
+    return [
+        Goal(
+            source="pipeline",
+            metric=f"pipeline emails/s ÷ no-op tasks/s ({issue})",
+            value=f"{emails['rate']:.1f} / {noop['rate']:.1f} per s",
+            measured=ratio,
+            op=">=",
+            limit=limit,
+        )
+        for issue, limit in GOALS.items()
+    ]
+
+
+def checks(pipeline: Pipeline, options: Options) -> dict[str, Any]:
+    """After a pause for any duplicate email to arrive: one invoice, one sent email and one
+    email in the sink per event; no dead letter; the broker's queues empty."""
+    time.sleep(2.0)
+    total = len(pipeline.invoices)
+    found = stored(options.database_url)
+    expected = {
+        "events": total,
+        "invoices": total,
+        "outbox": total,
+        "outbox_unpublished": 0,
+        "emails_sent": total,
+        "emails_not_sent": 0,
+        "dead_letters": 0,
+    }
+    emails = emails_check(pipeline.backend.sink, pipeline.invoices)
+    noops = noop_done(pipeline.backend.redis, pipeline.backend.run.prefix)
+    queued = redis_queued(url=options.redis_url, prefix=pipeline.backend.run.prefix)
+    ok = found == expected and emails["ok"] and noops == pipeline.noops and queued == 0
+    return {
+        "expected": expected,
+        "found": found,
+        "sink": emails,
+        "noop_tasks": {"published": pipeline.noops, "done": noops},
+        "broker_messages_left": queued,
+        "ok": ok,
+    }
+
+
+def measure(options: Options, prefix: str) -> dict[str, Any]:
+    run = RunConfig(
+        name="pipeline",
+        prefix=prefix,
+        database_url=options.database_url,
+        redis_url=options.redis_url,
+        gunicorn=options.gunicorn,
+        workers=options.workers,
+    )
+    runs: list[ArmRun] = []
+    with backend(run, settings=NO_LIMITS) as stack, serving(stack) as server:
+        pipeline = Pipeline(backend=stack, server=server, options=options)
+        pipeline.warm_up()
+        print(
+            f"warmed up ({options.warmup} emails, {options.warmup} no-ops); "
+            f"{options.rounds} round(s) of {options.emails}",
+            flush=True,
+        )
+        for round_ in range(options.rounds):
+            order = ARMS if round_ % 2 == 0 else ARMS[::-1]
+            for arm in order:
+                result = pipeline.run(arm, round_)
+                runs.append(result)
+                print(
+                    f"  round {round_ + 1} {arm:<6} {result.rate:7.1f}/s end to end "
+                    f"({result.seconds:.2f} s; submitted in {result.submit_seconds:.2f} s)",
+                    flush=True,
+                )
+        stored_checks = checks(pipeline, options)
+    arms = {arm: summarize([r for r in runs if r.arm == arm]) for arm in ARMS}
+    return {
+        "arms": arms,
+        "cpu_ratio": own_cpu(arms["noop"]) / own_cpu(arms["emails"]),
+        "runs": [
+            {"arm": r.arm, "round": r.round, "rate": r.rate, "seconds": r.seconds} for r in runs
+        ],
+        "summary": [goal.as_dict() for goal in goals(arms)],
+        "checks": stored_checks,
+        "incidents": stack.incidents,
+    }
+
+
+def report(options: Options, results: dict[str, Any]) -> str:
+    arms = results["arms"]
+    lines = [
+        f"gunicorn {options.gunicorn.describe()}; {options.workers.describe()}; "
+        f"{options.senders} HTTP senders; {options.rounds} round(s) x {options.emails} per arm",
+        "",
+        f"{'arm':<8} {'items':>7} {'seconds':>8} {'per s':>7} {'submit/s':>9}  per-round /s",
+    ]
+    for arm, s in arms.items():
+        rounds = " ".join(f"{rate:.1f}" for rate in s["round_rates"])
+        lines.append(
+            f"{arm:<8} {s['items']:>7} {s['seconds']:>8.2f} {s['rate']:>7.1f} "
+            f"{s['submit_rate']:>9.1f}  {rounds}"
+        )
+    groups = list(arms["emails"]["cpu_ms_per_item"])
+    lines += ["", "CPU ms per item " + " ".join(f"{g:>9}" for g in groups) + "   busy"]
+    for arm, s in arms.items():
+        cpu = s["cpu_ms_per_item"]
+        figures = " ".join(f"{cpu[g]:>9.2f}" for g in groups)
+        lines.append(f"  {arm:<13} {figures}  {s['machine_busy']:>5.0%}")
+    lines += [
+        "",
+        f"by CPU of the stack's own processes: {own_cpu(arms['emails']):.2f} ms per email, "
+        f"{own_cpu(arms['noop']):.2f} ms per no-op: ratio {results['cpu_ratio']:.2f} "
+        "(what the rates' ratio would be if both were CPU-bound, without the neighbours)",
+        "",
+    ]
+    lines += [Goal.from_dict(goal).line() for goal in results["summary"]]
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.pipeline", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--emails", type=int, default=2000, help="invoices (and no-ops) per arm")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the two arms")
+    parser.add_argument("--senders", type=int, default=8, help="concurrent HTTP senders")
+    parser.add_argument("--warmup", type=int, default=50, help="unmeasured items before")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per arm")
+    parser.add_argument("--gunicorn-workers", type=int, default=3)
+    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
+    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
+    parser.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
+    parser.add_argument("--database-url", default=DATABASE_URL)
+    parser.add_argument("--redis-url", default=REDIS_URL)
+    parser.add_argument("--output", type=Path, default=RESULTS / "pipeline.json")
+    args = parser.parse_args(argv)
+    if args.emails < 1 or args.rounds < 1:
+        parser.error("--emails and --rounds must be positive")
+    return Options(
+        emails=args.emails,
+        rounds=args.rounds,
+        senders=args.senders,
+        warmup=args.warmup,
+        timeout=args.timeout,
+        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
+        workers=WorkerConfig(
+            processes=args.worker_processes, concurrency=args.worker_concurrency, pool=args.pool
+        ),
+        database_url=args.database_url,
+        redis_url=args.redis_url,
+        output=args.output,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse(argv)
+    started = time.time()
+    try:
+        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
+            results = measure(options, prefix)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except DatabaseBusy as exc:
+        print(f"not run: {exc}", file=sys.stderr)
+        return 1
+    document = {
+        "benchmark": "pipeline",
+        "started_at": utc(started),
+        "revision": revision(),
+        "machine": machine(),
+        "config": {
+            "gunicorn": options.gunicorn.describe(),
+            "workers": options.workers.describe(),
+            "senders": options.senders,
+            "emails_per_arm": options.emails,
+            "rounds": options.rounds,
+            "warmup": options.warmup,
+            "server_settings": NO_LIMITS,
+        },
+        **results,
+    }
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    print()
+    print(report(options, results))
+    state = results["checks"]
+    print(f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}")
+    print(f"sink: {state['sink']}; no-ops {state['noop_tasks']}")
+    print(f"\nresults: {options.output}")
+    if not state["ok"]:
+        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Goals and the figures compared with them, the same way in every benchmark and in the summary
+table of ``python -m bench``; the machine a run was made on.
+
+A ``Goal`` row carries the compared figure (``measured``), the limit and its direction, and a
+human-readable ``value`` with the raw figures behind it (both rates of a ratio, or the absolute
+figure and its unit). Its ``ratio`` is the compared figure itself for a ratio goal, and the
+figure divided by the limit for an absolute one (``0.4`` = at 40% of the allowed maximum).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Goal:
+    source: str  # the benchmark that measured it
+    metric: str
+    value: str  # the raw figures, e.g. "63.1 / 301.5 per s" or "183 ms"
+    measured: float  # the figure compared with the limit
+    op: str  # ">=" or "<="
+    limit: float
+    unit: str = ""  # "" for a ratio, else the unit of ``measured`` and ``limit``
+
+    @property
+    def passed(self) -> bool:
+        if math.isnan(self.measured):
+            return False
+        return self.measured >= self.limit if self.op == ">=" else self.measured <= self.limit
+
+    @property
+    def ratio(self) -> float:
+        if not self.unit:
+            return self.measured
+        return self.measured / self.limit if self.limit else math.nan
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "MISS"
+
+    def goal_text(self) -> str:
+        sign = "≥" if self.op == ">=" else "≤"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{sign} {self.limit:g}{unit}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "goal": self.goal_text(),
+            "ratio": self.ratio,
+            "verdict": self.verdict,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Goal:
+        fields = ("source", "metric", "value", "measured", "op", "limit", "unit")
+        return cls(**{name: data[name] for name in fields})
+
+    def line(self) -> str:
+        """One line for a benchmark's own report: ``PASS  metric: value (goal ...)``."""
+        return f"{self.verdict}  {self.metric}: {self.value} (goal {self.goal_text()})"
+
+
+def table(goals: Iterable[Goal]) -> str:
+    """The goals as a fixed-width table: metric, value, goal, ratio, verdict."""
+    rows = [
+        (
+            goal.metric,
+            goal.value,
+            goal.goal_text(),
+            "-" if math.isnan(goal.ratio) else f"{goal.ratio:.2f}",
+            goal.verdict,
+        )
+        for goal in goals
+    ]
+    header = ("metric", "value", "goal", "ratio", "")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [
+            cell.rjust(width) if i == 3 else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if row is header:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """CPU count and model, memory, kernel and Python, read from ``/proc`` (Linux)."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    memory_kib = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_kib = int(line.split()[1])
+                break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (math.nan, math.nan, math.nan)
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "memory_gib": round(memory_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+    }
+
+
+def utc(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

@@ -1,0 +1,229 @@
+"""The admin of the async machinery: outbox messages are read-only and republished through the
+service, onto the real broker; the periodic tasks page shows what each job did and who holds
+its lock."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test import Client
+from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
+
+from core import jobs, outbox
+from core.celery import app
+from core.models import OutboxMessage, ScheduledJob
+from core.outbox import outbox_relay, outbox_task_id
+from tests.changelist import EMPTY, messages, rows, run_action
+from tests.smtp import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OUTBOX = "/admin/core/outboxmessage/"
+PERIODIC = "/admin/django_celery_beat/periodictask/"
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(
+        get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
+    )
+    return client
+
+
+@pytest.fixture
+def queue() -> Any:
+    """A queue of this test's own on the real broker; ``queue.messages()`` reads it."""
+    name = f"admintest-{uuid.uuid4().hex[:8]}"
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + name
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+    class Queue(str):
+        def messages(self) -> list[dict[str, Any]]:
+            return [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+
+    yield Queue(name)
+    client.delete(key)
+    client.close()
+
+
+def message(queue: str, *, published: bool, **fields: Any) -> OutboxMessage:
+    row = OutboxMessage.objects.create(task="core.does_not_exist", args=[1], queue=queue)
+    if published:
+        # Published an hour ago, and since lost by the broker (a restart without persistence).
+        fields = {"published_at": timezone.now() - timedelta(hours=1), "publish_attempts": 1}
+    OutboxMessage.objects.filter(pk=row.pk).update(**fields)
+    row.refresh_from_db()
+    return row
+
+
+def test_outbox_pages_render_read_only_and_filter_unpublished(staff: Client, queue: str) -> None:
+    sent = message(queue, published=True)
+    stuck = message(queue, published=False, publish_attempts=3, last_error="TimeoutError('x')")
+
+    listed = {row["id"]: row for row in rows(staff.get(OUTBOX))}
+    assert listed[str(sent.pk)]["published"] == "True"
+    assert listed[str(stuck.pk)]["published"] == "False"
+    assert listed[str(stuck.pk)]["publish_attempts"] == "3"
+    assert listed[str(stuck.pk)]["last_error_short"] == "TimeoutError('x')"
+    assert listed[str(sent.pk)]["queue"] == queue
+    assert [row["id"] for row in rows(staff.get(OUTBOX, {"published": "no"}))] == [str(stuck.pk)]
+    assert [row["id"] for row in rows(staff.get(OUTBOX, {"published": "yes"}))] == [str(sent.pk)]
+
+    detail = staff.get(f"{OUTBOX}{stuck.pk}/change/")
+    assert detail.status_code == 200
+    assert b"TimeoutError(&#x27;x&#x27;)" in detail.content
+    assert b'name="_save"' not in detail.content  # read-only: no save button
+    assert staff.get(f"{OUTBOX}add/").status_code == 403
+
+
+def test_republish_puts_lost_and_unpublished_messages_on_the_broker(
+    staff: Client, queue: Any
+) -> None:
+    lost = message(queue, published=True)
+    stuck = message(queue, published=False)
+    assert queue.messages() == []
+    before = timezone.now()
+
+    response = run_action(staff, OUTBOX, "republish_selected", [lost.pk, stuck.pk])
+
+    assert messages(response) == [("success", "Republished 2 outbox message(s).")]
+    on_broker = queue.messages()
+    assert sorted(m["headers"]["id"] for m in on_broker) == sorted(
+        outbox_task_id(pk) for pk in (lost.pk, stuck.pk)
+    )
+    assert {m["headers"]["task"] for m in on_broker} == {"core.does_not_exist"}
+    for row, attempts in ((lost, 2), (stuck, 1)):
+        row.refresh_from_db()
+        assert row.published_at is not None
+        assert row.published_at >= before
+        assert row.publish_attempts == attempts
+
+
+def test_republish_skips_a_row_another_publisher_holds_and_says_so(
+    staff: Client, queue: Any
+) -> None:
+    held, free = message(queue, published=True), message(queue, published=True)
+    locked, release = threading.Event(), threading.Event()
+
+    def publisher() -> None:
+        try:
+            with transaction.atomic():
+                OutboxMessage.objects.select_for_update().get(pk=held.pk)
+                locked.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        response = run_action(staff, OUTBOX, "republish_selected", [held.pk, free.pk])
+    finally:
+        release.set()
+        thread.join(20)
+
+    assert messages(response)[0] == ("success", "Republished 1 outbox message(s).")
+    assert messages(response)[1][0] == "warning"
+    assert messages(response)[1][1].startswith("Not republished: 1 (another publisher holds")
+    assert [m["headers"]["id"] for m in queue.messages()] == [outbox_task_id(free.pk)]
+    held.refresh_from_db()
+    assert held.publish_attempts == 1  # untouched
+
+
+def test_a_republish_the_broker_refuses_leaves_the_row_to_the_relay(
+    staff: Client, queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lost = message(queue, published=True)
+    nothing_listens = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setattr(outbox, "_connection", lambda: app.connection_for_write(nothing_listens))
+
+    response = run_action(staff, OUTBOX, "republish_selected", [lost.pk])
+
+    assert messages(response)[0] == ("success", "Republished 0 outbox message(s).")
+    assert messages(response)[1][0] == "warning"
+    lost.refresh_from_db()
+    assert lost.published_at is None  # the relay's again
+    assert lost.publish_attempts == 2
+    assert "onnect" in lost.last_error
+    assert queue.messages() == []
+
+    monkeypatch.undo()
+    assert outbox_relay(grace=timedelta(0)) == 1
+    assert [m["headers"]["id"] for m in queue.messages()] == [outbox_task_id(lost.pk)]
+
+
+def test_periodic_tasks_show_each_jobs_last_run_last_skip_and_lock_holder(staff: Client) -> None:
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    inside, release = threading.Event(), threading.Event()
+    holder: dict[str, int] = {}
+
+    def running_job() -> None:
+        def body() -> str:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                holder["pid"] = cursor.fetchone()[0]
+            inside.set()
+            release.wait(20)
+            return "done"
+
+        try:
+            jobs.job_run(name="outbox-relay", body=body)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=running_job)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        jobs.outbox_relay.apply().get()  # a second run while the first holds the lock: skipped
+        listed = {row["name"]: row for row in rows(staff.get(PERIODIC))}
+        task = PeriodicTask.objects.get(name="outbox-relay")
+        detail = staff.get(f"{PERIODIC}{task.pk}/change/")
+    finally:
+        release.set()
+        thread.join(20)
+
+    relay = listed["outbox-relay"]
+    assert relay["job_lock_holder"].endswith(f"(pid {holder['pid']})")
+    assert relay["job_last_run"] != EMPTY
+    assert relay["job_last_skip"] != EMPTY
+    idle = listed["dlq-alert"]  # never ran here
+    assert (idle["job_last_run"], idle["job_last_skip"], idle["job_lock_holder"]) == (EMPTY,) * 3
+    assert detail.status_code == 200
+    assert f"(pid {holder['pid']})".encode() in detail.content
+    assert b"Job last skipped" in detail.content
+    job = ScheduledJob.objects.get(name="outbox-relay")
+    assert (job.runs, job.skips) == (1, 1)
+    # Released: nobody holds it any more.
+    assert rows(staff.get(PERIODIC, {"q": "outbox-relay"}))[0]["job_lock_holder"] == EMPTY
+
+
+def test_django_celery_beats_own_actions_still_work(staff: Client) -> None:
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    task = PeriodicTask.objects.get(name="dlq-alert")
+    response = run_action(staff, PERIODIC, "disable_tasks", [task.pk])
+    assert messages(response) == [("info", "1 task was successfully disabled")]
+    task.refresh_from_db()
+    assert task.enabled is False
+
+
+def test_scheduled_jobs_page_renders(staff: Client) -> None:
+    jobs.dlq_alert.apply().get()
+    listed = rows(staff.get("/admin/core/scheduledjob/"))
+    assert [(row["name"], row["runs"], row["running_now"]) for row in listed] == [
+        ("dlq-alert", "1", EMPTY)
+    ]

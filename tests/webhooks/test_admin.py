@@ -1,0 +1,174 @@
+"""The webhook events admin: read-only deliveries as received, their verdict, and a
+"Reprocess" action that applies an event once however often it is pressed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from core.models import OutboxMessage
+from invoicing.models import EmailDelivery, Invoice
+from tests.changelist import messages, rows, run_action
+from tests.conftest import paid_event, post_event
+from tests.smtp import SmtpServer
+from tests.workers import worker_thread
+from webhooks import testing as stripe_testing
+from webhooks.models import WebhookEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVENTS = "/admin/webhooks/webhookevent/"
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(
+        get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
+    )
+    return client
+
+
+def stored(event: dict[str, Any], *, body: bytes | None = None, **fields: Any) -> WebhookEvent:
+    """A delivery stored as the view stores it, in the state ``fields`` say (as an earlier
+    failure would have left it)."""
+    body = body if body is not None else stripe_testing.encode(event)
+    header = stripe_testing.signature_header(body, "whsec_test_primary")
+    return WebhookEvent.objects.create(
+        event_id=event["id"],
+        type=event["type"],
+        body=body.decode(),
+        headers={"Stripe-Signature": header, "User-Agent": "Stripe/1.0"},
+        **{"state": WebhookEvent.State.FAILED, **fields},
+    )
+
+
+def invoice_state(invoice: Invoice) -> tuple[Any, ...]:
+    invoice.refresh_from_db()
+    return (
+        invoice.status,
+        invoice.amount_paid,
+        invoice.customer_email,
+        invoice.paid_at,
+        invoice.provider_updated_at,
+    )
+
+
+def test_pages_show_verdict_body_and_headers_read_only(client: Client, staff: Client) -> None:
+    paid = paid_event(customer_email="jenny@example.com")
+    other = stripe_testing.event("customer.created", stripe_testing.customer_object())
+    post_event(client, stripe_testing.encode(paid), HTTP_USER_AGENT="Stripe/1.0")
+    post_event(client, stripe_testing.encode(other))
+    broken = stored(
+        stripe_testing.event("invoice.paid", {}), error="data.object.id is missing", body=b"{}"
+    )
+
+    listed = {row["event_id"]: row for row in rows(staff.get(EVENTS))}
+    assert (listed[paid["id"]]["type"], listed[paid["id"]]["verdict"]) == (
+        "invoice.paid",
+        "processed",
+    )
+    assert listed[other["id"]]["verdict"] == "ignored"
+    assert listed[broken.event_id]["verdict"] == "failed"
+    assert listed[broken.event_id]["error_short"] == "data.object.id is missing"
+    assert [r["event_id"] for r in rows(staff.get(EVENTS, {"q": paid["id"]}))] == [paid["id"]]
+    assert [r["event_id"] for r in rows(staff.get(EVENTS, {"state": "failed"}))] == [
+        broken.event_id
+    ]
+
+    row = WebhookEvent.objects.get(event_id=paid["id"])
+    detail = staff.get(f"{EVENTS}{row.pk}/change/")
+    assert detail.status_code == 200
+    page = detail.content.decode()
+    assert "<pre" in page
+    assert "&quot;customer_email&quot;: &quot;jenny@example.com&quot;" in page
+    assert f"Stripe-Signature: {row.headers['Stripe-Signature']}" in page
+    assert "User-Agent: Stripe/1.0" in page
+    assert 'name="_save"' not in page  # read-only
+    assert staff.post(f"{EVENTS}{row.pk}/delete/").status_code == 403
+
+
+def test_a_compact_body_is_shown_pretty_printed(staff: Client) -> None:
+    event = stripe_testing.event("customer.created", stripe_testing.customer_object())
+    row = stored(event, body=b'{"id":"%s","type":"customer.created"}' % event["id"].encode())
+    page = staff.get(f"{EVENTS}{row.pk}/change/").content.decode()
+    assert f"{{\n  &quot;id&quot;: &quot;{event['id']}&quot;,\n  &quot;type&quot;" in page
+
+
+def test_reprocessing_an_applied_event_twice_changes_nothing(client: Client, staff: Client) -> None:
+    event = paid_event()
+    post_event(client, stripe_testing.encode(event))
+    row = WebhookEvent.objects.get()
+    invoice = Invoice.objects.get()
+    before = invoice_state(invoice)
+
+    for _ in range(2):
+        response = run_action(staff, EVENTS, "reprocess_selected", [row.pk])
+        assert messages(response) == [
+            ("success", "Reprocessed 1 webhook event(s): 1 processed, 0 ignored, 0 failed.")
+        ]
+        assert invoice_state(invoice) == before
+
+    assert OutboxMessage.objects.count() == 1  # the email was asked for once, on arrival
+    row.refresh_from_db()
+    assert (row.state, row.error) == ("processed", "")
+
+
+def test_reprocessing_applies_an_event_whose_processing_failed_once(
+    staff: Client, smtp: SmtpServer
+) -> None:
+    event = paid_event(customer_email="late@example.com")
+    row = stored(event, error="OperationalError('server closed the connection')")
+    assert not Invoice.objects.exists()
+
+    with worker_thread():
+        response = run_action(staff, EVENTS, "reprocess_selected", [row.pk])
+        smtp.handler.wait_for(1, timeout=20)
+        again = run_action(staff, EVENTS, "reprocess_selected", [row.pk])
+        time.sleep(2)  # a second email, if any, would arrive by now
+
+    assert messages(response) == [
+        ("success", "Reprocessed 1 webhook event(s): 1 processed, 0 ignored, 0 failed.")
+    ]
+    assert messages(again) == messages(response)
+    invoice = Invoice.objects.get()
+    assert (invoice.provider_invoice_id, invoice.status) == (
+        event["data"]["object"]["id"],
+        "paid",
+    )
+    assert list(OutboxMessage.objects.values_list("task", "args")) == [
+        ("invoicing.send_invoice_email", [invoice.pk])
+    ]
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <late@example.com>"]
+    assert EmailDelivery.objects.get().state == "sent"
+    row.refresh_from_db()
+    assert (row.state, row.error) == ("processed", "")
+
+
+def test_reprocess_reports_failed_and_ignored_events(staff: Client) -> None:
+    bad = paid_event(currency="us$")
+    bad_row = stored(bad, state=WebhookEvent.State.PROCESSED)
+    other = stored(
+        stripe_testing.event("customer.created", stripe_testing.customer_object()),
+        error="earlier failure",
+    )
+
+    response = run_action(staff, EVENTS, "reprocess_selected", [bad_row.pk, other.pk])
+
+    assert messages(response) == [
+        ("warning", "Reprocessed 2 webhook event(s): 0 processed, 1 ignored, 1 failed."),
+        ("warning", f"Failed, the reason is on each event: {bad['id']}."),
+    ]
+    bad_row.refresh_from_db()
+    other.refresh_from_db()
+    assert (bad_row.state, bad_row.error) == (
+        "failed",
+        "data.object.currency is not a 3-letter code",
+    )
+    assert (other.state, other.error) == ("ignored", "")
+    assert not Invoice.objects.exists()
+    assert not OutboxMessage.objects.exists()
