@@ -198,7 +198,8 @@ def _children(pid: int) -> list[int]:
 
 def process_tree(pid: int) -> list[int]:
     """``pid`` and its descendants (bounded by what ``/proc`` lists, no cycle possible)."""
-    tree, pending = [], [pid]
+    tree: list[int] = []
+    pending = [pid]
     while pending and len(tree) < 10_000:
         current = pending.pop()
         tree.append(current)
@@ -289,18 +290,20 @@ def celery_workers(
     redis_url: str,
     prefix: str,
     log_dir: Path,
+    log_name: str,
     startup_timeout: float = 90.0,
     stop_grace: float = 15.0,
 ) -> Iterator[Workers]:
     """``config.processes`` workers named ``<run>-w<i>@<host>``, consuming the queues every
-    ``celery -A core worker`` consumes, with ``bench.tasks`` loaded."""
+    ``celery -A core worker`` consumes, with ``bench.tasks`` loaded; each logs to
+    ``<log_dir>/<log_name>.worker<i>.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     processes: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
     client = redis.Redis.from_url(redis_url)
     try:
         for index in range(1, config.processes + 1):
-            log = log_dir / f"{run}.worker{index}.log"
+            log = log_dir / f"{log_name}.worker{index}.log"
             with log.open("wb") as out:
                 processes.append(
                     subprocess.Popen(
@@ -353,6 +356,11 @@ def noop_done(client: redis.Redis, prefix: str) -> int:
     """How many ``bench.noop`` tasks have run in this run."""
     return int(client.get(prefix + NOOP_COUNTER) or 0)
 
+
+# The application's relay schedule (core/jobs.py: every 15 s) and grace period
+# (OUTBOX_RELAY_GRACE_SECONDS, 10 s by default), reproduced while a benchmark waits for emails.
+RELAY_EVERY = 15.0
+RELAY_GRACE = 10
 
 # --- The run -----------------------------------------------------------------------------------
 
@@ -413,18 +421,18 @@ class Backend:
     redis: redis.Redis
     incidents: list[dict[str, Any]] = field(default_factory=list)
 
-    def wait_emails(self, total: int, timeout: float, *, stall: float = 20.0) -> None:
+    def wait_emails(self, total: int, timeout: float) -> None:
         """Wait until the sink has received ``total`` emails in all; raise after ``timeout``.
 
-        When no email has arrived for ``stall`` seconds and outbox rows are unpublished (an
-        on-commit publish failed: the broker stalled or was unreachable, which a neighbour on
-        the shared Redis can cause), run the application's own relay, ``manage.py outbox relay
-        --grace 0``, as its scheduled job does in production every 15 s (celery beat is not
-        part of these benchmarks), and record the incident: the run's figures then include
-        the stall."""
+        Every ``RELAY_EVERY`` seconds meanwhile, look for outbox rows left unpublished for
+        longer than ``RELAY_GRACE`` (an on-commit publish failed: the broker stalled or was
+        unreachable, which a neighbour on the shared Redis can cause) and, if there are any,
+        run the application's own relay, ``manage.py outbox relay``, as its scheduled job
+        does in production (celery beat is not part of these benchmarks); each relay is
+        recorded in ``incidents``: the run's figures then include a broker stall."""
         started = time.perf_counter()
         deadline = started + timeout
-        seen, progressed = self.sink.count, started
+        next_check = started + RELAY_EVERY
         while not self.sink.wait_for(total, timeout=1.0):
             now = time.perf_counter()
             if now >= deadline:
@@ -433,18 +441,16 @@ class Backend:
                     f"{self.sink.count} of {total} emails after {timeout:.0f} s "
                     f"({stored(self.run.database_url)})"
                 )
-            if self.sink.count != seen:
-                seen, progressed = self.sink.count, now
-            elif now - progressed >= stall:
+            if now >= next_check:
                 self.workers.check()
-                unpublished = stored(self.run.database_url)["outbox_unpublished"]
-                if unpublished:
-                    self.relay(unpublished)
-                progressed = now
+                stranded = outbox_stranded(self.run.database_url, RELAY_GRACE)
+                if stranded:
+                    self.relay(stranded)
+                next_check = now + RELAY_EVERY
 
-    def relay(self, unpublished: int) -> None:
+    def relay(self, stranded: int) -> None:
         result = subprocess.run(
-            [sys.executable, "manage.py", "outbox", "relay", "--grace", "0"],
+            [sys.executable, "manage.py", "outbox", "relay", "--grace", str(RELAY_GRACE)],
             cwd=ROOT,
             env=self.env,
             capture_output=True,
@@ -455,7 +461,8 @@ class Backend:
         output = (result.stdout + result.stderr).strip().splitlines()
         incident = {
             "at": time.strftime("%H:%M:%S"),
-            "what": f"{unpublished} outbox row(s) left unpublished (publish failed); relayed",
+            "what": f"{stranded} outbox row(s) unpublished for over {RELAY_GRACE} s "
+            "(an on-commit publish failed); relayed",
             "relay": output[-1] if output else f"exit {result.returncode}",
         }
         self.incidents.append(incident)
@@ -484,6 +491,7 @@ def backend(
                 redis_url=run.redis_url,
                 prefix=run.prefix,
                 log_dir=RESULTS,
+                log_name=run.name,
             ) as workers:
                 yield Backend(run=run, sink=sink, workers=workers, env=env, redis=client)
     finally:
@@ -555,6 +563,17 @@ def stored(database_url: str) -> dict[str, int]:
         "dead_letters",
     )
     return dict(zip(names, (int(n) for n in row), strict=True))
+
+
+def outbox_stranded(database_url: str, grace: float) -> int:
+    """Outbox rows unpublished for longer than ``grace`` seconds."""
+    with psycopg.connect(database_url) as connection:
+        row = connection.execute(
+            "SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL "
+            "AND created_at < now() - make_interval(secs => %s)",
+            [grace],
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def stored_invoice_ids(database_url: str) -> set[str]:

@@ -68,16 +68,20 @@ class Goal:
         return f"{self.verdict}  {self.metric}: {self.value} (goal {self.goal_text()})"
 
 
+def ratio_text(goal: Goal) -> str:
+    """Two decimals; three when two would round a miss onto its limit (0.898 against 0.9)."""
+    if math.isnan(goal.ratio):
+        return "-"
+    text = f"{goal.ratio:.2f}"
+    if not goal.unit and float(text) == goal.limit and not goal.passed:
+        text = f"{goal.ratio:.3f}"
+    return text
+
+
 def table(goals: Iterable[Goal]) -> str:
     """The goals as a fixed-width table: metric, value, goal, ratio, verdict."""
     rows = [
-        (
-            goal.metric,
-            goal.value,
-            goal.goal_text(),
-            "-" if math.isnan(goal.ratio) else f"{goal.ratio:.2f}",
-            goal.verdict,
-        )
+        (goal.metric, goal.value, goal.goal_text(), ratio_text(goal), goal.verdict)
         for goal in goals
     ]
     header = ("metric", "value", "goal", "ratio", "")

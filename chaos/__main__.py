@@ -1,0 +1,77 @@
+"""Run the chaos suite (both arms by default) and report: ``python -m chaos``.
+
+Writes ``<results>/<arm>.json`` and ``<results>/<arm>.txt`` (the human summary, also printed)
+and the processes' logs under ``<results>/logs/<arm>/``. Exits non-zero if the safe arm misses
+a goal, or if the control arm shows no loss (then the suite could not see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from chaos import config, report
+from chaos.run import run_arm
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so every process and directory is cleaned up.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", choices=["safe", "control", "both"], default="both")
+    parser.add_argument("--profile", choices=sorted(config.PROFILES), default=config.FULL.name)
+    parser.add_argument(
+        "--short", action="store_true", help="the CI profile (--profile short: 200 invoices)"
+    )
+    parser.add_argument("--invoices", type=int, default=None, help="invoices per arm")
+    parser.add_argument(
+        "--control-invoices",
+        type=int,
+        default=None,
+        help="invoices in the control arm (default: --invoices, or the profile's)",
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+
+    profile = config.SHORT if args.short else config.PROFILES[args.profile]
+    seed = args.seed if args.seed is not None else secrets.randbits(32)
+    arms = [config.SAFE, config.CONTROL] if args.arm == "both" else [args.arm]
+    failed = []
+    for arm in arms:
+        if arm == config.SAFE:
+            invoices = args.invoices or profile.invoices
+        else:
+            invoices = args.control_invoices or args.invoices or profile.control_invoices
+        print(f"chaos: {arm} arm, {invoices} invoices, seed {seed} ...", flush=True)
+        result = run_arm(
+            arm=arm,
+            profile=profile,
+            invoices=invoices,
+            seed=seed,
+            log_dir=args.results / "logs" / arm,
+        )
+        path = report.write(result, args.results)
+        print(report.summary(result), flush=True)
+        print(f"report: {path}\n", flush=True)
+        if not result["passed"]:
+            failed.append(arm)
+    if failed:
+        print(f"chaos: goals missed in the {' and '.join(failed)} arm(s)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

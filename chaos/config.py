@@ -1,0 +1,146 @@
+"""The two profiles (the full run and the CI run), the two arms, and the application's
+environment for a chaos run.
+
+Timing is scaled down so a run takes minutes, keeping every relation ``core.settings``
+validates (visibility > longest countdown + task time limit; lease > task time limit), and the
+beat intervals are shortened in the chaos database after ``setup_periodic_tasks`` (data, not
+code): the outbox relay every 5 s, claim recovery every 10 s, reconcile every 15 s.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+
+from chaos.faults import (
+    BROKER_STALL,
+    POSTGRES_RESTART,
+    REDIS_RESTART,
+    RELAY_KILL,
+    WORKER_KILL,
+    Step,
+)
+from chaos.smtp import IN_WINDOW, OUTSIDE
+
+SAFE = "safe"
+CONTROL = "control"
+
+# Scaled-down timing, the same in both arms.
+TIMING = {
+    "CELERY_VISIBILITY_TIMEOUT": "30",
+    "EMAIL_CLAIM_LEASE_SECONDS": "15",
+    "EMAIL_TASK_TIME_LIMIT": "10",
+    "EMAIL_TASK_SOFT_TIME_LIMIT": "8",
+    "CELERY_TASK_TIME_LIMIT": "20",
+    "CELERY_TASK_SOFT_TIME_LIMIT": "15",
+    "EMAIL_RETRY_BACKOFF_BASE": "1",
+    "EMAIL_RETRY_BACKOFF_MAX": "4",
+    "RECONCILE_QUIET_SECONDS": "40",
+    "OUTBOX_RELAY_GRACE_SECONDS": "2",
+    # A deferral waits up to twice this; the settings require 2 x 5 + 10 < 30.
+    "EMAIL_BREAKER_RESET_SECONDS": "5",
+}
+# kombu's restore sweep for unacknowledged messages (core.settings, not configurable).
+RESTORE_INTERVAL = 10
+
+# Beat intervals (seconds) written into the chaos database; the control arm disables the two
+# safety nets.
+INTERVALS = {"outbox-relay": 5, "email-claims-recover": 10, "email-reconcile": 15}
+SAFETY_NETS = ("email-claims-recover", "email-reconcile")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    invoices: int
+    control_invoices: int
+    rate: float  # deliveries per second, all senders together
+    steps: tuple[Step, ...]
+    quiesce_timeout: float  # seconds after the last fault
+    senders: int = 16
+    workers: int = 2
+    concurrency: int = 2
+    web_workers: int = 4
+    fault_gap: float = 3.0  # seconds between one fault's end and the next's start
+
+
+# The broker stall comes last: a Redis restart after it re-establishes every connection,
+# which would hide what the stall alone leaves behind (workers that no longer fetch).
+FULL = Profile(
+    name="full",
+    invoices=2000,
+    control_invoices=2000,
+    rate=40,
+    workers=3,
+    concurrency=3,
+    quiesce_timeout=600,
+    steps=(
+        Step(0.06, WORKER_KILL, window=IN_WINDOW),
+        Step(0.14, WORKER_KILL, window=OUTSIDE),
+        Step(0.22, RELAY_KILL),
+        Step(0.30, WORKER_KILL, window=IN_WINDOW),
+        Step(0.40, REDIS_RESTART),
+        Step(0.52, POSTGRES_RESTART),
+        Step(0.60, WORKER_KILL, window=OUTSIDE),
+        Step(0.68, RELAY_KILL),
+        Step(0.76, WORKER_KILL, window=IN_WINDOW),
+        Step(0.88, BROKER_STALL, seconds=10),
+        Step(1.0, WORKER_KILL, window=IN_WINDOW),
+    ),
+)
+
+# The CI profile: one of each of the three faults the issue names for it. Its Redis restart
+# follows the stall, so it does not show what a stall alone leaves behind: BROKER_STALL does.
+SHORT = Profile(
+    name="short",
+    invoices=200,
+    control_invoices=100,
+    rate=15,
+    quiesce_timeout=240,
+    steps=(
+        Step(0.2, WORKER_KILL, window=IN_WINDOW),
+        Step(0.4, BROKER_STALL, seconds=10),
+        Step(0.7, REDIS_RESTART),
+    ),
+)
+
+# The broker stall and nothing else.
+BROKER_STALL_ONLY = Profile(
+    name="broker-stall",
+    invoices=300,
+    control_invoices=300,
+    rate=15,
+    quiesce_timeout=300,
+    steps=(Step(0.3, BROKER_STALL, seconds=10),),
+)
+
+PROFILES = {p.name: p for p in (FULL, SHORT, BROKER_STALL_ONLY)}
+
+
+def app_env(*, smtp_port: int) -> dict[str, str]:
+    """Everything the application's processes see, from a clean environment: production
+    settings (DEBUG off, fresh secrets) on loopback, and the scaled-down timing. The database
+    and broker addresses are added by ``chaos.stack.Stack.env``."""
+    inherited = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    return {
+        **inherited,
+        "PYTHONUNBUFFERED": "1",
+        "DJANGO_SETTINGS_MODULE": "core.settings",
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "STRIPE_WEBHOOK_SECRET": "whsec_" + secrets.token_hex(24),
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+        "LOG_LEVEL": "WARNING",
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(smtp_port),
+        # Every sender here shares one address; the per-address flood guard (6000/min) would
+        # turn the test's pacing into 429s that have nothing to do with the faults.
+        "WEBHOOK_THROTTLE_RATE": "600000/min",
+        **TIMING,
+    }
+
+
+def worker_settings(arm: str) -> str:
+    return "core.settings" if arm == SAFE else "chaos.unsafe_settings"

@@ -1,0 +1,285 @@
+"""The faults, injected while the load runs and after it, one at a time, in plan order.
+
+Each injector returns a record of what it did, with absolute times (``time.time()``) and the
+ids the report needs to measure recovery afterwards from the database and the SMTP record:
+
+* ``worker_kill``: asks the SMTP server to hold the next DATA (``in_window``: after the
+  message is committed, before the 250; ``outside``: a DATA that will be answered 451), finds
+  the worker whose process holds that session's socket, snapshots every session of that
+  worker inside DATA, SIGKILLs the worker's whole process group and starts a new worker. The
+  sends it cut inside the crash window are the snapshot's committed sessions.
+* ``relay_kill``: stalls the broker briefly so the on-commit publishes fail and leave outbox
+  rows, runs the real relay (``chaos.relay_probe``), and SIGKILLs it once it has published
+  messages whose rows it has not marked; checks that the rows were left unmarked.
+* ``broker_stall``: ``CLIENT PAUSE <ms> ALL`` on the suite's Redis.
+* ``redis_restart``: ``SHUTDOWN NOSAVE`` (every queued and unacknowledged message is gone;
+  the depths are recorded), then the same server is started again on the same port.
+* ``postgres_restart``: ``pg_ctl restart -m fast`` of the suite's cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from chaos.load import Sender
+from chaos.observe import DEFAULT_QUEUE, EMAIL_QUEUE, Broker, Db, pending_invoices
+from chaos.smtp import FaultySmtpServer
+from chaos.stack import Stack, WorkerPool, tcp_ports
+
+WORKER_KILL = "worker_kill"
+RELAY_KILL = "relay_kill"
+BROKER_STALL = "broker_stall"
+REDIS_RESTART = "redis_restart"
+POSTGRES_RESTART = "postgres_restart"
+
+HOLD_SECONDS = 3.0  # how long the SMTP server holds the DATA the kill lands in
+HOLD_WAIT = 30.0  # how long a kill waits for a DATA to land in (none: emails are not flowing)
+RESTART_DELAY = 1.0  # seconds a killed worker stays down
+REDIS_DOWN_SECONDS = 1.0
+RELAY_STALL_SECONDS = 1.5  # short enough that workers do not notice, long enough for publishes
+RELAY_FREEZE_AFTER = 3  # publishes before the relay is frozen and killed
+
+
+@dataclass(frozen=True)
+class Step:
+    """Start ``kind`` once ``at`` of the deliveries are done (1.0: after the load)."""
+
+    at: float
+    kind: str
+    window: str = ""  # worker_kill: smtp.IN_WINDOW or smtp.OUTSIDE
+    seconds: float = 0.0  # broker_stall: how long
+
+
+@dataclass
+class Context:
+    stack: Stack
+    workers: WorkerPool
+    smtp: FaultySmtpServer
+    db: Db
+    broker: Broker
+    sender: Sender
+    rng: random.Random
+    relay_kills: int = 0
+
+
+def worker_kill(ctx: Context, step: Step) -> dict[str, Any]:
+    handler = ctx.smtp.handler
+    hold = handler.hold_next(step.window, HOLD_SECONDS)
+    if not hold.reached.wait(HOLD_WAIT):
+        handler.hold_cancel(hold)
+        return {"skipped": f"no DATA reached the SMTP server within {HOLD_WAIT:.0f} s"}
+    sessions = handler.sessions_in_data()
+    pid_index = ctx.workers.pid_index()
+    ports = tcp_ports(list(pid_index))
+    owner = ports.get(hold.peer_port)
+    index = pid_index.get(owner or 0, ctx.rng.randrange(len(ctx.workers)))
+    worker = ctx.workers.service(index)
+    group = set(worker.pids())
+    victims = [
+        {"message_id": s.message_id, "recipient": s.recipient, "state": s.state}
+        for port, s in sessions.items()
+        if ports.get(port) in group
+    ]
+    killed_at = time.time()
+    worker.kill()
+    time.sleep(RESTART_DELAY)
+    replacement = ctx.workers.restart(index)
+    cut = [v for v in victims if v["state"] == "committed"]
+    return {
+        "window": step.window,
+        "at": killed_at,
+        "ended": killed_at,
+        "worker": worker.name,
+        "restarted_as": replacement.name,
+        "target_found": owner in pid_index,
+        "held_message_id": hold.message_id,
+        "sessions_in_data": victims,
+        "in_crash_window": bool(cut),
+        "sends_cut_in_window": len(cut),
+    }
+
+
+def _read_lines(stream: Any, lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line.strip())
+    lines.put("")  # end of output
+
+
+def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
+    ctx.relay_kills += 1
+    probe = ctx.stack.start(
+        f"relay-probe-{ctx.relay_kills}",
+        [sys.executable, "-m", "chaos.relay_probe", "--freeze-after", str(RELAY_FREEZE_AFTER)],
+        pipes=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_read_lines, args=(probe.proc.stdout, lines), daemon=True).start()
+    published: list[int] = []
+    outcome = "no output"
+    killed_at: float | None = None
+    unpublished_before: int | None = None
+    try:
+        if lines.get(timeout=60) != "ready":
+            raise RuntimeError("the relay probe did not start")
+        assert ctx.stack.redis is not None
+        ctx.stack.redis.client().execute_command(
+            "CLIENT", "PAUSE", int(RELAY_STALL_SECONDS * 1000), "ALL"
+        )
+        time.sleep(RELAY_STALL_SECONDS + 0.1)
+        unpublished_before = ctx.db.value(
+            "SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL"
+        )
+        assert probe.proc.stdin is not None
+        probe.proc.stdin.write("go\n")
+        probe.proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                outcome = "timed out"
+                break
+            if line.startswith("published outbox-"):
+                published.append(int(line.rpartition("-")[2]))
+            elif line == "frozen":
+                probe.kill()  # SIGKILL of its process group
+                killed_at = time.time()
+                outcome = "killed"
+                break
+            elif line in ("finished", ""):  # ran out of rows first, or exited
+                outcome = line or "exited"
+                break
+            # anything else is the relay command's own output
+    finally:
+        probe.kill()
+    unmarked: list[int] = []
+    if killed_at is not None:
+        time.sleep(0.5)  # PostgreSQL rolls the dead session's transaction back
+        # Rows the probe published are locked by it until it dies, so a mark on one of them is
+        # another relay's, after the kill; no mark (or that one) proves the kill came between.
+        rows = ctx.db.rows(
+            "SELECT id FROM core_outboxmessage WHERE id = ANY(%s) "
+            "AND (published_at IS NULL OR published_at > to_timestamp(%s))",
+            [published, killed_at],
+        )
+        unmarked = [r[0] for r in rows or []]
+    return {
+        "at": killed_at or time.time(),
+        "ended": killed_at or time.time(),
+        "outcome": outcome,
+        "unpublished_rows_before": unpublished_before,
+        "published_before_kill": published,
+        "left_unmarked": unmarked,
+        "landed": bool(unmarked),
+    }
+
+
+def broker_stall(ctx: Context, step: Step) -> dict[str, Any]:
+    assert ctx.stack.redis is not None
+    client = ctx.stack.redis.client(timeout=step.seconds + 5)
+    client.execute_command("CLIENT", "PAUSE", int(step.seconds * 1000), "ALL")
+    started = time.time()
+    time.sleep(step.seconds)
+    while True:
+        with contextlib.suppress(redis.RedisError):
+            if client.ping():
+                break
+        time.sleep(0.05)
+    ended = time.time()
+    rows = ctx.db.rows("SELECT id FROM core_outboxmessage WHERE published_at IS NULL")
+    return {
+        "at": started,
+        "ended": ended,
+        "seconds": round(ended - started, 2),
+        "unpublished_at_end": [r[0] for r in rows or []],
+    }
+
+
+def redis_restart(ctx: Context, step: Step) -> dict[str, Any]:
+    assert ctx.stack.redis is not None
+    # Restart with work in the queue, when there is some to be had: that is what it drops.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (ctx.broker.depth(EMAIL_QUEUE) or 0) < 5:
+        time.sleep(0.2)
+    queued = (ctx.broker.depth(EMAIL_QUEUE) or 0) + (ctx.broker.depth(DEFAULT_QUEUE) or 0)
+    unacked = ctx.broker.unacked()
+    pending = pending_invoices(ctx.db)
+    started = time.time()
+    ctx.stack.redis.shutdown_nosave()
+    time.sleep(REDIS_DOWN_SECONDS)
+    ctx.stack.redis.start()
+    return {
+        "at": started,
+        "ended": time.time(),
+        "queued_messages_dropped": queued,
+        "unacked_messages_dropped": unacked,
+        "pending_invoices": pending,
+    }
+
+
+def postgres_restart(ctx: Context, step: Step) -> dict[str, Any]:
+    assert ctx.stack.postgres is not None
+    pending = pending_invoices(ctx.db)
+    started = time.time()
+    ctx.stack.postgres.restart()
+    return {"at": started, "ended": time.time(), "pending_invoices": pending}
+
+
+INJECTORS: dict[str, Callable[[Context, Step], dict[str, Any]]] = {
+    WORKER_KILL: worker_kill,
+    RELAY_KILL: relay_kill,
+    BROKER_STALL: broker_stall,
+    REDIS_RESTART: redis_restart,
+    POSTGRES_RESTART: postgres_restart,
+}
+
+
+class FaultRunner:
+    """Runs the plan in a thread: each step once its share of the load is done, and at least
+    ``gap`` seconds after the previous fault ended."""
+
+    def __init__(
+        self, ctx: Context, steps: tuple[Step, ...], load_done: threading.Event, gap: float
+    ) -> None:
+        self.ctx = ctx
+        self.steps = steps
+        self.load_done = load_done
+        self.gap = gap
+        self.records: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
+
+    def start(self) -> FaultRunner:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError("a fault injector failed") from self.error
+
+    def _run(self) -> None:
+        try:
+            last_end = 0.0
+            for step in self.steps:
+                while not (
+                    self.load_done.is_set() or (step.at < 1 and self.ctx.sender.progress >= step.at)
+                ):
+                    time.sleep(0.1)
+                time.sleep(max(0.0, last_end + self.gap - time.time()))
+                record = {"kind": step.kind, **INJECTORS[step.kind](self.ctx, step)}
+                record["during_load"] = not self.load_done.is_set()
+                self.records.append(record)
+                last_end = float(record.get("ended", time.time()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join() in the main thread
+            self.error = exc

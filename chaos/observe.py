@@ -1,0 +1,290 @@
+"""Watching the system from outside: its database, its broker, the SMTP server's record.
+
+Nothing here goes through the application's code: the database is read with plain SQL on the
+application's tables, the broker with plain Redis commands, so what the suite reports does
+not depend on the code under test being right. Every probe is bounded (a short connect and
+statement timeout) and answers None while its dependency is down, since faults take them
+down on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+EMAIL_QUEUE = "email"
+DEFAULT_QUEUE = "default"
+# kombu's Redis transport keeps priority n>0 of queue q in "q\x06\x16n" (Channel._q_for_pri).
+_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+class Db:
+    """One autocommit connection, reopened after a failure; queries answer None when down."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def rows(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any] | None:
+        with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(
+                        self.url,
+                        autocommit=True,
+                        connect_timeout=2,
+                        options="-c statement_timeout=10000",
+                    )
+                return self._conn.execute(sql, params).fetchall()
+            except psycopg.Error:
+                self.close()
+                return None
+
+    def value(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        rows = self.rows(sql, params)
+        return rows[0][0] if rows else None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+class Broker:
+    """Queue depths on the suite's Redis (the Celery broker is its database 0)."""
+
+    def __init__(self, port: int, prefix: str = "") -> None:
+        self.client = redis.Redis(
+            host="127.0.0.1", port=port, db=0, socket_timeout=1, socket_connect_timeout=1
+        )
+        self.prefix = prefix
+
+    def depth(self, queue: str) -> int | None:
+        keys = [self.prefix + (f"{queue}\x06\x16{s}" if s else queue) for s in _PRIORITY_STEPS]
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.llen(key)
+                return sum(int(n) for n in pipe.execute())
+        except redis.RedisError:
+            return None
+
+    def unacked(self) -> int | None:
+        try:
+            return int(self.client.hlen(self.prefix + "unacked"))
+        except redis.RedisError:
+            return None
+
+
+# Paid invoices without a sent email and without a dead letter: the email backlog.
+PENDING_SQL = """
+SELECT i.id FROM invoicing_invoice i
+WHERE i.status = 'paid'
+  AND NOT EXISTS (SELECT 1 FROM invoicing_emaildelivery d
+                  WHERE d.invoice_id = i.id AND d.state = 'sent')
+  AND NOT EXISTS (SELECT 1 FROM core_deadletter l
+                  WHERE l.task = 'invoicing.send_invoice_email'
+                    AND l.args = jsonb_build_array(i.id))
+"""
+
+_SAMPLE_SQL = """
+SELECT (SELECT count(*) FROM invoicing_invoice WHERE status = 'paid'),
+       (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
+       (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sending'),
+       (SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL),
+       (SELECT count(*) FROM core_deadletter)
+"""
+
+
+@dataclass
+class Sources:
+    """What the observer reads: the database, the broker, and two counters of the
+    orchestrator's (SMTP messages accepted, webhook 2xx answers)."""
+
+    db: Db
+    broker: Broker
+    smtp_accepted: Callable[[], int]
+    webhook_2xx: Callable[[], int]
+
+
+class Timeline:
+    """Samples the system every ``interval`` seconds in a thread of its own."""
+
+    def __init__(self, sources: Sources, interval: float = 1.0) -> None:
+        self.sources = sources
+        self.interval = interval
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="timeline", daemon=True)
+
+    def start(self) -> Timeline:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def sample(self) -> dict[str, Any]:
+        s = self.sources
+        row = s.db.rows(_SAMPLE_SQL)
+        paid, sent, sending, unpublished, dead = row[0] if row else (None,) * 5
+        return {
+            "at": time.time(),
+            "paid": paid,
+            "sent": sent,
+            "sending": sending,
+            "outbox_unpublished": unpublished,
+            "dead_letters": dead,
+            "email_queue": s.broker.depth(EMAIL_QUEUE),
+            "unacked": s.broker.unacked(),
+            "smtp_accepted": s.smtp_accepted(),
+            "webhook_2xx": s.webhook_2xx(),
+        }
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.samples.append(self.sample())
+
+
+def pending_invoices(db: Db) -> list[int] | None:
+    rows = db.rows(PENDING_SQL)
+    return None if rows is None else [r[0] for r in rows]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The database's account of the run, read once the system is quiet."""
+
+    invoices: dict[int, tuple[str, str]]  # pk -> (provider invoice id, status)
+    deliveries: dict[int, dict[str, Any]]  # invoice pk -> its email's key row
+    dead_letters: list[dict[str, Any]]
+    email_jobs_per_invoice: dict[int, int]  # outbox rows enqueuing the email, per invoice pk
+    published_at: dict[int, float | None]  # outbox row id -> when it was published
+    jobs: list[dict[str, Any]]
+
+
+def _epoch(value: Any) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def facts_collect(db: Db, *, outbox_ids: list[int]) -> Facts:
+    def rows(sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        found = db.rows(sql, params)
+        if found is None:
+            raise RuntimeError("the chaos database did not answer")
+        return found
+
+    invoices = {
+        pk: (provider_id, status)
+        for pk, provider_id, status in rows(
+            "SELECT id, provider_invoice_id, status FROM invoicing_invoice"
+        )
+    }
+    deliveries = {
+        invoice_pk: {
+            "state": state,
+            "message_id": message_id,
+            "attempts": attempts,
+            "sent_at": _epoch(sent_at),
+        }
+        for invoice_pk, state, message_id, attempts, sent_at in rows(
+            "SELECT invoice_id, state, message_id, attempts, sent_at "
+            "FROM invoicing_emaildelivery WHERE key LIKE 'invoice_email_sent:%%'"
+        )
+    }
+    dead_letters = [
+        {
+            "id": pk,
+            "task": task,
+            "invoice_pk": args[0] if task == "invoicing.send_invoice_email" and args else None,
+            "reason": reason,
+            "exception": message[:300],
+            "attempts": attempts,
+            "created_at": _epoch(created_at),
+            "replayed": replayed_at is not None,
+        }
+        for pk, task, args, reason, message, attempts, created_at, replayed_at in rows(
+            "SELECT id, task, args, reason, exception_message, attempts, created_at, replayed_at "
+            "FROM core_deadletter ORDER BY id"
+        )
+    ]
+    email_jobs = {
+        int(invoice_pk): count
+        for invoice_pk, count in rows(
+            "SELECT args->>0, count(*) FROM core_outboxmessage "
+            "WHERE task = 'invoicing.send_invoice_email' AND queue <> 'dlq' GROUP BY 1"
+        )
+    }
+    published_at = {
+        pk: _epoch(at)
+        for pk, at in rows(
+            "SELECT id, published_at FROM core_outboxmessage WHERE id = ANY(%s)", [outbox_ids]
+        )
+    }
+    jobs = [
+        {"name": name, "runs": runs, "skips": skips, "last_error": last_error[:300]}
+        for name, runs, skips, last_error in rows(
+            "SELECT name, runs, skips, last_error FROM core_scheduledjob ORDER BY name"
+        )
+    ]
+    return Facts(invoices, deliveries, dead_letters, email_jobs, published_at, jobs)
+
+
+# Celery's warning when a worker that lost its broker connection terminates a running
+# acks_late task (worker_cancel_long_running_tasks_on_connection_loss).
+_SELF_TERMINATION = re.compile(r"Task \S+\[(\S+)\] cannot be acknowledged after a connection loss")
+
+
+# Celery's error when a worker cannot acknowledge (or reject) a finished task's message.
+_FAILED_ACK = re.compile(r"Couldn't (?:ack|reject) ")
+
+
+def worker_failed_acks(log_dir: Path) -> dict[str, int]:
+    """For each worker's log, how many acknowledgements (or rejections) failed."""
+    counts = {
+        log.stem: len(_FAILED_ACK.findall(log.read_text(errors="replace")))
+        for log in sorted(log_dir.glob("worker*.log"))
+    }
+    return {worker: n for worker, n in counts.items() if n}
+
+
+def worker_self_terminations(log_dir: Path) -> list[str]:
+    """Task ids the workers terminated themselves after losing the broker, from their logs."""
+    found: list[str] = []
+    for log in sorted(log_dir.glob("worker*.log")):
+        found += _SELF_TERMINATION.findall(log.read_text(errors="replace"))
+    return found
+
+
+# A task's outcome, as Celery's trace logger words it, on a line starting with the text
+# formatter's timestamp ("2026-01-31 12:00:00,123 ...").
+_OUTCOME = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*\] (?:succeeded in|retry:|raised) ",
+    re.MULTILINE,
+)
+
+
+def worker_outcomes(log_dir: Path) -> dict[str, list[float]]:
+    """For each worker's log, when its tasks finished (succeeded, retried or failed), from
+    the log lines; empty when the log format is not the text one."""
+    return {
+        log.stem: [
+            # naive: the workers log local time, which is ours too
+            datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            for stamp in _OUTCOME.findall(log.read_text(errors="replace"))
+        ]
+        for log in sorted(log_dir.glob("worker*.log"))
+    }

@@ -1,0 +1,56 @@
+"""The application's own outbox relay (``manage.py outbox relay --grace 0``), frozen right
+after it has published its ``--freeze-after``-th message, so the orchestrator can SIGKILL it
+*between publishing and marking published*.
+
+The relay publishes a batch of rows inside one transaction and marks them published at the
+end of it; this process reports each publish (Celery's ``after_task_publish`` signal, sent
+once the broker took the message) on stdout and, at the chosen one, stops where it is, the
+transaction still open, until it is killed. Nothing in the relay's code is changed: the
+freeze only holds the process at the point where the crash is injected.
+
+Protocol on stdout: ``ready`` once Django is set up; then, after a line on stdin, one
+``published <task id>`` per message, then ``frozen`` (waiting to be killed) or ``finished``
+(it ran out of rows first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--freeze-after", type=int, default=3, metavar="N")
+    freeze_after = parser.parse_args().freeze_after
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
+    import django
+
+    django.setup()
+    from celery.signals import after_task_publish
+    from django.core.management import call_command
+
+    published = 0
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        nonlocal published
+        published += 1
+        print(f"published {(headers or {}).get('id')}", flush=True)
+        if published >= freeze_after:
+            print("frozen", flush=True)
+            while True:  # the transaction stays open until SIGKILL
+                time.sleep(3600)
+
+    after_task_publish.connect(on_publish, weak=False)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    call_command("outbox", "relay", "--grace", "0")
+    print("finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,532 @@
+"""The report of one arm: every figure, how it is computed, and whether the goals are met.
+
+The customer's view is the SMTP server's record (what was accepted for delivery); the
+system's view is its database. Each metric's definition is written into the JSON as well
+(``DEFINITIONS``), so a report can be read without this file.
+
+Goals (the exit code). Safe arm: nothing lost (and nothing acknowledged left unstored);
+every refused recipient dead-lettered and every dead letter a permanent refusal; duplicates no
+more than the sends our kills cut inside the crash window, each duplicate carrying its
+invoice's one Message-ID; nothing marked sent that was not delivered. Control arm: at least
+one loss. Reported beside the goals, not part of them: whether every fault recovered, the
+processes that died by themselves (restarted, as a process manager would), the workers that
+stalled with work waiting, and the tasks workers terminated themselves on broker loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from chaos import config
+from chaos.faults import (
+    BROKER_STALL,
+    POSTGRES_RESTART,
+    REDIS_RESTART,
+    RELAY_KILL,
+    WORKER_KILL,
+)
+from chaos.load import Plan, Sender
+from chaos.observe import Facts
+from chaos.smtp import Accepted, FaultySmtpServer
+from chaos.stack import Exit
+
+DEFINITIONS = {
+    "invoices_paid": "invoices stored as paid in the database, plus any invoice the sender "
+    "got a 2xx for (a 2xx for an invoice not stored is counted in acknowledged_not_stored)",
+    "emails_delivered": "invoices with at least one message accepted by the SMTP server / "
+    "messages accepted in all",
+    "lost": "paid invoices with a deliverable recipient and no message accepted by the SMTP "
+    "server, plus invoices acknowledged with a 2xx but not stored as paid",
+    "duplicates": "invoices with more than one accepted message; extra_messages counts every "
+    "message after the first; same_message_id: every message of the invoice carries one "
+    "Message-ID, the one in the database",
+    "sends_cut_in_window_by_kills": "sessions of a killed worker that were inside DATA with "
+    "the message already committed by the server (the crash window: accepted, not yet marked "
+    "sent), snapshotted at each kill",
+    "unattributed_cuts": "sessions the SMTP server saw vanish (closed without QUIT) after it "
+    "committed their message, not cut by one of our kills",
+    "dead_letters.permanent_refusal": "reason 'permanent', for an invoice whose recipient the "
+    "SMTP server refuses with 550, with the refusal in the exception",
+    "recovery.worker_kill": "seconds from the SIGKILL until the email of every invoice whose "
+    "send the kill cut is marked sent (or dead-lettered) in the database",
+    "recovery.relay_kill": "seconds from the SIGKILL until every row the killed relay had "
+    "published but not marked is marked published by another relay",
+    "recovery.broker_stall": "seconds from the end of the stall until every outbox row "
+    "unpublished at that moment is published",
+    "recovery.redis_restart": "seconds from Redis answering again until every invoice that was "
+    "paid and had no email (nor dead letter) when Redis went down has one",
+    "recovery.postgres_restart": "seconds from PostgreSQL accepting again until every invoice "
+    "that was paid and had no email when it went down has one",
+    "email_flow_resumed": "seconds from the end of a fault until the SMTP server next accepts "
+    "a message",
+    "webhook_2xx_resumed": "seconds from the end of a fault until a webhook next gets a 2xx "
+    "(null once the load is over)",
+    "tasks_terminated_by_their_worker_on_broker_loss": "task ids a worker terminated itself "
+    "after losing its broker connection (Celery's worker_cancel_long_running_tasks_on_"
+    "connection_loss), from the workers' logs: a send it cuts between the SMTP server's 250 "
+    "and the database's mark is a duplicate nobody killed",
+    "workers_stalled_with_work_waiting": "a worker that finished no task (success, retry or "
+    "failure, from its log) while consecutive timeline samples showed emails waiting in the "
+    "queue for more than 10 s (from/to: that stretch of samples)",
+    "worker_failed_acks": "per worker, acknowledgements or rejections of a finished task's "
+    'message that failed (Celery\'s "Couldn\'t ack" / "Couldn\'t reject"), from its log; each '
+    "holds one of the worker's prefetch slots until its broker connection is re-established",
+    "unexpected_process_exits": "application processes that exited without being killed or "
+    "stopped by the suite; workers and beat are started again a second later, as the "
+    "deployment's process manager would",
+    "times": "fault times are seconds from the start of the arm",
+}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    arm: str
+    profile: config.Profile
+    seed: int
+    started: float
+    ended: float
+    plan: Plan
+    sender: Sender
+    smtp: FaultySmtpServer
+    faults: list[dict[str, Any]]
+    facts: Facts
+    timeline: list[dict[str, Any]]
+    quiescence: dict[str, Any]
+    schedules: dict[str, Any]
+    unexpected_exits: list[Exit]
+    self_terminations: list[str]
+    worker_outcomes: dict[str, list[float]]
+    failed_acks: dict[str, int]
+    log_dir: Path
+
+
+def outbox_ids_of(records: list[dict[str, Any]]) -> list[int]:
+    """The outbox rows whose publication the report follows up."""
+    ids: list[int] = []
+    for record in records:
+        ids += record.get("left_unmarked", []) + record.get("unpublished_at_end", [])
+    return ids
+
+
+def _first_after(times: list[float], moment: float) -> float | None:
+    later = [t for t in times if t >= moment]
+    return round(min(later) - moment, 1) if later else None
+
+
+def _seconds_until_all(done: list[float | None], moment: float) -> float | None:
+    """Seconds from ``moment`` until the last of ``done`` (0 when there was nothing to wait
+    for); None if any never happened."""
+    if any(t is None for t in done):
+        return None
+    return round(max([0.0, *(t - moment for t in done if t is not None)]), 1)
+
+
+class _Analysis:
+    def __init__(self, inputs: Inputs) -> None:
+        self.i = inputs
+        facts = inputs.facts
+        self.pk_of = {provider: pk for pk, (provider, _) in facts.invoices.items()}
+        self.messages: dict[str, list[Accepted]] = defaultdict(list)
+        self.endings: dict[int, str] = {}  # id() of an accepted message -> its session's end
+        invoice_of = inputs.plan.invoice_of
+        self.stray = 0
+        with inputs.smtp.handler.lock:
+            accepted = list(inputs.smtp.handler.accepted)
+            self.cuts = list(inputs.smtp.handler.cuts)
+            endings = dict(inputs.smtp.handler.endings)
+        for index, message in enumerate(accepted):
+            self.endings[id(message)] = endings.get(index, "open")
+            invoice = invoice_of.get(message.recipient)
+            if invoice is None:
+                self.stray += 1
+            else:
+                self.messages[invoice].append(message)
+        self.accept_times = sorted(m.at for m in accepted)
+        self.done_at: dict[int, float | None] = {}
+        for pk in facts.invoices:
+            delivery = facts.deliveries.get(pk)
+            self.done_at[pk] = delivery["sent_at"] if delivery else None
+        for letter in facts.dead_letters:
+            pk = letter["invoice_pk"]
+            if pk is not None and self.done_at.get(pk) is None:
+                self.done_at[pk] = letter["created_at"]
+        with inputs.sender.responses.lock:
+            self.ok_times = sorted(
+                t for t, status in inputs.sender.responses.log if 200 <= status < 300
+            )
+
+    def rel(self, moment: float) -> float:
+        return round(moment - self.i.started, 1)
+
+    def fault(self, record: dict[str, Any]) -> dict[str, Any]:
+        kind = record["kind"]
+        hidden = ("pending_invoices", "unpublished_at_end", "at", "ended")
+        out = {k: v for k, v in record.items() if k not in hidden}
+        if "skipped" in record:
+            return out
+        at, ended = record["at"], record["ended"]
+        out["at"] = self.rel(at)
+        out["ended"] = self.rel(ended)
+        out["email_flow_resumed"] = _first_after(self.accept_times, ended)
+        out["webhook_2xx_resumed"] = (
+            _first_after(self.ok_times, ended) if record.get("during_load") else None
+        )
+        if kind == WORKER_KILL:
+            invoice_of = self.i.plan.invoice_of
+            pks = [
+                self.pk_of.get(invoice_of.get(v["recipient"], ""))
+                for v in record["sessions_in_data"]
+            ]
+            out["recovery_seconds"] = _seconds_until_all(
+                [self.done_at.get(pk) if pk else None for pk in pks], at
+            )
+        elif kind == RELAY_KILL:
+            published = self.i.facts.published_at
+            out["republished"] = sum(
+                published.get(pk) is not None for pk in record["left_unmarked"]
+            )
+            out["recovery_seconds"] = _seconds_until_all(
+                [published.get(pk) for pk in record["left_unmarked"]], at
+            )
+        elif kind == BROKER_STALL:
+            rows = record["unpublished_at_end"]
+            out["unpublished_rows_at_end"] = len(rows)
+            out["recovery_seconds"] = _seconds_until_all(
+                [self.i.facts.published_at.get(pk) for pk in rows], ended
+            )
+        elif kind in (REDIS_RESTART, POSTGRES_RESTART):
+            pending = record.get("pending_invoices") or []
+            done = [self.done_at.get(pk) for pk in pending]
+            out["pending_invoices_at_fault"] = len(pending)
+            out["pending_never_done"] = sum(t is None for t in done)
+            out["recovery_seconds"] = _seconds_until_all(done, ended)
+        out["recovered"] = out.get("recovery_seconds") is not None
+        return out
+
+
+STALL_GAP = 10.0  # seconds without finishing a task, while emails wait, that make a stall
+
+
+def _waiting_stretch(timeline: list[dict[str, Any]], start: float, end: float) -> list[Any]:
+    """The longest run of consecutive samples between ``start`` and ``end`` in which emails
+    were waiting in the queue (a sample that could not measure it ends a run)."""
+    best: list[Any] = []
+    run: list[Any] = []
+    for sample in timeline:
+        if not start <= sample["at"] <= end:
+            continue
+        if sample["email_queue"]:
+            run.append(sample)
+            if run[-1]["at"] - run[0]["at"] > (best[-1]["at"] - best[0]["at"] if best else -1):
+                best = list(run)
+        else:
+            run = []
+    return best
+
+
+def stalled_workers(inputs: Inputs, rel: Callable[[float], float]) -> list[dict[str, Any]]:
+    """Workers that finished no task while emails waited in the queue for more than
+    ``STALL_GAP`` seconds, between two of their task outcomes or up to their kill or the
+    end of the run."""
+    ends = {r["worker"]: r["at"] for r in inputs.faults if r["kind"] == WORKER_KILL and "at" in r}
+    run_end = inputs.timeline[-1]["at"] if inputs.timeline else inputs.ended
+    stalls = []
+    for worker, times in inputs.worker_outcomes.items():
+        if not times:
+            continue
+        for start, end in itertools.pairwise([*times, ends.get(worker, run_end)]):
+            stretch = _waiting_stretch(inputs.timeline, start, end)
+            if stretch and stretch[-1]["at"] - stretch[0]["at"] > STALL_GAP:
+                stalls.append(
+                    {
+                        "worker": worker,
+                        "from": rel(stretch[0]["at"]),
+                        "to": rel(stretch[-1]["at"]),
+                        "seconds": round(stretch[-1]["at"] - stretch[0]["at"], 1),
+                        "email_queue_at_least": min(s["email_queue"] for s in stretch),
+                    }
+                )
+    return stalls
+
+
+def build(inputs: Inputs) -> dict[str, Any]:
+    a = _Analysis(inputs)
+    plan, facts, sender = inputs.plan, inputs.facts, inputs.sender
+    responses = sender.responses
+    paid_db = {provider for provider, status in facts.invoices.values() if status == "paid"}
+    acked = set(responses.acked_invoices)
+    paid = paid_db | acked
+    acknowledged_not_stored = sorted(acked - paid_db)
+    deliverable = paid - plan.refused
+    delivered = set(a.messages)
+    lost = sorted(deliverable - delivered) + acknowledged_not_stored
+
+    message_id_db = {facts.invoices[pk][0]: d["message_id"] for pk, d in facts.deliveries.items()}
+    marked_sent = {
+        facts.invoices[pk][0] for pk, d in facts.deliveries.items() if d["state"] == "sent"
+    }
+    kills = [r for r in inputs.faults if r["kind"] == WORKER_KILL and "skipped" not in r]
+    cut_by_kills = {
+        v["message_id"] for r in kills for v in r["sessions_in_data"] if v["state"] == "committed"
+    }
+    duplicates: list[dict[str, Any]] = []
+    for invoice, messages in sorted(a.messages.items()):
+        if len(messages) > 1:
+            ids = {m.message_id for m in messages}
+            pk = a.pk_of.get(invoice, 0)
+            duplicates.append(
+                {
+                    "invoice": invoice,
+                    "invoice_pk": pk,
+                    "messages": len(messages),
+                    "accepted_at": [a.rel(m.at) for m in messages],
+                    "sessions_ended": [a.endings[id(m)] for m in messages],
+                    "claim_attempts": facts.deliveries.get(pk, {}).get("attempts"),
+                    "message_ids": sorted(ids),
+                    "same_message_id": len(ids) == 1 and ids == {message_id_db.get(invoice)},
+                    "cut_by_a_kill": ids <= cut_by_kills,
+                }
+            )
+    extra = sum(d["messages"] - 1 for d in duplicates)
+    sends_cut = sum(r["sends_cut_in_window"] for r in kills)
+
+    letters: list[dict[str, Any]] = []
+    for letter in facts.dead_letters:
+        pk = letter["invoice_pk"]
+        letter_invoice = facts.invoices[pk][0] if pk in facts.invoices else None
+        permanent = (
+            letter["reason"] == "permanent"
+            and letter_invoice in plan.refused
+            and "refused" in letter["exception"]
+        )
+        letters.append(
+            {
+                **letter,
+                "invoice": letter_invoice,
+                "permanent_refusal": permanent,
+                "created_at": a.rel(letter["created_at"]),
+            }
+        )
+    dead_lettered = {entry["invoice"] for entry in letters}
+    refused_without_dead_letter = sorted((paid & plan.refused) - dead_lettered)
+
+    relay_kills = [r for r in inputs.faults if r["kind"] == RELAY_KILL]
+    faults = [a.fault(record) for record in inputs.faults]
+    results: dict[str, Any] = {
+        "invoices_paid": len(paid),
+        "invoices_paid_deliverable": len(deliverable),
+        "invoices_paid_refused_recipient": len(paid & plan.refused),
+        "acknowledged_not_stored": acknowledged_not_stored,
+        "emails_delivered": {"invoices": len(delivered), "messages": len(a.accept_times)},
+        "messages_to_unknown_recipients": a.stray,
+        "emails_marked_sent_in_db": len(marked_sent),
+        "marked_sent_not_delivered": sorted(marked_sent - delivered),
+        "delivered_not_marked_sent": len(delivered - marked_sent),
+        "lost": len(lost),
+        "lost_invoices": lost[:50],
+        "duplicates": {
+            "invoices": len(duplicates),
+            "extra_messages": extra,
+            "all_same_message_id": all(d["same_message_id"] for d in duplicates),
+            "all_cut_by_a_kill": all(d["cut_by_a_kill"] for d in duplicates),
+            "detail": duplicates,
+        },
+        "dead_letters": {
+            "total": len(letters),
+            "permanent_refusals": sum(e["permanent_refusal"] for e in letters),
+            "all_permanent_refusals": all(e["permanent_refusal"] for e in letters),
+            "refused_without_dead_letter": refused_without_dead_letter,
+            "detail": [e for e in letters if not e["permanent_refusal"]][:50],
+        },
+        "kills": {
+            "worker_kills": len(kills),
+            "worker_kills_inside_crash_window": sum(r["in_crash_window"] for r in kills),
+            "sends_cut_in_window_by_kills": sends_cut,
+            "unattributed_cuts": [
+                {"at": a.rel(at), "message_id": cut.message_id}
+                for at, cut in a.cuts
+                if cut.message_id not in cut_by_kills
+            ],
+            "tasks_terminated_by_their_worker_on_broker_loss": inputs.self_terminations,
+            "relay_kills": sum(r["outcome"] == "killed" for r in relay_kills),
+            "relay_kills_between_publish_and_mark": sum(r["landed"] for r in relay_kills),
+            "relay_rows_published_unmarked": sum(len(r["left_unmarked"]) for r in relay_kills),
+        },
+        "every_fault_recovered": all(f.get("recovered", False) for f in faults),
+        "workers_stalled_with_work_waiting": stalled_workers(inputs, a.rel),
+        "worker_failed_acks": inputs.failed_acks,
+        "unexpected_process_exits": [
+            {**asdict(e), "at": a.rel(e.at)} for e in inputs.unexpected_exits
+        ],
+        "email_jobs_enqueued_beyond_the_first": sum(
+            n - 1 for n in facts.email_jobs_per_invoice.values() if n > 1
+        ),
+    }
+    if inputs.arm == config.SAFE:
+        goals = {
+            "lost_zero": not lost,
+            "refused_recipients_dead_lettered": not refused_without_dead_letter,
+            "dead_letters_all_permanent_refusals": results["dead_letters"][
+                "all_permanent_refusals"
+            ],
+            "duplicates_within_sends_cut_by_kills": extra <= sends_cut,
+            "duplicates_share_message_id": results["duplicates"]["all_same_message_id"],
+            "nothing_marked_sent_undelivered": not results["marked_sent_not_delivered"],
+        }
+    else:
+        goals = {"loss_observed": bool(lost)}
+    load = {
+        **plan.describe(),
+        "senders": sender.senders,
+        "rate_per_second": sender.rate,
+        "seconds": round(sender.ended - sender.started, 1),
+        "responses_by_status": dict(sorted(responses.by_status.items())),
+        "retries": responses.retries,
+        "deliveries_never_acknowledged": len(responses.given_up),
+    }
+    profile = inputs.profile
+    return {
+        "arm": inputs.arm,
+        "profile": profile.name,
+        "seed": inputs.seed,
+        "duration_seconds": round(inputs.ended - inputs.started, 1),
+        "passed": all(goals.values()),
+        "goals": goals,
+        "results": results,
+        "load": load,
+        "faults": faults,
+        "smtp": inputs.smtp.summary(),
+        "quiescence": inputs.quiescence,
+        "config": {
+            "workers": profile.workers,
+            "worker_concurrency": profile.concurrency,
+            "worker_settings": config.worker_settings(inputs.arm),
+            "gunicorn_workers": profile.web_workers,
+            "timing_env": config.TIMING,
+            "periodic_tasks": inputs.schedules,
+            "fault_plan": [
+                {"at_share_of_load": s.at, "kind": s.kind, "window": s.window, "seconds": s.seconds}
+                for s in profile.steps
+            ],
+        },
+        "scheduled_jobs": facts.jobs,
+        "logs": str(inputs.log_dir),
+        "definitions": DEFINITIONS,
+        "timeline": [{**s, "at": a.rel(s["at"])} for s in inputs.timeline],
+    }
+
+
+def _mark(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def summary(report: dict[str, Any]) -> str:
+    r, load, kills = report["results"], report["load"], report["results"]["kills"]
+    dup, letters = r["duplicates"], r["dead_letters"]
+    cfg = report["config"]
+    lines = [
+        f"== chaos, {report['arm']} arm ({report['profile']} profile, seed {report['seed']}): "
+        f"{cfg['workers']} workers x {cfg['worker_concurrency']} ({cfg['worker_settings']}), "
+        f"{report['duration_seconds']} s",
+        f"load: {load['deliveries']} deliveries of {load['unique_events']} events for "
+        f"{load['invoices']} invoices ({load['duplicate_share']:.0%} duplicates, "
+        f"{load['invoices_with_both_event_types']} invoices with both event types) from "
+        f"{load['senders']} senders in {load['seconds']} s; {load['retries']} retries, "
+        f"{load['deliveries_never_acknowledged']} never acknowledged",
+        "webhook responses: "
+        + ", ".join(f"{status} x {n}" for status, n in load["responses_by_status"].items()),
+        f"invoices paid: {r['invoices_paid']} ({r['invoices_paid_refused_recipient']} with a "
+        f"refused recipient); acknowledged but not stored: {len(r['acknowledged_not_stored'])}",
+        f"emails delivered: {r['emails_delivered']['invoices']} invoices / "
+        f"{r['emails_delivered']['messages']} messages; marked sent in the database: "
+        f"{r['emails_marked_sent_in_db']}",
+        f"LOST: {r['lost']}",
+        f"duplicates: {dup['invoices']} invoices, {dup['extra_messages']} extra messages; "
+        f"same Message-ID: {_mark(dup['all_same_message_id'])}; all cut by a kill: "
+        f"{_mark(dup['all_cut_by_a_kill'])}",
+        f"kills: {kills['worker_kills']} worker kills, "
+        f"{kills['worker_kills_inside_crash_window']} inside the crash window "
+        f"({kills['sends_cut_in_window_by_kills']} sends cut); "
+        f"{len(kills['unattributed_cuts'])} sends cut in the window by something else; "
+        f"{len(kills['tasks_terminated_by_their_worker_on_broker_loss'])} tasks terminated by "
+        "their own worker on broker loss; "
+        f"{kills['relay_kills']} relay kills, {kills['relay_kills_between_publish_and_mark']} "
+        f"between publish and mark ({kills['relay_rows_published_unmarked']} rows)",
+        f"dead letters: {letters['total']}, permanent refusals {letters['permanent_refusals']}; "
+        f"all permanent refusals: {_mark(letters['all_permanent_refusals'])}; refused "
+        f"recipients without one: {len(letters['refused_without_dead_letter'])}",
+        f"email jobs enqueued again (recovery, reconcile): "
+        f"{r['email_jobs_enqueued_beyond_the_first']}; processes that died by themselves: "
+        + (
+            ", ".join(
+                f"{e['process']} (exit {e['exit_code']})" for e in r["unexpected_process_exits"]
+            )
+            or "none"
+        ),
+        "workers stalled with emails waiting: "
+        + (
+            ", ".join(
+                f"{s['worker']} {s['seconds']} s (+{s['from']} to +{s['to']})"
+                for s in r["workers_stalled_with_work_waiting"]
+            )
+            or "none"
+        )
+        + "; failed acks: "
+        + (", ".join(f"{w} {n}" for w, n in r["worker_failed_acks"].items()) or "none"),
+        "faults (seconds from the start; recovery as defined in the JSON); every one "
+        f"recovered: {_mark(r['every_fault_recovered'])}",
+    ]
+    for fault in report["faults"]:
+        if "skipped" in fault:
+            lines.append(f"  {fault['kind']}: skipped ({fault['skipped']})")
+            continue
+        detail = {
+            WORKER_KILL: lambda f: (
+                f"{f['window']}, {f['worker']}, "
+                f"{f['sends_cut_in_window']} send(s) cut in the window"
+            ),
+            RELAY_KILL: lambda f: (
+                f"{f['outcome']}, {len(f['left_unmarked'])} rows left "
+                f"unmarked, {f.get('republished', 0)} republished"
+            ),
+            BROKER_STALL: lambda f: (
+                f"{f['seconds']} s, {f['unpublished_rows_at_end']} rows unpublished at its end"
+            ),
+            REDIS_RESTART: lambda f: (
+                f"{f['queued_messages_dropped']} queued + "
+                f"{f['unacked_messages_dropped']} unacked messages dropped, "
+                f"{f['pending_invoices_at_fault']} invoices pending"
+            ),
+            POSTGRES_RESTART: lambda f: f"{f['pending_invoices_at_fault']} invoices pending",
+        }[fault["kind"]](fault)
+        recovery = fault["recovery_seconds"]
+        lines.append(
+            f"  +{fault['at']:>6} s {fault['kind']} ({detail}): "
+            + (f"recovered in {recovery} s" if recovery is not None else "NOT RECOVERED")
+            + "; emails flowing again "
+            + (
+                f"after {fault['email_flow_resumed']} s"
+                if fault["email_flow_resumed"] is not None
+                else "NEVER"
+            )
+        )
+    lines.append(
+        f"quiescence: {report['quiescence']['reason']} after {report['quiescence']['seconds']} s"
+    )
+    goals = ", ".join(f"{name} {_mark(ok)}" for name, ok in report["goals"].items())
+    lines.append(f"goals: {goals} => {'PASS' if report['passed'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], results_dir: Path) -> Path:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{report['arm']}.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (results_dir / f"{report['arm']}.txt").write_text(summary(report) + "\n")
+    return path

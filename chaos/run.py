@@ -1,0 +1,238 @@
+"""One arm of the chaos suite, end to end.
+
+1. Start the arm's own PostgreSQL and Redis (``chaos.stack``), migrate, sync the periodic
+   tasks, then shorten their intervals in the database (the control arm disables claim
+   recovery and reconcile there).
+2. Start the fault-injecting SMTP server, the workers (the control arm's with at-least-once
+   off: ``chaos.unsafe_settings``), beat and gunicorn.
+3. Send the load while the fault plan runs; run the plan's post-load faults.
+4. Wait for quiescence (``quiesce``), read the database's account, stop everything, and build
+   the report (``chaos.report``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chaos import config, report
+from chaos.faults import Context, FaultRunner
+from chaos.load import Plan, Sender, plan_build
+from chaos.observe import (
+    Broker,
+    Db,
+    Sources,
+    Timeline,
+    facts_collect,
+    worker_failed_acks,
+    worker_outcomes,
+    worker_self_terminations,
+)
+from chaos.smtp import FaultySmtpServer, SmtpFaults
+from chaos.stack import Stack, WorkerPool
+
+_DEAD_LETTER_INVOICES_SQL = """
+SELECT i.provider_invoice_id FROM core_deadletter l
+JOIN invoicing_invoice i ON l.args = jsonb_build_array(i.id)
+WHERE l.task = 'invoicing.send_invoice_email'
+"""
+_PROGRESS_SQL = """
+SELECT (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
+       (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sending'),
+       (SELECT count(*) FROM core_outboxmessage WHERE published_at IS NOT NULL),
+       (SELECT count(*) FROM core_deadletter),
+       (SELECT array_agg(provider_invoice_id) FROM invoicing_invoice WHERE status = 'paid')
+"""
+
+
+def schedules_tune(db: Db, *, arm: str) -> dict[str, Any]:
+    """Shorten the beat intervals (and, in the control arm, disable the safety nets) in the
+    chaos database. Returns what the periodic tasks look like afterwards."""
+    for name, every in config.INTERVALS.items():
+        interval = db.value(
+            "INSERT INTO django_celery_beat_intervalschedule (every, period) "
+            "VALUES (%s, 'seconds') RETURNING id",
+            [every],
+        )
+        enabled = arm == config.SAFE or name not in config.SAFETY_NETS
+        updated = db.value(
+            "UPDATE django_celery_beat_periodictask SET interval_id = %s, expire_seconds = %s, "
+            "enabled = %s WHERE name = %s RETURNING id",
+            [interval, every, enabled, name],
+        )
+        if updated is None:
+            raise RuntimeError(f"could not reschedule the periodic task {name!r}")
+    rows = db.rows(
+        "SELECT t.name, t.enabled, s.every FROM django_celery_beat_periodictask t "
+        "LEFT JOIN django_celery_beat_intervalschedule s ON s.id = t.interval_id ORDER BY t.id"
+    )
+    return {
+        name: {"enabled": enabled, "every_seconds": every} for name, enabled, every in rows or []
+    }
+
+
+@dataclass(frozen=True)
+class Quiescence:
+    reason: str  # complete | idle | timeout
+    seconds: float
+
+
+def quiesce(
+    *,
+    db: Db,
+    smtp: FaultySmtpServer,
+    plan: Plan,
+    acked: set[str],
+    idle: float,
+    settle: float,
+    timeout: float,
+) -> Quiescence:
+    """Wait until every paid invoice has its email (or, for a refused recipient, a dead
+    letter) and nothing has changed for ``settle`` seconds; or until nothing at all has
+    changed for ``idle`` seconds; or ``timeout``."""
+    invoice_of = plan.invoice_of
+    started = time.monotonic()
+    last_change = started
+    complete_since: float | None = None
+    previous: tuple[Any, ...] = ()
+    while True:
+        now = time.monotonic()
+        with smtp.handler.lock:
+            delivered = {invoice_of.get(a.recipient) for a in smtp.handler.accepted}
+            accepted = len(smtp.handler.accepted)
+        row = db.rows(_PROGRESS_SQL)
+        dead = db.rows(_DEAD_LETTER_INVOICES_SQL)
+        if row is not None and dead is not None:
+            sent, sending, published, letters, paid_ids = row[0]
+            paid = set(paid_ids or []) | acked
+            dead_lettered = {r[0] for r in dead}
+            complete = (paid - plan.refused) <= delivered and (paid & plan.refused) <= dead_lettered
+            progress = (accepted, sent, sending, published, letters, len(paid))
+            if progress != previous:
+                previous, last_change = progress, now
+            complete_since = (complete_since or now) if complete else None
+            if complete_since is not None and now - complete_since >= settle:
+                return Quiescence("complete", round(now - started, 1))
+        if now - last_change >= idle:
+            return Quiescence("idle", round(now - started, 1))
+        if now - started >= timeout:
+            return Quiescence("timeout", round(now - started, 1))
+        time.sleep(1)
+
+
+def idle_window(arm: str) -> float:
+    """How long nothing may change before the run is declared over without every email.
+
+    Safe arm: past reconcile's quiet period plus two of its runs plus a redelivery (the
+    latest any safety net acts). Control arm: past a redelivery and two restore sweeps."""
+    visibility = int(config.TIMING["CELERY_VISIBILITY_TIMEOUT"])
+    if arm == config.SAFE:
+        quiet = int(config.TIMING["RECONCILE_QUIET_SECONDS"])
+        return quiet + 2 * config.INTERVALS["email-reconcile"] + visibility + 10
+    return visibility + 2 * config.RESTORE_INTERVAL
+
+
+def run_arm(
+    *, arm: str, profile: config.Profile, invoices: int, seed: int, log_dir: Path
+) -> dict[str, Any]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)  # noqa: S311 - a reproducible plan, not secrets
+    started = time.time()
+    faults = SmtpFaults()
+    smtp = FaultySmtpServer(faults, seed=rng.getrandbits(32)).start()
+    env = config.app_env(smtp_port=smtp.port)
+    try:
+        with Stack(log_dir=log_dir, app_env=env) as stack:
+            assert stack.postgres is not None
+            assert stack.redis is not None
+            stack.postgres.create_database("chaos")
+            stack.manage("migrate", "--noinput")
+            stack.manage("setup_periodic_tasks")
+            db = Db(stack.postgres.url("chaos"))
+            schedules = schedules_tune(db, arm=arm)
+            workers = WorkerPool(
+                stack,
+                count=profile.workers,
+                concurrency=profile.concurrency,
+                settings_module=config.worker_settings(arm),
+            )
+            stack.start_beat()
+            with stack.web(workers=profile.web_workers) as port:
+                plan = plan_build(invoices=invoices, rng=rng, refused_domain=faults.refused_domain)
+                sender = Sender(
+                    port=port,
+                    secret=env["STRIPE_WEBHOOK_SECRET"],
+                    plan=plan,
+                    senders=profile.senders,
+                    rate=profile.rate,
+                    seed=rng.getrandbits(32),
+                )
+                broker = Broker(stack.redis.port)
+                responses = sender.responses
+                timeline = Timeline(
+                    Sources(
+                        db=db,
+                        broker=broker,
+                        smtp_accepted=smtp.handler.accepted_count,
+                        webhook_2xx=lambda: len(responses.acked_events),
+                    )
+                ).start()
+                load_done = threading.Event()
+                runner = FaultRunner(
+                    Context(
+                        stack=stack,
+                        workers=workers,
+                        smtp=smtp,
+                        db=db,
+                        broker=broker,
+                        sender=sender,
+                        rng=rng,
+                    ),
+                    profile.steps,
+                    load_done,
+                    gap=profile.fault_gap,
+                ).start()
+                sender.run()
+                load_done.set()
+                runner.join()
+                quiescence = quiesce(
+                    db=db,
+                    smtp=smtp,
+                    plan=plan,
+                    acked=set(responses.acked_invoices),
+                    idle=idle_window(arm),
+                    settle=5,
+                    timeout=profile.quiesce_timeout,
+                )
+                timeline.stop()
+                exits = stack.processes.unexpected_exits()
+                facts = facts_collect(db, outbox_ids=report.outbox_ids_of(runner.records))
+                db.close()
+    finally:
+        smtp.stop()
+    return report.build(
+        report.Inputs(
+            arm=arm,
+            profile=profile,
+            seed=seed,
+            started=started,
+            ended=time.time(),
+            plan=plan,
+            sender=sender,
+            smtp=smtp,
+            faults=runner.records,
+            facts=facts,
+            timeline=timeline.samples,
+            quiescence={"reason": quiescence.reason, "seconds": quiescence.seconds},
+            schedules=schedules,
+            unexpected_exits=exits,
+            self_terminations=worker_self_terminations(log_dir),
+            worker_outcomes=worker_outcomes(log_dir),
+            failed_acks=worker_failed_acks(log_dir),
+            log_dir=log_dir,
+        )
+    )

@@ -1,0 +1,15 @@
+"""The control arm's worker settings: ``core.settings`` with at-least-once switched off.
+
+Tasks are acknowledged when a worker starts them, not when they finish, and a task whose
+worker dies is not requeued. ``ReliableTask`` sets ``acks_late`` and ``reject_on_worker_lost``
+on the class, which outranks the two global settings, so the task annotations override them
+on every task as well. With the recovery and reconcile jobs disabled in the control arm's
+database (``chaos.run``), a killed worker's task and every message a Redis restart drops are
+gone: the suite must see those losses, or it could not see one in the safe arm either.
+"""
+
+from core.settings import *  # noqa: F403
+
+CELERY_TASK_ACKS_LATE = False
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+CELERY_TASK_ANNOTATIONS = {"*": {"acks_late": False, "reject_on_worker_lost": False}}

@@ -1,0 +1,71 @@
+"""The chaos suite's CI profile, run as a user would run it, and judged on its JSON report.
+
+``python -m chaos --short`` runs both arms against PostgreSQL and Redis instances of its own
+(about 200 invoices in the safe arm, 100 in the control arm; one worker SIGKILLed inside the
+crash window, one 10 s broker stall, one Redis restart that drops every queued message). The
+safe arm must lose nothing, dead-letter only permanent refusals, and duplicate at most the
+sends the kill cut inside the crash window, under one Message-ID; the control arm, with
+at-least-once switched off, must lose something, or the suite could not see a loss at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _report(results: Path, arm: str) -> dict[str, Any]:
+    return json.loads((results / f"{arm}.json").read_text())
+
+
+@pytest.mark.timeout(600)
+def test_short_chaos_run_loses_nothing_and_its_control_arm_does(tmp_path: Path) -> None:
+    # The environment a user's shell would have: none of the test run's settings.
+    env = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}}
+    run = subprocess.run(
+        [sys.executable, "-m", "chaos", "--short", "--results", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    output = run.stdout + run.stderr
+    safe, control = _report(tmp_path, "safe"), _report(tmp_path, "control")
+
+    results = safe["results"]
+    assert results["invoices_paid"] == 200, output
+    assert results["lost"] == 0, output
+    assert results["acknowledged_not_stored"] == [], output
+    assert results["dead_letters"]["refused_without_dead_letter"] == [], output
+    assert results["dead_letters"]["total"] == results["invoices_paid_refused_recipient"] > 0
+    assert results["dead_letters"]["all_permanent_refusals"], output
+    duplicates, kills = results["duplicates"], results["kills"]
+    assert kills["worker_kills"] == 1, output
+    assert duplicates["extra_messages"] <= kills["sends_cut_in_window_by_kills"], output
+    assert duplicates["all_same_message_id"], output
+    assert results["marked_sent_not_delivered"] == [], output
+    assert {f["kind"] for f in safe["faults"]} == {
+        "worker_kill",
+        "broker_stall",
+        "redis_restart",
+    }
+    assert results["every_fault_recovered"], output
+    assert safe["load"]["duplicate_share"] >= 0.3
+    assert safe["load"]["senders"] >= 16
+    assert safe["passed"], output
+
+    assert control["results"]["lost"] > 0, output
+    assert control["passed"], output
+    assert run.returncode == 0, output
