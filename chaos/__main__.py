@@ -21,7 +21,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM/SIGHUP unwind like Ctrl-C, so every process and directory is cleaned up.
+    # SIGINT (even when inherited as ignored, as in a background job), SIGTERM and SIGHUP
+    # unwind like Ctrl-C, so every process and directory is cleaned up.
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -42,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
 
     profile = config.SHORT if args.short else config.PROFILES[args.profile]
     seed = args.seed if args.seed is not None else secrets.randbits(32)

@@ -111,12 +111,12 @@ SELECT (SELECT count(*) FROM invoicing_invoice WHERE status = 'paid'),
 @dataclass
 class Sources:
     """What the observer reads: the database, the broker, and two counters of the
-    orchestrator's (SMTP messages accepted, webhook 2xx answers)."""
+    orchestrator's (messages the SMTP server accepted, events the webhook acknowledged)."""
 
     db: Db
     broker: Broker
     smtp_accepted: Callable[[], int]
-    webhook_2xx: Callable[[], int]
+    events_acknowledged: Callable[[], int]
 
 
 class Timeline:
@@ -151,7 +151,7 @@ class Timeline:
             "email_queue": s.broker.depth(EMAIL_QUEUE),
             "unacked": s.broker.unacked(),
             "smtp_accepted": s.smtp_accepted(),
-            "webhook_2xx": s.webhook_2xx(),
+            "events_acknowledged": s.events_acknowledged(),
         }
 
     def _run(self) -> None:

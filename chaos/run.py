@@ -178,7 +178,7 @@ def run_arm(
                         db=db,
                         broker=broker,
                         smtp_accepted=smtp.handler.accepted_count,
-                        webhook_2xx=lambda: len(responses.acked_events),
+                        events_acknowledged=lambda: len(responses.acked_events),
                     )
                 ).start()
                 load_done = threading.Event()

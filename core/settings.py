@@ -188,9 +188,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # A default time budget for every task; the email task sets a tighter one of its own.
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=100)
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=120)
-# A lost broker connection cancels running acks_late tasks: their ack could not be delivered
-# anyway, and the broker redelivers them.
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A lost broker connection does NOT cancel running tasks: cancelling an email task between the
+# SMTP server's 250 and marking the key sent would manufacture a duplicate (the chaos suite
+# caught it). A task that finishes but cannot be acknowledged is redelivered, and its claim
+# makes the redelivery a no-op.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Long-running workers grow; recycle pool processes before they do.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("CELERY_WORKER_MAX_TASKS_PER_CHILD", default=5000)

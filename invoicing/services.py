@@ -253,7 +253,9 @@ def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Dec
     except PermanentError:
         breaker.record_success()
         raise
-    breaker.record_success()
+    # A success is told to the breaker by the caller, after the key is marked sent: nothing
+    # that can fail or be interrupted (a stalled Redis, a soft time limit) may stand between
+    # the SMTP server's 250 and the mark, or a retry would send the email again.
 
 
 def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -> str:
@@ -308,6 +310,7 @@ def _invoice_email_send_claimed(
         _claim_release(claim, owner=owner, error=repr(exc))
         raise
     _claim_mark_sent(claim)
+    breaker.record_success()
     logger.info(
         "invoice email sent",
         extra={
