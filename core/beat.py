@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from core.locks import NAMESPACE, lock_holder, lock_key
@@ -97,14 +97,22 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 logger.warning("beat lost the leader lock: standing by")
                 self._leading = False
             return float(settings.BEAT_STANDBY_POLL_SECONDS)
-        if not self._leading:
-            logger.warning("beat took the leader lock: dispatching")
-            self._leading = True
-            # Start from the database's last-run times, not this process's stale copy.
-            self._schedule = self.all_as_schedule()
-            self._heap: list[Any] = []
-            self._heap_invalidated = True
-        return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
+        try:
+            if not self._leading:
+                # A fresh connection: the old one may have died with a PostgreSQL restart.
+                connection.close()
+                # Start from the database's last-run times, not this process's stale copy.
+                self._schedule = self.all_as_schedule()
+                self._heap: list[Any] = []
+                self._heap_invalidated = True
+                logger.warning("beat took the leader lock: dispatching")
+                self._leading = True
+            return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
+        except DatabaseError as exc:
+            # PostgreSQL restarting: do not die (nothing would run the jobs); try again soon.
+            logger.warning("beat could not reach the database (%s); retrying", exc)
+            connection.close()
+            return float(settings.BEAT_STANDBY_POLL_SECONDS)
 
     def close(self) -> None:
         super().close()

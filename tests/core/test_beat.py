@@ -93,3 +93,34 @@ def test_two_beats_dispatch_once_per_slot_and_the_standby_takes_over() -> None:
         f"{len(during)} dispatches in {6 * INTERVAL} s with two beats; "
         f"standby took over {takeover:.1f} s after the kill"
     )
+
+
+def test_beat_survives_its_database_connections_being_cut() -> None:
+    """What a PostgreSQL restart does to beat: every connection terminated by the server."""
+    queue = f"beattest-{uuid.uuid4().hex[:8]}"
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + queue
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    every, _ = IntervalSchedule.objects.get_or_create(every=INTERVAL, period="seconds")
+    PeriodicTask.objects.create(
+        name="beat-probe", task="tests.beat_probe", interval=every, queue=queue
+    )
+    beat = Beat("survivor")
+    try:
+        assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (terminated,) = cursor.fetchone()
+        assert terminated >= 1
+        broker.delete(key)
+        assert wait_until(
+            lambda: broker.llen(key) >= 2, timeout=settings.BEAT_STANDBY_POLL_SECONDS + 4 * INTERVAL
+        )
+        assert beat.proc.poll() is None  # still running, dispatching again
+    finally:
+        beat.kill()
+        broker.delete(key)
