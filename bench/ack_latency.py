@@ -22,7 +22,6 @@ event must have produced exactly one email and no dead letter.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -43,15 +42,14 @@ from bench.fullstack import (
     backend,
     cpu_per_item,
     emails_check,
-    owned_run,
+    owned_measure,
     paid_batch,
     serving,
     stored,
 )
 from bench.harness import GunicornConfig, PacedResult, Server, load, pace, percentile
-from bench.report import Goal, machine, utc
-from bench.stack import DatabaseBusy, cpu_snapshot, cpu_spent
-from bench.webhook_ingest import revision
+from bench.report import Goal, results_write
+from bench.stack import cpu_snapshot, cpu_spent
 
 GOAL = 1.2  # p99 with the slow SMTP server / p99 with the instant one
 ARMS = ("instant", "slow")
@@ -335,21 +333,15 @@ def parse(argv: Sequence[str] | None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
     started = time.time()
-    try:
-        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
-            results = measure(options, prefix)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except DatabaseBusy as exc:
-        print(f"not run: {exc}", file=sys.stderr)
-        return 1
-    document = {
-        "benchmark": "ack_latency",
-        "started_at": utc(started),
-        "revision": revision(),
-        "machine": machine(),
-        "config": {
+    results = owned_measure(options, measure)
+    if isinstance(results, int):
+        return results
+    results_write(
+        options.output,
+        benchmark="ack_latency",
+        started=started,
+        results=results,
+        config={
             "gunicorn": options.gunicorn.describe(),
             "workers": options.workers.describe(),
             "rate": options.rate,
@@ -359,10 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "slow_smtp_delay_s": options.delay,
             "server_settings": NO_LIMITS,
         },
-        **results,
-    }
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    )
     print()
     print(report(options, results))
     state = results["checks"]

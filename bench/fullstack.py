@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -44,6 +44,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from bench.harness import HOST, GunicornConfig, Server, serve
 from bench.stack import (
     ROOT,
+    DatabaseBusy,
     database_exclusive,
     database_recreate,
     redis_prefix_delete,
@@ -609,3 +610,19 @@ def cpu_per_item(cpu: Mapping[str, float], items: int) -> dict[str, float]:
     return {
         group: seconds * 1000 / items if items else float("nan") for group, seconds in cpu.items()
     }
+
+
+def owned_measure(
+    options: Any, measure: Callable[[Any, str], dict[str, Any]]
+) -> dict[str, Any] | int:
+    """Run ``measure(options, prefix)`` inside ``owned_run``; an exit status instead of results
+    when it was interrupted (130) or another run holds the benchmark database (1)."""
+    try:
+        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
+            return measure(options, prefix)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except DatabaseBusy as exc:
+        print(f"not run: {exc}", file=sys.stderr)
+        return 1

@@ -24,7 +24,6 @@ events acknowledged (none of the refused ones), each with exactly one email, no 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -46,16 +45,15 @@ from bench.fullstack import (
     backend,
     cpu_per_item,
     emails_check,
-    owned_run,
+    owned_measure,
     paid_batch,
     serving,
     stored,
     stored_invoice_ids,
 )
 from bench.harness import GunicornConfig, PacedResult, Server, load, pace
-from bench.report import Goal, machine, utc
-from bench.stack import DatabaseBusy, cpu_snapshot, cpu_spent
-from bench.webhook_ingest import revision
+from bench.report import Goal, results_write
+from bench.stack import cpu_snapshot, cpu_spent
 
 P999_GOAL_MS = 500.0
 GOODPUT_GOAL = 0.9
@@ -406,21 +404,15 @@ def parse(argv: Sequence[str] | None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
     started = time.time()
-    try:
-        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
-            results = measure(options, prefix)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except DatabaseBusy as exc:
-        print(f"not run: {exc}", file=sys.stderr)
-        return 1
-    document = {
-        "benchmark": "ingest_load",
-        "started_at": utc(started),
-        "revision": revision(),
-        "machine": machine(),
-        "config": {
+    results = owned_measure(options, measure)
+    if isinstance(results, int):
+        return results
+    results_write(
+        options.output,
+        benchmark="ingest_load",
+        started=started,
+        results=results,
+        config={
             "gunicorn": options.gunicorn.describe(),
             "workers": options.workers.describe(),
             "max_duration_s": options.max_duration,
@@ -433,10 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "overload_senders": options.overload_senders,
             "server_settings": NO_LIMITS,
         },
-        **results,
-    }
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    )
     print()
     print(report(options, results))
     state = results["checks"]

@@ -22,7 +22,6 @@ dead letter, no unpublished outbox row, nothing left in the broker's queues.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -47,16 +46,15 @@ from bench.fullstack import (
     cpu_per_item,
     emails_check,
     noop_done,
-    owned_run,
+    owned_measure,
     paid_batch,
     serving,
     stored,
 )
 from bench.harness import GunicornConfig, Server, load
-from bench.report import Goal, machine, utc
-from bench.stack import DatabaseBusy, cpu_snapshot, cpu_spent, redis_queued
+from bench.report import Goal, results_write
+from bench.stack import cpu_snapshot, cpu_spent, redis_queued
 from bench.tasks import NOOP_TASK
-from bench.webhook_ingest import revision
 
 GOALS = {"issue 3": 0.3, "issue 6": 0.4}  # pipeline emails/s over no-op tasks/s
 ARMS = ("emails", "noop")
@@ -360,21 +358,15 @@ def parse(argv: Sequence[str] | None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
     started = time.time()
-    try:
-        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
-            results = measure(options, prefix)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except DatabaseBusy as exc:
-        print(f"not run: {exc}", file=sys.stderr)
-        return 1
-    document = {
-        "benchmark": "pipeline",
-        "started_at": utc(started),
-        "revision": revision(),
-        "machine": machine(),
-        "config": {
+    results = owned_measure(options, measure)
+    if isinstance(results, int):
+        return results
+    results_write(
+        options.output,
+        benchmark="pipeline",
+        started=started,
+        results=results,
+        config={
             "gunicorn": options.gunicorn.describe(),
             "workers": options.workers.describe(),
             "senders": options.senders,
@@ -383,10 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "warmup": options.warmup,
             "server_settings": NO_LIMITS,
         },
-        **results,
-    }
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    )
     print()
     print(report(options, results))
     state = results["checks"]

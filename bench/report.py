@@ -9,6 +9,7 @@ figure divided by the limit for an absolute one (``0.4`` = at 40% of the allowed
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -132,3 +133,21 @@ def machine() -> dict[str, Any]:
 
 def utc(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def results_write(
+    output: Path, *, benchmark: str, started: float, config: dict[str, Any], results: dict[str, Any]
+) -> None:
+    """Write a benchmark's JSON document: what ran, where, when, with which configuration."""
+    from bench.webhook_ingest import revision
+
+    document = {
+        "benchmark": benchmark,
+        "started_at": utc(started),
+        "revision": revision(),
+        "machine": machine(),
+        "config": config,
+        **results,
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(document, indent=2) + "\n")

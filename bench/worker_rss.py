@@ -19,7 +19,6 @@ end every event must have produced exactly one email and no dead letter.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -39,15 +38,13 @@ from bench.fullstack import (
     WorkerConfig,
     backend,
     emails_check,
-    owned_run,
+    owned_measure,
     paid_batch,
     serving,
     stored,
 )
 from bench.harness import GunicornConfig, Server, load
-from bench.report import Goal, machine, utc
-from bench.stack import DatabaseBusy
-from bench.webhook_ingest import revision
+from bench.report import Goal, results_write
 
 GOAL = 1.1  # peak RSS after ``emails`` / peak RSS after ``baseline``
 
@@ -298,21 +295,15 @@ def parse(argv: Sequence[str] | None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
     started = time.time()
-    try:
-        with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
-            results = measure(options, prefix)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except DatabaseBusy as exc:
-        print(f"not run: {exc}", file=sys.stderr)
-        return 1
-    document = {
-        "benchmark": "worker_rss",
-        "started_at": utc(started),
-        "revision": revision(),
-        "machine": machine(),
-        "config": {
+    results = owned_measure(options, measure)
+    if isinstance(results, int):
+        return results
+    results_write(
+        options.output,
+        benchmark="worker_rss",
+        started=started,
+        results=results,
+        config={
             "gunicorn": options.gunicorn.describe(),
             "workers": options.workers.describe(),
             "emails": options.emails,
@@ -322,10 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max_tasks_per_child": options.max_tasks_per_child or "application default",
             "server_settings": NO_LIMITS,
         },
-        **results,
-    }
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    )
     print()
     print(report(options, results))
     state = results["checks"]

@@ -1,4 +1,4 @@
-"""The task base every job shares, and the outbox relay task.
+"""The task base every job shares (scheduled jobs have their own, in ``core.jobs``).
 
 ``ReliableTask`` encodes the retry doctrine once:
 
