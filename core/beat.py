@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from core.locks import NAMESPACE, lock_holder, lock_key
@@ -34,15 +34,14 @@ LEADER_LOCK = "beat-leader"
 
 
 def _connect() -> psycopg.Connection[Any]:
-    db = settings.DATABASES["default"]
+    # Where Django connects (host or socket directory, port, user, options), on a plain
+    # psycopg connection: Django's cursor class and adapters are for Django's connections.
+    params = connections["default"].get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
     return psycopg.connect(
-        host=db["HOST"] or None,
-        port=db["PORT"] or None,
-        user=db["USER"] or None,
-        password=db["PASSWORD"] or None,
-        dbname=db["NAME"],
+        **params,
         autocommit=True,
-        connect_timeout=3,
         application_name=f"beat-leader {socket.gethostname()}:{os.getpid()}",
         keepalives=1,
         keepalives_idle=5,

@@ -13,6 +13,11 @@ alert, retention) under its leader lock. Then:
 It prints what happened at each step and stops everything it started, on an error too. The
 broker keys carry a prefix of this run's own, so leftover messages from elsewhere are not
 consumed and nothing is left behind.
+
+When the configured PostgreSQL or Redis does not answer, the demo runs an embedded one in its
+place and says so (``scripts/embedded.py``). Deciding that comes first, in this process; the
+flow then runs in a child process whose environment points at what answered, so it and
+everything it starts read one set of settings.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RUN = secrets.token_hex(4)
-LOGS = Path(tempfile.mkdtemp(prefix="invoice-demo-"))
+LOGS = Path(os.environ.get("DEMO_LOGS") or tempfile.mkdtemp(prefix="invoice-demo-"))
+FLOW = "DEMO_FLOW"  # set in the child process that runs the flow
 
 
 def free_port() -> int:
@@ -122,9 +128,10 @@ def ensure_database() -> None:
     from django.conf import settings
 
     db = settings.DATABASES["default"]
+    host = db["HOST"] or db["OPTIONS"].get("host")  # a Unix socket directory comes as an option
     try:
         psycopg.connect(
-            host=db["HOST"],
+            host=host,
             port=db["PORT"] or 5432,
             user=db["USER"],
             password=db["PASSWORD"],
@@ -136,7 +143,7 @@ def ensure_database() -> None:
         if "does not exist" not in str(exc):
             raise SystemExit(f"demo: PostgreSQL is not reachable: {exc}") from exc
     with psycopg.connect(
-        host=db["HOST"],
+        host=host,
         port=db["PORT"] or 5432,
         user=db["USER"],
         password=db["PASSWORD"],
@@ -157,6 +164,65 @@ def show_email(message: EmailMessage) -> None:
 
 
 def main() -> None:
+    if os.environ.get(FLOW):
+        flow()
+        return
+    with contextlib.ExitStack() as stack:
+        overrides = services(stack)
+        child = subprocess.Popen(
+            [sys.executable, __file__],
+            env={**os.environ, **overrides, FLOW: "1", "DEMO_LOGS": str(LOGS)},
+        )
+        try:
+            returncode = child.wait()
+        except KeyboardInterrupt:  # the child had the SIGINT too: let it stop what it started
+            returncode = child.wait()
+    raise SystemExit(returncode)
+
+
+def services(stack: contextlib.ExitStack) -> dict[str, str]:
+    """The environment that points the flow at services that answer: the configured PostgreSQL
+    and Redis, or embedded ones started on ``stack`` in place of those that do not answer."""
+    import embedded
+
+    import core.settings as configured  # read only: this process never sets Django up
+
+    overrides: dict[str, str] = {}
+    database = configured.DATABASES["default"]
+    if not embedded.database_answers(database):
+        where = database["HOST"] or database["OPTIONS"].get("host") or "127.0.0.1"
+        say(f"PostgreSQL does not answer at {where}:{database['PORT'] or 5432}.")
+        say("  Using an embedded PostgreSQL (pgserver) for this demo: nothing is kept.")
+        with missing_fallback("PostgreSQL"):
+            overrides["DATABASE_URL"] = stack.enter_context(
+                embedded.embedded_postgres(LOGS / "postgres", database["NAME"])
+            )
+    redis_urls = {
+        "REDIS_URL": configured.REDIS_URL,
+        "CELERY_BROKER_URL": configured.CELERY_BROKER_URL,
+    }
+    silent = {name: url for name, url in redis_urls.items() if not embedded.redis_answers(url)}
+    if silent:
+        say(f"Redis does not answer at {', '.join(sorted(set(silent.values())))}.")
+        say("  Using an embedded Redis-protocol server (fakeredis) for this demo: nothing is kept.")
+        with missing_fallback("Redis"):
+            netloc = stack.enter_context(embedded.embedded_redis())
+        overrides.update({name: embedded.with_netloc(url, netloc) for name, url in silent.items()})
+    return overrides
+
+
+@contextlib.contextmanager
+def missing_fallback(service: str) -> Iterator[None]:
+    try:
+        yield
+    except ImportError as exc:
+        raise SystemExit(
+            f"demo: {service} does not answer, and the embedded fallback is not installed "
+            f"({exc.name}): run .venv/bin/pip install -e '.[dev]', or start {service}"
+        ) from exc
+
+
+def flow() -> None:
     smtp_port, web_port = free_port(), free_port()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
     os.environ.update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +15,11 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow
 
 
-def test_demo_runs_the_whole_flow_in_under_a_minute() -> None:
-    started = time.monotonic()
-    # The environment a user's shell would have: none of the test run's settings.
+def run_demo(**settings: str) -> tuple[str, float]:
+    """Run the demo as a user's shell would (none of the test run's settings, plus ``settings``);
+    return its output and how long it took, failing if it failed."""
     env = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "TMPDIR"}}
+    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "scripts/demo.py"],
         cwd=ROOT,
@@ -25,11 +27,14 @@ def test_demo_runs_the_whole_flow_in_under_a_minute() -> None:
         text=True,
         timeout=120,
         check=False,
-        env=env,
+        env={**env, **settings},
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    return result.stdout, elapsed
+
+
+def assert_whole_flow(out: str) -> None:
     assert '"duplicate": false' in out
     assert '"duplicate": true' in out
     assert "emails received: 1" in out
@@ -40,4 +45,34 @@ def test_demo_runs_the_whole_flow_in_under_a_minute() -> None:
     )
     assert "beat: dispatching scheduled jobs" in out
     assert "pipeline: OK" in out
+
+
+def test_demo_runs_the_whole_flow_in_under_a_minute() -> None:
+    out, elapsed = run_demo()
+    assert_whole_flow(out)
+    assert "does not answer" not in out
+    assert elapsed < 60
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens once the socket closes
+
+
+def test_demo_falls_back_to_embedded_services_when_neither_answers() -> None:
+    port = closed_port()
+    out, elapsed = run_demo(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{port}/invoicing",
+        REDIS_URL=f"redis://127.0.0.1:{port}/1",
+        CELERY_BROKER_URL=f"redis://127.0.0.1:{port}/0",
+    )
+    assert f"PostgreSQL does not answer at 127.0.0.1:{port}." in out
+    assert "Using an embedded PostgreSQL (pgserver)" in out
+    assert (
+        f"Redis does not answer at redis://127.0.0.1:{port}/0, redis://127.0.0.1:{port}/1." in out
+    )
+    assert "Using an embedded Redis-protocol server (fakeredis)" in out
+    assert "created database invoicing" in out  # a fresh, embedded server
+    assert_whole_flow(out)  # beat's leader lock included: it is on the embedded server
     assert elapsed < 60
