@@ -1,0 +1,77 @@
+"""A broker stall while a task finishes must not leave the worker connected but idle.
+
+With Redis paused for writes, the acknowledgement of a finished email task times out. kombu's
+Redis QoS.ack raised before releasing the prefetch slot, so each failed ack kept one slot
+forever: a worker with one slot fetched nothing more (the chaos suite's stall profile left
+188 of 294 emails unsent). The message itself stays in the unacknowledged index and comes back
+after the visibility timeout, where the email's key makes the redelivery a no-op.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
+from tests.conftest import wait_until
+from tests.invoicing.test_crash import SCALED
+from tests.smtp import SmtpServer
+from tests.workers import WorkerProcess, worker_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+STALL_MS = 6000  # longer than the broker socket timeout (2 s): the ack times out
+UNACKED = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "unacked"
+
+
+def paid_invoice(n: int) -> Invoice:
+    return Invoice.objects.create(
+        provider_invoice_id=f"in_stall_{n}",
+        number=f"INV-S{n}",
+        customer_email=f"s{n}@example.com",
+        amount_paid=100,
+        currency="usd",
+        status="paid",
+        provider_updated_at=timezone.now(),
+    )
+
+
+def test_worker_consumes_again_after_a_stall_made_its_ack_fail(smtp: SmtpServer) -> None:
+    first, later = paid_invoice(1), [paid_invoice(n) for n in range(2, 5)]
+    smtp.handler.faults.delay = 2  # the task is in SMTP when the broker stalls
+    # Visibility timeout 20 s instead of 180 s, so the stalled ack's message comes back here.
+    worker = WorkerProcess(worker_env(smtp.port, **SCALED), name="stalled", concurrency=1)
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    try:
+        worker.wait_ready()
+        send_invoice_email.delay(first.pk)
+        assert wait_until(lambda: smtp.handler.attempts >= 1, timeout=20)
+        broker.execute_command("CLIENT", "PAUSE", STALL_MS, "WRITE")
+        stalled_until = time.monotonic() + STALL_MS / 1000
+        assert wait_until(lambda: EmailDelivery.objects.filter(state="sent").count() == 1, 20)
+        time.sleep(max(0.0, stalled_until - time.monotonic()) + 1)
+        smtp.handler.faults.delay = 0
+
+        for invoice in later:
+            send_invoice_email.delay(invoice.pk)
+        sent = wait_until(lambda: EmailDelivery.objects.filter(state="sent").count() == 4, 30)
+        # The first message, whose ack failed, is still unacknowledged in Redis...
+        stranded = broker.hlen(UNACKED)
+        # ...until the visibility timeout brings it back and its redelivery is acknowledged.
+        redelivered = wait_until(lambda: broker.hlen(UNACKED) == 0, 60, interval=1)
+        log = worker.output()
+    finally:
+        broker.execute_command("CLIENT", "UNPAUSE")
+        broker.close()
+        worker.stop()
+    assert sent, f"the worker took nothing after the stall:\n{log[-3000:]}"
+    assert stranded == 1
+    assert redelivered
+    assert "invoice email already sent or in progress" in log  # the redelivery found it sent
+    assert len(smtp.messages) == 4  # and sent nothing more
+    assert EmailDelivery.objects.get(invoice=first).attempts == 1
