@@ -111,9 +111,21 @@ def test_settings_regex_finds_the_names_it_should() -> None:
 
 def test_web_runs_gunicorn_on_all_interfaces(services: dict[str, dict[str, Any]]) -> None:
     cmd = command(services["web"])
-    assert cmd[:2] == ["gunicorn", "core.wsgi"]
+    assert cmd[0] == "gunicorn" and "core.wsgi" in cmd
     assert "0.0.0.0:8000" in cmd
     assert "--workers" in cmd or "-w" in cmd
+
+
+def test_metrics_are_summed_across_processes(services: dict[str, dict[str, Any]]) -> None:
+    """Several web processes and a prefork worker: each needs prometheus-client's multiprocess
+    directory, its own (each clears it at start-up), or /metrics shows one process's counts."""
+    web, worker = environment(services["web"]), environment(services["worker"])
+    cmd = command(services["web"])
+    assert cmd[cmd.index("-c") + 1] == "python:core.gunicorn_conf"  # clears and marks dead
+    assert int(worker["WORKER_METRICS_PORT"]) > 0
+    directories = {web["PROMETHEUS_MULTIPROC_DIR"], worker["PROMETHEUS_MULTIPROC_DIR"]}
+    assert len(directories) == 2
+    assert "PROMETHEUS_MULTIPROC_DIR" not in environment(services["beat"])
 
 
 def test_worker_runs_celery_and_never_consumes_the_dlq(services: dict[str, dict[str, Any]]) -> None:
@@ -175,9 +187,13 @@ def test_app_environment(services: dict[str, dict[str, Any]]) -> None:
         assert env["DJANGO_SECURE_SSL_REDIRECT"].lower() in FALSE_VALUES, name
 
 
+# Read by prometheus-client itself (multiprocess mode), not by core/settings.py.
+LIBRARY_ENV = {"PROMETHEUS_MULTIPROC_DIR"}
+
+
 def test_every_app_variable_is_read_by_settings(services: dict[str, dict[str, Any]]) -> None:
     # A setting renamed in core/settings.py but not here would be silently ignored.
-    known = settings_env_names()
+    known = settings_env_names() | LIBRARY_ENV
     image = services["web"]["image"]
     app_services = [n for n, s in services.items() if s.get("image") == image]
     assert set(APP_SERVICES) | {"migrate"} <= set(app_services)
