@@ -375,6 +375,9 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--overload-senders", type=int, default=512, help="threads at 2x")
     parser.add_argument("--drain-timeout", type=float, default=300)
     parser.add_argument("--gunicorn-workers", type=int, default=3)
+    parser.add_argument(
+        "--gunicorn-threads", type=int, default=1, help="above 1: the gthread worker class"
+    )
     parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
     parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
     parser.add_argument("--database-url", default=DATABASE_URL)
@@ -383,6 +386,8 @@ def parse(argv: Sequence[str] | None) -> Options:
     args = parser.parse_args(argv)
     if min(args.max_duration, args.duration, args.fraction, args.overload) <= 0:
         parser.error("durations and rate factors must be positive")
+    if min(args.gunicorn_workers, args.gunicorn_threads) < 1:
+        parser.error("--gunicorn-workers and --gunicorn-threads must be at least 1")
     return Options(
         max_duration=args.max_duration,
         duration=args.duration,
@@ -393,7 +398,11 @@ def parse(argv: Sequence[str] | None) -> Options:
         pace_senders=args.pace_senders,
         overload_senders=args.overload_senders,
         drain_timeout=args.drain_timeout,
-        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
+        gunicorn=GunicornConfig(
+            worker_class="gthread" if args.gunicorn_threads > 1 else "sync",
+            workers=args.gunicorn_workers,
+            threads=args.gunicorn_threads,
+        ),
         workers=WorkerConfig(processes=args.worker_processes, concurrency=args.worker_concurrency),
         database_url=args.database_url,
         redis_url=args.redis_url,
