@@ -8,12 +8,15 @@ Phases, in one run:
    what comes in. Throttle and backpressure thresholds are out of the way (``NO_LIMITS``).
 2. ``70%``: new events posted open-loop at 0.7 x max for ``--duration`` seconds; p50, p99 and
    p99.9 acknowledgement latency from when each request was due. Goal: p99.9 <= 500 ms.
-3. ``overload``: gunicorn restarted with the application's own admission control configured
-   for the capacity just measured, ``WEBHOOK_THROTTLE_RATE=<max>/s`` (every sender is
-   127.0.0.1, so this per-address fixed window is a global limit here), and the default
-   backpressure marks; events offered open-loop at 2 x max. Goals: goodput (events acknowledged
-   as new per second) at least 0.9 of max; refusals (429 from the throttle, 503 from
-   backpressure) answered with p99 <= 20 ms; nothing acknowledged lost.
+3. ``overload``: gunicorn restarted with admission control configured for the capacity just
+   measured, and the default backpressure marks; events offered open-loop at 2 x max. The
+   admission is ``--admission``: ``edge`` (the default when nginx is installed) puts nginx in
+   front, configured from ``deploy/nginx/default.conf.template`` as compose.yaml does
+   (``WEBHOOK_EDGE_RATE=<max>``, burst 0.2 s of it; ``bench/edge.py``), with the app's own
+   throttle off; ``app`` uses the application's throttle alone, ``WEBHOOK_THROTTLE_RATE=<max>/s``
+   (every sender is 127.0.0.1, so this per-address fixed window is a global limit here).
+   Goals: goodput (events acknowledged as new per second) at least 0.9 of max; refusals (429,
+   or 503 from backpressure) answered with p99 <= 20 ms; nothing acknowledged lost.
 
 Between phases the backlog of emails is drained. At the end, the invoices stored are exactly the
 events acknowledged (none of the refused ones), each with exactly one email, no dead letter.
@@ -24,7 +27,9 @@ events acknowledged (none of the refused ones), each with exactly one email, no 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ack_latency import latency_summary
+from bench.edge import edge
 from bench.fullstack import (
     ACCEPTED_BODY,
     DATABASE_URL,
@@ -78,6 +84,7 @@ class Options:
     database_url: str
     redis_url: str
     output: Path
+    admission: str = "app"
 
 
 def classify(result: PacedResult, invoice_ids: Sequence[str]) -> dict[str, Any]:
@@ -168,12 +175,15 @@ class IngestLoad:
         top["drain_s"] = self.drain()
         return top
 
-    def paced(self, server: Server, *, rate: float, senders: int) -> dict[str, Any]:
+    def paced(self, server: Server, *, rate: float, senders: int, port: int = 0) -> dict[str, Any]:
+        """Post new events open-loop at ``rate``, to ``port`` if given (the edge), else to
+        gunicorn."""
+        port = port or server.port
         count = max(1, round(rate * self.options.duration))
-        batch = paid_batch(count, port=server.port, secret=self.backend.run.secret)
+        batch = paid_batch(count, port=port, secret=self.backend.run.secret)
         groups = self.backend.cpu_groups(server)
         before = cpu_snapshot(groups)
-        result = pace(port=server.port, requests=batch.requests, rate=rate, senders=senders)
+        result = pace(port=port, requests=batch.requests, rate=rate, senders=senders)
         cpu = cpu_spent(before, cpu_snapshot(groups))
         summary = classify(result, batch.invoice_ids)
         self.accepted += summary.pop("accepted_ids")
@@ -242,17 +252,29 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
         phases["overload"] = []
         for fraction in options.throttle:
             limit = max(1, math.floor(fraction * top["rate"]))
-            admission = {"WEBHOOK_THROTTLE_RATE": f"{limit}/s", **DEFAULT_MARKS}
+            if options.admission == "edge":
+                # Behind nginx: the app's throttle off, the client address from the proxy.
+                admission = {"WEBHOOK_THROTTLE_RATE": "", "NUM_PROXIES": "1", **DEFAULT_MARKS}
+                label = f"nginx edge {limit}/s"
+            else:
+                admission = {"WEBHOOK_THROTTLE_RATE": f"{limit}/s", **DEFAULT_MARKS}
+                label = f"app throttle {limit}/s"
             log = f"ingest_load.overload-{fraction:g}"
-            with serving(stack, settings=admission, log=log) as server:
+            with contextlib.ExitStack() as running:
+                server = running.enter_context(serving(stack, settings=admission, log=log))
+                front = 0
+                if options.admission == "edge":
+                    front = running.enter_context(
+                        edge(server.port, rate=limit, burst=max(1, limit // 5))
+                    )
                 bench.closed(server, count=20, duration=60, warmup=True)
                 bench.drain()
                 rate = options.overload * top["rate"]
-                over = bench.paced(server, rate=rate, senders=options.overload_senders)
-                over["admission"] = admission
+                over = bench.paced(server, rate=rate, senders=options.overload_senders, port=front)
+                over["admission"] = {**admission, "label": label}
                 over["throttle_fraction"] = fraction
                 print(
-                    f"  overload ({rate:.1f}/s, throttle {limit}/s): goodput "
+                    f"  overload ({rate:.1f}/s, {label}): goodput "
                     f"{over['goodput']:.1f}/s, refused {over['refused']} (p99 "
                     f"{over['refused_latency']['p99_ms']:.1f} ms), "
                     f"other {over['other_kinds'] or 0}",
@@ -274,6 +296,8 @@ def goals(phases: dict[str, Any], state: dict[str, Any]) -> list[Goal]:
     top, steady, over = phases["max_again"], phases["fraction"], phases["overload"][0]
     latency = steady["accepted_latency"]
     refused = over["refused_latency"]
+    admission = over["admission"]["label"]
+    overload = f"overload 2x max, {admission} ({over['throttle_fraction']:g} x max)"
     # Acknowledged (any phase) but not stored, or stored but never emailed.
     lost = state["acknowledged_not_stored"] + state["sink"]["missing"]
     return [
@@ -289,7 +313,7 @@ def goals(phases: dict[str, Any], state: dict[str, Any]) -> list[Goal]:
         ),
         Goal(
             source="ingest_load",
-            metric=f"overload 2x max, throttle {over['throttle_fraction']:g} x max: goodput ÷ max",
+            metric=f"{overload}: goodput ÷ max",
             value=f"{over['goodput']:.1f} / {top['rate']:.1f} per s",
             measured=over["goodput"] / top["rate"],
             op=">=",
@@ -297,7 +321,7 @@ def goals(phases: dict[str, Any], state: dict[str, Any]) -> list[Goal]:
         ),
         Goal(
             source="ingest_load",
-            metric=f"overload 2x max, throttle {over['throttle_fraction']:g} x max: p99 of 429/503",
+            metric=f"{overload}: p99 of 429/503",
             value=f"{refused['p99_ms']:.1f} ms ({over['refused']} refused)",
             measured=refused["p99_ms"] if over["refused"] else math.nan,
             op="<=",
@@ -342,7 +366,7 @@ def report(options: Options, results: dict[str, Any]) -> str:
     for over in phases["overload"]:
         refused = over["refused_latency"]
         lines.append(
-            f"overload, throttle {over['admission']['WEBHOOK_THROTTLE_RATE']}: answers "
+            f"overload, {over['admission']['label']}: answers "
             f"{over['by_status']}; refusals p50 {refused['p50_ms']:.1f} ms, p99 "
             f"{refused['p99_ms']:.1f} ms, max {refused['max_ms']:.1f} ms"
         )
@@ -367,8 +391,15 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--throttle",
         default="1.0",
-        help="WEBHOOK_THROTTLE_RATE for the overload, as fractions of max: one overload run "
+        help="the admission limit for the overload, as fractions of max: one overload run "
         "each, comma-separated; the goals use the first",
+    )
+    parser.add_argument(
+        "--admission",
+        choices=("edge", "app"),
+        default="edge" if shutil.which("nginx") else "app",
+        help="overload admission: nginx in front (the default when nginx is installed) or "
+        "the application's own throttle",
     )
     parser.add_argument("--senders", type=int, default=16, help="closed-loop senders for max")
     parser.add_argument("--pace-senders", type=int, default=64, help="threads at 70%%")
@@ -407,6 +438,7 @@ def parse(argv: Sequence[str] | None) -> Options:
         database_url=args.database_url,
         redis_url=args.redis_url,
         output=args.output,
+        admission=args.admission,
     )
 
 
@@ -429,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fraction": options.fraction,
             "overload": options.overload,
             "throttle_fractions": options.throttle,
+            "admission": options.admission,
             "senders": options.senders,
             "pace_senders": options.pace_senders,
             "overload_senders": options.overload_senders,

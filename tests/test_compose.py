@@ -111,7 +111,8 @@ def test_settings_regex_finds_the_names_it_should() -> None:
 
 def test_web_runs_gunicorn_on_all_interfaces(services: dict[str, dict[str, Any]]) -> None:
     cmd = command(services["web"])
-    assert cmd[0] == "gunicorn" and "core.wsgi" in cmd
+    assert cmd[0] == "gunicorn"
+    assert "core.wsgi" in cmd
     assert "0.0.0.0:8000" in cmd
     assert "--workers" in cmd or "-w" in cmd
 
@@ -266,3 +267,25 @@ def test_dockerignore_keeps_local_state_out() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert {".venv", ".git", "bench/results", ".env"} <= patterns
+
+
+def test_edge_fronts_web_with_the_shipped_nginx_template(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The published port is nginx's (admission control before gunicorn), configured from the
+    same template bench/edge.py runs, with every ${NAME} in it set."""
+    edge = services["edge"]
+    assert str(edge["image"]).startswith("nginx:")
+    mount = next(v for v in edge["volumes"] if "/etc/nginx/templates/" in v)
+    source, target = mount.split(":")[:2]
+    template = (ROOT / source).resolve()
+    assert template.is_file()
+    assert target.endswith(".conf.template")
+    wanted = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", template.read_text()))
+    env = environment(edge)
+    assert wanted <= set(env), wanted - set(env)
+    assert env["APP_UPSTREAM"] == "web:8000"  # gunicorn binds 0.0.0.0:8000
+    assert edge["ports"] == [f"127.0.0.1:8000:{env['EDGE_LISTEN']}"]
+    assert "ports" not in services["web"]  # nothing reaches gunicorn around the edge
+    # The app takes the client address from nginx's X-Forwarded-For, one proxy deep.
+    assert environment(services["web"])["NUM_PROXIES"] == "1"
