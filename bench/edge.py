@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from bench.harness import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "deploy" / "nginx" / "default.conf.template"
 
@@ -33,12 +35,6 @@ def rendered(settings: Mapping[str, str | int]) -> str:
     for name in wanted:
         text = text.replace("${" + name + "}", str(settings[name]))
     return text
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextlib.contextmanager

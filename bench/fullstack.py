@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +40,7 @@ import redis
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from bench.harness import HOST, GunicornConfig, Server, serve
+from bench.harness import HOST, GunicornConfig, Server, free_port, serve
 from bench.stack import (
     ROOT,
     DatabaseBusy,
@@ -72,12 +71,6 @@ NO_LIMITS = {
 # --- SMTP --------------------------------------------------------------------------------------
 
 _MESSAGE_ID = re.compile(rb"^Message-ID:[ \t]*(<[^>\r\n]*>)", re.IGNORECASE | re.MULTILINE)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class SmtpSink:
@@ -125,7 +118,7 @@ class SmtpSink:
     def start(self) -> SmtpSink:
         error: Exception | None = None
         for _ in range(5):  # another process may take the free port before we bind it
-            port = _free_port()
+            port = free_port()
             controller = Controller(
                 self, hostname=HOST, port=port, server_hostname="sink.bench.localhost"
             )

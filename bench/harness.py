@@ -38,6 +38,13 @@ from bench.stack import ROOT
 HOST = "127.0.0.1"
 
 
+def free_port() -> int:
+    """A local TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
 @dataclass(frozen=True)
 class GunicornConfig:
     worker_class: str = "sync"
