@@ -38,9 +38,10 @@ def rendered(settings: Mapping[str, str | int]) -> str:
 
 
 @contextlib.contextmanager
-def edge(upstream_port: int, *, rate: int, burst: int) -> Iterator[int]:
+def edge(upstream_port: int, *, rate: int, burst: int, in_flight: int) -> Iterator[int]:
     """Run nginx on a free local port in front of ``127.0.0.1:upstream_port``, admitting
-    ``rate`` webhooks per second (``burst`` at once); yield its port."""
+    ``rate`` webhooks per second (``burst`` at once) and ``in_flight`` at a time; yield its
+    port."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     port = free_port()
     prefix = Path(tempfile.mkdtemp(prefix="edge-"))
@@ -49,6 +50,7 @@ def edge(upstream_port: int, *, rate: int, burst: int) -> Iterator[int]:
         {
             "WEBHOOK_EDGE_RATE": rate,
             "WEBHOOK_EDGE_BURST": burst,
+            "WEBHOOK_EDGE_CONNECTIONS": in_flight,
             "APP_UPSTREAM": f"127.0.0.1:{upstream_port}",
             "EDGE_LISTEN": f"127.0.0.1:{port}",
         }

@@ -12,7 +12,8 @@ Phases, in one run:
    measured, and the default backpressure marks; events offered open-loop at 2 x max. The
    admission is ``--admission``: ``edge`` (the default when nginx is installed) puts nginx in
    front, configured from ``deploy/nginx/default.conf.template`` as compose.yaml does
-   (``WEBHOOK_EDGE_RATE=<max>``, burst 0.2 s of it; ``bench/edge.py``), with the app's own
+   (``WEBHOOK_EDGE_RATE=<max>``, burst 0.2 s of it, 2 in flight per gunicorn worker;
+   ``bench/edge.py``), with the app's own
    throttle off; ``app`` uses the application's throttle alone, ``WEBHOOK_THROTTLE_RATE=<max>/s``
    (every sender is 127.0.0.1, so this per-address fixed window is a global limit here).
    Goals: goodput (events acknowledged as new per second) at least 0.9 of max; refusals (429,
@@ -265,7 +266,12 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
                 front = 0
                 if options.admission == "edge":
                     front = running.enter_context(
-                        edge(server.port, rate=limit, burst=max(1, limit // 5))
+                        edge(
+                            server.port,
+                            rate=limit,
+                            burst=max(1, limit // 5),
+                            in_flight=2 * options.gunicorn.workers * options.gunicorn.threads,
+                        )
                     )
                 bench.closed(server, count=20, duration=60, warmup=True)
                 bench.drain()
