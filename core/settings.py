@@ -173,7 +173,8 @@ ADMINS = [("Operator", a) for a in env.list("DJANGO_ADMINS", default=[])]
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 # kombu's Redis transport, except that an acknowledgement Redis does not answer still releases
-# the worker's prefetch slot (otherwise a broker stall leaves a worker connected and idle).
+# the worker's prefetch slot (otherwise a broker stall leaves a worker connected and idle;
+# core/broker.py). A rediss:// URL keeps kombu's own: its TLS set-up keys on the scheme.
 if CELERY_BROKER_URL.startswith("redis://"):
     CELERY_BROKER_TRANSPORT = "core.broker:Transport"
 # Messages carry ids and intent; JSON keeps them readable and refuses pickled code.
