@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from celery.signals import task_postrun
-from django.utils import timezone
 
 from core.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
 from invoicing.tasks import send_invoice_email
 from tests.conftest import use_smtp, wait_until
+from tests.factories import paid_invoice
 from tests.smtp import SmtpServer, free_port
 from tests.workers import worker_thread
 
@@ -96,18 +96,7 @@ def finished_runs() -> Iterator[list[dict[str, Any]]]:
 
 
 def paid_invoices(count: int) -> list[Invoice]:
-    return [
-        Invoice.objects.create(
-            provider_invoice_id=f"in_outage_{n}",
-            number=f"INV-{n}",
-            customer_email=f"customer{n}@example.com",
-            amount_paid=100 + n,
-            currency="usd",
-            status="paid",
-            provider_updated_at=timezone.now(),
-        )
-        for n in range(count)
-    ]
+    return [paid_invoice(f"in_outage_{n}", amount_paid=100 + n) for n in range(count)]
 
 
 def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recovery(

@@ -14,11 +14,11 @@ import time
 import pytest
 import redis
 from django.conf import settings
-from django.utils import timezone
 
-from invoicing.models import EmailDelivery, Invoice
+from invoicing.models import EmailDelivery
 from invoicing.tasks import send_invoice_email
 from tests.conftest import wait_until
+from tests.factories import paid_invoice
 from tests.invoicing.test_crash import SCALED
 from tests.smtp import SmtpServer
 from tests.workers import WorkerProcess, worker_env
@@ -29,20 +29,8 @@ STALL_MS = 6000  # longer than the broker socket timeout (2 s): the ack times ou
 UNACKED = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "unacked"
 
 
-def paid_invoice(n: int) -> Invoice:
-    return Invoice.objects.create(
-        provider_invoice_id=f"in_stall_{n}",
-        number=f"INV-S{n}",
-        customer_email=f"s{n}@example.com",
-        amount_paid=100,
-        currency="usd",
-        status="paid",
-        provider_updated_at=timezone.now(),
-    )
-
-
 def test_worker_consumes_again_after_a_stall_made_its_ack_fail(smtp: SmtpServer) -> None:
-    first, later = paid_invoice(1), [paid_invoice(n) for n in range(2, 5)]
+    first, later = paid_invoice(), [paid_invoice() for _ in range(3)]
     smtp.handler.faults.delay = 2  # the task is in SMTP when the broker stalls
     # Visibility timeout 20 s instead of 180 s, so the stalled ack's message comes back here.
     worker = WorkerProcess(worker_env(smtp.port, **SCALED), name="stalled", concurrency=1)

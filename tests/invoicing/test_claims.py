@@ -15,22 +15,11 @@ from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key, invoice_email_send
 from invoicing.tasks import send_invoice_email
 from tests.conftest import wait_until
+from tests.factories import paid_invoice
 from tests.smtp import SmtpServer
 from tests.workers import WorkerProcess, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def paid_invoice(provider_id: str = "in_claims") -> Invoice:
-    return Invoice.objects.create(
-        provider_invoice_id=provider_id,
-        number="INV-7",
-        customer_email="c@example.com",
-        amount_paid=500,
-        currency="usd",
-        status="paid",
-        provider_updated_at=timezone.now(),
-    )
 
 
 def test_ten_threads_racing_for_one_invoice_send_one_email(smtp: SmtpServer) -> None:

@@ -13,11 +13,11 @@ import time
 
 import pytest
 from django.conf import settings
-from django.utils import timezone
 
-from invoicing.models import EmailDelivery, Invoice
+from invoicing.models import EmailDelivery
 from invoicing.tasks import send_invoice_email
 from tests.conftest import wait_until
+from tests.factories import paid_invoice
 from tests.smtp import SmtpServer
 from tests.workers import WorkerProcess, worker_env
 
@@ -38,15 +38,7 @@ RESTORE_INTERVAL = settings.CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_int
 def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
     smtp: SmtpServer,
 ) -> None:
-    invoice = Invoice.objects.create(
-        provider_invoice_id="in_crash",
-        number="INV-9",
-        customer_email="k@example.com",
-        amount_paid=100,
-        currency="usd",
-        status="paid",
-        provider_updated_at=timezone.now(),
-    )
+    invoice = paid_invoice("in_crash")
     smtp.handler.faults.delay = 3  # the server holds its reply to DATA: the worker waits in it
     env = worker_env(smtp.port, **SCALED)
     first = WorkerProcess(env, name="doomed")

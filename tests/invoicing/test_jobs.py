@@ -12,23 +12,11 @@ from core.models import DeadLetter, OutboxMessage
 from invoicing.jobs import email_claims_recover, invoices_reconcile
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key
+from tests.factories import paid_invoice
 from tests.smtp import SmtpServer
 from tests.workers import worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def paid(provider_id: str, **fields: Any) -> Invoice:
-    values: dict[str, Any] = {
-        "number": provider_id.upper(),
-        "customer_email": f"{provider_id}@example.com",
-        "amount_paid": 100,
-        "currency": "usd",
-        "status": "paid",
-        "provider_updated_at": timezone.now(),
-        **fields,
-    }
-    return Invoice.objects.create(provider_invoice_id=provider_id, **values)
 
 
 def long_ago() -> Any:
@@ -36,8 +24,8 @@ def long_ago() -> Any:
 
 
 def test_recovery_releases_expired_claims_once_and_the_email_goes_out(smtp: SmtpServer) -> None:
-    invoice = paid("in_stale")
-    live = paid("in_live")
+    invoice = paid_invoice("in_stale")
+    live = paid_invoice("in_live")
     email_claim(invoice=invoice, key=invoice_email_key(invoice), owner="dead-worker")
     email_claim(invoice=live, key=invoice_email_key(live), owner="live-worker")
     EmailDelivery.objects.filter(invoice=invoice).update(lease_expires_at=long_ago())
@@ -53,13 +41,13 @@ def test_recovery_releases_expired_claims_once_and_the_email_goes_out(smtp: Smtp
 
 
 def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
-    lost = paid("in_lost")  # its message was lost with a Redis restart
+    lost = paid_invoice("in_lost")  # its message was lost with a Redis restart
     OutboxMessage.objects.create(
         task="invoicing.send_invoice_email", args=[lost.pk], queue="email", published_at=long_ago()
     )
     OutboxMessage.objects.filter(args=[lost.pk]).update(created_at=long_ago())
-    never = paid("in_never")  # no trace at all
-    failed_long_ago = paid("in_failed")  # its retry was lost
+    never = paid_invoice("in_never")  # no trace at all
+    failed_long_ago = paid_invoice("in_failed")  # its retry was lost
     EmailDelivery.objects.create(
         key=invoice_email_key(failed_long_ago),
         invoice=failed_long_ago,
@@ -68,28 +56,28 @@ def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
     )
     EmailDelivery.objects.filter(invoice=failed_long_ago).update(updated_at=long_ago())
 
-    sent = paid("in_sent")
+    sent = paid_invoice("in_sent")
     EmailDelivery.objects.create(
         key=invoice_email_key(sent), invoice=sent, state="sent", message_id="<s>"
     )
-    in_progress = paid("in_progress")
+    in_progress = paid_invoice("in_progress")
     email_claim(invoice=in_progress, key=invoice_email_key(in_progress), owner="w")
-    retrying = paid("in_retrying")  # failed a moment ago: its retry is in the broker
+    retrying = paid_invoice("in_retrying")  # failed a moment ago: its retry is in the broker
     EmailDelivery.objects.create(
         key=invoice_email_key(retrying), invoice=retrying, state="failed", message_id="<r>"
     )
-    queued = paid("in_queued")  # published a moment ago
+    queued = paid_invoice("in_queued")  # published a moment ago
     OutboxMessage.objects.create(
         task="invoicing.send_invoice_email",
         args=[queued.pk],
         queue="email",
         published_at=timezone.now(),
     )
-    unpublished = paid("in_unpublished")  # the relay's to publish
+    unpublished = paid_invoice("in_unpublished")  # the relay's to publish
     OutboxMessage.objects.create(
         task="invoicing.send_invoice_email", args=[unpublished.pk], queue="email"
     )
-    dead = paid("in_dead")  # waits for a human
+    dead = paid_invoice("in_dead")  # waits for a human
     DeadLetter.objects.create(
         task="invoicing.send_invoice_email",
         task_id="t",
@@ -100,8 +88,8 @@ def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
         first_failed_at=timezone.now(),
         last_failed_at=timezone.now(),
     )
-    paid("in_open", status="open")
-    old = paid("in_old")
+    paid_invoice("in_open", status="open")
+    old = paid_invoice("in_old")
     Invoice.objects.filter(pk=old.pk).update(
         provider_updated_at=timezone.now() - timedelta(days=30)
     )
@@ -118,7 +106,7 @@ def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
 def test_reconcile_stands_aside_while_the_breaker_is_open(settings: Any) -> None:
     from invoicing.services import email_breaker
 
-    paid("in_waiting")
+    paid_invoice("in_waiting")
     settings.EMAIL_BREAKER_FAILURE_THRESHOLD = 1
     email_breaker().record_failure()
     assert email_breaker().state()["state"] == "open"
