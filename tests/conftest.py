@@ -36,6 +36,21 @@ def post_event(
     )
 
 
+def post_signed(url: str, body: bytes) -> Any:
+    """POST ``body`` signed like Stripe over real HTTP (a live server, gunicorn, the edge)."""
+    import requests
+
+    return requests.post(
+        url,
+        data=body,
+        headers={
+            "Content-Type": "application/json",
+            "Stripe-Signature": stripe_testing.signature_header(body, SECRET),
+        },
+        timeout=10,
+    )
+
+
 def paid_event(
     invoice_id: str | None = None,
     *,

@@ -33,7 +33,14 @@ from core.outbox import outbox_publish
 from core.tasks import PermanentError
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
-from tests.conftest import ROOT, SECRET, WEBHOOK_URL, paid_event, post_event, wait_until
+from tests.conftest import (
+    ROOT,
+    WEBHOOK_URL,
+    paid_event,
+    post_event,
+    post_signed,
+    wait_until,
+)
 from tests.smtp import SmtpServer, free_port
 from tests.webhooks.test_throttle import an_address, fresh_window
 from tests.workers import WorkerProcess, worker_env, worker_thread
@@ -449,15 +456,7 @@ def test_gunicorn_workers_counts_are_summed_in_one_scrape(gunicorn: tuple[str, P
 
     def deliver(_: int) -> int:
         body = stripe_testing.encode(paid_event())
-        return requests.post(
-            f"{url}{WEBHOOK_URL}",
-            data=body,
-            headers={
-                "Content-Type": "application/json",
-                "Stripe-Signature": stripe_testing.signature_header(body, SECRET),
-            },
-            timeout=10,
-        ).status_code
+        return int(post_signed(f"{url}{WEBHOOK_URL}", body).status_code)
 
     def writers() -> set[str]:
         return {path.stem.rsplit("_", 1)[-1] for path in directory.glob("counter_*.db")}

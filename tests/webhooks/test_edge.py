@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from bench.edge import edge, rendered
-from tests.conftest import SECRET, paid_event
+from tests.conftest import WEBHOOK_URL, paid_event, post_signed
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
@@ -30,15 +30,7 @@ def test_edge_refuses_what_is_over_its_rate_before_the_application(live_server: 
     # 1 per second with a burst of 2: at most 3 of 8 back-to-back deliveries get through.
     with edge(upstream, rate=1, burst=2, in_flight=4) as port:
         for body in bodies:
-            response = requests.post(
-                f"http://127.0.0.1:{port}/webhooks/stripe/",
-                data=body,
-                headers={
-                    "Content-Type": "application/json",
-                    "Stripe-Signature": stripe_testing.signature_header(body, SECRET),
-                },
-                timeout=10,
-            )
+            response = post_signed(f"http://127.0.0.1:{port}{WEBHOOK_URL}", body)
             statuses.append(response.status_code)
             if response.status_code == 200:
                 assert response.json()["duplicate"] is False
