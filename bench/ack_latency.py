@@ -32,19 +32,17 @@ from typing import Any
 
 from bench.fullstack import (
     ACCEPTED_BODY,
-    DATABASE_URL,
     NO_LIMITS,
-    REDIS_URL,
-    RESULTS,
     Backend,
-    RunConfig,
     WorkerConfig,
     backend,
     cpu_per_item,
     emails_check,
     owned_measure,
     paid_batch,
+    run_config,
     serving,
+    stack_arguments,
     stored,
 )
 from bench.harness import GunicornConfig, PacedResult, Server, load, pace, percentile
@@ -228,14 +226,7 @@ def checks(bench: AckLatency, options: Options) -> dict[str, Any]:
 
 
 def measure(options: Options, prefix: str) -> dict[str, Any]:
-    run = RunConfig(
-        name="ack_latency",
-        prefix=prefix,
-        database_url=options.database_url,
-        redis_url=options.redis_url,
-        gunicorn=options.gunicorn,
-        workers=options.workers,
-    )
+    run = run_config("ack_latency", prefix, options)
     runs: list[ArmRun] = []
     with backend(run, settings=NO_LIMITS) as stack, serving(stack) as server:
         bench = AckLatency(backend=stack, server=server, options=options)
@@ -306,12 +297,7 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--senders", type=int, default=16, help="sender threads (open loop)")
     parser.add_argument("--delay", type=float, default=5.0, help="slow SMTP: seconds per DATA")
     parser.add_argument("--drain-timeout", type=float, default=300)
-    parser.add_argument("--gunicorn-workers", type=int, default=3)
-    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
-    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
-    parser.add_argument("--database-url", default=DATABASE_URL)
-    parser.add_argument("--redis-url", default=REDIS_URL)
-    parser.add_argument("--output", type=Path, default=RESULTS / "ack_latency.json")
+    stack_arguments(parser, name="ack_latency")
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.duration <= 0 or args.rounds < 1:
         parser.error("--rate, --duration and --rounds must be positive")

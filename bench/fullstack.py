@@ -17,6 +17,7 @@ Everything binds to 127.0.0.1.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -32,7 +33,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import psycopg
@@ -378,6 +379,38 @@ class RunConfig:
     @property
     def run_id(self) -> str:
         return self.prefix.rstrip(":")
+
+
+class StackOptions(Protocol):
+    """What every full-stack benchmark's options say about the stack (``stack_arguments``)."""
+
+    database_url: str
+    redis_url: str
+    gunicorn: GunicornConfig
+    workers: WorkerConfig
+
+
+def stack_arguments(parser: argparse.ArgumentParser, *, name: str) -> None:
+    """The options every full-stack benchmark takes: the stack's shape, its database and
+    Redis, and where its results go (``bench/results/<name>.json``)."""
+    parser.add_argument("--gunicorn-workers", type=int, default=3)
+    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
+    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
+    parser.add_argument("--database-url", default=DATABASE_URL)
+    parser.add_argument("--redis-url", default=REDIS_URL)
+    parser.add_argument("--output", type=Path, default=RESULTS / f"{name}.json")
+
+
+def run_config(name: str, prefix: str, options: StackOptions) -> RunConfig:
+    """The run a benchmark's ``measure`` owns, from its options."""
+    return RunConfig(
+        name=name,
+        prefix=prefix,
+        database_url=options.database_url,
+        redis_url=options.redis_url,
+        gunicorn=options.gunicorn,
+        workers=options.workers,
+    )
 
 
 def stack_env(run: RunConfig, *, smtp_port: int, settings: Mapping[str, str]) -> dict[str, str]:

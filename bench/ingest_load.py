@@ -42,19 +42,17 @@ from bench.ack_latency import latency_summary
 from bench.edge import edge
 from bench.fullstack import (
     ACCEPTED_BODY,
-    DATABASE_URL,
     NO_LIMITS,
-    REDIS_URL,
-    RESULTS,
     Backend,
-    RunConfig,
     WorkerConfig,
     backend,
     cpu_per_item,
     emails_check,
     owned_measure,
     paid_batch,
+    run_config,
     serving,
+    stack_arguments,
     stored,
     stored_invoice_ids,
 )
@@ -221,14 +219,7 @@ def checks(bench: IngestLoad, options: Options) -> dict[str, Any]:
 
 
 def measure(options: Options, prefix: str) -> dict[str, Any]:
-    run = RunConfig(
-        name="ingest_load",
-        prefix=prefix,
-        database_url=options.database_url,
-        redis_url=options.redis_url,
-        gunicorn=options.gunicorn,
-        workers=options.workers,
-    )
+    run = run_config("ingest_load", prefix, options)
     phases: dict[str, Any] = {}
     with backend(run, settings=NO_LIMITS) as stack:
         bench = IngestLoad(backend=stack, options=options)
@@ -411,15 +402,10 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--pace-senders", type=int, default=64, help="threads at 70%%")
     parser.add_argument("--overload-senders", type=int, default=512, help="threads at 2x")
     parser.add_argument("--drain-timeout", type=float, default=300)
-    parser.add_argument("--gunicorn-workers", type=int, default=3)
+    stack_arguments(parser, name="ingest_load")
     parser.add_argument(
         "--gunicorn-threads", type=int, default=1, help="above 1: the gthread worker class"
     )
-    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
-    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
-    parser.add_argument("--database-url", default=DATABASE_URL)
-    parser.add_argument("--redis-url", default=REDIS_URL)
-    parser.add_argument("--output", type=Path, default=RESULTS / "ingest_load.json")
     args = parser.parse_args(argv)
     if min(args.max_duration, args.duration, args.fraction, args.overload) <= 0:
         parser.error("durations and rate factors must be positive")

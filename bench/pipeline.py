@@ -35,10 +35,7 @@ from celery import Celery
 
 from bench.fullstack import (
     ACCEPTED_BODY,
-    DATABASE_URL,
     NO_LIMITS,
-    REDIS_URL,
-    RESULTS,
     Backend,
     RunConfig,
     WorkerConfig,
@@ -48,7 +45,9 @@ from bench.fullstack import (
     noop_done,
     owned_measure,
     paid_batch,
+    run_config,
     serving,
+    stack_arguments,
     stored,
 )
 from bench.harness import GunicornConfig, Server, load
@@ -248,14 +247,7 @@ def checks(pipeline: Pipeline, options: Options) -> dict[str, Any]:
 
 
 def measure(options: Options, prefix: str) -> dict[str, Any]:
-    run = RunConfig(
-        name="pipeline",
-        prefix=prefix,
-        database_url=options.database_url,
-        redis_url=options.redis_url,
-        gunicorn=options.gunicorn,
-        workers=options.workers,
-    )
+    run = run_config("pipeline", prefix, options)
     runs: list[ArmRun] = []
     with backend(run, settings=NO_LIMITS) as stack, serving(stack) as server:
         pipeline = Pipeline(backend=stack, server=server, options=options)
@@ -329,13 +321,8 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--senders", type=int, default=8, help="concurrent HTTP senders")
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured items before")
     parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per arm")
-    parser.add_argument("--gunicorn-workers", type=int, default=3)
-    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
-    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
+    stack_arguments(parser, name="pipeline")
     parser.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
-    parser.add_argument("--database-url", default=DATABASE_URL)
-    parser.add_argument("--redis-url", default=REDIS_URL)
-    parser.add_argument("--output", type=Path, default=RESULTS / "pipeline.json")
     args = parser.parse_args(argv)
     if args.emails < 1 or args.rounds < 1:
         parser.error("--emails and --rounds must be positive")

@@ -29,18 +29,16 @@ from typing import Any
 
 from bench.fullstack import (
     ACCEPTED_BODY,
-    DATABASE_URL,
     NO_LIMITS,
-    REDIS_URL,
-    RESULTS,
     Backend,
-    RunConfig,
     WorkerConfig,
     backend,
     emails_check,
     owned_measure,
     paid_batch,
+    run_config,
     serving,
+    stack_arguments,
     stored,
 )
 from bench.harness import GunicornConfig, Server, load
@@ -156,14 +154,7 @@ def post_all(backend: Backend, server: Server, options: Options) -> list[str]:
 
 
 def measure(options: Options, prefix: str) -> dict[str, Any]:
-    run = RunConfig(
-        name="worker_rss",
-        prefix=prefix,
-        database_url=options.database_url,
-        redis_url=options.redis_url,
-        gunicorn=options.gunicorn,
-        workers=options.workers,
-    )
+    run = run_config("worker_rss", prefix, options)
     settings = dict(NO_LIMITS)
     if options.max_tasks_per_child is not None:
         settings["CELERY_WORKER_MAX_TASKS_PER_CHILD"] = str(options.max_tasks_per_child)
@@ -267,12 +258,7 @@ def parse(argv: Sequence[str] | None) -> Options:
         default=None,
         help="override CELERY_WORKER_MAX_TASKS_PER_CHILD (application default: 5000)",
     )
-    parser.add_argument("--gunicorn-workers", type=int, default=3)
-    parser.add_argument("--worker-processes", type=int, default=1, help="celery workers")
-    parser.add_argument("--worker-concurrency", type=int, default=4, help="pool size of each")
-    parser.add_argument("--database-url", default=DATABASE_URL)
-    parser.add_argument("--redis-url", default=REDIS_URL)
-    parser.add_argument("--output", type=Path, default=RESULTS / "worker_rss.json")
+    stack_arguments(parser, name="worker_rss")
     args = parser.parse_args(argv)
     if not 0 < args.baseline < args.emails:
         parser.error("need 0 < --baseline < --emails")
