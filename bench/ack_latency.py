@@ -43,10 +43,11 @@ from bench.fullstack import (
     run_config,
     serving,
     stack_arguments,
+    stack_fields,
     stored,
 )
 from bench.harness import GunicornConfig, PacedResult, Server, load, pace, percentile
-from bench.report import Goal, results_write
+from bench.report import Goal
 from bench.stack import cpu_snapshot, cpu_spent
 
 GOAL = 1.2  # p99 with the slow SMTP server / p99 with the instant one
@@ -308,28 +309,17 @@ def parse(argv: Sequence[str] | None) -> Options:
         senders=args.senders,
         delay=args.delay,
         drain_timeout=args.drain_timeout,
-        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
-        workers=WorkerConfig(processes=args.worker_processes, concurrency=args.worker_concurrency),
-        database_url=args.database_url,
-        redis_url=args.redis_url,
-        output=args.output,
+        **stack_fields(args),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
-    started = time.time()
-    results = owned_measure(options, measure)
-    if isinstance(results, int):
-        return results
-    results_write(
-        options.output,
+    results = owned_measure(
+        options,
+        measure,
         benchmark="ack_latency",
-        started=started,
-        results=results,
         config={
-            "gunicorn": options.gunicorn.describe(),
-            "workers": options.workers.describe(),
             "rate": options.rate,
             "duration_s": options.duration,
             "rounds": options.rounds,
@@ -338,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_settings": NO_LIMITS,
         },
     )
+    if isinstance(results, int):
+        return results
     print()
     print(report(options, results))
     state = results["checks"]

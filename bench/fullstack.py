@@ -388,6 +388,7 @@ class StackOptions(Protocol):
     redis_url: str
     gunicorn: GunicornConfig
     workers: WorkerConfig
+    output: Path
 
 
 def stack_arguments(parser: argparse.ArgumentParser, *, name: str) -> None:
@@ -399,6 +400,21 @@ def stack_arguments(parser: argparse.ArgumentParser, *, name: str) -> None:
     parser.add_argument("--database-url", default=DATABASE_URL)
     parser.add_argument("--redis-url", default=REDIS_URL)
     parser.add_argument("--output", type=Path, default=RESULTS / f"{name}.json")
+
+
+def stack_fields(
+    args: argparse.Namespace, *, gunicorn: GunicornConfig | None = None, pool: str = "prefork"
+) -> dict[str, Any]:
+    """The ``StackOptions`` fields from what ``stack_arguments`` parsed."""
+    return {
+        "gunicorn": gunicorn or GunicornConfig(workers=args.gunicorn_workers),
+        "workers": WorkerConfig(
+            processes=args.worker_processes, concurrency=args.worker_concurrency, pool=pool
+        ),
+        "database_url": args.database_url,
+        "redis_url": args.redis_url,
+        "output": args.output,
+    }
 
 
 def run_config(name: str, prefix: str, options: StackOptions) -> RunConfig:
@@ -639,16 +655,36 @@ def cpu_per_item(cpu: Mapping[str, float], items: int) -> dict[str, float]:
 
 
 def owned_measure(
-    options: Any, measure: Callable[[Any, str], dict[str, Any]]
+    options: StackOptions,
+    measure: Callable[[Any, str], dict[str, Any]],
+    *,
+    benchmark: str,
+    config: Mapping[str, Any],
 ) -> dict[str, Any] | int:
-    """Run ``measure(options, prefix)`` inside ``owned_run``; an exit status instead of results
-    when it was interrupted (130) or another run holds the benchmark database (1)."""
+    """Run ``measure(options, prefix)`` inside ``owned_run`` and write its results to
+    ``options.output`` with ``config`` (the stack's shape added); an exit status instead of
+    results when it was interrupted (130) or another run holds the benchmark database (1)."""
+    from bench.report import results_write
+
+    started = time.time()
     try:
         with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
-            return measure(options, prefix)
+            results = measure(options, prefix)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except DatabaseBusy as exc:
         print(f"not run: {exc}", file=sys.stderr)
         return 1
+    results_write(
+        options.output,
+        benchmark=benchmark,
+        started=started,
+        results=results,
+        config={
+            "gunicorn": options.gunicorn.describe(),
+            "workers": options.workers.describe(),
+            **config,
+        },
+    )
+    return results

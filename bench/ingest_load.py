@@ -53,11 +53,12 @@ from bench.fullstack import (
     run_config,
     serving,
     stack_arguments,
+    stack_fields,
     stored,
     stored_invoice_ids,
 )
 from bench.harness import GunicornConfig, PacedResult, Server, load, pace
-from bench.report import Goal, results_write
+from bench.report import Goal
 from bench.stack import cpu_snapshot, cpu_spent
 
 P999_GOAL_MS = 500.0
@@ -421,33 +422,25 @@ def parse(argv: Sequence[str] | None) -> Options:
         pace_senders=args.pace_senders,
         overload_senders=args.overload_senders,
         drain_timeout=args.drain_timeout,
-        gunicorn=GunicornConfig(
-            worker_class="gthread" if args.gunicorn_threads > 1 else "sync",
-            workers=args.gunicorn_workers,
-            threads=args.gunicorn_threads,
+        **stack_fields(
+            args,
+            gunicorn=GunicornConfig(
+                worker_class="gthread" if args.gunicorn_threads > 1 else "sync",
+                workers=args.gunicorn_workers,
+                threads=args.gunicorn_threads,
+            ),
         ),
-        workers=WorkerConfig(processes=args.worker_processes, concurrency=args.worker_concurrency),
-        database_url=args.database_url,
-        redis_url=args.redis_url,
-        output=args.output,
         admission=args.admission,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
-    started = time.time()
-    results = owned_measure(options, measure)
-    if isinstance(results, int):
-        return results
-    results_write(
-        options.output,
+    results = owned_measure(
+        options,
+        measure,
         benchmark="ingest_load",
-        started=started,
-        results=results,
         config={
-            "gunicorn": options.gunicorn.describe(),
-            "workers": options.workers.describe(),
             "max_duration_s": options.max_duration,
             "duration_s": options.duration,
             "fraction": options.fraction,
@@ -460,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_settings": NO_LIMITS,
         },
     )
+    if isinstance(results, int):
+        return results
     print()
     print(report(options, results))
     state = results["checks"]

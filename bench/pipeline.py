@@ -48,10 +48,11 @@ from bench.fullstack import (
     run_config,
     serving,
     stack_arguments,
+    stack_fields,
     stored,
 )
 from bench.harness import GunicornConfig, Server, load
-from bench.report import Goal, results_write
+from bench.report import Goal
 from bench.stack import cpu_snapshot, cpu_spent, redis_queued
 from bench.tasks import NOOP_TASK
 
@@ -332,30 +333,17 @@ def parse(argv: Sequence[str] | None) -> Options:
         senders=args.senders,
         warmup=args.warmup,
         timeout=args.timeout,
-        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
-        workers=WorkerConfig(
-            processes=args.worker_processes, concurrency=args.worker_concurrency, pool=args.pool
-        ),
-        database_url=args.database_url,
-        redis_url=args.redis_url,
-        output=args.output,
+        **stack_fields(args, pool=args.pool),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
-    started = time.time()
-    results = owned_measure(options, measure)
-    if isinstance(results, int):
-        return results
-    results_write(
-        options.output,
+    results = owned_measure(
+        options,
+        measure,
         benchmark="pipeline",
-        started=started,
-        results=results,
         config={
-            "gunicorn": options.gunicorn.describe(),
-            "workers": options.workers.describe(),
             "senders": options.senders,
             "emails_per_arm": options.emails,
             "rounds": options.rounds,
@@ -363,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_settings": NO_LIMITS,
         },
     )
+    if isinstance(results, int):
+        return results
     print()
     print(report(options, results))
     state = results["checks"]

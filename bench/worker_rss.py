@@ -39,10 +39,11 @@ from bench.fullstack import (
     run_config,
     serving,
     stack_arguments,
+    stack_fields,
     stored,
 )
 from bench.harness import GunicornConfig, Server, load
-from bench.report import Goal, results_write
+from bench.report import Goal
 
 GOAL = 1.1  # peak RSS after ``emails`` / peak RSS after ``baseline``
 
@@ -270,28 +271,17 @@ def parse(argv: Sequence[str] | None) -> Options:
         interval=args.interval,
         timeout=args.timeout,
         max_tasks_per_child=args.max_tasks_per_child,
-        gunicorn=GunicornConfig(workers=args.gunicorn_workers),
-        workers=WorkerConfig(processes=args.worker_processes, concurrency=args.worker_concurrency),
-        database_url=args.database_url,
-        redis_url=args.redis_url,
-        output=args.output,
+        **stack_fields(args),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
-    started = time.time()
-    results = owned_measure(options, measure)
-    if isinstance(results, int):
-        return results
-    results_write(
-        options.output,
+    results = owned_measure(
+        options,
+        measure,
         benchmark="worker_rss",
-        started=started,
-        results=results,
         config={
-            "gunicorn": options.gunicorn.describe(),
-            "workers": options.workers.describe(),
             "emails": options.emails,
             "baseline": options.baseline,
             "senders": options.senders,
@@ -300,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_settings": NO_LIMITS,
         },
     )
+    if isinstance(results, int):
+        return results
     print()
     print(report(options, results))
     state = results["checks"]
