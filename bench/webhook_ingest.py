@@ -25,10 +25,8 @@ then. Results: a table on stdout and ``bench/results/webhook_ingest.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import secrets
 import signal
 import sys
@@ -42,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench.harness import GunicornConfig, LoadResult, Server, http_request, load, percentile, serve
+from bench.report import results_write
 from bench.stack import (
     ROOT,
     DatabaseBusy,
@@ -440,12 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         deleted = redis_prefix_delete(url=options.redis_url, prefix=prefix)
         print(f"deleted {deleted} Redis key(s) under {prefix}", flush=True)
-    document = {
-        "benchmark": "webhook_ingest",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "revision": revision(),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "config": {
+    results_write(
+        options.output,
+        benchmark="webhook_ingest",
+        started=started,
+        results=results,
+        config={
             "gunicorn": options.gunicorn.describe(),
             "concurrency": options.concurrency,
             "rounds": options.rounds,
@@ -454,10 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "duplicates": options.duplicates,
             "server_settings": LIMITS,
         },
-        **results,
-    }
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(document, indent=2) + "\n")
+    )
     print()
     print(report(options, results["arms"], results))
     stored = results["checks"]
