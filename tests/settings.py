@@ -16,3 +16,8 @@ os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_test_primary,whsec_test_ro
 os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
 
 from core.settings import *  # noqa: E402, F403
+from core.settings import DATABASES  # noqa: E402
+
+# The test database is this run's own: two runs at once (or a run beside the developer's
+# ``invoicing`` database) never create, flush or drop each other's.
+DATABASES["default"]["TEST"] = {"NAME": f"test_invoicing_{_RUN}"}
