@@ -379,8 +379,10 @@ METRICS_ALLOWED_NETWORKS = env.list(
 # in the environment of the web and the worker processes alike): a directory of its own per
 # process group, emptied at start, where every process of the group keeps its counts.
 WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
-# All interfaces by default: Prometheus scrapes workers from another host.
-WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="0.0.0.0")  # noqa: S104
+# Nothing authenticates that port: loopback unless told otherwise. A deployment where
+# Prometheus scrapes from another host sets the interface (compose.yaml: 0.0.0.0 inside its
+# own network, the port never published).
+WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="127.0.0.1")
 
 try:
     for _network in METRICS_ALLOWED_NETWORKS:
