@@ -2,6 +2,8 @@
 # Celery worker and beat, and one-off management commands. compose.yaml shows each command.
 FROM python:3.11-slim
 
+# Production mode: no DJANGO_DEBUG here (DEBUG is off unless it is set), so a container started
+# without DJANGO_SECRET_KEY or STRIPE_WEBHOOK_SECRET stops with one line naming what is missing.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -27,5 +29,6 @@ USER 10001:10001
 
 EXPOSE 8000
 
+# From WORKDIR, so gunicorn reads ./gunicorn.conf.py: settings are checked in its master.
 CMD ["gunicorn", "core.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--timeout", "30", \
      "--worker-tmp-dir", "/dev/shm", "--access-logfile", "-"]

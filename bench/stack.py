@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import re
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -60,7 +61,16 @@ def database_recreate(*, url: str) -> None:
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity=0"],
         cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url, "DJANGO_DEBUG": "1"},
+        env={
+            **os.environ,
+            "DATABASE_URL": url,
+            # Production settings, as the benchmark serves them; migrate signs nothing, so
+            # the secrets are throw-away.
+            "DJANGO_SETTINGS_MODULE": "core.settings",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+            "STRIPE_WEBHOOK_SECRET": f"whsec_bench_{secrets.token_hex(16)}",
+        },
         check=True,
     )
 

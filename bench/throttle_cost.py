@@ -26,6 +26,11 @@ from collections.abc import Callable, Sequence
 
 PREFIX = f"bench-throttle-{secrets.token_hex(4)}"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
+# Production settings, as every benchmark measures them: DEBUG off, with throw-away secrets
+# (nothing here is signed or served).
+os.environ["DJANGO_DEBUG"] = "0"
+os.environ["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
+os.environ["STRIPE_WEBHOOK_SECRET"] = f"whsec_bench_{secrets.token_hex(16)}"
 os.environ["REDIS_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 os.environ["REDIS_KEY_PREFIX"] = PREFIX
 

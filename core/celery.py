@@ -5,16 +5,29 @@ commented there.
 """
 
 import os
+from typing import Any
 
 from celery import Celery
 
 from core import logging as log_context
 from core import metrics, queues
+from core.startup import settings_load_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
 
 app = Celery("core")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+@app.on_configure.connect
+def _settings_load(**_: Any) -> None:
+    """Sent before the app first reads its configuration, which in ``celery -A core worker``
+    or ``beat`` happens while click parses the options: settings that do not load stop the
+    command with one line instead of a traceback through click. In a process that has loaded
+    the settings already (the web app, the tests), this does nothing."""
+    settings_load_or_exit()
+
+
 app.conf.task_default_queue = queues.DEFAULT
 app.conf.task_queues = queues.CONSUMED
 app.conf.task_routes = queues.ROUTES

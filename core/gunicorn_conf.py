@@ -1,13 +1,29 @@
-"""gunicorn hooks for prometheus-client's multiprocess mode, opt-in:
-``gunicorn -c python:core.gunicorn_conf core.wsgi`` (with ``PROMETHEUS_MULTIPROC_DIR`` set).
+"""gunicorn's configuration: ``gunicorn -c python:core.gunicorn_conf core.wsgi``, and plain
+``gunicorn core.wsgi`` from the project's directory (``./gunicorn.conf.py`` reuses this).
 
-Without ``PROMETHEUS_MULTIPROC_DIR`` both hooks do nothing.
+gunicorn reads it in the master, before it logs, binds or forks anything: settings that do not
+load stop it there with one line (``core.startup``), rather than in every worker with a
+traceback and the arbiter's "Worker failed to boot". Whether a request came over HTTPS is
+Django's to decide, from ``NUM_PROXIES`` (core/settings.py), not gunicorn's. Its hooks serve
+prometheus-client's multiprocess mode; without ``PROMETHEUS_MULTIPROC_DIR`` they do nothing.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from core.startup import settings_load_or_exit
+
+__all__ = ["child_exit", "on_starting", "secure_scheme_headers"]
+
+settings_load_or_exit()
+
+# gunicorn would otherwise set the scheme to https itself for X-Forwarded-Proto: https from any
+# peer in forwarded_allow_ips (loopback by default, and every Unix-socket peer): behind a local
+# proxy that passes the client's header on, a plain-HTTP client could pass as HTTPS whatever
+# NUM_PROXIES says. Without it, Django alone reads the header, and only behind NUM_PROXIES.
+secure_scheme_headers: dict[str, str] = {}
 
 
 def on_starting(server: Any) -> None:

@@ -465,9 +465,10 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
         return
     else:
         registry = REGISTRY
-    start_http_server(port, addr=settings.WORKER_METRICS_ADDR, registry=registry)
+    address = settings.WORKER_METRICS_ADDR
+    start_http_server(port, addr=address, registry=registry)
     _serving.append(port)
-    logger.info("worker metrics served on port %d", port, extra={"port": port})
+    logger.info("worker metrics served on port %d of %s", port, address, extra={"port": port})
 
 
 def celery_signals_connect() -> None:

@@ -1,8 +1,9 @@
 """Settings for the invoice-emailing application.
 
-One module, one environment reader (django-environ). Every default works on a development
-machine with PostgreSQL and Redis on localhost; with ``DJANGO_DEBUG`` off, secrets have no
-default and a missing one stops start-up with a message naming it.
+One module, one environment reader (django-environ). Production is the default: ``DEBUG`` is
+off unless ``DJANGO_DEBUG`` turns it on, the secrets then have no default, and a missing one
+stops start-up with one line naming it (``core.startup``). The other defaults work on a
+development machine with PostgreSQL and Redis on localhost.
 """
 
 from __future__ import annotations
@@ -17,19 +18,24 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
+# Off unless asked for (DJANGO_DEBUG=1 or true): a copy started with nothing set runs as
+# production, never with debug pages and the well-known development secrets below.
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+_secrets_missing: list[str] = []
 
 
 def _secret(name: str, *, dev_default: str) -> str:
-    """A secret from the environment: a development default only while DEBUG is on."""
+    """A secret from the environment: a development default only while DEBUG is on. Missing
+    in production, it is noted, and start-up stops once every secret has been read, naming
+    all the missing ones at once."""
     value = env.str(name, default="").strip()
     if value:
         return value
     if DEBUG:
         return dev_default
-    raise ImproperlyConfigured(
-        f"{name} must be set when DJANGO_DEBUG is off (it has no production default)."
-    )
+    _secrets_missing.append(name)
+    return ""
 
 
 SECRET_KEY = _secret(
@@ -123,9 +129,14 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-# --- HTTPS ------------------------------------------------------------------------------------
+# --- Proxies and HTTPS ------------------------------------------------------------------------
+# Proxies in front of the app (a load balancer, the nginx edge): the webhook throttle and the
+# /metrics allow-list take the client from X-Forwarded-For, and HTTPS from X-Forwarded-Proto,
+# only behind this many; 0 ignores both headers, which a client can send itself.
+NUM_PROXIES = env.int("NUM_PROXIES", default=0)
 # On by default in production; DJANGO_SECURE_SSL_REDIRECT=0 turns the HTTPS-only settings off
-# for plain HTTP on loopback (tests, stripe-cli) while keeping the rest of production.
+# for plain HTTP on loopback (tests, stripe-cli, compose.yaml on a laptop) while keeping the
+# rest of production.
 HTTPS_ONLY = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
 SECURE_SSL_REDIRECT = HTTPS_ONLY
 SESSION_COOKIE_SECURE = HTTPS_ONLY
@@ -133,8 +144,21 @@ CSRF_COOKIE_SECURE = HTTPS_ONLY
 SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31536000 if HTTPS_ONLY else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
-# Behind a TLS-terminating proxy that sets X-Forwarded-Proto.
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if NUM_PROXIES > 0:
+    # The TLS-terminating proxy says whether the client's connection was HTTPS: the nearest
+    # proxy must set this header itself, replacing any the client sent (deploy/nginx does).
+    # With no proxy configured the header can only be the client's own, and is not trusted: a
+    # plain-HTTP request cannot pass as HTTPS, and a proxy terminating TLS in front of an app
+    # that was not told about it gets a redirect to HTTPS for every request (a loop): set
+    # NUM_PROXIES.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision, not an oversight: `check --deploy`
+# then leaves out the four warnings about exactly what it turned off (the redirect, HSTS and
+# the two Secure-only cookies) and reports the decision as one INFO instead (core.I001,
+# core/checks.py), so it stays visible. Every other deployment check still applies.
+HTTPS_OPTED_OUT = "DJANGO_SECURE_SSL_REDIRECT" in env and not HTTPS_ONLY
+HTTPS_OPT_OUT_CHECKS = ["security.W004", "security.W008", "security.W012", "security.W016"]
+SILENCED_SYSTEM_CHECKS = HTTPS_OPT_OUT_CHECKS if HTTPS_OPTED_OUT else []
 # Probes from inside the deployment speak plain HTTP.
 SECURE_REDIRECT_EXEMPT = [r"^health/$", r"^metrics$"]
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
@@ -147,6 +171,14 @@ STRIPE_WEBHOOK_SECRETS = [
     for s in _secret("STRIPE_WEBHOOK_SECRET", dev_default="whsec_development_only").split(",")
     if s.strip()
 ]
+if _secrets_missing:
+    # One line for the operator (manage.py, gunicorn and celery print it without a traceback,
+    # core/startup.py): every missing secret at once, and no hint at DJANGO_DEBUG, whose
+    # development secrets are public.
+    raise ImproperlyConfigured(
+        f"{' and '.join(_secrets_missing)} must be set when DJANGO_DEBUG is off (the default): "
+        f"{'it has' if len(_secrets_missing) == 1 else 'they have'} no production default."
+    )
 # Seconds a signature timestamp may lie in the past or the future.
 STRIPE_WEBHOOK_TOLERANCE = env.int("STRIPE_WEBHOOK_TOLERANCE", default=300)
 if STRIPE_WEBHOOK_TOLERANCE <= 0:
@@ -302,8 +334,8 @@ DLQ_ALERT_PERIOD_SECONDS = env.int("DLQ_ALERT_PERIOD_SECONDS", default=3600)
 # Webhook requests one client address may make per period ("N/s", "N/min", "N/hour", "N/day");
 # empty turns the throttle off. Stripe sends from a few addresses: this stops a flood from one.
 WEBHOOK_THROTTLE_RATE = env.str("WEBHOOK_THROTTLE_RATE", default="6000/min").strip()
-# Proxies in front of the app that append the client to X-Forwarded-For; 0 ignores the header.
-NUM_PROXIES = env.int("NUM_PROXIES", default=0)
+# The client address comes from X-Forwarded-For only behind NUM_PROXIES proxies (Proxies and
+# HTTPS, above).
 # Seconds the throttle may wait on Redis; past that it lets requests through (fails open).
 WEBHOOK_THROTTLE_TIMEOUT = env.float("WEBHOOK_THROTTLE_TIMEOUT", default=0.2)
 # Backlog (the larger of unpublished outbox rows and messages waiting on the email queue) at
@@ -347,8 +379,10 @@ METRICS_ALLOWED_NETWORKS = env.list(
 # in the environment of the web and the worker processes alike): a directory of its own per
 # process group, emptied at start, where every process of the group keeps its counts.
 WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
-# All interfaces by default: Prometheus scrapes workers from another host.
-WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="0.0.0.0")  # noqa: S104
+# Nothing authenticates that port: loopback unless told otherwise. A deployment where
+# Prometheus scrapes from another host sets the interface (compose.yaml: 0.0.0.0 inside its
+# own network, the port never published).
+WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="127.0.0.1")
 
 try:
     for _network in METRICS_ALLOWED_NETWORKS:

@@ -163,10 +163,32 @@ def show_email(message: EmailMessage) -> None:
         say(f"    | {line}")
 
 
+def production_env() -> dict[str, str]:
+    """How the demo runs the application: as production does (``DJANGO_DEBUG`` off, the
+    default), with secrets made up for this run, over plain HTTP on loopback.
+
+    Not ``DJANGO_DEBUG=1``: the demo shows what gets deployed, and DEBUG changes it (every
+    process records its SQL queries in memory, an error answers with a debug page). And
+    DEBUG's development secrets are public: while the demo ran, any process on the machine
+    could sign events its web app would act on. A fresh secret is known only to the demo,
+    which signs its own events with it. Set, not defaulted, so that what the shell exported
+    does not change the run."""
+    return {
+        "DJANGO_SETTINGS_MODULE": "core.settings",
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "STRIPE_WEBHOOK_SECRET": f"whsec_demo_{secrets.token_hex(24)}",
+        # No redirect to HTTPS, no Secure-only cookies: the web app is on http://127.0.0.1.
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+    }
+
+
 def main() -> None:
     if os.environ.get(FLOW):
         flow()
         return
+    # Before anything reads the settings: the fallback decision below does, in this process.
+    os.environ.update(production_env())
     with contextlib.ExitStack() as stack:
         overrides = services(stack)
         child = subprocess.Popen(
@@ -224,13 +246,11 @@ def missing_fallback(service: str) -> Iterator[None]:
 
 def flow() -> None:
     smtp_port, web_port = free_port(), free_port()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
     os.environ.update(
         {
             "CELERY_BROKER_KEY_PREFIX": f"demo-{RUN}:",
             "EMAIL_HOST": "127.0.0.1",
             "EMAIL_PORT": str(smtp_port),
-            "DJANGO_SECURE_SSL_REDIRECT": "0",
             "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
             # Retries come quickly in a demo; the defaults are 2 s doubling up to 60 s.
             "EMAIL_RETRY_BACKOFF_BASE": "1",

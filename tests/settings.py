@@ -5,6 +5,25 @@ short retry delays so exhausting five attempts takes seconds."""
 import os
 import uuid
 
+# Set, not defaulted: what a developer exported for their own use (DJANGO_DEBUG=1, the
+# whsec_... of `stripe listen`) must not change what the tests run, and the tests sign their
+# events with these secrets (tests/conftest.py). The processes the tests start (workers,
+# gunicorn, manage.py) inherit them through this process's environment.
+os.environ.update(
+    {
+        # DEBUG off, as in production. The test runner (pytest-django, like Django's own)
+        # forces settings.DEBUG to False in this process anyway; setting it here keeps the
+        # processes the tests start, which read this module but are not under the runner, on
+        # the same production code path.
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": "tests-only-secret-key-" + "0123456789abcdef" * 3,
+        "STRIPE_WEBHOOK_SECRET": "whsec_test_primary,whsec_test_rolled",
+        # No HTTPS redirect (nor Secure-only cookies, nor HSTS), which DEBUG off would turn on:
+        # the tests speak plain HTTP (the test client, live_server, gunicorn on loopback).
+        # tests/core/test_settings.py covers the HTTPS settings themselves.
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+    }
+)
 _RUN = os.environ.setdefault("TEST_RUN_ID", uuid.uuid4().hex[:10])
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("CELERY_BROKER_KEY_PREFIX", f"test-{_RUN}:")
@@ -12,7 +31,6 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{_RUN}")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
-os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_test_primary,whsec_test_rolled")
 os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
 
 from core.settings import *  # noqa: E402, F403

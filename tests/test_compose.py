@@ -7,8 +7,11 @@ variable compose sets must be one core/settings.py reads, commands must match th
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -192,6 +195,76 @@ def test_app_environment(services: dict[str, dict[str, Any]]) -> None:
 LIBRARY_ENV = {"PROMETHEUS_MULTIPROC_DIR"}
 
 
+def test_worker_metrics_are_served_inside_the_network_only(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The app binds the worker's metrics port to loopback unless told otherwise; compose
+    tells it all interfaces, for Prometheus in another container, and publishes nothing."""
+    worker = services["worker"]
+    assert environment(worker)["WORKER_METRICS_ADDR"] == "0.0.0.0"
+    assert "ports" not in worker
+    assert "WORKER_METRICS_ADDR" not in environment(services["web"])
+
+
+def interpolated(value: str, secrets: dict[str, str]) -> str:
+    """``value`` as Compose substitutes it: ``${NAME:?...}`` (required) from ``secrets``,
+    ``${NAME:-default}`` from its default, ``$$`` as ``$``."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name, operator, rest = match.groups()
+        if operator == ":?":
+            return secrets[name]
+        assert operator == ":-", match.group(0)
+        return rest
+
+    return re.sub(r"\$\{([A-Z][A-Z0-9_]*)(:\?|:-)([^}]*)\}", substitute, value).replace("$$", "$")
+
+
+def secret_key_as_documented() -> str:
+    """A DJANGO_SECRET_KEY made by the command the top of compose.yaml tells the user to run."""
+    match = re.search(r'DJANGO_SECRET_KEY="\$\((.+?)\)"', COMPOSE.read_text())
+    assert match, "compose.yaml no longer says how to make DJANGO_SECRET_KEY"
+    made = subprocess.run(
+        ["sh", "-c", match.group(1)], capture_output=True, text=True, timeout=30, check=True
+    )
+    return made.stdout.strip()
+
+
+@pytest.mark.parametrize("service", [*APP_SERVICES, "migrate"])
+def test_check_deploy_passes_with_the_environment_compose_gives(
+    services: dict[str, dict[str, Any]], service: str, tmp_path: Path
+) -> None:
+    """``manage.py check --deploy --fail-level WARNING`` in exactly the environment Compose
+    gives the service, secrets made as its comments say. The hosts in it (postgres, redis,
+    mailpit) do not exist here: the check must not need them."""
+    secrets = {
+        "DJANGO_SECRET_KEY": secret_key_as_documented(),
+        "STRIPE_WEBHOOK_SECRET": "whsec_" + os.urandom(24).hex(),
+    }
+    env = {
+        name: interpolated(value, secrets) for name, value in environment(services[service]).items()
+    }
+    if "PROMETHEUS_MULTIPROC_DIR" in env:  # a path inside the container
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
+    shell = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        # The image sets DJANGO_SETTINGS_MODULE=core.settings; manage.py defaults to it too.
+        env={**shell, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # What it reports: only compose's explicit choice of plain HTTP, as the one INFO.
+    issues = [line for line in result.stderr.splitlines() if line.startswith("?: (")]
+    assert len(issues) == 1, result.stderr
+    assert issues[0].startswith("?: (core.I001) HTTPS-only settings are off"), result.stderr
+    assert "System check identified 1 issue (4 silenced)." in result.stderr
+
+
 def test_every_app_variable_is_read_by_settings(services: dict[str, dict[str, Any]]) -> None:
     # A setting renamed in core/settings.py but not here would be silently ignored.
     known = settings_env_names() | LIBRARY_ENV
@@ -258,6 +331,14 @@ def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
     assert users[-1].split(":")[0] not in ("root", "0")
     assert "EXPOSE 8000" in lines
     assert any(line.startswith("CMD") and "gunicorn" in line for line in lines)
+    # Production mode: DEBUG is off unless DJANGO_DEBUG is set, and the image never sets it.
+    assert "DJANGO_DEBUG" not in "\n".join(lines)
+    # The CMD runs from WORKDIR, where COPY put ./gunicorn.conf.py: gunicorn's master reads it
+    # and checks the settings before any worker starts.
+    assert "WORKDIR /app" in lines
+    assert (ROOT / "gunicorn.conf.py").is_file()
+    ignored = {line.strip() for line in DOCKERIGNORE.read_text().splitlines()}
+    assert not ignored & {"gunicorn.conf.py", "*.conf.py", "/gunicorn.conf.py"}
 
 
 def test_dockerignore_keeps_local_state_out() -> None:

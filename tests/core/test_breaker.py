@@ -249,6 +249,8 @@ def test_a_visibility_timeout_shorter_than_a_deferral_is_refused() -> None:
         env={
             "PATH": "/usr/bin:/bin",
             "DJANGO_SETTINGS_MODULE": "core.settings",
+            # Development secrets: only the timing is under test.
+            "DJANGO_DEBUG": "1",
             "CELERY_VISIBILITY_TIMEOUT": "150",
             "EMAIL_BREAKER_RESET_SECONDS": "60",
         },

@@ -6,6 +6,7 @@ worker sharing their counts across processes."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -399,6 +400,39 @@ def test_worker_metrics_are_not_served_from_a_prefork_worker_without_a_shared_di
     assert "PROMETHEUS_MULTIPROC_DIR is not" in caplog.text
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on ``port``, from Linux's /proc."""
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                # Each 32-bit word of the address is printed in host (little-endian) order.
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(socket.inet_ntop(family, raw))
+    return found
+
+
+@pytest.mark.slow
+def test_worker_metrics_listen_on_loopback_unless_configured(tmp_path: Path) -> None:
+    """Nothing authenticates the worker's metrics port: without WORKER_METRICS_ADDR, a real
+    worker serves it on 127.0.0.1 only, not on every interface."""
+    port = free_port()
+    env = worker_env(0, WORKER_METRICS_PORT=str(port), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    env.pop("WORKER_METRICS_ADDR", None)  # the default, whatever this shell exported
+    worker = WorkerProcess(env, name="metrics-bind")
+    try:
+        worker.wait_ready()
+        assert wait_until(lambda: listening_addresses(port), timeout=10), worker.output()
+        assert listening_addresses(port) == {"127.0.0.1"}
+        assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+    finally:
+        worker.stop()
+    assert f"worker metrics served on port {port} of 127.0.0.1" in worker.output()
 
 
 # --- Several processes, one count ---------------------------------------------------------------

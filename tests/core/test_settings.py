@@ -1,38 +1,88 @@
-"""Configuration: production refuses to start without secrets, passes check --deploy, and
-Celery is configured for at-least-once delivery."""
+"""Configuration: production is the default and refuses to start without secrets, passes
+check --deploy, trusts X-Forwarded-Proto only behind a configured proxy, and Celery is
+configured for at-least-once delivery."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import requests
 from django.conf import settings
+from django.db import connection
 
 from core.celery import app
+from tests.conftest import wait_until
+from tests.smtp import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+# Production as a deployment configures it: no DJANGO_DEBUG at all, because off is the default.
 PRODUCTION = {
-    "DJANGO_DEBUG": "0",
     "DJANGO_SECRET_KEY": "k3y-" + "a1B2c3D4e5F6g7H8i9J0" * 3,
     "STRIPE_WEBHOOK_SECRET": "whsec_live_example",
     "DJANGO_ALLOWED_HOSTS": "billing.example.com",
 }
 
 
+def clean_env(**env: str) -> dict[str, str]:
+    """A shell's bare environment (PATH, HOME, LANG) plus ``env``: nothing of this test run's
+    own settings. The database and the broker point where nothing listens, so a process that
+    was meant to refuse to start, and did not, touches nobody's data."""
+    nowhere = free_port()  # bound, then closed: nothing listens there
+    return {
+        **{k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ},
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{nowhere}/nowhere",
+        "CELERY_BROKER_URL": f"redis://127.0.0.1:{nowhere}/0",
+        "REDIS_URL": f"redis://127.0.0.1:{nowhere}/1",
+        **env,
+    }
+
+
 def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "STRIPE_"))}
+    """``python manage.py <args>`` on core.settings with ``env`` and nothing else set."""
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**base, "DJANGO_SETTINGS_MODULE": "core.settings", **env},
+        env=clean_env(DJANGO_SETTINGS_MODULE="core.settings", **env),
         timeout=60,
         check=False,
     )
+
+
+def settings_read(*names: str, env: dict[str, str]) -> list[str]:
+    """The repr of each setting in ``names`` as ``manage.py`` sees it with ``env``."""
+    code = "from django.conf import settings as s; " + "; ".join(
+        f"print(repr(s.{name}))" for name in names
+    )
+    result = manage("shell", "--no-imports", "-c", code, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_debug_is_off_unless_asked_for() -> None:
+    assert settings_read("DEBUG", env=PRODUCTION) == ["False"]
+    for off in ("0", "false", ""):
+        assert settings_read("DEBUG", env={**PRODUCTION, "DJANGO_DEBUG": off}) == ["False"], off
+    for on in ("1", "true"):
+        assert settings_read("DEBUG", env={**PRODUCTION, "DJANGO_DEBUG": on}) == ["True"], on
+
+
+def test_development_secrets_exist_only_while_debug_is_on() -> None:
+    key, webhook = settings_read("SECRET_KEY", "STRIPE_WEBHOOK_SECRETS", env={"DJANGO_DEBUG": "1"})
+    assert key.startswith("'django-insecure-")
+    assert webhook == "['whsec_development_only']"
+    # Set, they win even while debugging.
+    assert settings_read("SECRET_KEY", env={**PRODUCTION, "DJANGO_DEBUG": "1"}) == [
+        repr(PRODUCTION["DJANGO_SECRET_KEY"])
+    ]
 
 
 @pytest.mark.parametrize("missing", ["DJANGO_SECRET_KEY", "STRIPE_WEBHOOK_SECRET"])
@@ -40,14 +90,51 @@ def test_production_without_a_secret_stops_with_a_clear_message(missing: str) ->
     env = {k: v for k, v in PRODUCTION.items() if k != missing}
     result = manage("check", env=env)
     assert result.returncode != 0
-    assert f"{missing} must be set when DJANGO_DEBUG is off" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"Configuration error: {missing} must be set when DJANGO_DEBUG is off (the default): "
+        "it has no production default."
+    ]
+
+
+def test_production_without_any_secret_names_both_at_once() -> None:
+    result = manage("check", env={"DJANGO_ALLOWED_HOSTS": "billing.example.com"})
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "Configuration error: DJANGO_SECRET_KEY and STRIPE_WEBHOOK_SECRET must be set when "
+        "DJANGO_DEBUG is off (the default): they have no production default."
+    ]
 
 
 def test_production_configuration_passes_check_deploy() -> None:
     result = manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
     assert result.returncode == 0, result.stderr
     assert "System check identified no issues (0 silenced)." in result.stdout
+
+
+def test_an_explicit_https_opt_out_silences_only_its_own_deploy_warnings() -> None:
+    opted_out = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        env={**PRODUCTION, "DJANGO_SECURE_SSL_REDIRECT": "0"},
+    )
+    assert opted_out.returncode == 0, opted_out.stderr
+    assert "(core.I001) HTTPS-only settings are off" in opted_out.stderr  # said once, not hidden
+    assert "?: (security." not in opted_out.stderr
+    assert "(4 silenced)" in opted_out.stderr
+    # Every other deployment check still applies: a weak key is still reported.
+    weak_key = manage(
+        "check",
+        "--deploy",
+        env={**PRODUCTION, "DJANGO_SECURE_SSL_REDIRECT": "0", "DJANGO_SECRET_KEY": "short"},
+    )
+    assert "(security.W009)" in weak_key.stderr
+    # HTTPS off only because DEBUG is on is not an opt-out: all four warnings stay.
+    debugging = manage("check", "--deploy", env={**PRODUCTION, "DJANGO_DEBUG": "1"})
+    for warning in ("W004", "W008", "W012", "W016", "W018"):
+        assert f"(security.{warning})" in debugging.stderr, warning
+    assert "core.I001" not in debugging.stderr
 
 
 def test_https_settings_can_be_turned_off_for_plain_http() -> None:
@@ -63,14 +150,106 @@ def test_https_settings_can_be_turned_off_for_plain_http() -> None:
     assert off.stdout.split() == ["False", "False", "0"]
 
 
+# gunicorn as the README and the Docker image start it (reading ./gunicorn.conf.py), and as
+# compose.yaml does.
+GUNICORN_COMMANDS = {
+    "gunicorn core.wsgi": ["core.wsgi"],
+    "gunicorn -c python:core.gunicorn_conf core.wsgi": [
+        "-c",
+        "python:core.gunicorn_conf",
+        "core.wsgi",
+    ],
+}
+
+
+@contextmanager
+def gunicorn(args: list[str], **env: str) -> Iterator[str]:
+    """``gunicorn <args>`` on core.settings, as production runs it, with ``env``; yields its
+    URL once it answers. The database is this test's."""
+    db = connection.settings_dict
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="gunicorn-")) / "gunicorn.log"
+    with log.open("w") as output:
+        proc = subprocess.Popen(
+            [Path(sys.executable).parent / "gunicorn", *args, "-b", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=clean_env(
+                DJANGO_SETTINGS_MODULE="core.settings",
+                DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+                **{k: os.environ[k] for k in ("CELERY_BROKER_KEY_PREFIX", "REDIS_KEY_PREFIX")},
+                CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+                REDIS_URL=settings.REDIS_URL,
+                **PRODUCTION,
+                **env,
+            ),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            requests.get(f"{url}/admin/login/", allow_redirects=False, timeout=10)
+        except requests.RequestException:
+            return proc.poll() is not None  # stop waiting on a server that died
+        return True
+
+    try:
+        assert wait_until(answers, timeout=60), log.read_text()
+        assert proc.poll() is None, log.read_text()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def login_page(url: str, *, forwarded_proto: str) -> requests.Response:
+    """A plain-HTTP request as a proxy forwards it: its Host, and what it says the client's
+    scheme was."""
+    return requests.get(
+        f"{url}/admin/login/",
+        headers={"Host": "billing.example.com", "X-Forwarded-Proto": forwarded_proto},
+        allow_redirects=False,
+        timeout=10,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+@pytest.mark.parametrize("command", GUNICORN_COMMANDS)
+def test_x_forwarded_proto_is_ignored_without_a_configured_proxy(command: str) -> None:
+    # From loopback, the peer gunicorn itself would trust (core/gunicorn_conf.py).
+    args = GUNICORN_COMMANDS[command]
+    with gunicorn(args, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="0") as url:
+        spoofed = login_page(url, forwarded_proto="https")
+    # The client's own header: a plain-HTTP request is still sent to HTTPS.
+    assert spoofed.status_code == 301
+    assert spoofed.headers["Location"] == "https://billing.example.com/admin/login/"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_x_forwarded_proto_is_trusted_behind_a_configured_proxy() -> None:
+    args = GUNICORN_COMMANDS["gunicorn core.wsgi"]
+    with gunicorn(args, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="1") as url:
+        over_https = login_page(url, forwarded_proto="https")
+        over_http = login_page(url, forwarded_proto="http")
+    # TLS ended at the proxy: served, not redirected again (no loop), and HTTPS-only headers.
+    assert over_https.status_code == 200
+    assert "Strict-Transport-Security" in over_https.headers
+    # The proxy says the client came over plain HTTP: redirected.
+    assert over_http.status_code == 301
+    assert over_http.headers["Location"] == "https://billing.example.com/admin/login/"
+
+
 def test_zero_tolerance_is_refused() -> None:
-    result = manage("check", env={"STRIPE_WEBHOOK_TOLERANCE": "0"})
+    result = manage("check", env={**PRODUCTION, "STRIPE_WEBHOOK_TOLERANCE": "0"})
     assert result.returncode != 0
     assert "STRIPE_WEBHOOK_TOLERANCE must be a positive number" in result.stderr
 
 
 def test_visibility_timeout_shorter_than_a_countdown_is_refused() -> None:
-    result = manage("check", env={"CELERY_VISIBILITY_TIMEOUT": "60"})
+    result = manage("check", env={**PRODUCTION, "CELERY_VISIBILITY_TIMEOUT": "60"})
     assert result.returncode != 0
     assert "CELERY_VISIBILITY_TIMEOUT must outlive" in result.stderr
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.test_settings import manage
+from tests.core.test_settings import PRODUCTION, manage
 
 
 @pytest.mark.parametrize("rate", ["lots", "0/min", "10/week", "-5/s", "5"])
 def test_a_malformed_throttle_rate_is_refused(rate: str) -> None:
-    result = manage("check", env={"WEBHOOK_THROTTLE_RATE": rate})
+    result = manage("check", env={**PRODUCTION, "WEBHOOK_THROTTLE_RATE": rate})
     assert result.returncode != 0
     assert "WEBHOOK_THROTTLE_RATE must look like 6000/min" in result.stderr
 
 
 @pytest.mark.parametrize("rate", ["100/s", "6000/min", "100000/hour", "1/day", ""])
 def test_well_formed_throttle_rates_are_accepted(rate: str) -> None:
-    result = manage("check", env={"WEBHOOK_THROTTLE_RATE": rate})
+    result = manage("check", env={**PRODUCTION, "WEBHOOK_THROTTLE_RATE": rate})
     assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize(("soft", "hard"), [("100", "10"), ("0", "10")])
 def test_marks_out_of_order_are_refused(soft: str, hard: str) -> None:
-    result = manage("check", env={"BACKPRESSURE_SOFT_MARK": soft, "BACKPRESSURE_HARD_MARK": hard})
+    marks = {"BACKPRESSURE_SOFT_MARK": soft, "BACKPRESSURE_HARD_MARK": hard}
+    result = manage("check", env={**PRODUCTION, **marks})
     assert result.returncode != 0
     assert "BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK" in result.stderr

@@ -1,0 +1,27 @@
+"""System checks of the project's own (registered in ``CoreConfig.ready``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Info
+
+
+def https_opt_out_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``check --deploy``: an explicit ``DJANGO_SECURE_SSL_REDIRECT=0`` silences Django's four
+    warnings about what it turns off (``settings.HTTPS_OPT_OUT_CHECKS``); this says so, once,
+    so that a deployment serving plain HTTP on purpose still reads as one."""
+    if not settings.HTTPS_OPTED_OUT:
+        return []
+    return [
+        Info(
+            "HTTPS-only settings are off (DJANGO_SECURE_SSL_REDIRECT=0): no redirect to "
+            "HTTPS, no HSTS, cookies not Secure-only; Django's warnings about them are "
+            f"silenced ({', '.join(settings.HTTPS_OPT_OUT_CHECKS)}).",
+            hint="Fine for plain HTTP on a laptop or a closed network. Serving the internet, "
+            "terminate TLS in front of the app, set NUM_PROXIES, and leave "
+            "DJANGO_SECURE_SSL_REDIRECT unset.",
+            id="core.I001",
+        )
+    ]

@@ -1,0 +1,98 @@
+"""core.startup: every entry point, started as the README, compose.yaml and the Docker image
+start it, from a shell's bare environment, refuses a production configuration without its
+secrets with exactly one line on stderr naming what is missing, a non-zero exit status and no
+traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.core.test_settings import PRODUCTION, ROOT, clean_env
+from tests.smtp import free_port
+
+BIN = Path(sys.executable).parent
+ENTRY_POINTS = {
+    "manage.py check": [sys.executable, "manage.py", "check"],
+    # A command of the project's own, which Django finds only in settings that load.
+    "manage.py setup_periodic_tasks": [sys.executable, "manage.py", "setup_periodic_tasks"],
+    # Reads ./gunicorn.conf.py: the master stops before it logs or forks anything.
+    "gunicorn core.wsgi": [str(BIN / "gunicorn"), "core.wsgi", "-b", "127.0.0.1:0"],
+    "gunicorn -c python:core.gunicorn_conf core.wsgi": [
+        str(BIN / "gunicorn"),
+        "-c",
+        "python:core.gunicorn_conf",
+        "core.wsgi",
+        "-b",
+        "127.0.0.1:0",
+    ],
+    "celery -A core worker": [str(BIN / "celery"), "-A", "core", "worker"],
+    "celery -A core beat": [str(BIN / "celery"), "-A", "core", "beat"],
+}
+
+
+def start(
+    argv: list[str], env: dict[str, str], cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def refusal(*missing: str) -> str:
+    if len(missing) == 1:
+        return (
+            f"Configuration error: {missing[0]} must be set when DJANGO_DEBUG is off "
+            "(the default): it has no production default."
+        )
+    return (
+        f"Configuration error: {' and '.join(missing)} must be set when DJANGO_DEBUG is off "
+        "(the default): they have no production default."
+    )
+
+
+@pytest.mark.parametrize("missing", ["DJANGO_SECRET_KEY", "STRIPE_WEBHOOK_SECRET"])
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_each_entry_point_refuses_a_missing_secret_in_one_line(
+    entry_point: str, missing: str
+) -> None:
+    # No DJANGO_DEBUG: production is what a copy started with nothing set runs as.
+    env = {k: v for k, v in PRODUCTION.items() if k != missing}
+    result = start(ENTRY_POINTS[entry_point], env)
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [refusal(missing)], result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("entry_point", ["gunicorn core.wsgi", "celery -A core worker"])
+def test_nothing_set_names_every_missing_secret(entry_point: str) -> None:
+    result = start(ENTRY_POINTS[entry_point], {})
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [refusal("DJANGO_SECRET_KEY", "STRIPE_WEBHOOK_SECRET")], (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize("entry_point", ["gunicorn core.wsgi", "celery -A core worker"])
+def test_any_refused_setting_is_one_line_too(entry_point: str) -> None:
+    result = start(ENTRY_POINTS[entry_point], {**PRODUCTION, "CELERY_VISIBILITY_TIMEOUT": "60"})
+    assert result.returncode != 0
+    [line] = result.stderr.splitlines()
+    assert line.startswith("Configuration error: CELERY_VISIBILITY_TIMEOUT must outlive"), line
+
+
+def test_gunicorn_started_elsewhere_stops_without_a_traceback(tmp_path: Path) -> None:
+    """Outside the project's directory and without -c, gunicorn reads no configuration of
+    ours and the worker loads core.wsgi: it says why once, and its exit status makes the
+    arbiter stop instead of forking it again and again."""
+    argv = [str(BIN / "gunicorn"), "core.wsgi", "-b", f"127.0.0.1:{free_port()}", "-w", "1"]
+    env = {k: v for k, v in PRODUCTION.items() if k != "DJANGO_SECRET_KEY"}
+    result = start(argv, env, cwd=tmp_path)
+    assert result.returncode == 4  # gunicorn's "App failed to load"
+    assert "Traceback" not in result.stderr
+    naming = [line for line in result.stderr.splitlines() if "DJANGO_SECRET_KEY" in line]
+    assert naming == [refusal("DJANGO_SECRET_KEY")], result.stderr
+    assert "App failed to load." in result.stderr
