@@ -125,13 +125,24 @@ def dlq_alert() -> Any:
 
 
 def retention_purge_run(*, batch: int = 5000) -> dict[str, int]:
-    """Delete processed webhook events and published outbox rows past their retention."""
+    """Clear the raw body and headers of webhook events past their body retention (any
+    state), and delete processed or ignored events and published outbox rows past their own.
+    Batch by batch, so no statement holds many rows; safe to run twice (a second run finds
+    nothing left to do)."""
     from core.models import OutboxMessage
     from webhooks.models import WebhookEvent
 
     now = timezone.now()
-    deleted = {"webhook_events": 0, "outbox_messages": 0}
-    targets = (
+    done = {"webhook_bodies_cleared": 0, "webhook_events": 0, "outbox_messages": 0}
+    uncleared = WebhookEvent.objects.filter(
+        received_at__lt=now - timedelta(days=settings.WEBHOOK_BODY_RETENTION_DAYS),
+        body_cleared_at__isnull=True,
+    )
+    while ids := list(uncleared.values_list("pk", flat=True)[:batch]):
+        done["webhook_bodies_cleared"] += WebhookEvent.objects.filter(pk__in=ids).update(
+            body="", headers={}, body_cleared_at=now
+        )
+    doomed = (
         (
             "webhook_events",
             WebhookEvent.objects.filter(
@@ -146,14 +157,11 @@ def retention_purge_run(*, batch: int = 5000) -> dict[str, int]:
             ),
         ),
     )
-    for label, queryset in targets:
-        while True:
-            ids = list(queryset.values_list("pk", flat=True)[:batch])
-            if not ids:
-                break
+    for label, queryset in doomed:
+        while ids := list(queryset.values_list("pk", flat=True)[:batch]):
             count, _ = queryset.model.objects.filter(pk__in=ids).delete()
-            deleted[label] += count
-    return deleted
+            done[label] += count
+    return done
 
 
 @shared_task(base=JobTask, name="core.retention_purge")

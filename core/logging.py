@@ -30,11 +30,19 @@ own, has already applied ``settings.LOGGING``; without the receiver Celery would
 root handlers with its own, and the worker's lines would carry neither the JSON format nor
 these fields. A worker or beat logs at the more verbose of ``LOG_LEVEL`` and its
 ``--loglevel``.
+
+Personal data: unless ``LOG_PII=1``, both formatters mask every email address in the finished
+line (``jenny@example.com`` -> ``j***@example.com``), wherever it came from: a message, an
+``extra`` field, an exception's text (an SMTP server's "550 <jenny@...> unknown"), a
+traceback, or Celery's own lines about a task. The domain stays, as operators need it to tell a
+mail provider's trouble from one mailbox's. The database keeps the full address: the admin
+and the API, not the logs, are where an operator reads it.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +51,7 @@ from typing import Any
 
 from celery import current_task
 from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
+from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
 # The fields a log context may hold, and their order on a text line.
 CONTEXT_FIELDS = ("event_id", "invoice_id")
@@ -98,8 +107,35 @@ class ContextFilter(logging.Filter):
         return True
 
 
+# An address as it appears in log text: a local part of anything but separators, "@", and a
+# domain with at least one dot. Deliberately generous (quoted local parts, non-ASCII letters,
+# JSON's \\u escapes of them, "<...>" around it): masking a false positive costs a little
+# readability, missing one costs a customer's address in a log store.
+_PART = r"""[^\s@<>()\[\],;:"'`=/]+"""
+_EMAIL = re.compile(rf"({_PART})@({_PART}\.{_PART})")
+
+
+def _masked(match: re.Match[str]) -> str:
+    local = match.group(1)
+    # Keep the first letter, not a backslash: "\\***" would break a JSON escape.
+    keep = local[0] if local[0].isalnum() else ""
+    return f"{keep}***@{match.group(2)}"
+
+
+def pii_mask(text: str) -> str:
+    """``jenny.rosen@example.com`` -> ``j***@example.com``, for every address in ``text``."""
+    if "@" not in text:  # the common case costs one scan
+        return text
+    return _EMAIL.sub(_masked, text)
+
+
 class TextFormatter(logging.Formatter):
-    """The standard format, then `` name=value`` for each context field the record has."""
+    """The standard format, then `` name=value`` for each context field the record has; email
+    addresses masked unless ``mask_pii`` is False (``LOG_PII=1``)."""
+
+    def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mask_pii = mask_pii
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -108,11 +144,25 @@ class TextFormatter(logging.Formatter):
             for name in FIELDS
             if (value := getattr(record, name, None)) is not None
         )
-        if not suffix:
-            return line
-        # Before a traceback, if any: the fields belong to the line, not to its last frame.
-        first, newline, rest = line.partition("\n")
-        return f"{first} {suffix}{newline}{rest}"
+        if suffix:
+            # Before a traceback, if any: the fields belong to the line, not to its last frame.
+            first, newline, rest = line.partition("\n")
+            line = f"{first} {suffix}{newline}{rest}"
+        return pii_mask(line) if self.mask_pii else line
+
+
+class JsonFormatter(JsonFormatterBase):
+    """python-json-logger's formatter (every field a top-level key), with email addresses
+    masked in the finished object unless ``mask_pii`` is False (``LOG_PII=1``). Masking the
+    serialised text keeps it valid JSON: the replacement holds no quote or backslash."""
+
+    def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mask_pii = mask_pii
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return pii_mask(line) if self.mask_pii else line
 
 
 # --- Celery --------------------------------------------------------------------------------------

@@ -323,7 +323,19 @@ CELERY_BEAT_SYNC_EVERY = 1
 # A paid invoice with no email and nothing pending for this long is re-enqueued by reconcile.
 RECONCILE_QUIET_SECONDS = env.int("RECONCILE_QUIET_SECONDS", default=600)
 RECONCILE_WINDOW_DAYS = env.int("RECONCILE_WINDOW_DAYS", default=7)
+# Days a webhook event's raw body and headers (customer names, addresses, client IPs) are
+# kept, whatever the event's state; the row itself stays for WEBHOOK_RETENTION_DAYS.
+WEBHOOK_BODY_RETENTION_DAYS = env.int("WEBHOOK_BODY_RETENTION_DAYS", default=30)
+# Days a processed or ignored event's row is kept. Its event id is what makes a redelivery a
+# duplicate, and Stripe redelivers for up to 3 days: never less than that.
 WEBHOOK_RETENTION_DAYS = env.int("WEBHOOK_RETENTION_DAYS", default=30)
+if WEBHOOK_RETENTION_DAYS < 3:
+    raise ImproperlyConfigured(
+        "WEBHOOK_RETENTION_DAYS must be at least 3: Stripe redelivers an event for up to 3 "
+        "days, and only the stored event id makes the redelivery a duplicate."
+    )
+if WEBHOOK_BODY_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured("WEBHOOK_BODY_RETENTION_DAYS must be at least 1.")
 OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 
 # --- Dead letters -----------------------------------------------------------------------------
@@ -414,6 +426,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- Logging ----------------------------------------------------------------------------------
 LOG_FORMAT = env.str("LOG_FORMAT", default="text")
+# Email addresses in log lines are masked (j***@example.com) unless LOG_PII=1: logs travel to
+# more places, and are kept longer, than the database rows operators read them from.
+LOG_PII = env.bool("LOG_PII", default=False)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -423,10 +438,12 @@ LOGGING = {
         "text": {
             "()": "core.logging.TextFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "mask_pii": not LOG_PII,
         },
         "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "core.logging.JsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "mask_pii": not LOG_PII,
         },
     },
     "filters": {"context": {"()": "core.logging.ContextFilter"}},

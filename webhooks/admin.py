@@ -55,6 +55,8 @@ class WebhookEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Body")
     def body_pretty(self, obj: WebhookEvent) -> str:
+        if obj.body_cleared_at is not None:
+            return f"Cleared by retention on {obj.body_cleared_at:%Y-%m-%d %H:%M} UTC."
         try:
             text = json.dumps(json.loads(obj.body), indent=2, ensure_ascii=False)
         except (ValueError, RecursionError):

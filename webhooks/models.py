@@ -17,6 +17,9 @@ class WebhookEvent(models.Model):
     livemode = models.BooleanField(default=False)
     body = models.TextField(help_text="The raw body exactly as received.")
     headers = models.JSONField(default=dict)
+    # When retention cleared the body and headers (WEBHOOK_BODY_RETENTION_DAYS): the row, and
+    # with it the event id that makes a redelivery a duplicate, stays.
+    body_cleared_at = models.DateTimeField(null=True, blank=True)
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
     state = models.CharField(max_length=10, choices=State.choices)
     error = models.TextField(blank=True)

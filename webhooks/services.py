@@ -139,6 +139,10 @@ def _signed_at(row: WebhookEvent) -> int:
 
 def _reapply(row: WebhookEvent) -> tuple[str, str]:
     """Parse and apply one stored event; its new state and error."""
+    if row.body_cleared_at is not None:
+        return WebhookEvent.State.FAILED, (
+            "its raw body was cleared by retention (WEBHOOK_BODY_RETENTION_DAYS); nothing to apply"
+        )
     try:
         # A savepoint: an apply that fails half-way leaves nothing behind.
         with transaction.atomic():

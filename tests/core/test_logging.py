@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from core.logging import log_context, log_context_bind, log_context_fields
+from core.logging import log_context, log_context_bind, log_context_fields, pii_mask
 from core.models import OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from tests.conftest import paid_event, post_event, wait_until
@@ -159,3 +159,49 @@ def test_json_lines_of_a_worker_process_carry_event_invoice_task_and_attempt(
     assert all(r["event_id"] == event["id"] for r in job_lines)
     assert all(r["invoice_id"] == invoice.pk for r in job_lines)
     assert {r["attempt"] for r in job_lines} == {1, 2}
+
+
+def test_pii_mask_keeps_the_domain_and_valid_json() -> None:
+    assert pii_mask("to jenny.rosen@example.com now") == "to j***@example.com now"
+    assert pii_mask("<a@b.co>, {'x.y@z.example.org': (550, b'5.1.1')}") == (
+        "<a***@b.co>, {'x***@z.example.org': (550, b'5.1.1')}"
+    )
+    assert pii_mask("no address @ all, user@localhost") == "no address @ all, user@localhost"
+    # JSON escapes of a non-ASCII address stay valid JSON once masked.
+    line = json.dumps({"message": 'refused "\u00e9lise@ex\u00e4mple.com"'})
+    assert json.loads(pii_mask(line)) == {"message": 'refused "***@ex\u00e4mple.com"'}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("log_format", "log_pii"), [("text", "0"), ("json", "0"), ("text", "1")])
+def test_a_refused_recipient_never_reaches_the_logs_unless_log_pii_is_on(
+    client: Client, smtp: SmtpServer, log_format: str, log_pii: str
+) -> None:
+    """The address is in the SMTP error, the dead letter's reason, and Celery's own line about
+    the failed task: a real worker process writes none of them in full by default."""
+    address = "jenny.rosen@example.com"
+    smtp.handler.faults.refuse = {address}
+    worker = WorkerProcess(
+        worker_env(smtp.port, LOG_FORMAT=log_format, LOG_PII=log_pii), name=f"pii-{log_format}"
+    )
+    try:
+        worker.wait_ready()
+        event = paid_event(customer_email=address)
+        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        assert wait_until(lambda: "dead-lettered" in worker.output(), timeout=30)
+        assert wait_until(lambda: "raised unexpected" in worker.output(), timeout=10)
+    finally:
+        worker.stop()
+
+    output = worker.output()
+    if log_pii == "1":
+        assert address in output
+        return
+    assert address not in output
+    assert "jenny.rosen" not in output
+    assert "j***@example.com" in output  # the domain stays: a provider's trouble shows
+    if log_format == "json":
+        for line in output.splitlines():
+            if line.startswith("{"):
+                json.loads(line)  # masking kept every line valid JSON
