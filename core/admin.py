@@ -345,6 +345,20 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
             )
         )
 
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # django-celery-beat's own actions (enable, disable, toggle, run) declare no
+        # permission, so Django would offer them to anyone who may view the schedules. They
+        # change a schedule or start its job: an action that declares nothing needs the change
+        # permission here.
+        actions = super().get_actions(request)
+        if self.has_change_permission(request):
+            return actions
+        return {
+            name: action
+            for name, action in actions.items()
+            if hasattr(action[0], "allowed_permissions")
+        }
+
     @admin.display(description="Job last ran", ordering="job_started_at")
     def job_last_run(self, obj: PeriodicTask) -> Any:
         return getattr(obj, "job_started_at", None)

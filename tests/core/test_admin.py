@@ -278,6 +278,34 @@ def test_django_celery_beats_own_actions_still_work(superuser: Client) -> None:
     assert task.enabled is False
 
 
+def test_beats_own_actions_need_the_change_permission(viewer: Client, staff: Client) -> None:
+    """django-celery-beat declares no permission on its actions: without the change
+    permission, neither a viewer nor an operator may disable a schedule or run a job."""
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    task = PeriodicTask.objects.get(name="dlq-alert")
+    for client in (viewer, staff):
+        assert rows(client.get(PERIODIC))  # they see the schedules
+        assert action_choices(client.get(PERIODIC)) == []
+        assert messages(run_action(client, PERIODIC, "disable_tasks", [task.pk])) == []
+    task.refresh_from_db()
+    assert task.enabled is True
+    scheduler = admin_as(
+        staff_user(
+            "scheduler",
+            perms=[
+                "django_celery_beat.view_periodictask",
+                "django_celery_beat.change_periodictask",
+            ],
+        )
+    )
+    assert set(action_choices(scheduler.get(PERIODIC))) == {
+        "enable_tasks",
+        "disable_tasks",
+        "toggle_tasks",
+        "run_tasks",
+    }
+
+
 def test_scheduled_jobs_page_renders(staff: Client) -> None:
     jobs.dlq_alert.apply().get()
     listed = rows(staff.get("/admin/core/scheduledjob/"))
