@@ -418,10 +418,7 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
             target=invoice,
             detail=reason,
             before=before,
-            after={
-                "recipient_override": invoice.recipient_override,
-                "recipient": invoice.recipient,
-            },
+            after=_recipient_state(invoice),
         )
     log_context_bind(invoice_id=invoice.pk)
     logger.info(
