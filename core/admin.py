@@ -1,21 +1,42 @@
 """Admin for the async machinery: rows that record what happened are read-only; operators act
-through named actions that call the same services as the commands."""
+through named actions that call the same services as the commands. Each action declares the
+permission it needs (``@admin.action(permissions=...)``), so a staff user without it sees the
+rows and no action; each action is recorded by its service as an ``OperatorAction``, listed
+read-only here and beside the row it acted on."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.contrib.admin.utils import quote
+from django.contrib.contenttypes.admin import GenericTabularInline
+from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
 from core.deadletters import dead_letter_replay
 from core.locks import lock_holder
-from core.models import DeadLetter, OutboxMessage, ScheduledJob
+from core.models import DeadLetter, OperatorAction, OutboxMessage, ScheduledJob
 from core.outbox import outbox_republish
+
+
+def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
+    """Whether the user holds ``codename``, a permission ``model`` declares in its Meta."""
+    return request.user.has_perm(f"{model._meta.app_label}.{codename}")
+
+
+def admin_actor(request: HttpRequest) -> str:
+    """The actor an admin action is recorded under."""
+    return f"admin:{request.user.get_username()}"
+
+
+def _json(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -27,6 +48,96 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class OperatorActionInline(GenericTabularInline):
+    """The operator actions taken on the row the page shows, newest first."""
+
+    model = OperatorAction
+    ct_field = "target_type"
+    ct_fk_field = "target_id"
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "operator actions"
+    fields = ("created_at", "action", "actor", "detail", "before_json", "after_json")
+    readonly_fields = fields
+
+    @admin.display(description="Before")
+    def before_json(self, obj: OperatorAction) -> str:
+        return _json(obj.before)
+
+    @admin.display(description="After")
+    def after_json(self, obj: OperatorAction) -> str:
+        return _json(obj.after)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OperatorAction]:
+        return super().get_queryset(request).order_by("-created_at", "-pk")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ViaFilter(admin.SimpleListFilter):
+    title = "via"
+    parameter_name = "via"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("admin", "Admin"), ("api", "API"), ("cli", "Command line")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(actor__startswith=f"{value}:") if value else queryset
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "action", "actor", "target_link", "detail")
+    list_filter = ("action", ViaFilter, ("target_type", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("actor", "target_label", "target_id", "detail")
+    date_hierarchy = "created_at"
+    fields = (
+        "created_at",
+        "action",
+        "actor",
+        "target_type",
+        "target_id",
+        "target_link",
+        "detail",
+        "before_pretty",
+        "after_pretty",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OperatorAction]:
+        return super().get_queryset(request).select_related("target_type")
+
+    @admin.display(description="Target", ordering="target_label")
+    def target_link(self, obj: OperatorAction) -> str:
+        label = obj.target_label or obj.target_id
+        if obj.target_type is None:
+            return label
+        try:
+            url = reverse(
+                f"admin:{obj.target_type.app_label}_{obj.target_type.model}_change",
+                args=[quote(obj.target_id)],
+            )
+        except NoReverseMatch:
+            return label
+        return format_html('<a href="{}">{}</a>', url, label)
+
+    @admin.display(description="Before")
+    def before_pretty(self, obj: OperatorAction) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.before, indent=2, ensure_ascii=False))
+
+    @admin.display(description="After")
+    def after_pretty(self, obj: OperatorAction) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.after, indent=2, ensure_ascii=False))
 
 
 class ReplayStateFilter(admin.SimpleListFilter):
@@ -60,6 +171,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     search_fields = ("task_id", "exception_message")
     date_hierarchy = "created_at"
     actions = ["replay_selected"]
+    inlines = [OperatorActionInline]
     fields = (
         "task",
         "task_id",
@@ -84,11 +196,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def traceback_display(self, obj: DeadLetter) -> str:
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.traceback)
 
-    @admin.action(description="Replay selected dead letters")
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, DeadLetter, "replay_deadletter")
+
+    @admin.action(description="Replay selected dead letters", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
         result = dead_letter_replay(
-            ids=list(queryset.values_list("pk", flat=True)),
-            actor=f"admin:{request.user.get_username()}",
+            ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request)
         )
         self.message_user(
             request, f"Replayed {len(result.replayed)} dead letter(s).", messages.SUCCESS
@@ -130,6 +244,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     list_filter = (PublishedFilter, "queue", "task")
     search_fields = ("task",)
     actions = ["republish_selected"]
+    inlines = [OperatorActionInline]
     readonly_fields = (
         "task",
         "args",
@@ -149,10 +264,13 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     def last_error_short(self, obj: OutboxMessage) -> str:
         return obj.last_error[:80]
 
-    @admin.action(description="Republish selected outbox messages")
+    def has_republish_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, OutboxMessage, "republish_outboxmessage")
+
+    @admin.action(description="Republish selected outbox messages", permissions=["republish"])
     def republish_selected(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        count = outbox_republish(ids=ids)
+        count = outbox_republish(ids=ids, actor=admin_actor(request))
         self.message_user(request, f"Republished {count} outbox message(s).", messages.SUCCESS)
         if count < len(ids):
             self.message_user(
@@ -226,6 +344,20 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
                 job_error=Subquery(job.values("last_error")[:1]),
             )
         )
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # django-celery-beat's own actions (enable, disable, toggle, run) declare no
+        # permission, so Django would offer them to anyone who may view the schedules. They
+        # change a schedule or start its job: an action that declares nothing needs the change
+        # permission here.
+        actions = super().get_actions(request)
+        if self.has_change_permission(request):
+            return actions
+        return {
+            name: action
+            for name, action in actions.items()
+            if hasattr(action[0], "allowed_permissions")
+        }
 
     @admin.display(description="Job last ran", ordering="job_started_at")
     def job_last_run(self, obj: PeriodicTask) -> Any:

@@ -1,5 +1,7 @@
-"""REST API for dead letters (staff only): list, read, replay. Replay calls the same service
-as the admin action and ``manage.py dlq replay``."""
+"""REST API for dead letters (staff only): list, read, replay. Reading needs the view
+permission and replaying the ``core.replay_deadletter`` power too (``core.permissions``).
+Replay calls the same service as the admin action and ``manage.py dlq replay``, which records
+it as an operator action."""
 
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ ReplayResponse = inline_serializer(
 )
 class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
     serializer_class = DeadLetterSerializer
+    action_permissions = {"replay": "core.replay_deadletter"}
 
     def get_queryset(self) -> QuerySet[DeadLetter]:
         queryset = DeadLetter.objects.order_by("-pk")

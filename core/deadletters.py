@@ -23,6 +23,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from core import queues
+from core.audit import operator_action_record
 from core.db import insert_or_skip
 from core.models import DeadLetter
 from core.outbox import outbox_enqueue, outbox_task_id
@@ -92,9 +93,13 @@ class ReplayResult:
     skipped: list[int]  # already replayed
 
 
-def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> ReplayResult:
+DEAD_LETTER_REPLAY = "dead_letter.replay"
+
+
+def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
     """Re-enqueue the original jobs of the given dead letters (all waiting ones if ``ids`` is
-    None). A dead letter is replayed at most once; replaying it again is reported as skipped."""
+    None). A dead letter is replayed at most once; replaying it again is reported as skipped.
+    Each one asked for is recorded as an operator action of ``actor``, replayed or skipped."""
     replayed: list[int] = []
     with transaction.atomic():
         letters = DeadLetter.objects.select_for_update().order_by("pk")
@@ -107,6 +112,12 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> Repl
         skipped = [letter.pk for letter in found if letter.replayed_at is not None]
         for letter in found:
             if letter.replayed_at is not None:
+                operator_action_record(
+                    action=DEAD_LETTER_REPLAY,
+                    actor=actor,
+                    target=letter,
+                    detail=f"skipped: already replayed by {letter.replayed_by or '?'}",
+                )
                 continue
             letter.replay_outbox = outbox_enqueue(
                 task=letter.task, args=letter.args, kwargs=letter.kwargs
@@ -115,6 +126,12 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str = "") -> Repl
             letter.replayed_by = actor[:150]
             letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
             replayed.append(letter.pk)
+            operator_action_record(
+                action=DEAD_LETTER_REPLAY,
+                actor=actor,
+                target=letter,
+                detail=f"replayed: the job is outbox message {letter.replay_outbox.pk}",
+            )
     if replayed:
         transaction.on_commit(lambda: dlq_broker_remove(dead_letter_ids=replayed), robust=True)
         logger.info(

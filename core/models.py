@@ -1,4 +1,4 @@
-"""Rows the async machinery keeps: outbox messages and dead letters.
+"""Rows the async machinery keeps: outbox messages, dead letters, and what operators did.
 
 PostgreSQL is the source of truth for every job: Redis keeps nothing across a restart here,
 so whatever must not be lost is a row before it is a message.
@@ -6,6 +6,8 @@ so whatever must not be lost is a row before it is a message.
 
 from __future__ import annotations
 
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.db.models import Q
 
@@ -33,6 +35,7 @@ class OutboxMessage(models.Model):
                 condition=Q(published_at__isnull=True),
             ),
         ]
+        permissions = [("republish_outboxmessage", "Can republish outbox message")]
 
     def __str__(self) -> str:
         return f"outbox #{self.pk} {self.task}{tuple(self.args)}"
@@ -80,6 +83,7 @@ class DeadLetter(models.Model):
                 condition=Q(replayed_at__isnull=True),
             ),
         ]
+        permissions = [("replay_deadletter", "Can replay dead letter")]
 
     def __str__(self) -> str:
         return f"dead letter #{self.pk} {self.task}{tuple(self.args)} ({self.reason})"
@@ -101,3 +105,33 @@ class ScheduledJob(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class OperatorAction(models.Model):
+    """One thing an operator did to one row, through the admin, the API or a command: which
+    action, who, when, on what, and what it came to (with the value before and after, for a
+    correction). The service that acts writes it in its own transaction (``core.audit``): an
+    action that rolled back leaves no row, and one that committed always has one."""
+
+    action = models.CharField(max_length=100, db_index=True)
+    # ``admin:<user>``, ``api:<user>`` or ``cli:<os user>``: where it came from, and who.
+    actor = models.CharField(max_length=150, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    target_type = models.ForeignKey(
+        ContentType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    target_id = models.CharField(max_length=64, blank=True)
+    target = GenericForeignKey("target_type", "target_id")
+    # What the target was called when it was acted on: it outlives the row (retention).
+    target_label = models.CharField(max_length=255, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["target_type", "target_id"], name="operatoraction_target_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor} on {self.target_label or '-'}"

@@ -9,7 +9,8 @@ wrote without a lock (the relay leaves rows younger than its grace period alone)
 between publishing and marking published publishes the row again: consumers are idempotent,
 so twice is harmless; never is what this prevents.
 ``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
-for a message the broker lost after it was marked published.
+for a message the broker lost after it was marked published, and records what became of each
+as an operator action.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from core import metrics, queues
+from core.audit import operator_action_record
 from core.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -119,16 +121,20 @@ def outbox_publish(
     return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
 
 
-def outbox_republish(*, ids: Iterable[int]) -> int:
+OUTBOX_REPUBLISH = "outbox.republish"
+
+
+def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
     """Publish the given rows again, published or not: for a message the broker lost after
     taking it (a Redis restart without persistence). Same path as every publish, so a row
     another publisher holds is skipped, and the message keeps its task id; consumers are
     idempotent, so a message that was not lost after all runs as a no-op. Returns how many
-    were published; a row the broker refuses is marked unpublished, for the relay."""
+    were published; a row the broker refuses is marked unpublished, for the relay. What
+    became of each row is recorded as an operator action of ``actor``."""
     ids = list(ids)
     if not ids:
         return 0
-    return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids))
+    return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids), actor=actor)
 
 
 def _send(message: OutboxMessage) -> Exception | None:
@@ -158,10 +164,12 @@ def _send(message: OutboxMessage) -> Exception | None:
     return None
 
 
-def _publish(rows: QuerySet[OutboxMessage], *, limit: int) -> int:
+def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = None) -> int:
     """Send up to ``limit`` of ``rows`` that no other publisher holds, in id order, and mark
-    those sent published, in one transaction; stop at the first broker failure."""
+    those sent published, in one transaction; stop at the first broker failure. With an
+    ``actor`` (an operator's republish), what became of each row is recorded."""
     published: list[int] = []
+    outcomes: dict[int, str] = {}
     with transaction.atomic():
         batch = list(rows.select_for_update(skip_locked=True).order_by("pk")[:limit])
         for message in batch:
@@ -173,10 +181,27 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int) -> int:
                     publish_attempts=F("publish_attempts") + 1,
                     last_error=repr(error)[:2000],
                 )
+                outcomes[message.pk] = f"broker refused, left to the relay: {error!r}"
                 break
             published.append(message.pk)
+            outcomes[message.pk] = "published"
             if message.published_at is None:  # a republish is not a publish's latency
                 metrics.outbox_published(queue=message.queue, created_at=message.created_at)
+        if actor is not None:
+            # Every row asked for, including those another publisher held (a plain read does
+            # not wait for their locks) and those after a broker failure.
+            for message in rows.order_by("pk"):
+                operator_action_record(
+                    action=OUTBOX_REPUBLISH,
+                    actor=actor,
+                    target=message,
+                    detail=outcomes.get(message.pk)
+                    or (
+                        "not sent: the broker failed on an earlier message"
+                        if message in batch
+                        else "skipped: another publisher holds it"
+                    ),
+                )
         if published:
             OutboxMessage.objects.filter(pk__in=published).update(
                 published_at=timezone.now(), publish_attempts=F("publish_attempts") + 1

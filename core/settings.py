@@ -402,6 +402,12 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"METRICS_ALLOWED_NETWORKS: {exc}") from exc
 
+# --- Operators (manage.py setup_groups) ------------------------------------------------------
+# The apps whose models operators see: "viewers" get each model's view permission, "operators"
+# those and every permission the models declare in their Meta (the powers: replay, resend...).
+# Accounts and API tokens are not among them: managing people is not an operator's job.
+OPERATOR_APPS = ["core", "invoicing", "webhooks", "django_celery_beat"]
+
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     # Client addresses for throttling come from X-Forwarded-For only behind this many proxies.
@@ -410,8 +416,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",
     ],
-    # The API is for operators: staff only.
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # The API is for operators: staff, and then what their permissions allow, as in the admin
+    # (reading needs `view_`; an action needs the power it declares: core/permissions.py).
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAdminUser",
+        "core.permissions.ModelPermissionsWithPowers",
+    ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -1,15 +1,27 @@
-"""Invoices for the operator: the payment email's status at a glance, and a deliberate resend."""
+"""Invoices for the operator: the payment email's status at a glance, a deliberate resend, and
+a correction of the recipient.
+
+Every field of an invoice is the provider's, and read-only here: the provider's next event would
+replace an edit anyway. Where the emails go is corrected by its own permissioned form ("Correct
+recipient" on the invoice's page), kept apart from the provider's address and recorded with its
+before and after. Each action needs its permission (``resend_invoice_email``,
+``correct_invoice_recipient``)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
-from django.db import models
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 
+from core.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
@@ -18,7 +30,20 @@ from invoicing.selectors import (
     filter_by_email_status,
     invoices_with_email_status,
 )
-from invoicing.services import invoice_email_resend_request
+from invoicing.services import invoice_email_resend_request, invoice_recipient_correct
+
+PROVIDER_FIELDS = (
+    "provider_invoice_id",
+    "number",
+    "customer_email",
+    "customer_name",
+    "amount_paid",
+    "currency",
+    "status",
+    "hosted_invoice_url",
+    "paid_at",
+    "provider_updated_at",
+)
 
 
 class EmailDeliveryInline(admin.TabularInline):
@@ -53,11 +78,26 @@ class EmailStatusFilter(admin.SimpleListFilter):
         return filter_by_email_status(queryset, value) if value in EMAIL_STATUSES else queryset
 
 
+class RecipientCorrectionForm(forms.Form):
+    email = forms.EmailField(
+        max_length=320,
+        required=False,
+        label="Send this invoice's emails to",
+        help_text="Empty: remove the correction and use the provider's address again.",
+    )
+    reason = forms.CharField(
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Why, for the record (a ticket, who asked).",
+    )
+
+
 @admin.register(Invoice)
-class InvoiceAdmin(admin.ModelAdmin):
+class InvoiceAdmin(ReadOnlyAdmin):
     list_display = (
         "number",
         "customer_email",
+        "recipient_override",
         "amount",
         "status",
         "email_status_display",
@@ -65,21 +105,99 @@ class InvoiceAdmin(admin.ModelAdmin):
         "paid_at",
     )
     list_filter = ("status", EmailStatusFilter, "currency")
-    search_fields = ("number", "customer_email", "provider_invoice_id")
-    inlines = [EmailDeliveryInline]
+    search_fields = ("number", "customer_email", "recipient_override", "provider_invoice_id")
+    inlines = [EmailDeliveryInline, OperatorActionInline]
     actions = ["resend_email"]
-    # The provider's invoice URLs are https (and Django 6 defaults to it; 5.2 warns without).
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    fieldsets = (
+        ("From the provider (its next event replaces them)", {"fields": PROVIDER_FIELDS}),
+        (
+            "Recipient",
+            {
+                "fields": ("recipient_override", "recipient"),
+                "description": "An operator's correction of where the emails go: "
+                "the provider's events leave it as it is.",
+            },
+        ),
+        (None, {"fields": ("created_at", "updated_at")}),
+    )
     readonly_fields = (
-        "provider_invoice_id",
-        "amount_paid",
-        "currency",
-        "status",
-        "paid_at",
-        "provider_updated_at",
+        *PROVIDER_FIELDS,
+        "recipient_override",
+        "recipient",
         "created_at",
         "updated_at",
     )
+
+    def has_resend_email_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, Invoice, "resend_invoice_email")
+
+    def has_correct_recipient_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, Invoice, "correct_invoice_recipient")
+
+    def get_urls(self) -> list[URLPattern]:
+        # Before the model's own URLs, whose "<object_id>/" would otherwise take it.
+        return [
+            path(
+                "<path:object_id>/correct-recipient/",
+                self.admin_site.admin_view(self.correct_recipient_view),
+                name="invoicing_invoice_correct_recipient",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {"can_correct_recipient": self.has_correct_recipient_permission(request)}
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def correct_recipient_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not (
+            self.has_view_permission(request) and self.has_correct_recipient_permission(request)
+        ):
+            raise PermissionDenied
+        invoice = self.get_object(request, unquote(object_id))
+        if invoice is None:
+            raise Http404(f"no invoice with id {object_id}")
+        form = RecipientCorrectionForm(
+            request.POST if request.method == "POST" else None,
+            initial={"email": invoice.recipient_override},
+        )
+        if form.is_valid():
+            try:
+                invoice = invoice_recipient_correct(
+                    invoice_id=invoice.pk,
+                    email=form.cleaned_data["email"],
+                    reason=form.cleaned_data["reason"],
+                    actor=admin_actor(request),
+                )
+            except ValueError as exc:
+                form.add_error("email", str(exc))
+            else:
+                self.message_user(
+                    request,
+                    f"Invoice {invoice}: emails now go to {invoice.recipient}"
+                    + ("" if invoice.recipient_override else " (the provider's address)")
+                    + ". Nothing was sent: replay its dead letter or resend the email.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(
+                    reverse("admin:invoicing_invoice_change", args=[invoice.pk])
+                )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Correct the recipient",
+            "subtitle": str(invoice),
+            "opts": self.opts,
+            "original": invoice,
+            "form": form,
+            "media": self.media + form.media,
+        }
+        return TemplateResponse(request, "admin/invoicing/invoice/correct_recipient.html", context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Invoice]:
         return invoices_with_email_status()
@@ -96,14 +214,18 @@ class InvoiceAdmin(admin.ModelAdmin):
     def email_when(self, obj: Invoice) -> Any:
         return getattr(obj, "email_sent_at", None)
 
-    @admin.action(description="Resend invoice email")
+    @admin.display(description="Emails go to")
+    def recipient(self, obj: Invoice) -> str:
+        return obj.recipient
+
+    @admin.action(description="Resend invoice email", permissions=["resend_email"])
     def resend_email(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
         """A deliberate new email per selected paid invoice, each under a key of its own (the
         payment email's key is never touched), recording who asked; the service decides what
         may be resent."""
         # One idempotency key per click: the service derives each invoice's key from it.
         click = str(uuid.uuid4())
-        actor = f"admin:{request.user.get_username()}"
+        actor = admin_actor(request)
         requested, skipped = 0, []
         for invoice in queryset.order_by("pk"):
             try:

@@ -1,4 +1,6 @@
-"""REST API for invoices (staff only): their payment email's status and attempts."""
+"""REST API for invoices (staff only): their payment email's status and attempts. Reading
+needs the view permission and a resend the ``invoicing.resend_invoice_email`` power too
+(``core.permissions``)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
             "provider_invoice_id",
             "number",
             "customer_email",
+            "recipient_override",
             "customer_name",
             "amount_paid",
             "currency",
@@ -90,6 +93,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 )
 class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
     serializer_class = InvoiceSerializer
+    action_permissions = {"resend_email": "invoicing.resend_invoice_email"}
 
     def get_queryset(self) -> QuerySet[Invoice]:
         queryset = invoices_with_email_status().order_by("-pk")

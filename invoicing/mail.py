@@ -64,10 +64,12 @@ def _reject_line_breaks(name: str, value: str) -> None:
 
 
 def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlternatives:
-    recipient = invoice.customer_email.strip()
+    """The paid-invoice email, to the invoice's recipient: an operator's correction if there
+    is one, else the provider's customer email."""
+    recipient = invoice.recipient.strip()
     if not recipient:
         raise PermanentError("invoice has no customer email")
-    _reject_line_breaks("customer email", invoice.customer_email)
+    _reject_line_breaks("customer email", invoice.recipient)
     _reject_line_breaks("customer name", invoice.customer_name)
     _reject_line_breaks("invoice number", invoice.number)
     try:

@@ -21,6 +21,10 @@ class Invoice(models.Model):
     provider_invoice_id = models.CharField(max_length=255, unique=True)
     number = models.CharField(max_length=255, blank=True)
     customer_email = models.CharField(max_length=320, blank=True)
+    # An operator's correction of where the emails go. Kept apart from ``customer_email``,
+    # which is the provider's and is replaced by its every newer event: a correction must
+    # not be undone by the next event for the invoice.
+    recipient_override = models.EmailField(max_length=320, blank=True)
     customer_name = models.CharField(max_length=255, blank=True)
     amount_paid = models.BigIntegerField(default=0, help_text="Integer minor units.")
     currency = models.CharField(max_length=3, blank=True)
@@ -35,9 +39,19 @@ class Invoice(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["status", "paid_at"], name="invoice_status_paid_idx")]
+        permissions = [
+            ("resend_invoice_email", "Can resend invoice email"),
+            ("correct_invoice_recipient", "Can correct invoice recipient"),
+        ]
 
     def __str__(self) -> str:
         return self.number or self.provider_invoice_id
+
+    @property
+    def recipient(self) -> str:
+        """Where this invoice's emails go: the operator's correction if there is one, else the
+        address the provider gave."""
+        return self.recipient_override or self.customer_email
 
 
 class EmailDelivery(models.Model):

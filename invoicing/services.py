@@ -30,10 +30,13 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives
+from django.core.validators import validate_email
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from core.audit import operator_action_record
 from core.breaker import Breaker, Decision
 from core.db import insert_or_skip
 from core.logging import log_context_bind
@@ -68,6 +71,7 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     Never moves an invoice backwards: an event older than the state already applied changes
     nothing (returns None), and a paid invoice stays paid. When this event is the one that made
     the invoice paid, the intent to email it is written to the outbox in the same transaction.
+    An operator's ``recipient_override`` is not the provider's to change, and is kept.
     """
     fields = {
         "number": data.number,
@@ -324,6 +328,8 @@ def _invoice_email_send_claimed(
 
 
 RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
+INVOICE_EMAIL_RESEND = "invoice.email_resend"
+INVOICE_RECIPIENT_CORRECT = "invoice.recipient_correct"
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,9 @@ def invoice_email_resend_request(
     """Ask for a deliberate new email for a paid invoice, under a key of its own
     (``invoice_email_resend:<invoice>:<hash of the idempotency key>``): the same idempotency
     key again finds the first request and sends nothing more; the payment email's key is never
-    touched. Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid invoice."""
+    touched. A new request is recorded as an operator action of ``actor`` (a repeated one is the
+    same request, and is not). Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid
+    invoice."""
     invoice = Invoice.objects.get(pk=invoice_id)
     if invoice.status != Invoice.Status.PAID:
         raise ValueError("only a paid invoice's email can be resent")
@@ -355,6 +363,12 @@ def invoice_email_resend_request(
         created = insert_or_skip(delivery, conflict_fields=["key"])
         if created:
             outbox_enqueue(task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk])
+            operator_action_record(
+                action=INVOICE_EMAIL_RESEND,
+                actor=actor,
+                target=invoice,
+                detail=f"requested under {key}",
+            )
     if not created:
         delivery = EmailDelivery.objects.get(key=key)
     logger.info(
@@ -362,3 +376,53 @@ def invoice_email_resend_request(
         extra={"invoice_id": invoice.pk, "key": key, "actor": actor, "duplicate": not created},
     )
     return ResendRequest(delivery=delivery, created=created)
+
+
+def _recipient_state(invoice: Invoice) -> dict[str, str]:
+    return {"recipient_override": invoice.recipient_override, "recipient": invoice.recipient}
+
+
+def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor: str) -> Invoice:
+    """Send this invoice's emails to ``email`` from now on, instead of the address the
+    provider gave (an empty ``email`` removes the correction). The correction is kept in
+    ``recipient_override``, apart from the provider's ``customer_email``, so the provider's
+    next event for the invoice does not undo it. Recorded, with ``reason`` and the values before
+    and after, as an operator action of ``actor``. Sends nothing: replay the dead letter or
+    resend the email once it is corrected.
+
+    Raises ``Invoice.DoesNotExist``, or ``ValueError`` with the reason for an invalid address,
+    a missing reason, or a correction that changes nothing."""
+    email = email.strip()
+    reason = " ".join(reason.split())
+    if email:
+        try:
+            validate_email(email)
+        except ValidationError as exc:
+            raise ValueError(f"{email!r} is not a valid email address") from exc
+    if not reason:
+        raise ValueError("say why the recipient is corrected")
+    with transaction.atomic():
+        # Under the row lock a payment event takes too: the two never interleave.
+        invoice = Invoice.objects.select_for_update().get(pk=invoice_id)
+        if email == invoice.recipient_override:
+            raise ValueError(
+                f"the recipient is already {email}" if email else "there is no correction to remove"
+            )
+        before = _recipient_state(invoice)
+        invoice.recipient_override = email
+        # Only this field: the provider's fields are the provider's.
+        invoice.save(update_fields=["recipient_override", "updated_at"])
+        operator_action_record(
+            action=INVOICE_RECIPIENT_CORRECT,
+            actor=actor,
+            target=invoice,
+            detail=reason,
+            before=before,
+            after=_recipient_state(invoice),
+        )
+    log_context_bind(invoice_id=invoice.pk)
+    logger.info(
+        "invoice recipient corrected",
+        extra={"invoice_id": invoice.pk, "actor": actor, "removed": not email},
+    )
+    return invoice

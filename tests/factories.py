@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
+from io import StringIO
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.management import call_command
 from django.utils import timezone
 
 from invoicing.models import Invoice
@@ -27,3 +32,26 @@ def paid_invoice(provider_id: str | None = None, **fields: Any) -> Invoice:
         **fields,
     }
     return Invoice.objects.create(provider_invoice_id=provider_id, **values)
+
+
+def staff_user(
+    username: str,
+    *,
+    groups: Iterable[str] = (),
+    perms: Iterable[str] = (),
+    password: str | None = None,
+    is_staff: bool = True,
+) -> Any:
+    """A staff user who is not a superuser: in ``groups`` as ``manage.py setup_groups`` makes
+    them ("operators", "viewers"), and holding ``perms`` ("app_label.codename")."""
+    user = get_user_model().objects.create_user(username, password=password, is_staff=is_staff)
+    groups = list(groups)
+    if groups:
+        call_command("setup_groups", stdout=StringIO())
+        user.groups.add(*Group.objects.filter(name__in=groups))
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    return user

@@ -1,6 +1,8 @@
 """The admin in a real browser: headless Chromium (Debian's ``chromium``, driven by Selenium
-through Debian's ``chromedriver``) logs in as staff through the login form, opens the dead
-letters, replays a real one and sees the outcome, and the email goes out.
+through Debian's ``chromedriver``) logs in through the login form as an operator (a staff user
+in the "operators" group, not a superuser), corrects the refused recipient of an invoice with
+the "Correct recipient" form, opens the dead letters, replays a real one and sees the outcome,
+and the email goes out to the corrected address; both actions are recorded.
 
 Chromium is a requirement of the suite, not an option: without it this test fails (CI installs
 it, see ``.ci/run``)."""
@@ -13,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -22,9 +23,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from core.models import DeadLetter
+from core.models import DeadLetter, OperatorAction
 from invoicing.models import Invoice
 from tests.core.test_deadletters import refused_invoice_dead_letter
+from tests.factories import staff_user
 from tests.smtp import SmtpServer
 from tests.workers import worker_thread
 
@@ -65,14 +67,13 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         driver.quit()
 
 
-def test_staff_replays_a_dead_letter_and_sees_the_outcome(
+def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the_outcome(
     browser: WebDriver, live_server: Any, client: Client, smtp: SmtpServer, tmp_path: Path
 ) -> None:
-    get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
+    staff_user("ops", groups=["operators"], password=PASSWORD)
     wait = WebDriverWait(browser, 20)
     with worker_thread():
         invoice, letter = refused_invoice_dead_letter(client, smtp)
-        Invoice.objects.filter(pk=invoice.pk).update(customer_email="fixed@example.com")
 
         browser.get(f"{live_server.url}/admin/")  # not logged in: the login form
         browser.find_element(By.NAME, "username").send_keys("ops")
@@ -80,6 +81,20 @@ def test_staff_replays_a_dead_letter_and_sees_the_outcome(
         browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
         wait.until(expected_conditions.title_contains("Site administration"))
 
+        browser.get(f"{live_server.url}/admin/invoicing/invoice/{invoice.pk}/change/")
+        browser.find_element(By.CSS_SELECTOR, ".object-tools a.correct-recipient").click()
+        browser.find_element(By.NAME, "email").send_keys("fixed@example.com")
+        browser.find_element(By.NAME, "reason").send_keys("typo in the domain, ticket 7")
+        browser.find_element(By.NAME, "_correct").click()
+        corrected = wait.until(
+            expected_conditions.visibility_of_element_located(
+                (By.CSS_SELECTOR, ".messagelist .success")
+            )
+        )
+        assert "emails now go to fixed@example.com" in corrected.text
+        assert "typo in the domain, ticket 7" in browser.page_source  # its record, on the page
+
+        browser.get(f"{live_server.url}/admin/")
         browser.find_element(By.LINK_TEXT, "Dead letters").click()
         wait.until(expected_conditions.presence_of_element_located((By.ID, "result_list")))
         browser.find_element(By.CSS_SELECTOR, f"input.action-select[value='{letter.pk}']").click()
@@ -111,3 +126,13 @@ def test_staff_replays_a_dead_letter_and_sees_the_outcome(
     letter = DeadLetter.objects.get(pk=letter.pk)
     assert letter.replayed_at is not None
     assert letter.replayed_by == "admin:ops"
+    invoice = Invoice.objects.get(pk=invoice.pk)
+    assert (invoice.customer_email, invoice.recipient_override) == (
+        "typo@exmaple.com",  # the provider's, as it gave it
+        "fixed@example.com",
+    )
+    recorded = OperatorAction.objects.order_by("pk")
+    assert [(a.action, a.actor, a.target) for a in recorded] == [
+        ("invoice.recipient_correct", "admin:ops", invoice),
+        ("dead_letter.replay", "admin:ops", letter),
+    ]

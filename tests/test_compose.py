@@ -306,6 +306,7 @@ def test_start_up_order(services: dict[str, dict[str, Any]]) -> None:
     migrate_cmd = " ".join(command(migrate))
     assert "manage.py migrate" in migrate_cmd
     assert "manage.py setup_periodic_tasks" in migrate_cmd
+    assert "manage.py setup_groups" in migrate_cmd
     assert migrate.get("restart", "no") == "no"
     assert depends_on(migrate).get("postgres") == "service_healthy"
     for name in APP_SERVICES:

@@ -1,5 +1,6 @@
 """Webhook deliveries for the operator: read-only, as received, with their verdict; a named
-"Reprocess" action applies chosen events again through the service (idempotent)."""
+"Reprocess" action, for those with the ``reprocess_webhookevent`` permission, applies chosen
+events again through the service (idempotent, and recorded as an operator action)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from core.admin import ReadOnlyAdmin
+from core.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
 from webhooks.models import WebhookEvent
 from webhooks.services import webhook_event_reprocess
 
@@ -26,6 +27,7 @@ class WebhookEventAdmin(ReadOnlyAdmin):
     search_fields = ("event_id", "type")
     date_hierarchy = "received_at"
     actions = ["reprocess_selected"]
+    inlines = [OperatorActionInline]
     fieldsets = (
         (None, {"fields": ("event_id", "type", "livemode", "received_at", "verdict", "error")}),
         ("Delivery", {"fields": ("body_pretty", "headers_display")}),
@@ -71,11 +73,13 @@ class WebhookEventAdmin(ReadOnlyAdmin):
     def body_raw(self, obj: WebhookEvent) -> str:
         return _pre(obj.body)
 
-    @admin.action(description="Reprocess selected webhook events")
+    def has_reprocess_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, WebhookEvent, "reprocess_webhookevent")
+
+    @admin.action(description="Reprocess selected webhook events", permissions=["reprocess"])
     def reprocess_selected(self, request: HttpRequest, queryset: QuerySet[WebhookEvent]) -> None:
         result = webhook_event_reprocess(
-            event_ids=list(queryset.values_list("event_id", flat=True)),
-            actor=f"admin:{request.user.get_username()}",
+            event_ids=list(queryset.values_list("event_id", flat=True)), actor=admin_actor(request)
         )
         done = len(result.processed) + len(result.ignored) + len(result.failed)
         self.message_user(

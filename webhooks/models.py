@@ -24,5 +24,8 @@ class WebhookEvent(models.Model):
     state = models.CharField(max_length=10, choices=State.choices)
     error = models.TextField(blank=True)
 
+    class Meta:
+        permissions = [("reprocess_webhookevent", "Can reprocess webhook event")]
+
     def __str__(self) -> str:
         return f"{self.type} {self.event_id}"

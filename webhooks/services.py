@@ -6,7 +6,8 @@ sequential or concurrent, finds the row (or waits for the transaction inserting 
 changes nothing, without an IntegrityError anywhere.
 
 ``webhook_event_reprocess`` (the admin's "Reprocess") applies stored deliveries again; applying
-is idempotent, so it changes nothing for an event already applied.
+is idempotent, so it changes nothing for an event already applied. Each event reprocessed is
+recorded as an operator action in its own transaction.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
 
+from core.audit import operator_action_record
 from core.db import insert_or_skip
 from invoicing.services import invoice_record_payment
 from webhooks.models import WebhookEvent
@@ -81,7 +83,10 @@ class Reprocessed:
     missing: list[str]  # no such event stored (deleted by retention meanwhile)
 
 
-def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str = "") -> Reprocessed:
+WEBHOOK_EVENT_REPROCESS = "webhook_event.reprocess"
+
+
+def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reprocessed:
     """Apply stored deliveries (by provider event id) again, each in its own transaction under
     its row's lock, in the order they were received.
 
@@ -89,7 +94,8 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str = "") -> Rep
     verified before it was stored. Applying is ``invoice_record_payment``, which is idempotent
     and never moves an invoice backwards, so an event already applied changes nothing and
     writes no second outbox row, and one whose earlier processing failed is applied now. Each
-    row ends ``processed``, ``ignored`` or ``failed``, with the reason in ``error``.
+    row ends ``processed``, ``ignored`` or ``failed``, with the reason in ``error``, and is
+    recorded as an operator action of ``actor``.
     """
     wanted = set(event_ids)
     order = list(
@@ -105,8 +111,15 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str = "") -> Rep
             if row is None:
                 missing.append(event_id)
                 continue
+            before = row.state
             row.state, row.error = _reapply(row)
             row.save(update_fields=["state", "error"])
+            operator_action_record(
+                action=WEBHOOK_EVENT_REPROCESS,
+                actor=actor,
+                target=row,
+                detail=f"{before} -> {row.state}" + (f": {row.error}" if row.error else ""),
+            )
         outcome[row.state].append(event_id)
     result = Reprocessed(
         processed=outcome[WebhookEvent.State.PROCESSED],

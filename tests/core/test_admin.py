@@ -1,10 +1,12 @@
 """The admin of the async machinery: outbox messages are read-only and republished through the
 service, onto the real broker; the periodic tasks page shows what each job did and who holds
-its lock."""
+its lock. Each action needs its permission: a viewer sees every page and no action. Every
+action is recorded as an operator action, listed read-only and shown on the row's page."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from datetime import timedelta
@@ -23,24 +25,67 @@ from django_celery_beat.models import PeriodicTask
 
 from core import jobs, outbox
 from core.celery import app
-from core.models import OutboxMessage, ScheduledJob
+from core.models import DeadLetter, OperatorAction, OutboxMessage, ScheduledJob
 from core.outbox import outbox_relay, outbox_task_id
 from tests.changelist import EMPTY, messages, rows, run_action
+from tests.factories import staff_user
 from tests.smtp import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OUTBOX = "/admin/core/outboxmessage/"
+DEAD_LETTERS = "/admin/core/deadletter/"
+ACTIONS = "/admin/core/operatoraction/"
 PERIODIC = "/admin/django_celery_beat/periodictask/"
+
+
+def admin_as(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture
 def staff() -> Client:
-    client = Client()
-    client.force_login(
-        get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
+    """An operator: a staff user in the "operators" group, not a superuser."""
+    return admin_as(staff_user("op", groups=["operators"]))
+
+
+@pytest.fixture
+def viewer() -> Client:
+    return admin_as(staff_user("watcher", groups=["viewers"]))
+
+
+@pytest.fixture
+def superuser() -> Client:
+    return admin_as(
+        get_user_model().objects.create_superuser("root", "root@example.com", "pw-12345-long")
     )
-    return client
+
+
+def action_choices(response: Any) -> list[str]:
+    """The actions the change list offers (the options of its action select, if any)."""
+    assert response.status_code == 200
+    page = response.content.decode()
+    if 'name="action"' not in page:
+        return []
+    select = page[
+        page.index('name="action"') : page.index("</select>", page.index('name="action"'))
+    ]
+    return [value for value in re.findall(r'<option value="([^"]*)"', select) if value]
+
+
+def letter(task_id: str = "t1") -> DeadLetter:
+    return DeadLetter.objects.create(
+        task="core.does_not_exist",
+        task_id=task_id,
+        args=[1],
+        queue="email",
+        reason="permanent",
+        attempts=1,
+        first_failed_at=timezone.now(),
+        last_failed_at=timezone.now(),
+    )
 
 
 @pytest.fixture
@@ -110,6 +155,11 @@ def test_republish_puts_lost_and_unpublished_messages_on_the_broker(
         assert row.published_at is not None
         assert row.published_at >= before
         assert row.publish_attempts == attempts
+    recorded = OperatorAction.objects.order_by("target_id")
+    assert [(a.action, a.actor, a.target, a.detail) for a in recorded] == [
+        ("outbox.republish", "admin:op", lost, "published"),
+        ("outbox.republish", "admin:op", stuck, "published"),
+    ]
 
 
 def test_republish_skips_a_row_another_publisher_holds_and_says_so(
@@ -142,6 +192,10 @@ def test_republish_skips_a_row_another_publisher_holds_and_says_so(
     assert [m["headers"]["id"] for m in queue.messages()] == [outbox_task_id(free.pk)]
     held.refresh_from_db()
     assert held.publish_attempts == 1  # untouched
+    assert dict(OperatorAction.objects.values_list("target_id", "detail")) == {
+        str(held.pk): "skipped: another publisher holds it",
+        str(free.pk): "published",
+    }
 
 
 def test_a_republish_the_broker_refuses_leaves_the_row_to_the_relay(
@@ -160,6 +214,9 @@ def test_a_republish_the_broker_refuses_leaves_the_row_to_the_relay(
     assert lost.publish_attempts == 2
     assert "onnect" in lost.last_error
     assert queue.messages() == []
+    recorded = OperatorAction.objects.get()
+    assert recorded.target == lost
+    assert recorded.detail.startswith("broker refused, left to the relay: ")
 
     monkeypatch.undo()
     assert outbox_relay(grace=timedelta(0)) == 1
@@ -212,13 +269,41 @@ def test_periodic_tasks_show_each_jobs_last_run_last_skip_and_lock_holder(staff:
     assert rows(staff.get(PERIODIC, {"q": "outbox-relay"}))[0]["job_lock_holder"] == EMPTY
 
 
-def test_django_celery_beats_own_actions_still_work(staff: Client) -> None:
+def test_django_celery_beats_own_actions_still_work(superuser: Client) -> None:
     call_command("setup_periodic_tasks", stdout=StringIO())
     task = PeriodicTask.objects.get(name="dlq-alert")
-    response = run_action(staff, PERIODIC, "disable_tasks", [task.pk])
+    response = run_action(superuser, PERIODIC, "disable_tasks", [task.pk])
     assert messages(response) == [("info", "1 task was successfully disabled")]
     task.refresh_from_db()
     assert task.enabled is False
+
+
+def test_beats_own_actions_need_the_change_permission(viewer: Client, staff: Client) -> None:
+    """django-celery-beat declares no permission on its actions: without the change
+    permission, neither a viewer nor an operator may disable a schedule or run a job."""
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    task = PeriodicTask.objects.get(name="dlq-alert")
+    for client in (viewer, staff):
+        assert rows(client.get(PERIODIC))  # they see the schedules
+        assert action_choices(client.get(PERIODIC)) == []
+        assert messages(run_action(client, PERIODIC, "disable_tasks", [task.pk])) == []
+    task.refresh_from_db()
+    assert task.enabled is True
+    scheduler = admin_as(
+        staff_user(
+            "scheduler",
+            perms=[
+                "django_celery_beat.view_periodictask",
+                "django_celery_beat.change_periodictask",
+            ],
+        )
+    )
+    assert set(action_choices(scheduler.get(PERIODIC))) == {
+        "enable_tasks",
+        "disable_tasks",
+        "toggle_tasks",
+        "run_tasks",
+    }
 
 
 def test_scheduled_jobs_page_renders(staff: Client) -> None:
@@ -227,3 +312,82 @@ def test_scheduled_jobs_page_renders(staff: Client) -> None:
     assert [(row["name"], row["runs"], row["running_now"]) for row in listed] == [
         ("dlq-alert", "1", EMPTY)
     ]
+
+
+def test_a_viewer_sees_every_page_and_no_action(viewer: Client, queue: Any) -> None:
+    waiting, stuck = letter(), message(queue, published=False)
+
+    assert [row["id"] for row in rows(viewer.get(DEAD_LETTERS))] == [str(waiting.pk)]
+    assert [row["id"] for row in rows(viewer.get(OUTBOX))] == [str(stuck.pk)]
+    for url in (DEAD_LETTERS, OUTBOX, ACTIONS, PERIODIC, "/admin/core/scheduledjob/"):
+        assert action_choices(viewer.get(url)) == [], url
+    assert viewer.get(f"{DEAD_LETTERS}{waiting.pk}/change/").status_code == 200
+    assert viewer.get(f"{OUTBOX}{stuck.pk}/change/").status_code == 200
+
+    # Posting the action anyway runs nothing: the list comes back, without a word.
+    assert messages(run_action(viewer, DEAD_LETTERS, "replay_selected", [waiting.pk])) == []
+    assert messages(run_action(viewer, OUTBOX, "republish_selected", [stuck.pk])) == []
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
+    assert queue.messages() == []
+    assert not OperatorAction.objects.exists()
+
+
+def test_each_power_offers_its_own_action_only(queue: Any) -> None:
+    letter(), message(queue, published=False)  # an empty list offers no action at all
+    views = ["core.view_deadletter", "core.view_outboxmessage"]
+    replayer = admin_as(staff_user("replayer", perms=[*views, "core.replay_deadletter"]))
+    assert action_choices(replayer.get(DEAD_LETTERS)) == ["replay_selected"]
+    assert action_choices(replayer.get(OUTBOX)) == []
+    republisher = admin_as(
+        staff_user("republisher", perms=[*views, "core.republish_outboxmessage"])
+    )
+    assert action_choices(republisher.get(DEAD_LETTERS)) == []
+    assert action_choices(republisher.get(OUTBOX)) == ["republish_selected"]
+
+
+def test_a_replay_is_recorded_once_and_shown_on_the_dead_letter(staff: Client) -> None:
+    waiting = letter()
+    assert action_choices(staff.get(DEAD_LETTERS)) == ["replay_selected"]
+
+    response = run_action(staff, DEAD_LETTERS, "replay_selected", [waiting.pk])
+
+    assert messages(response) == [("success", "Replayed 1 dead letter(s).")]
+    waiting.refresh_from_db()
+    recorded = OperatorAction.objects.get()
+    assert (recorded.action, recorded.actor, recorded.target) == (
+        "dead_letter.replay",
+        "admin:op",
+        waiting,
+    )
+    assert recorded.detail == f"replayed: the job is outbox message {waiting.replay_outbox_id}"
+    page = staff.get(f"{DEAD_LETTERS}{waiting.pk}/change/").content.decode()
+    assert "Operator actions" in page
+    assert "dead_letter.replay" in page
+    assert "admin:op" in page
+
+
+def test_operator_actions_are_listed_read_only_with_filters_and_links(staff: Client) -> None:
+    first, second = letter("t1"), letter("t2")
+    run_action(staff, DEAD_LETTERS, "replay_selected", [first.pk])
+    call_command("dlq", "replay", str(second.pk), stdout=StringIO())
+
+    listed = rows(staff.get(ACTIONS))
+    assert [(row["action"], row["actor"].split(":")[0]) for row in listed] == [
+        ("dead_letter.replay", "cli"),
+        ("dead_letter.replay", "admin"),
+    ]
+    assert [row["actor"] for row in rows(staff.get(ACTIONS, {"via": "admin"}))] == ["admin:op"]
+    assert len(rows(staff.get(ACTIONS, {"action": "dead_letter.replay"}))) == 2
+    assert rows(staff.get(ACTIONS, {"action": "outbox.republish"})) == []
+    assert [row["target_link"] for row in rows(staff.get(ACTIONS, {"q": "cli:"}))] == [str(second)]
+    page = staff.get(ACTIONS).content.decode()
+    assert f'href="{DEAD_LETTERS}{first.pk}/change/"' in page
+
+    recorded = OperatorAction.objects.get(target_id=str(first.pk))
+    detail = staff.get(f"{ACTIONS}{recorded.pk}/change/")
+    assert detail.status_code == 200
+    assert b'name="_save"' not in detail.content
+    assert staff.get(f"{ACTIONS}add/").status_code == 403
+    assert staff.post(f"{ACTIONS}{recorded.pk}/delete/").status_code == 403
+    assert action_choices(staff.get(ACTIONS)) == []

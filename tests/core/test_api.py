@@ -1,5 +1,6 @@
-"""Dead letters over the API, the OpenAPI schema, and schemathesis against it: no request the
-schema allows (or that it does not) gives a 5xx."""
+"""Dead letters over the API: reading needs the view permission and replaying the replay
+permission too, and a replay is recorded as an operator action; the OpenAPI schema, and
+schemathesis against it: no request the schema allows (or that it does not) gives a 5xx."""
 
 from __future__ import annotations
 
@@ -7,23 +8,27 @@ from typing import Any
 
 import pytest
 import schemathesis
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from core.models import DeadLetter
+from core.models import DeadLetter, OperatorAction
+from tests.factories import staff_user
 
 pytestmark = pytest.mark.django_db
 
 
+def api_as(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
 @pytest.fixture
 def staff() -> APIClient:
-    client = APIClient()
-    client.force_authenticate(get_user_model().objects.create_user("op", is_staff=True))
-    return client
+    return api_as(staff_user("op", groups=["operators"]))
 
 
 def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
@@ -54,8 +59,61 @@ def test_dead_letters_list_filter_and_replay_once(staff: APIClient) -> None:
     assert again["replayed"] is False
     first.refresh_from_db()
     assert first.replayed_by == "api:op"
+    recorded = list(OperatorAction.objects.order_by("pk"))
+    assert [(a.action, a.actor, a.target, a.detail.split(":")[0]) for a in recorded] == [
+        ("dead_letter.replay", "api:op", first, "replayed"),
+        ("dead_letter.replay", "api:op", first, "skipped"),
+    ]
     waiting = staff.get("/api/dead-letters/?replayed=false").json()["results"]
     assert [row["task_id"] for row in waiting] == ["t2"]
+
+
+def test_a_viewer_reads_and_gets_403_on_replay() -> None:
+    waiting = letter("t1")
+    viewer = api_as(staff_user("watcher", groups=["viewers"]))
+
+    assert viewer.get("/api/dead-letters/").json()["count"] == 1
+    assert viewer.get(f"/api/dead-letters/{waiting.pk}/").status_code == 200
+    refused = viewer.post(f"/api/dead-letters/{waiting.pk}/replay/")
+
+    assert refused.status_code == 403
+    assert "permission" in refused.json()["detail"]
+    waiting.refresh_from_db()
+    assert (waiting.replayed_at, waiting.replay_outbox) == (None, None)
+    assert not OperatorAction.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("perms", "read", "replay"),
+    [
+        ([], 403, 403),  # staff alone reads nothing: DRF's model permissions would let it
+        (["core.replay_deadletter"], 403, 403),  # a power without the view
+        (["core.view_deadletter"], 200, 403),
+        (["core.view_deadletter", "core.replay_deadletter"], 200, 200),
+    ],
+)
+def test_each_permission_opens_exactly_its_part(perms: list[str], read: int, replay: int) -> None:
+    waiting = letter("t1")
+    client = api_as(staff_user("someone", perms=perms))
+
+    assert client.get("/api/dead-letters/").status_code == read
+    assert client.get(f"/api/dead-letters/{waiting.pk}/").status_code == read
+    assert client.post(f"/api/dead-letters/{waiting.pk}/replay/").status_code == replay
+
+    waiting.refresh_from_db()
+    assert (waiting.replayed_at is not None) == (replay == 200)
+    assert OperatorAction.objects.count() == (1 if replay == 200 else 0)
+
+
+def test_no_staff_no_api_whatever_the_permissions() -> None:
+    waiting = letter("t1")
+    assert APIClient().get("/api/dead-letters/").status_code in (401, 403)
+    assert APIClient().post(f"/api/dead-letters/{waiting.pk}/replay/").status_code in (401, 403)
+    customer = api_as(staff_user("customer", groups=["operators"], is_staff=False))
+    assert customer.get("/api/dead-letters/").status_code == 403
+    assert customer.post(f"/api/dead-letters/{waiting.pk}/replay/").status_code == 403
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
 
 
 def test_bad_filters_and_unknown_ids(staff: APIClient) -> None:
@@ -83,7 +141,7 @@ schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=Non
 
 @pytest.fixture
 def token_header(db: Any) -> dict[str, str]:
-    user = get_user_model().objects.create_user("fuzzer", is_staff=True)
+    user = staff_user("fuzzer", groups=["operators"])
     letter("fuzz-1")
     return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
 

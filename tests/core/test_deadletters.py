@@ -22,8 +22,9 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 
+from core.audit import cli_actor
 from core.deadletters import dead_letter_record, dlq_alert
-from core.models import DeadLetter
+from core.models import DeadLetter, OperatorAction
 from core.tasks import PermanentError
 from invoicing.models import Invoice
 from tests.conftest import ROOT, paid_event, post_event, wait_until
@@ -77,7 +78,13 @@ def test_replay_after_the_recipient_is_fixed_sends_one_email_and_twice_is_once(
     assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
     letter.refresh_from_db()
     assert letter.replayed_at is not None
-    assert letter.replayed_by == "manage.py dlq replay"
+    assert letter.replayed_by == cli_actor()
+    # Each replay asked for is recorded, under the OS user, by the one service.
+    recorded = OperatorAction.objects.order_by("pk")
+    assert [(a.actor, a.target, a.detail.split(":")[0]) for a in recorded] == [
+        (cli_actor(), letter, "replayed"),
+        (cli_actor(), letter, "skipped"),
+    ]
     assert dlq_broker_depth() == 0  # the broker copy left the dlq queue with the replay
     assert json.loads(dlq("list", "--json"))[0]["replayed_at"] is not None
 

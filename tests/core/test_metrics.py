@@ -183,7 +183,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     ]
     assert letters[0] is not None
     assert letters[1] is not None
-    assert dead_letter_replay(ids=[letters[0].pk]).replayed == [letters[0].pk]
+    assert dead_letter_replay(ids=[letters[0].pk], actor="test").replayed == [letters[0].pk]
     # The email provider's breaker, opened by consecutive failures.
     breaker = email_breaker()
     for _ in range(breaker.threshold):

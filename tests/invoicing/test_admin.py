@@ -1,8 +1,11 @@
 """The invoices admin: the email's status at a glance, search, and a "Resend invoice email"
-action that sends a deliberate new email under its own key and records who asked."""
+action that sends a deliberate new email under its own key and records who asked. Every field
+the provider gives is read-only; the recipient is corrected through its own permissioned form,
+recorded with its before and after, and the provider's next event does not undo it."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -11,12 +14,16 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from core.models import OutboxMessage
+from core.models import OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, invoice_email_key, invoice_email_send
 from tests.changelist import EMPTY, messages, rows, run_action
+from tests.conftest import paid_event, post_event
+from tests.core.test_admin import action_choices, admin_as
+from tests.factories import staff_user
 from tests.smtp import SmtpServer
 from tests.workers import worker_thread
+from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,11 +32,17 @@ INVOICES = "/admin/invoicing/invoice/"
 
 @pytest.fixture
 def staff() -> Client:
-    client = Client()
-    client.force_login(
-        get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
-    )
-    return client
+    """An operator: a staff user in the "operators" group, not a superuser."""
+    return admin_as(staff_user("op", groups=["operators"]))
+
+
+@pytest.fixture
+def viewer() -> Client:
+    return admin_as(staff_user("watcher", groups=["viewers"]))
+
+
+def correct(client: Client, invoice: Invoice, **data: str) -> Any:
+    return client.post(f"{INVOICES}{invoice.pk}/correct-recipient/", data)
 
 
 def invoice(number: str, *, status: str = "paid", **fields: Any) -> Invoice:
@@ -114,6 +127,184 @@ def test_resend_sends_a_new_email_under_its_own_key_and_records_who_asked(
         payment.updated_at,
     )
     assert not unpaid.emails.exists()
+    recorded = list(OperatorAction.objects.order_by("pk"))
+    assert [(a.action, a.actor, a.target) for a in recorded] == [
+        ("invoice.email_resend", "admin:op", paid)
+    ] * 2  # one per click that asked for an email; the unpaid invoice was refused
+    assert [a.detail for a in recorded] == [f"requested under {r.key}" for r in resends]
 
-    detail = staff.get(f"{INVOICES}{paid.pk}/change/")
-    assert detail.content.count(b"admin:op") == 2  # who asked, on the invoice's deliveries
+    page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+    for column in ("requested_by", "actor"):  # the deliveries, and the operator actions
+        assert len(re.findall(rf'class="field-{column}">\s*<p>admin:op</p>', page)) == 2
+
+
+def test_a_viewer_sees_invoices_and_no_action_nor_correction(
+    viewer: Client, smtp: SmtpServer
+) -> None:
+    paid = invoice("INV-20")
+
+    assert [row["number"] for row in rows(viewer.get(INVOICES))] == ["INV-20"]
+    assert action_choices(viewer.get(INVOICES)) == []
+    page = viewer.get(f"{INVOICES}{paid.pk}/change/")
+    assert page.status_code == 200
+    assert b"Correct recipient" not in page.content
+    assert viewer.get(f"{INVOICES}{paid.pk}/correct-recipient/").status_code == 403
+    refused = correct(viewer, paid, email="evil@example.com", reason="because")
+    assert refused.status_code == 403
+    assert messages(run_action(viewer, INVOICES, "resend_email", [paid.pk])) == []
+
+    paid.refresh_from_db()
+    assert paid.recipient_override == ""
+    assert not EmailDelivery.objects.exists()
+    assert not OperatorAction.objects.exists()
+
+
+def test_each_invoice_power_opens_its_own_door_only(smtp: SmtpServer) -> None:
+    paid = invoice("INV-21")
+    view = "invoicing.view_invoice"
+    resender = admin_as(staff_user("resender", perms=[view, "invoicing.resend_invoice_email"]))
+    corrector = admin_as(
+        staff_user("corrector", perms=[view, "invoicing.correct_invoice_recipient"])
+    )
+    assert action_choices(resender.get(INVOICES)) == ["resend_email"]
+    assert b"Correct recipient" not in resender.get(f"{INVOICES}{paid.pk}/change/").content
+    assert resender.get(f"{INVOICES}{paid.pk}/correct-recipient/").status_code == 403
+    assert action_choices(corrector.get(INVOICES)) == []
+    assert b"Correct recipient" in corrector.get(f"{INVOICES}{paid.pk}/change/").content
+    assert corrector.get(f"{INVOICES}{paid.pk}/correct-recipient/").status_code == 200
+    # The power without the view permission opens nothing.
+    blind = admin_as(staff_user("blind", perms=["invoicing.correct_invoice_recipient"]))
+    assert blind.get(f"{INVOICES}{paid.pk}/correct-recipient/").status_code == 403
+
+
+def test_every_provider_field_is_read_only_even_for_a_superuser() -> None:
+    paid = invoice("INV-30")
+    before = Invoice.objects.filter(pk=paid.pk).values().get()
+    root = admin_as(
+        get_user_model().objects.create_superuser("root", "root@example.com", "pw-12345-long")
+    )
+
+    page = root.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+    assert "View invoice" in page
+    for field in (
+        "number",
+        "customer_email",
+        "customer_name",
+        "amount_paid",
+        "currency",
+        "status",
+        "hosted_invoice_url",
+        "paid_at",
+        "recipient_override",
+    ):
+        assert f'name="{field}"' not in page, field
+        assert f"field-{field}" in page, field  # shown, as text
+    assert 'name="_save"' not in page
+    edited = root.post(
+        f"{INVOICES}{paid.pk}/change/",
+        {"customer_email": "evil@example.com", "status": "void", "amount_paid": "1"},
+    )
+    assert edited.status_code == 403
+    assert root.get(f"{INVOICES}add/").status_code == 403
+    assert root.post(f"{INVOICES}{paid.pk}/delete/").status_code == 403
+    assert Invoice.objects.filter(pk=paid.pk).values().get() == before
+
+
+def test_a_correction_is_validated_recorded_and_shown(staff: Client) -> None:
+    paid = invoice("INV-40")
+    page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+    form_url = f"{INVOICES}{paid.pk}/correct-recipient/"
+    assert f'href="{form_url}"' in page
+    form = staff.get(form_url)
+    assert form.status_code == 200
+    assert b"inv-40@example.com" in form.content  # the provider's address, for reference
+
+    for data, error in (
+        ({"email": "not an address", "reason": "typo"}, "Enter a valid email address."),
+        ({"email": "a@example.com\nBcc: x@example.com", "reason": "x"}, "valid email"),
+        ({"email": "right@example.com", "reason": "  "}, "This field is required."),
+        ({"email": "", "reason": "undo"}, "there is no correction to remove"),
+    ):
+        refused = correct(staff, paid, **data)
+        assert refused.status_code == 200, data
+        assert error in refused.content.decode(), data
+    paid.refresh_from_db()
+    assert paid.recipient_override == ""
+    assert not OperatorAction.objects.exists()
+
+    done = correct(staff, paid, email=" right@example.com ", reason="customer called, #4411")
+    assert done.status_code == 302
+    assert done["Location"] == f"{INVOICES}{paid.pk}/change/"
+    shown = staff.get(done["Location"])
+    assert messages(shown)[0][0] == "success"
+    assert "emails now go to right@example.com" in messages(shown)[0][1]
+    paid.refresh_from_db()
+    assert (paid.customer_email, paid.recipient_override, paid.recipient) == (
+        "inv-40@example.com",
+        "right@example.com",
+        "right@example.com",
+    )
+    recorded = OperatorAction.objects.get()
+    assert (recorded.action, recorded.actor, recorded.target, recorded.detail) == (
+        "invoice.recipient_correct",
+        "admin:op",
+        paid,
+        "customer called, #4411",
+    )
+    assert recorded.before == {"recipient_override": "", "recipient": "inv-40@example.com"}
+    assert recorded.after == {
+        "recipient_override": "right@example.com",
+        "recipient": "right@example.com",
+    }
+    same = correct(staff, paid, email="right@example.com", reason="again")
+    assert "the recipient is already right@example.com" in same.content.decode()
+    assert OperatorAction.objects.count() == 1
+
+    page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+    assert "invoice.recipient_correct" in page  # the operator actions, on the invoice
+    assert "customer called, #4411" in page
+    listed = rows(staff.get(INVOICES))[0]
+    assert (listed["customer_email"], listed["recipient_override"]) == (
+        "inv-40@example.com",
+        "right@example.com",
+    )
+    assert [r["number"] for r in rows(staff.get(INVOICES, {"q": "right@example"}))] == ["INV-40"]
+
+
+def test_the_providers_next_event_does_not_undo_a_correction_and_the_email_uses_it(
+    client: Client, staff: Client, smtp: SmtpServer
+) -> None:
+    """The provider keeps sending its address; the operator's correction stands beside it,
+    and the email goes where the operator said, until the correction is removed."""
+    now = int(time.time())
+    first = paid_event("in_corr", created=now - 60, customer_email="typo@exmaple.com")
+    assert post_event(client, stripe_testing.encode(first)).status_code == 200
+    paid = Invoice.objects.get(provider_invoice_id="in_corr")
+    assert correct(staff, paid, email="right@example.com", reason="typo").status_code == 302
+
+    later = paid_event(
+        "in_corr",
+        created=now,
+        event_type="invoice.payment_succeeded",
+        customer_email="new@provider.com",
+    )
+    assert post_event(client, stripe_testing.encode(later)).status_code == 200
+    paid.refresh_from_db()
+    assert (paid.customer_email, paid.recipient_override) == (
+        "new@provider.com",
+        "right@example.com",
+    )
+    assert invoice_email_send(invoice_id=paid.pk, owner="test") == "sent"
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <right@example.com>"]
+
+    removed = correct(staff, paid, email="", reason="the provider has it right now")
+    assert removed.status_code == 302
+    paid.refresh_from_db()
+    assert paid.recipient == "new@provider.com"
+    undone = OperatorAction.objects.order_by("pk").last()
+    assert undone is not None
+    assert undone.before == {
+        "recipient_override": "right@example.com",
+        "recipient": "right@example.com",
+    }
+    assert undone.after == {"recipient_override": "", "recipient": "new@provider.com"}

@@ -1,4 +1,5 @@
-"""GET /api/invoices/: staff only, with the payment email's status and attempts."""
+"""GET /api/invoices/: staff with the view permission, with the payment email's status and
+attempts; POST .../resend-email/ needs the resend permission too, and is recorded."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from core.models import DeadLetter
+from core.models import DeadLetter, OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
+from tests.factories import staff_user
 
 pytestmark = pytest.mark.django_db
 
 
+def api_as(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
 @pytest.fixture
 def staff() -> APIClient:
-    client = APIClient()
-    client.force_authenticate(get_user_model().objects.create_user("op", is_staff=True))
-    return client
+    """A viewer: reading is all these tests do."""
+    return api_as(staff_user("op", groups=["viewers"]))
 
 
 def invoice(provider_id: str, status: str = "paid") -> Invoice:
@@ -117,3 +124,34 @@ def test_bad_filters_are_400_with_a_reason(staff: APIClient, query: str) -> None
 
 def test_unknown_invoice_is_404(staff: APIClient) -> None:
     assert staff.get("/api/invoices/999999/").status_code == 404
+
+
+def test_resend_needs_its_permission_and_is_recorded_once() -> None:
+    paid = invoice("in_r")
+    url = f"/api/invoices/{paid.pk}/resend-email/"
+    viewer = api_as(staff_user("watcher", groups=["viewers"]))
+    operator = api_as(staff_user("op", groups=["operators"]))
+
+    assert viewer.get(f"/api/invoices/{paid.pk}/").status_code == 200
+    assert viewer.post(url, HTTP_IDEMPOTENCY_KEY="k1").status_code == 403
+    assert not EmailDelivery.objects.exists()
+    assert not OutboxMessage.objects.exists()
+    assert not OperatorAction.objects.exists()
+
+    first = operator.post(url, HTTP_IDEMPOTENCY_KEY="k1")
+    again = operator.post(url, HTTP_IDEMPOTENCY_KEY="k1")  # the same request, retried
+
+    assert (first.status_code, again.status_code) == (202, 202)
+    action = OperatorAction.objects.get()
+    assert (action.action, action.actor, action.target) == ("invoice.email_resend", "api:op", paid)
+    assert action.detail == f"requested under {first.json()['key']}"
+
+
+def test_the_corrected_recipient_is_shown_beside_the_providers() -> None:
+    paid = invoice("in_c")
+    Invoice.objects.filter(pk=paid.pk).update(recipient_override="right@example.com")
+    body = api_as(staff_user("op", groups=["viewers"])).get(f"/api/invoices/{paid.pk}/").json()
+    assert (body["customer_email"], body["recipient_override"]) == (
+        "x@example.com",
+        "right@example.com",
+    )

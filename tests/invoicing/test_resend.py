@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_email_key, invoice_email_send
+from tests.factories import staff_user
 from tests.smtp import SmtpServer
 from tests.workers import worker_thread
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def staff() -> APIClient:
     client = APIClient()
-    client.force_authenticate(get_user_model().objects.create_user("op", is_staff=True))
+    client.force_authenticate(staff_user("op", groups=["operators"]))
     return client
 
 

@@ -1,5 +1,6 @@
 """The webhook events admin: read-only deliveries as received, their verdict, and a
-"Reprocess" action that applies an event once however often it is pressed."""
+"Reprocess" action that applies an event once however often it is pressed, offered only with
+its permission and recorded as an operator action each time."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import time
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
-from core.models import OutboxMessage
+from core.models import OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from tests.changelist import messages, rows, run_action
 from tests.conftest import paid_event, post_event
+from tests.core.test_admin import action_choices, admin_as
+from tests.factories import staff_user
 from tests.smtp import SmtpServer
 from tests.workers import worker_thread
 from webhooks import testing as stripe_testing
@@ -26,11 +28,8 @@ EVENTS = "/admin/webhooks/webhookevent/"
 
 @pytest.fixture
 def staff() -> Client:
-    client = Client()
-    client.force_login(
-        get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
-    )
-    return client
+    """An operator: a staff user in the "operators" group, not a superuser."""
+    return admin_as(staff_user("op", groups=["operators"]))
 
 
 def stored(event: dict[str, Any], *, body: bytes | None = None, **fields: Any) -> WebhookEvent:
@@ -116,6 +115,10 @@ def test_reprocessing_an_applied_event_twice_changes_nothing(client: Client, sta
     assert OutboxMessage.objects.count() == 1  # the email was asked for once, on arrival
     row.refresh_from_db()
     assert (row.state, row.error) == ("processed", "")
+    recorded = OperatorAction.objects.order_by("pk")
+    assert [(a.action, a.actor, a.target, a.detail) for a in recorded] == [
+        ("webhook_event.reprocess", "admin:op", row, "processed -> processed")
+    ] * 2  # each press, recorded
 
 
 def test_reprocessing_applies_an_event_whose_processing_failed_once(
@@ -172,3 +175,32 @@ def test_reprocess_reports_failed_and_ignored_events(staff: Client) -> None:
     assert (other.state, other.error) == ("ignored", "")
     assert not Invoice.objects.exists()
     assert not OutboxMessage.objects.exists()
+    assert dict(OperatorAction.objects.values_list("target_id", "detail")) == {
+        str(bad_row.pk): "processed -> failed: data.object.currency is not a 3-letter code",
+        str(other.pk): "failed -> ignored",
+    }
+
+
+def test_a_viewer_sees_events_and_cannot_reprocess(client: Client) -> None:
+    event = paid_event()
+    post_event(client, stripe_testing.encode(event))
+    row = WebhookEvent.objects.get()
+    viewer = admin_as(staff_user("watcher", groups=["viewers"]))
+
+    assert [r["event_id"] for r in rows(viewer.get(EVENTS))] == [event["id"]]
+    assert viewer.get(f"{EVENTS}{row.pk}/change/").status_code == 200
+    assert action_choices(viewer.get(EVENTS)) == []
+    assert messages(run_action(viewer, EVENTS, "reprocess_selected", [row.pk])) == []
+    assert not OperatorAction.objects.exists()
+
+    reprocessor = admin_as(
+        staff_user(
+            "reprocessor", perms=["webhooks.view_webhookevent", "webhooks.reprocess_webhookevent"]
+        )
+    )
+    assert action_choices(reprocessor.get(EVENTS)) == ["reprocess_selected"]
+    run_action(reprocessor, EVENTS, "reprocess_selected", [row.pk])
+    recorded = OperatorAction.objects.get()
+    assert (recorded.actor, recorded.target) == ("admin:reprocessor", row)
+    page = viewer.get(f"{EVENTS}{row.pk}/change/").content.decode()
+    assert "webhook_event.reprocess" in page  # on the event's page, for the viewer too

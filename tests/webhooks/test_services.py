@@ -43,7 +43,7 @@ def test_concurrent_reprocesses_apply_a_failed_event_once() -> None:
     def reprocess() -> None:
         try:
             barrier.wait()
-            results.append(webhook_event_reprocess(event_ids=[row.event_id]))
+            results.append(webhook_event_reprocess(event_ids=[row.event_id], actor="test"))
         finally:
             connection.close()
 
@@ -64,7 +64,9 @@ def test_an_event_without_created_takes_the_signature_time_as_on_arrival() -> No
     event = paid_event()
     del event["created"]
     row = failed_row(event, timestamp=1_700_000_000)
-    assert webhook_event_reprocess(event_ids=[row.event_id]).processed == [row.event_id]
+    assert webhook_event_reprocess(event_ids=[row.event_id], actor="test").processed == [
+        row.event_id
+    ]
     assert Invoice.objects.get().provider_updated_at == datetime.fromtimestamp(
         1_700_000_000, tz=UTC
     )
@@ -74,12 +76,12 @@ def test_a_stale_event_reprocessed_never_moves_the_invoice_back() -> None:
     newer = paid_event("in_order", created=2_000_000_000, amount=5000)
     older = paid_event("in_order", created=1_900_000_000, amount=100, status="open")
     rows = [failed_row(newer), failed_row(older)]
-    result = webhook_event_reprocess(event_ids=[r.event_id for r in reversed(rows)])
+    result = webhook_event_reprocess(event_ids=[r.event_id for r in reversed(rows)], actor="test")
     assert sorted(result.processed) == sorted(r.event_id for r in rows)
     invoice = Invoice.objects.get()
     assert (invoice.status, invoice.amount_paid) == ("paid", 5000)
 
 
 def test_unknown_ids_are_reported_missing() -> None:
-    result = webhook_event_reprocess(event_ids=["evt_gone"])
+    result = webhook_event_reprocess(event_ids=["evt_gone"], actor="test")
     assert result == Reprocessed(processed=[], ignored=[], failed=[], missing=["evt_gone"])

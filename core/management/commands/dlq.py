@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.audit import cli_actor
 from core.deadletters import dead_letter_purge, dead_letter_replay
 from core.models import DeadLetter
 
@@ -94,7 +95,7 @@ class Command(BaseCommand):
             )
             if unknown:
                 raise CommandError(f"no dead letter with id {', '.join(map(str, unknown))}")
-        result = dead_letter_replay(ids=ids or None, actor="manage.py dlq replay")
+        result = dead_letter_replay(ids=ids or None, actor=cli_actor())
         for pk in result.replayed:
             self.stdout.write(f"replayed dead letter {pk}")
         for pk in result.skipped:
