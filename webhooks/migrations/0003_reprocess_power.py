@@ -5,7 +5,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("webhooks", "0001_initial"),
+        ("webhooks", "0002_webhookevent_body_cleared_at"),
     ]
 
     operations = [
