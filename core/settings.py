@@ -8,6 +8,7 @@ default and a missing one stops start-up with a message naming it.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
 import environ
@@ -157,7 +158,8 @@ WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
 WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
 
 # --- Email ------------------------------------------------------------------------------------
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+# Django's SMTP backend, plus addresses with a UTF-8 local part sent with SMTPUTF8 (core/smtp.py).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="core.smtp.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
 EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
@@ -169,6 +171,22 @@ EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Billing <billing@example.com>")
 SERVER_EMAIL = env.str("SERVER_EMAIL", default=DEFAULT_FROM_EMAIL)
 ADMINS = [("Operator", a) for a in env.list("DJANGO_ADMINS", default=[])]
+# The only hosts the paid-invoice email links to (the invoice's hosted_invoice_url), and only
+# over https, without user info or another port: any other link is left out of the email and a
+# warning logged, so a hostile URL in a signed event (javascript:, a look-alike host) never
+# reaches a customer. Empty: never link.
+INVOICE_URL_ALLOWED_HOSTS = [
+    h.strip().lower()
+    for h in env.list("INVOICE_URL_ALLOWED_HOSTS", default=["invoice.stripe.com"])
+    if h.strip()
+]
+_HOST_NAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}")
+for _host in INVOICE_URL_ALLOWED_HOSTS:
+    if not _HOST_NAME.fullmatch(_host):
+        raise ImproperlyConfigured(
+            f"INVOICE_URL_ALLOWED_HOSTS: {_host!r} is not a host name like invoice.stripe.com "
+            "(no scheme, port, path or wildcard)."
+        )
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
