@@ -153,6 +153,24 @@ STRIPE_WEBHOOK_TOLERANCE = env.int("STRIPE_WEBHOOK_TOLERANCE", default=300)
 if STRIPE_WEBHOOK_TOLERANCE <= 0:
     # stripe-python treats a falsy tolerance as "no check": never allow that.
     raise ImproperlyConfigured("STRIPE_WEBHOOK_TOLERANCE must be a positive number of seconds.")
+# The Stripe mode this endpoint acts on: "live", "test" or "any". A signed event of the other
+# mode (a test-mode secret configured beside the live one, a leaked one) is stored as ignored
+# with the reason, answered 200, and changes nothing. "live" in production; "test" while DEBUG
+# is on, so a development machine never acts on a live event (emails a real customer) unless
+# told to; "any" only when set.
+STRIPE_LIVEMODE = env.str("STRIPE_LIVEMODE", default="test" if DEBUG else "live").strip().lower()
+if STRIPE_LIVEMODE not in {"live", "test", "any"}:
+    raise ImproperlyConfigured(
+        f"STRIPE_LIVEMODE must be live, test or any (got {STRIPE_LIVEMODE!r})."
+    )
+# Stripe Connect: the connected account (acct_...) this endpoint acts for. An event carrying
+# another account in its top-level "account", or none (the platform's own), is stored as
+# ignored in the same way. Empty: no account check.
+STRIPE_ACCOUNT = env.str("STRIPE_ACCOUNT", default="").strip()
+if STRIPE_ACCOUNT and not re.fullmatch(r"acct_[A-Za-z0-9]+", STRIPE_ACCOUNT):
+    raise ImproperlyConfigured(
+        f"STRIPE_ACCOUNT must be a Stripe account id like acct_1A2b3C (got {STRIPE_ACCOUNT!r})."
+    )
 WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
 # What the provider is told to wait before retrying when we cannot take a delivery.
 WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
