@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -172,3 +173,17 @@ def test_reprocess_reports_failed_and_ignored_events(staff: Client) -> None:
     assert (other.state, other.error) == ("ignored", "")
     assert not Invoice.objects.exists()
     assert not OutboxMessage.objects.exists()
+
+
+def test_an_event_whose_json_holds_lone_surrogates_is_shown(staff: Client) -> None:
+    # Stored as signed (the escapes are ASCII); decoded, they are text no response can encode.
+    event = paid_event(customer_name="Jen\ud800ny")
+    event["data"]["object"]["lines"]["\udfff"] = "x"
+    row = stored(event, body=json.dumps(event, indent=2).encode())
+
+    response = staff.get(f"{EVENTS}{row.pk}/change/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Jen\\ud800ny" in page  # shown as the escape it was signed as
+    assert "&quot;\\udfff&quot;: &quot;x&quot;" in page
