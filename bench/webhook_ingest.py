@@ -301,6 +301,8 @@ def server_env(*, options: Options, prefix: str, secret: str) -> dict[str, str]:
         "REDIS_URL": options.redis_url,
         "REDIS_KEY_PREFIX": prefix.rstrip(":"),  # cache keys become "<prefix>1:<key>"
         "STRIPE_WEBHOOK_SECRET": secret,
+        # The senders sign test-mode events (webhooks/testing.py); production acts on live only.
+        "STRIPE_LIVEMODE": "test",
     }
 
 

@@ -130,6 +130,8 @@ def app_env(*, smtp_port: int) -> dict[str, str]:
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "STRIPE_WEBHOOK_SECRET": "whsec_" + secrets.token_hex(24),
+        # The load signs test-mode events (webhooks/testing.py); production acts on live only.
+        "STRIPE_LIVEMODE": "test",
         "DJANGO_SECURE_SSL_REDIRECT": "0",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
         "LOG_LEVEL": "WARNING",

@@ -9,7 +9,7 @@ Levels, and what is shed at each, in this order:
 
 1. ``normal`` (backlog below ``BACKPRESSURE_SOFT_MARK``): nothing.
 2. ``soft`` (at or above the soft mark): the events we do not act on. The caller says which
-   events are essential (for the webhook: ``webhooks.stripe.PAYMENT_EVENT_TYPES``); the rest
+   events are essential (for the webhook: a payment event in its mode and account); the rest
    are refused with 503 + Retry-After and **not stored**. Payment events are still stored
    durably and then acknowledged.
 3. ``hard`` (at or above ``BACKPRESSURE_HARD_MARK``): everything, payment events included,

@@ -1,10 +1,22 @@
-"""Database helpers whose guarantee is a constraint, not a check in Python."""
+"""Database helpers: an insert whose guarantee is a constraint, not a check in Python, and
+text that PostgreSQL can always store."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from django.db import connection, models
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_storable(value: str) -> str:
+    """``value`` as PostgreSQL can store it, in a text column or inside JSON: each lone
+    surrogate becomes U+FFFD and NUL is dropped. JSON's ``\\ud800`` escape puts a lone
+    surrogate in perfectly valid (ASCII) JSON; UTF-8 cannot encode one, so psycopg would raise
+    at the INSERT, and PostgreSQL refuses NUL in text and ``\\u0000`` in jsonb."""
+    return _LONE_SURROGATE.sub("\ufffd", value).replace("\x00", "")
 
 
 def _column(field: object) -> str:

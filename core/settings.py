@@ -9,6 +9,7 @@ development machine with PostgreSQL and Redis on localhost.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
 import environ
@@ -184,12 +185,31 @@ STRIPE_WEBHOOK_TOLERANCE = env.int("STRIPE_WEBHOOK_TOLERANCE", default=300)
 if STRIPE_WEBHOOK_TOLERANCE <= 0:
     # stripe-python treats a falsy tolerance as "no check": never allow that.
     raise ImproperlyConfigured("STRIPE_WEBHOOK_TOLERANCE must be a positive number of seconds.")
+# The Stripe mode this endpoint acts on: "live", "test" or "any". A signed event of the other
+# mode (a test-mode secret configured beside the live one, a leaked one) is stored as ignored
+# with the reason, answered 200, and changes nothing. "live" in production; "test" while DEBUG
+# is on, so a development machine never acts on a live event (emails a real customer) unless
+# told to; "any" only when set.
+STRIPE_LIVEMODE = env.str("STRIPE_LIVEMODE", default="test" if DEBUG else "live").strip().lower()
+if STRIPE_LIVEMODE not in {"live", "test", "any"}:
+    raise ImproperlyConfigured(
+        f"STRIPE_LIVEMODE must be live, test or any (got {STRIPE_LIVEMODE!r})."
+    )
+# Stripe Connect: the connected account (acct_...) this endpoint acts for. An event carrying
+# another account in its top-level "account", or none (the platform's own), is stored as
+# ignored in the same way. Empty: no account check.
+STRIPE_ACCOUNT = env.str("STRIPE_ACCOUNT", default="").strip()
+if STRIPE_ACCOUNT and not re.fullmatch(r"acct_[A-Za-z0-9]+", STRIPE_ACCOUNT):
+    raise ImproperlyConfigured(
+        f"STRIPE_ACCOUNT must be a Stripe account id like acct_1A2b3C (got {STRIPE_ACCOUNT!r})."
+    )
 WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
 # What the provider is told to wait before retrying when we cannot take a delivery.
 WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
 
 # --- Email ------------------------------------------------------------------------------------
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+# Django's SMTP backend, plus addresses with a UTF-8 local part sent with SMTPUTF8 (core/smtp.py).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="core.smtp.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
 EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
@@ -201,6 +221,22 @@ EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Billing <billing@example.com>")
 SERVER_EMAIL = env.str("SERVER_EMAIL", default=DEFAULT_FROM_EMAIL)
 ADMINS = [("Operator", a) for a in env.list("DJANGO_ADMINS", default=[])]
+# The only hosts the paid-invoice email links to (the invoice's hosted_invoice_url), and only
+# over https, without user info or another port: any other link is left out of the email and a
+# warning logged, so a hostile URL in a signed event (javascript:, a look-alike host) never
+# reaches a customer. Empty: never link.
+INVOICE_URL_ALLOWED_HOSTS = [
+    h.strip().lower()
+    for h in env.list("INVOICE_URL_ALLOWED_HOSTS", default=["invoice.stripe.com"])
+    if h.strip()
+]
+_HOST_NAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}")
+for _host in INVOICE_URL_ALLOWED_HOSTS:
+    if not _HOST_NAME.fullmatch(_host):
+        raise ImproperlyConfigured(
+            f"INVOICE_URL_ALLOWED_HOSTS: {_host!r} is not a host name like invoice.stripe.com "
+            "(no scheme, port, path or wildcard)."
+        )
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")

@@ -2,24 +2,43 @@
 permanent.
 
 Transient (retried): SMTP 4xx replies, connection refused or reset, timeouts, disconnects.
-Permanent (dead-lettered at once): SMTP 5xx replies, a missing or invalid recipient, a header
-carrying a line break (header injection).
+Permanent (dead-lettered at once): SMTP 5xx replies, a missing or invalid recipient, an address
+carrying a line break (header injection), an address the server cannot take (a UTF-8 local
+part, and no SMTPUTF8 offered).
+
+What came in a signed event is authentic, not harmless, so before it reaches the message:
+
+* the recipient is validated by email-validator: an internationalised domain is sent in its
+  ASCII form (IDNA 2008), which every server takes; a UTF-8 local part is kept as it is and
+  needs a server offering SMTPUTF8 (``core.smtp``);
+* the customer's name and the invoice number lose every control character and line or
+  paragraph separator (each becomes a space): Python's email package breaks a header line on
+  ``\v``, ``\f``, ``\x1c``-``\x1e``, ``\x85``, U+2028 and U+2029 as well as on CR and LF;
+* the hosted invoice URL is linked only when it is ``https`` on a host in
+  ``INVOICE_URL_ALLOWED_HOSTS``, with no user info and no other port; otherwise the email goes
+  out without the link and a warning is logged with the invoice id and the reason.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import smtplib
 from decimal import Decimal
-from email.utils import formataddr, parseaddr
+from email.headerregistry import Address
+from email.utils import parseaddr
+from urllib.parse import urlsplit
 
+import email_validator
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives, get_connection
-from django.core.validators import validate_email
 from django.template.loader import render_to_string
 
+from core.db import text_storable
 from core.tasks import PermanentError, TransientError
 from invoicing.models import Invoice
+
+logger = logging.getLogger(__name__)
 
 # ISO 4217 exponents that are not 2, for the currencies Stripe supports.
 _ZERO_DECIMAL = frozenset(
@@ -58,35 +77,97 @@ def message_id_domain() -> str:
     return address.rpartition("@")[2] or "localhost"
 
 
-def _reject_line_breaks(name: str, value: str) -> None:
-    if "\n" in value or "\r" in value:
-        raise PermanentError(f"header injection in {name}: a line break in the value")
+# C0 controls, DEL, C1 controls, and the line and paragraph separators.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def header_text(value: str) -> str:
+    """``value`` fit for one header line: each control character or line/paragraph separator
+    becomes a space, runs of white space become one, lone surrogates become U+FFFD."""
+    return " ".join(_CONTROLS.sub(" ", text_storable(value)).split())
+
+
+def recipient_address(*, email: str, name: str) -> str:
+    """The To address for ``email`` with ``name`` as its display name, or ``PermanentError``.
+
+    A line break in the address stays a permanent error rather than being repaired: unlike a
+    name, there is no telling which address was meant, and guessing could mail a stranger."""
+    address = email.strip()
+    if not address:
+        raise PermanentError("invoice has no customer email")
+    if _CONTROLS.search(address):
+        raise PermanentError(
+            "header injection in customer email: a line break or control character in it"
+        )
+    if "\ufffd" in address:
+        # What a lone surrogate was stored as: no mailbox is named that.
+        raise PermanentError(f"invalid recipient address {address!r}: it held unencodable text")
+    try:
+        valid = email_validator.validate_email(address, check_deliverability=False)
+    except email_validator.EmailNotValidError as exc:
+        raise PermanentError(f"invalid recipient address {address!r}: {exc}") from exc
+    if valid.ascii_email:
+        # Any server takes this: the domain as IDNA (xn--...), the local part as given.
+        username, domain = valid.ascii_local_part, valid.ascii_domain
+    else:
+        # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (core.smtp).
+        username, domain = valid.local_part, valid.domain
+    # Address quotes a display name where RFC 5322 needs it.
+    return str(Address(display_name=header_text(name), username=username, domain=domain))
+
+
+def _url_refusal(url: str) -> str:
+    """Why ``url`` is not linked from the email, or "" if it may be."""
+    if not re.fullmatch(r"[!-\[\]-~]+", url):
+        return "not printable ASCII, or contains a backslash or space"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "not a URL"
+    if parts.scheme != "https":
+        return "not https"
+    if "@" in parts.netloc:
+        return "carries user info"
+    if port not in (None, 443):
+        return "has a port other than 443"
+    if parts.hostname not in settings.INVOICE_URL_ALLOWED_HOSTS:
+        return f"host {(parts.hostname or '')[:100]!r} is not in INVOICE_URL_ALLOWED_HOSTS"
+    return ""
+
+
+def invoice_url(invoice: Invoice) -> str:
+    """The invoice's hosted URL if it is safe to link to, else "" (and a warning)."""
+    url = invoice.hosted_invoice_url
+    if not url:
+        return ""
+    refusal = _url_refusal(url)
+    if refusal:
+        # Not the URL itself: it is the sender's text, and may be built to mislead a reader.
+        logger.warning(
+            "hosted invoice URL left out of the email: %s",
+            refusal,
+            extra={"invoice_id": invoice.pk, "reason": refusal},
+        )
+        return ""
+    return url
 
 
 def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlternatives:
     """The paid-invoice email, to the invoice's recipient: an operator's correction if there
     is one, else the provider's customer email."""
-    recipient = invoice.recipient.strip()
-    if not recipient:
-        raise PermanentError("invoice has no customer email")
-    _reject_line_breaks("customer email", invoice.recipient)
-    _reject_line_breaks("customer name", invoice.customer_name)
-    _reject_line_breaks("invoice number", invoice.number)
-    try:
-        validate_email(recipient)
-    except ValidationError as exc:
-        raise PermanentError(f"invalid recipient address {recipient!r}") from exc
-
+    to = recipient_address(email=invoice.recipient, name=invoice.customer_name)
     context = {
-        "invoice": invoice,
-        "number": invoice.number or invoice.provider_invoice_id,
+        "name": header_text(invoice.customer_name),
+        "number": header_text(invoice.number or invoice.provider_invoice_id),
         "amount": format_amount(invoice.amount_paid, invoice.currency or "usd"),
+        "invoice_url": invoice_url(invoice),
     }
     message = EmailMultiAlternatives(
         subject=f"Your invoice {context['number']} is paid",
         body=render_to_string("invoicing/email/invoice_paid.txt", context),
         from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[formataddr((invoice.customer_name, recipient)) if invoice.customer_name else recipient],
+        to=[to],
         headers={"Message-ID": message_id},
     )
     message.attach_alternative(
@@ -113,6 +194,8 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise PermanentError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}") from exc
     except (smtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
         raise TransientError(f"SMTP unavailable: {exc!r}") from exc
+    except smtplib.SMTPNotSupportedError as exc:  # core.smtp: a UTF-8 address, no SMTPUTF8
+        raise PermanentError(f"the mail server cannot take this address: {exc}") from exc
     except smtplib.SMTPException as exc:
         raise PermanentError(f"SMTP error: {exc!r}") from exc
     except ValueError as exc:  # Django's address sanitising and BadHeaderError

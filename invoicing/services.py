@@ -30,9 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives
-from django.core.validators import validate_email
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
@@ -396,9 +394,11 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
     reason = " ".join(reason.split())
     if email:
         try:
-            validate_email(email)
-        except ValidationError as exc:
-            raise ValueError(f"{email!r} is not a valid email address") from exc
+            # The rules the email itself will be sent under, so a correction that passes here
+            # is one the send accepts.
+            mail.recipient_address(email=email, name="")
+        except PermanentError as exc:
+            raise ValueError(f"{email!r} is not a valid email address: {exc}") from exc
     if not reason:
         raise ValueError("say why the recipient is corrected")
     with transaction.atomic():

@@ -180,6 +180,9 @@ def production_env() -> dict[str, str]:
         "STRIPE_WEBHOOK_SECRET": f"whsec_demo_{secrets.token_hex(24)}",
         # No redirect to HTTPS, no Secure-only cookies: the web app is on http://127.0.0.1.
         "DJANGO_SECURE_SSL_REDIRECT": "0",
+        # The demo's events are test-mode events, as `stripe trigger` sends; production acts
+        # on live ones only.
+        "STRIPE_LIVEMODE": "test",
     }
 
 

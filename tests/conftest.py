@@ -68,7 +68,7 @@ def paid_event(
 
 def use_smtp(settings: Any, port: int) -> None:
     # The test runner swaps in the locmem backend; these tests talk SMTP for real.
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_BACKEND = "core.smtp.EmailBackend"
     settings.EMAIL_HOST = "127.0.0.1"
     settings.EMAIL_PORT = port
 

@@ -32,6 +32,9 @@ os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{_RUN}")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
 os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
+# The events the tests sign are test-mode events (livemode false, as webhooks/testing.py makes
+# them), whatever DJANGO_DEBUG is: the endpoint under test acts on test mode.
+os.environ.setdefault("STRIPE_LIVEMODE", "test")
 
 from core.settings import *  # noqa: E402, F403
 from core.settings import DATABASES  # noqa: E402

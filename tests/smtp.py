@@ -1,4 +1,5 @@
-"""A real SMTP server (aiosmtpd) in the test process, with faults on demand."""
+"""A real SMTP server (aiosmtpd) in the test process, with faults on demand, offering the
+SMTPUTF8 extension (RFC 6531) or not."""
 
 from __future__ import annotations
 
@@ -30,9 +31,20 @@ class Faults:
     delay: float = 0.0  # seconds before answering DATA
 
 
+@dataclass(frozen=True)
+class Received:
+    """The envelope of one accepted message, as the client gave it."""
+
+    mail_from: str
+    rcpt_tos: list[str]
+    smtputf8: bool  # MAIL FROM carried the SMTPUTF8 parameter
+    content: bytes  # the message as received
+
+
 class Handler:
     def __init__(self) -> None:
         self.messages: list[EmailMessage] = []
+        self.envelopes: list[Received] = []
         self.attempts = 0
         self.faults = Faults()
         self.lock = threading.Lock()
@@ -59,12 +71,26 @@ class Handler:
             time.sleep(self.faults.delay)  # blocks this server's loop, like a slow server
         if reply:
             return reply
-        message = email.message_from_bytes(
-            envelope.content,
-            policy=email.policy.default,  # type: ignore[arg-type]
-        )
+        content = envelope.content
+        assert isinstance(content, bytes)
+        if envelope.smtp_utf8:
+            # An SMTPUTF8 message may carry UTF-8 in its header fields (RFC 6532); parsed as
+            # bytes they would be left as surrogate escapes. The body stays bytes, as MIME has it.
+            head, blank, body = content.partition(b"\r\n\r\n")
+            text = head.decode() + blank.decode() + body.decode("ascii", "surrogateescape")
+            message = email.message_from_string(text, policy=email.policy.default)
+        else:
+            message = email.message_from_bytes(content, policy=email.policy.default)
         with self.received:
             self.messages.append(message)  # type: ignore[arg-type]
+            self.envelopes.append(
+                Received(
+                    mail_from=str(envelope.mail_from),
+                    rcpt_tos=list(envelope.rcpt_tos),
+                    smtputf8=envelope.smtp_utf8,
+                    content=content,
+                )
+            )
             self.received.notify_all()
         return "250 Message accepted"
 
@@ -75,10 +101,14 @@ class Handler:
 
 
 class SmtpServer:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, smtputf8: bool = False) -> None:
         self.port = port or free_port()
         self.handler = Handler()
-        self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
+        # Without SMTPUTF8, aiosmtpd neither advertises it nor accepts it in MAIL FROM (501),
+        # and refuses any non-ASCII byte in a command ("500 Error: strict ASCII mode").
+        self.controller = Controller(
+            self.handler, hostname="127.0.0.1", port=self.port, enable_SMTPUTF8=smtputf8
+        )
 
     def start(self) -> SmtpServer:
         self.controller.start()

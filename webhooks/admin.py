@@ -5,6 +5,7 @@ events again through the service (idempotent, and recorded as an operator action
 from __future__ import annotations
 
 import json
+import re
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -14,6 +15,8 @@ from django.utils.html import format_html
 from core.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
 from webhooks.models import WebhookEvent
 from webhooks.services import webhook_event_reprocess
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _pre(text: str) -> str:
@@ -63,7 +66,9 @@ class WebhookEventAdmin(ReadOnlyAdmin):
             text = json.dumps(json.loads(obj.body), indent=2, ensure_ascii=False)
         except (ValueError, RecursionError):
             text = obj.body
-        return _pre(text)
+        # A signed \\ud800 decodes to a lone surrogate, which no page can encode: show the
+        # escape it was signed as.
+        return _pre(_LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
     @admin.display(description="Headers")
     def headers_display(self, obj: WebhookEvent) -> str:

@@ -5,6 +5,11 @@ The event row is inserted with ``ON CONFLICT (event_id) DO NOTHING``: a duplicat
 sequential or concurrent, finds the row (or waits for the transaction inserting it) and
 changes nothing, without an IntegrityError anywhere.
 
+An event outside this endpoint's scope (the other Stripe mode, another Connect account) is
+stored as ``ignored`` with the reason in ``error``, and changes nothing: no invoice, no outbox
+row. It is answered 200 like any stored event: refusing it would only have the provider retry
+it for days.
+
 ``webhook_event_reprocess`` (the admin's "Reprocess") applies stored deliveries again; applying
 is idempotent, so it changes nothing for an event already applied. Each event reprocessed is
 recorded as an operator action in its own transaction.
@@ -54,11 +59,19 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
         body=body,
         headers=headers,
         state=WebhookEvent.State.PROCESSED if acted_on else WebhookEvent.State.IGNORED,
+        error=event.out_of_scope,
     )
     with transaction.atomic():
         if not insert_or_skip(row, conflict_fields=["event_id"]):
             logger.info("duplicate webhook delivery", extra={"event_id": event.id})
             return Recorded(event_id=event.id, duplicate=True, state="duplicate")
+        if event.out_of_scope:
+            # Worth a look: a secret of the other mode, or another account's, reaches us.
+            logger.warning(
+                "webhook event ignored: %s",
+                event.out_of_scope,
+                extra={"event_id": event.id, "event_type": event.type},
+            )
         if event.invoice is not None:
             invoice = invoice_record_payment(data=event.invoice, provider_time=event.created)
             logger.info(
@@ -163,7 +176,7 @@ def _reapply(row: WebhookEvent) -> tuple[str, str]:
             if event.id != row.event_id:
                 raise WebhookRejected(f"the body is event {event.id}, not {row.event_id}")
             if event.invoice is None:
-                return WebhookEvent.State.IGNORED, ""
+                return WebhookEvent.State.IGNORED, event.out_of_scope
             invoice = invoice_record_payment(data=event.invoice, provider_time=event.created)
     except WebhookRejected as exc:
         error = exc.reason

@@ -15,16 +15,11 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 from core.backpressure import backpressure_shed
+from core.db import text_storable
 from core.logging import log_context
 from core.metrics import webhook_delivery_count
 from webhooks.services import KEPT_HEADERS, webhook_event_record
-from webhooks.stripe import (
-    PAYMENT_EVENT_TYPES,
-    Event,
-    WebhookRejected,
-    event_parse,
-    signature_verify,
-)
+from webhooks.stripe import Event, WebhookRejected, event_parse, signature_verify
 from webhooks.throttle import webhook_throttle_wait
 
 logger = logging.getLogger(__name__)
@@ -82,7 +77,7 @@ class StripeWebhookView(View):
     def _take(self, request: HttpRequest, *, event: Event, payload: bytes) -> JsonResponse:
         """Shed, or store once and acknowledge, a verified event."""
         # Shed under backpressure: only now is the type known, and nothing is stored yet.
-        shed = backpressure_shed(essential=event.type in PAYMENT_EVENT_TYPES)
+        shed = backpressure_shed(essential=event.invoice is not None)
         if shed is not None:
             webhook_delivery_count("shed", str(shed))
             logger.warning(
@@ -93,7 +88,7 @@ class StripeWebhookView(View):
             return _retry_later("overloaded")
 
         headers = {
-            name: str(request.META[meta]).replace("\x00", "")[:2000]
+            name: text_storable(str(request.META[meta]))[:2000]
             for meta, name in KEPT_HEADERS.items()
             if meta in request.META
         }

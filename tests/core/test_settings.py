@@ -275,3 +275,49 @@ def test_celery_is_configured_for_at_least_once_delivery() -> None:
     assert email_task.max_retries == 4  # five attempts in all
     assert email_task.acks_late
     assert email_task.reject_on_worker_lost
+
+
+_PRINT_SCOPE = (
+    "from django.conf import settings as s; "
+    "print(s.STRIPE_LIVEMODE, s.STRIPE_ACCOUNT or '-', ','.join(s.INVOICE_URL_ALLOWED_HOSTS))"
+)
+
+
+def test_stripe_livemode_is_live_in_production_and_test_while_debugging() -> None:
+    production = manage("shell", "--no-imports", "-c", _PRINT_SCOPE, env=PRODUCTION)
+    debugging = manage("shell", "--no-imports", "-c", _PRINT_SCOPE, env={"DJANGO_DEBUG": "1"})
+    assert production.stdout.split() == ["live", "-", "invoice.stripe.com"], production.stderr
+    assert debugging.stdout.split() == ["test", "-", "invoice.stripe.com"], debugging.stderr
+
+
+def test_scope_and_link_settings_are_read_and_normalised() -> None:
+    env = {
+        **PRODUCTION,
+        "STRIPE_LIVEMODE": " Any ",
+        "STRIPE_ACCOUNT": "acct_1Abc",
+        "INVOICE_URL_ALLOWED_HOSTS": "Invoice.Stripe.com, billing.example.com",
+    }
+    result = manage("shell", "--no-imports", "-c", _PRINT_SCOPE, env=env)
+    assert result.stdout.split() == [
+        "any",
+        "acct_1Abc",
+        "invoice.stripe.com,billing.example.com",
+    ], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("STRIPE_LIVEMODE", "production", "STRIPE_LIVEMODE must be live, test or any"),
+        ("STRIPE_ACCOUNT", "acct 1; drop", "STRIPE_ACCOUNT must be a Stripe account id"),
+        ("INVOICE_URL_ALLOWED_HOSTS", "https://invoice.stripe.com", "is not a host name"),
+        ("INVOICE_URL_ALLOWED_HOSTS", "*.stripe.com", "is not a host name"),
+    ],
+)
+def test_bad_scope_and_link_settings_stop_start_up_with_a_clear_message(
+    name: str, value: str, message: str
+) -> None:
+    result = manage("check", env={**PRODUCTION, name: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr

@@ -4,6 +4,7 @@ its permission and recorded as an operator action each time."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -204,3 +205,17 @@ def test_a_viewer_sees_events_and_cannot_reprocess(client: Client) -> None:
     assert (recorded.actor, recorded.target) == ("admin:reprocessor", row)
     page = viewer.get(f"{EVENTS}{row.pk}/change/").content.decode()
     assert "webhook_event.reprocess" in page  # on the event's page, for the viewer too
+
+
+def test_an_event_whose_json_holds_lone_surrogates_is_shown(staff: Client) -> None:
+    # Stored as signed (the escapes are ASCII); decoded, they are text no response can encode.
+    event = paid_event(customer_name="Jen\ud800ny")
+    event["data"]["object"]["lines"]["\udfff"] = "x"
+    row = stored(event, body=json.dumps(event, indent=2).encode())
+
+    response = staff.get(f"{EVENTS}{row.pk}/change/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Jen\\ud800ny" in page  # shown as the escape it was signed as
+    assert "&quot;\\udfff&quot;: &quot;x&quot;" in page

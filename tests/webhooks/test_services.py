@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -85,3 +86,20 @@ def test_a_stale_event_reprocessed_never_moves_the_invoice_back() -> None:
 def test_unknown_ids_are_reported_missing() -> None:
     result = webhook_event_reprocess(event_ids=["evt_gone"], actor="test")
     assert result == Reprocessed(processed=[], ignored=[], failed=[], missing=["evt_gone"])
+
+
+def test_reprocessing_an_event_of_the_other_mode_leaves_it_ignored(settings: Any) -> None:
+    # A live event stored as failed (before STRIPE_LIVEMODE was set to test, say): the
+    # admin's Reprocess must not apply what the endpoint would now ignore.
+    settings.STRIPE_LIVEMODE = "test"
+    event = paid_event()
+    event["livemode"] = True
+    row = failed_row(event)
+
+    result = webhook_event_reprocess(event_ids=[row.event_id])
+
+    assert result.ignored == [row.event_id]
+    row.refresh_from_db()
+    assert (row.state, row.error) == ("ignored", "live-mode event; STRIPE_LIVEMODE is test")
+    assert not Invoice.objects.exists()
+    assert not OutboxMessage.objects.exists()

@@ -177,7 +177,7 @@ def test_timestamp_tolerance_in_both_directions(
             b'{"id": "evt_1", "type": "x", "created": 99999999999999}',
             "created is not a plausible timestamp",
         ),
-        (b'{"id": "evt\\u0000", "type": "x"}', "event has no id"),
+        (b'{"id": "evt\\u0000", "type": "x"}', "event id is malformed"),
         (b'{"id": "evt_1", "type": "x", "pad": "\x00"}', "body contains a NUL byte"),
     ],
 )
@@ -325,3 +325,175 @@ def test_database_unavailable_answers_503_with_retry_after(client: Client) -> No
     assert int(response["Retry-After"]) > 0
     assert json.loads(response.content) == {"error": "temporarily unavailable"}
     assert not WebhookEvent.objects.exists()
+
+
+# --- Hostile text in a signed event -----------------------------------------------------------
+# A lone surrogate is valid JSON (the ASCII escape \ud800) and a valid signed body, but UTF-8
+# cannot encode it: stored as it is, the INSERT fails (a 500, on every retry, for three days).
+
+
+def _signed_json(event: dict[str, Any]) -> bytes:
+    body = json.dumps(event, indent=2).encode()
+    assert b"\\ud" in body  # the escapes really are in the signed bytes
+    return body
+
+
+@pytest.mark.parametrize(
+    "field", ["customer_name", "number", "customer_email", "hosted_invoice_url"]
+)
+def test_unencodable_text_in_a_kept_field_is_stored_made_safe(client: Client, field: str) -> None:
+    event = paid_event("in_hostile")
+    event["data"]["object"][field] = "ab\ud800cd\x00e\udfff"
+    # Unknown fields, nested, with lone surrogates in keys and values: kept in the raw body only.
+    event["data"]["object"]["lines"]["x\udfff"] = {"deep": ["\ud83d", "\x00", {"\ud800": 1}]}
+    body = _signed_json(event)
+
+    response = post_event(client, body)
+
+    assert response.status_code == 200
+    stored = WebhookEvent.objects.get()
+    assert stored.body.encode() == body  # the raw body, byte for byte as signed
+    assert stored.state == WebhookEvent.State.PROCESSED
+    invoice = Invoice.objects.get()
+    assert getattr(invoice, field) == "ab\ufffdcde\ufffd"  # replaced, NUL dropped: storable
+    assert invoice.status == "paid"
+    assert OutboxMessage.objects.count() == 1  # the receipt is still asked for
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason"),
+    [
+        (["id"], "evt_\ud800", "event id is malformed"),
+        (["type"], "invoice.paid\udfff", "event type is malformed"),
+        (["data", "object", "id"], "in_\ud800", "data.object.id is malformed"),
+        (["data", "object", "id"], "in_1\x1c", "data.object.id is malformed"),
+        (["data", "object", "id"], " in_1", "data.object.id is malformed"),
+        (["data", "object", "id"], 42, "data.object.id is malformed"),
+        (["data", "object", "currency"], "u\ud800d", "data.object.currency is not a 3-letter code"),
+    ],
+)
+def test_malformed_identifiers_are_400_and_store_nothing(
+    client: Client, path: list[str], value: Any, reason: str
+) -> None:
+    event = paid_event()
+    target = event
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+    response = post_event(client, json.dumps(event).encode())
+
+    assert response.status_code == 400
+    assert response.json() == {"error": reason}
+    assert not WebhookEvent.objects.exists()
+    assert not Invoice.objects.exists()
+
+
+def test_kept_headers_are_stored_made_safe(client: Client) -> None:
+    # Under WSGI, META holds Latin-1 text; whatever a server puts there, storing cannot fail.
+    body = _body()
+    response = post_event(client, body, HTTP_USER_AGENT="agent\ud800\x00/1", REMOTE_ADDR="\x00")
+    assert response.status_code == 200
+    stored = WebhookEvent.objects.get()
+    assert stored.headers["User-Agent"] == "agent\ufffd/1"
+    assert stored.headers["Remote-Addr"] == ""
+    assert stored.body.encode() == body
+
+
+# --- Mode and account ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "livemode", "acted_on"),
+    [
+        ("live", True, True),
+        ("live", False, False),
+        ("test", False, True),
+        ("test", True, False),
+        ("any", True, True),
+        ("any", False, True),
+    ],
+)
+def test_an_event_of_the_other_mode_is_stored_ignored_and_changes_nothing(
+    client: Client, settings: Any, mode: str, livemode: bool, acted_on: bool
+) -> None:
+    settings.STRIPE_LIVEMODE = mode
+    event = paid_event()
+    event["livemode"] = livemode
+
+    response = post_event(client, stripe_testing.encode(event))
+
+    assert response.status_code == 200
+    assert response.json()["duplicate"] is False
+    row = WebhookEvent.objects.get()
+    assert row.livemode is livemode
+    if acted_on:
+        assert (row.state, row.error) == (WebhookEvent.State.PROCESSED, "")
+        assert Invoice.objects.get().status == "paid"
+        assert OutboxMessage.objects.count() == 1
+    else:
+        kind = "live" if livemode else "test"
+        assert row.state == WebhookEvent.State.IGNORED
+        assert row.error == f"{kind}-mode event; STRIPE_LIVEMODE is {mode}"
+        assert not Invoice.objects.exists()
+        assert not OutboxMessage.objects.exists()
+
+
+def test_live_mode_acts_only_on_an_explicit_livemode_true(client: Client, settings: Any) -> None:
+    settings.STRIPE_LIVEMODE = "live"
+    event = paid_event()
+    event["livemode"] = "true"  # not the JSON boolean
+    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
+    assert not Invoice.objects.exists()
+
+
+def test_an_event_of_the_other_mode_is_ignored_before_its_object_is_read(
+    client: Client, settings: Any
+) -> None:
+    # Not ours, so not ours to judge: a 400 would only have Stripe retry it for three days.
+    settings.STRIPE_LIVEMODE = "test"
+    event = paid_event()
+    event["livemode"] = True
+    event["data"] = {"object": {"id": "in_\ud800", "amount_paid": "lots"}}
+    assert post_event(client, json.dumps(event).encode()).status_code == 200
+    assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
+    assert not Invoice.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("account", "error"),
+    [
+        ("acct_1Ours", ""),
+        ("acct_1Theirs", "event for account 'acct_1Theirs'; STRIPE_ACCOUNT is acct_1Ours"),
+        (None, "event for the platform; STRIPE_ACCOUNT is acct_1Ours"),
+        ("acct_\ud800", "event for account 'acct_\\ud800'; STRIPE_ACCOUNT is acct_1Ours"),
+    ],
+)
+def test_with_stripe_account_set_other_accounts_events_are_ignored(
+    client: Client, settings: Any, account: str | None, error: str
+) -> None:
+    settings.STRIPE_ACCOUNT = "acct_1Ours"
+    event = paid_event()
+    if account is not None:
+        event["account"] = account  # Connect: the connected account the event belongs to
+
+    assert post_event(client, json.dumps(event).encode()).status_code == 200
+
+    row = WebhookEvent.objects.get()
+    assert row.error == error
+    if error:
+        assert row.state == WebhookEvent.State.IGNORED
+        assert not Invoice.objects.exists()
+        assert not OutboxMessage.objects.exists()
+    else:
+        assert row.state == WebhookEvent.State.PROCESSED
+        assert OutboxMessage.objects.count() == 1
+
+
+def test_without_stripe_account_any_account_is_taken(client: Client, settings: Any) -> None:
+    settings.STRIPE_ACCOUNT = ""
+    event = paid_event()
+    event["account"] = "acct_1Anyone"
+    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert WebhookEvent.objects.get().state == WebhookEvent.State.PROCESSED

@@ -1,0 +1,266 @@
+"""What a signed event can put into the email, end to end: webhook -> outbox -> a real worker
+-> a real SMTP server (aiosmtpd, with and without SMTPUTF8), reading what the server received.
+
+International addresses are delivered (IDNA domain; a UTF-8 local part with SMTPUTF8, or a
+dead letter saying why), control characters never reach a header, and only an https link to
+an allowed host is put in the email."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from email.message import EmailMessage
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from core.models import DeadLetter
+from invoicing import mail
+from invoicing.models import EmailDelivery, Invoice
+from tests.conftest import paid_event, post_event, use_smtp, wait_until
+from tests.smtp import SmtpServer
+from tests.workers import worker_thread
+from webhooks import testing as stripe_testing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def smtp_utf8(settings: Any) -> Iterator[SmtpServer]:
+    """A real SMTP server offering SMTPUTF8 (RFC 6531); Django's settings point at it."""
+    server = SmtpServer(smtputf8=True).start()
+    use_smtp(settings, server.port)
+    yield server
+    server.stop()
+
+
+def deliver(client: Client, smtp: SmtpServer, *events: dict[str, Any]) -> list[EmailMessage]:
+    """Post the events and let a real worker send them; what the server received."""
+    with worker_thread():
+        for event in events:
+            assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        wait_until(
+            lambda: len(smtp.messages) + DeadLetter.objects.count() >= len(events), timeout=30
+        )
+    return smtp.messages
+
+
+def plain_and_html(message: EmailMessage) -> tuple[str, str]:
+    plain = message.get_body(("plain",))
+    html = message.get_body(("html",))
+    assert plain is not None
+    assert html is not None
+    return plain.get_content(), html.get_content()
+
+
+# --- International addresses -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("email", "name", "envelope", "to"),
+    [
+        (
+            "jenny@exämple.com",
+            "Jenny",
+            "jenny@xn--exmple-cua.com",
+            "Jenny <jenny@xn--exmple-cua.com>",
+        ),
+        ("jenny@exämple.com", "", "jenny@xn--exmple-cua.com", "jenny@xn--exmple-cua.com"),
+        # IDNA 2008, not Python's IDNA 2003 codec (which maps ß to ss: another domain).
+        ("jenny@faß.de", "Jénny", "jenny@xn--fa-hia.de", "Jénny <jenny@xn--fa-hia.de>"),
+    ],
+)
+def test_an_international_domain_is_delivered_in_its_idna_form(
+    client: Client, smtp: SmtpServer, email: str, name: str, envelope: str, to: str
+) -> None:
+    [message] = deliver(client, smtp, paid_event(customer_email=email, customer_name=name))
+
+    [received] = smtp.handler.envelopes
+    assert received.rcpt_tos == [envelope]
+    assert received.smtputf8 is False  # any server takes it
+    assert str(message["To"]) == to
+    assert EmailDelivery.objects.get().state == "sent"
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_utf8_local_part_is_delivered_with_smtputf8_when_the_server_offers_it(
+    client: Client, smtp_utf8: SmtpServer
+) -> None:
+    event = paid_event(customer_email="jénny@exämple.com", customer_name="Jénny Rosen")
+
+    [message] = deliver(client, smtp_utf8, event)
+
+    [received] = smtp_utf8.handler.envelopes
+    assert received.smtputf8 is True
+    assert received.rcpt_tos == ["jénny@exämple.com"]
+    assert received.mail_from == "billing@example.com"
+    [address] = message["To"].addresses
+    assert (address.display_name, address.username, address.domain) == (
+        "Jénny Rosen",
+        "jénny",
+        "exämple.com",
+    )
+    plain, _ = plain_and_html(message)
+    assert "Hello Jénny Rosen," in plain
+    assert EmailDelivery.objects.get().state == "sent"
+
+
+def test_an_ascii_address_needs_no_smtputf8_even_when_offered(
+    client: Client, smtp_utf8: SmtpServer
+) -> None:
+    deliver(client, smtp_utf8, paid_event(customer_email="ada@example.com", customer_name="Ådä"))
+    [received] = smtp_utf8.handler.envelopes
+    assert (received.smtputf8, received.rcpt_tos) == (False, ["ada@example.com"])
+    assert str(smtp_utf8.messages[0]["To"]) == "Ådä <ada@example.com>"
+
+
+def test_a_utf8_local_part_is_a_dead_letter_when_the_server_lacks_smtputf8(
+    client: Client, smtp: SmtpServer
+) -> None:
+    deliver(client, smtp, paid_event(customer_email="jénny@example.com"))
+
+    letter = DeadLetter.objects.get()
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert letter.exception_class == "core.tasks.PermanentError"
+    assert "the mail server cannot take this address" in letter.exception_message
+    assert "does not offer SMTPUTF8, which the address 'jénny@example.com' needs" in (
+        letter.exception_message
+    )
+    assert smtp.handler.attempts == 0  # refused before MAIL FROM: nothing was sent
+    assert EmailDelivery.objects.get().state == "failed"
+
+
+# --- Control characters ----------------------------------------------------------------------
+
+# Python's email package breaks a header line on every one of these, not only on CR and LF.
+LINE_BREAKERS = "\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def test_control_characters_in_names_and_numbers_never_reach_a_header(
+    client: Client, smtp: SmtpServer
+) -> None:
+    event = paid_event(
+        customer_email="jenny@example.com",
+        customer_name="Jenny\vRosen\x1cBcc: victim@evil.example\x1e\x07",
+        number="INV-42\x1dX-Injected: yes\u2028\x85\f",
+    )
+    # NUL arrives as the JSON escape \u0000 (stored without it) and C1 controls as themselves.
+    event["data"]["object"]["customer_name"] += "\x00\x9b" + LINE_BREAKERS
+
+    [message] = deliver(client, smtp, event)
+
+    assert message.defects == []
+    assert sorted(message.keys()) == sorted(
+        ["Content-Type", "MIME-Version", "Subject", "From", "To", "Date", "Message-ID"]
+    )
+    assert message["Subject"] == "Your invoice INV-42 X-Injected: yes is paid"
+    [address] = message["To"].addresses
+    assert address.display_name == "Jenny Rosen Bcc: victim@evil.example"
+    assert address.addr_spec == "jenny@example.com"
+    assert smtp.handler.envelopes[0].rcpt_tos == ["jenny@example.com"]
+    plain, html = plain_and_html(message)
+    assert "Hello Jenny Rosen Bcc: victim@evil.example," in plain
+    assert "INV-42 X-Injected: yes" in plain
+    assert "INV-42 X-Injected: yes" in html
+
+
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\v", "\x1c", "\u2028"])
+def test_a_line_break_in_the_address_stays_a_permanent_error(
+    client: Client, smtp: SmtpServer, breaker: str
+) -> None:
+    # Unlike a name, an address cannot be repaired: which one was meant?
+    deliver(client, smtp, paid_event(customer_email=f"a@example.com{breaker}Bcc: v@evil.example"))
+    letter = DeadLetter.objects.get()
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert "header injection in customer email" in letter.exception_message
+    assert smtp.handler.attempts == 0
+
+
+def test_unencodable_text_in_the_address_is_a_dead_letter_not_a_crash(
+    client: Client, smtp: SmtpServer
+) -> None:
+    event = paid_event()
+    event["data"]["object"]["customer_email"] = "jen\ud800ny@example.com"
+    with worker_thread():
+        body = stripe_testing.encode(event)
+        assert post_event(client, body).status_code == 200
+        assert wait_until(DeadLetter.objects.exists, timeout=30)
+    letter = DeadLetter.objects.get()
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert "it held unencodable text" in letter.exception_message
+
+
+# --- The hosted invoice URL ------------------------------------------------------------------
+
+REFUSED_URLS = {
+    "javascript:alert(document.cookie)": "not https",
+    "http://invoice.stripe.com/i/acct_1/in_1": "not https",
+    "https://evil.example/i/acct_1/in_1": "host 'evil.example' is not in INVOICE_URL_ALLOWED_HOSTS",
+    "https://invoice.stripe.com@evil.example/": "carries user info",
+    "https://invoice.stripe.com.evil.example/i": (
+        "host 'invoice.stripe.com.evil.example' is not in INVOICE_URL_ALLOWED_HOSTS"
+    ),
+    "https://evil.example\\@invoice.stripe.com/": (
+        "not printable ASCII, or contains a backslash or space"
+    ),
+    "https://invoice.stripe.com:8443/i/acct_1/in_1": "has a port other than 443",
+    "https://invoice.stripe.com/i/\u202eevil": (
+        "not printable ASCII, or contains a backslash or space"
+    ),
+    "data:text/html,<script>alert(1)</script>": "not https",
+}
+
+
+def test_only_an_https_link_to_an_allowed_host_is_put_in_the_email(
+    client: Client, smtp: SmtpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = "https://invoice.stripe.com/i/acct_1/in_good?s=ap"
+    urls = [good, *REFUSED_URLS]
+    events = []
+    for i, url in enumerate(urls):
+        event = paid_event(f"in_url{i:02d}", customer_email=f"url{i}@example.com")
+        event["data"]["object"]["hosted_invoice_url"] = url
+        events.append(event)
+
+    # On the module's logger itself: the worker's start re-applies settings.LOGGING (Celery's
+    # Django fixup calls django.setup()), which replaces the root logger's handlers, caplog's too.
+    logger = logging.getLogger("invoicing.mail")
+    logger.addHandler(caplog.handler)
+    try:
+        messages = deliver(client, smtp, *events)
+    finally:
+        logger.removeHandler(caplog.handler)
+
+    assert len(messages) == len(urls)
+    by_recipient = {message["To"].addresses[0].username: message for message in messages}
+    for i, url in enumerate(urls):
+        plain, html = plain_and_html(by_recipient[f"url{i}"])
+        if url == good:
+            assert f"View or download the invoice: {good}" in plain
+            assert f'<a href="{good.replace("&", "&amp;")}">' in html
+        else:
+            for part in (plain, html):
+                assert "View or download the invoice" not in part
+                assert "evil" not in part
+                assert "script" not in part
+    warnings = {r.invoice_id: r for r in caplog.records if r.name == "invoicing.mail"}
+    invoices = dict(Invoice.objects.values_list("provider_invoice_id", "pk"))
+    assert sorted(warnings) == sorted(invoices[f"in_url{i:02d}"] for i in range(1, len(urls)))
+    for i, (url, reason) in enumerate(REFUSED_URLS.items(), start=1):
+        record = warnings[invoices[f"in_url{i:02d}"]]
+        assert record.levelno == logging.WARNING
+        assert record.getMessage() == f"hosted invoice URL left out of the email: {reason}"
+        assert url not in record.getMessage()
+    assert not DeadLetter.objects.exists()
+
+
+def test_the_allowed_hosts_are_a_setting(settings: Any) -> None:
+    settings.INVOICE_URL_ALLOWED_HOSTS = ["billing.example.com"]
+    invoice = Invoice(pk=1, hosted_invoice_url="https://billing.example.com/i/1")
+    assert mail.invoice_url(invoice) == "https://billing.example.com/i/1"
+    invoice.hosted_invoice_url = "https://invoice.stripe.com/i/1"
+    assert mail.invoice_url(invoice) == ""
+    settings.INVOICE_URL_ALLOWED_HOSTS = []
+    invoice.hosted_invoice_url = "https://billing.example.com/i/1"
+    assert mail.invoice_url(invoice) == ""
