@@ -70,10 +70,13 @@ is_count() {  # a decimal integer of at most 9 digits (no sign, no overflow in $
     [ ${#1} -le 9 ]
 }
 
-count() {  # count NAME [MINIMUM]: the setting is an integer >= MINIMUM (default 1)
-    eval "count_value=\${$1}"
-    is_count "$count_value" && [ "$count_value" -ge "${2:-1}" ] ||
-        fail "$1 must be a whole number of at least ${2:-1} (got '$count_value')"
+count() {  # count NAME VALUE [MINIMUM]: VALUE is an integer >= MINIMUM (default 1)
+    is_count "$2" && [ "$2" -ge "${3:-1}" ] ||
+        fail "$1 must be a whole number of at least ${3:-1} (got '$2')"
+}
+
+not_above() {  # not_above NAME VALUE OF_NAME OF_VALUE: one address's share of a budget
+    [ "$2" -le "$4" ] || fail "$1 ($2) is above $3 ($4): one address could take it all"
 }
 
 is_ipv4() {
@@ -125,12 +128,13 @@ is_network() {  # an IPv4 or IPv6 address, with or without a /prefix length
     elif is_ipv6 "$network_address"; then network_max=128
     else return 1
     fi
-    [ "$network_bits" = none ] || { is_count "$network_bits" && [ "$network_bits" -le "$network_max" ]; }
+    [ "$network_bits" = none ] ||
+        { is_count "$network_bits" && [ "$network_bits" -le "$network_max" ]; }
 }
 
-networks() {  # networks NAME: the comma-separated list in NAME, one checked network a line
+networks() {  # networks NAME VALUE: the comma-separated list, one checked network a line
     networks_name=$1
-    eval "networks_value=\${$1}"
+    networks_value=$2
     [ -n "$(printf '%s' "$networks_value" | tr -d ' \t\r\n')" ] || return 0  # blank: none
     networks_ifs=$IFS
     IFS=,
@@ -142,71 +146,71 @@ networks() {  # networks NAME: the comma-separated list in NAME, one checked net
     for raw in "$@"; do
         entry=$(printf '%s' "$raw" | sed 's/^[[:space:]]*//; s/[[:space:]]*$//')
         [ -n "$entry" ] || fail "$networks_name has an empty entry: '$networks_value'"
-        is_network "$entry" ||
-            fail "$networks_name: '$raw' is not a network (expected an address or a CIDR such as 203.0.113.0/24 or 2001:db8::/32)"
+        is_network "$entry" || fail "$networks_name: '$raw' is not a network" \
+            "(expected an address or a CIDR such as 203.0.113.0/24 or 2001:db8::/32)"
         echo "$entry"
     done
 }
 
-host_port() {  # host_port NAME: one word nginx reads as a port, host:port or [v6]:port
-    eval "host_value=\${$1}"
+host_port() {  # host_port NAME VALUE: one word nginx reads as a port, host:port or [v6]:port
     # \133 \135 are [ and ]; anything else left over could be nginx syntax.
-    [ -z "$(printf '%s' "$host_value" | tr -d 'A-Za-z0-9.:_\133\135-')" ] ||
-        fail "$1 must be a port, host:port or address:port (got '$host_value')"
+    [ -z "$(printf '%s' "$2" | tr -d 'A-Za-z0-9.:_\133\135-')" ] ||
+        fail "$1 must be a port, host:port or address:port (got '$2')"
 }
 
 # --- settings -------------------------------------------------------------------------------
 
-for name in $SETTINGS; do
-    eval "[ -n \"\${$name:-}\" ] || $name="  # empty and unset are the same
-done
+# ":=" also replaces an empty value: empty and unset are the same.
+: "${APP_UPSTREAM:=}" "${EDGE_LISTEN:=}" "${EDGE_CAPACITY_LISTEN:=127.0.0.1:8081}"
 [ -n "$APP_UPSTREAM" ] || fail "APP_UPSTREAM is required (host:port of gunicorn)"
 [ -n "$EDGE_LISTEN" ] || fail "EDGE_LISTEN is required (the port to listen on)"
-host_port APP_UPSTREAM
-host_port EDGE_LISTEN
-: "${EDGE_CAPACITY_LISTEN:=127.0.0.1:8081}"
-host_port EDGE_CAPACITY_LISTEN
+host_port APP_UPSTREAM "$APP_UPSTREAM"
+host_port EDGE_LISTEN "$EDGE_LISTEN"
+host_port EDGE_CAPACITY_LISTEN "$EDGE_CAPACITY_LISTEN"
 
 : "${WEBHOOK_EDGE_RATE:=50}" "${WEBHOOK_EDGE_BURST:=10}" "${WEBHOOK_EDGE_CONNECTIONS:=6}"
-count WEBHOOK_EDGE_RATE
-count WEBHOOK_EDGE_BURST 0
-count WEBHOOK_EDGE_CONNECTIONS
+count WEBHOOK_EDGE_RATE "$WEBHOOK_EDGE_RATE"
+count WEBHOOK_EDGE_BURST "$WEBHOOK_EDGE_BURST"
+count WEBHOOK_EDGE_CONNECTIONS "$WEBHOOK_EDGE_CONNECTIONS"
 # One address gets at most half of each global budget, so a single sender flooding (or holding
 # connections open) leaves the other half to everyone else; a provider sending from several
 # addresses, as Stripe does, still gets the whole rate.
 : "${WEBHOOK_EDGE_ADDRESS_RATE:=$(((WEBHOOK_EDGE_RATE + 1) / 2))}"
 : "${WEBHOOK_EDGE_ADDRESS_BURST:=$(((WEBHOOK_EDGE_BURST + 1) / 2))}"
 : "${WEBHOOK_EDGE_ADDRESS_CONNECTIONS:=$(((WEBHOOK_EDGE_CONNECTIONS + 1) / 2))}"
-count WEBHOOK_EDGE_ADDRESS_RATE
-count WEBHOOK_EDGE_ADDRESS_BURST 0
-count WEBHOOK_EDGE_ADDRESS_CONNECTIONS
-for kind in RATE BURST CONNECTIONS; do
-    eval "address=\$WEBHOOK_EDGE_ADDRESS_$kind all=\$WEBHOOK_EDGE_$kind"
-    [ "$address" -le "$all" ] ||
-        fail "WEBHOOK_EDGE_ADDRESS_$kind ($address) is above WEBHOOK_EDGE_$kind ($all): one address could take it all"
-done
+count WEBHOOK_EDGE_ADDRESS_RATE "$WEBHOOK_EDGE_ADDRESS_RATE"
+count WEBHOOK_EDGE_ADDRESS_BURST "$WEBHOOK_EDGE_ADDRESS_BURST"
+count WEBHOOK_EDGE_ADDRESS_CONNECTIONS "$WEBHOOK_EDGE_ADDRESS_CONNECTIONS"
+not_above WEBHOOK_EDGE_ADDRESS_RATE "$WEBHOOK_EDGE_ADDRESS_RATE" \
+    WEBHOOK_EDGE_RATE "$WEBHOOK_EDGE_RATE"
+not_above WEBHOOK_EDGE_ADDRESS_BURST "$WEBHOOK_EDGE_ADDRESS_BURST" \
+    WEBHOOK_EDGE_BURST "$WEBHOOK_EDGE_BURST"
+not_above WEBHOOK_EDGE_ADDRESS_CONNECTIONS "$WEBHOOK_EDGE_ADDRESS_CONNECTIONS" \
+    WEBHOOK_EDGE_CONNECTIONS "$WEBHOOK_EDGE_CONNECTIONS"
 
 : "${WEBHOOK_MAX_BODY_BYTES:=1048576}" "${EDGE_HEADER_TIMEOUT:=5}" "${EDGE_BODY_TIMEOUT:=5}"
-count WEBHOOK_MAX_BODY_BYTES
-count EDGE_HEADER_TIMEOUT
-count EDGE_BODY_TIMEOUT
+count WEBHOOK_MAX_BODY_BYTES "$WEBHOOK_MAX_BODY_BYTES"
+count EDGE_HEADER_TIMEOUT "$EDGE_HEADER_TIMEOUT"
+count EDGE_BODY_TIMEOUT "$EDGE_BODY_TIMEOUT"
 : "${EDGE_HEALTH_RATE:=2}" "${EDGE_HEALTH_BURST:=10}"
 : "${EDGE_LOGIN_RATE:=10}" "${EDGE_LOGIN_BURST:=5}"
-count EDGE_HEALTH_RATE
-count EDGE_HEALTH_BURST 0
-count EDGE_LOGIN_RATE
-count EDGE_LOGIN_BURST 0
+count EDGE_HEALTH_RATE "$EDGE_HEALTH_RATE"
+count EDGE_HEALTH_BURST "$EDGE_HEALTH_BURST"
+count EDGE_LOGIN_RATE "$EDGE_LOGIN_RATE"
+count EDGE_LOGIN_BURST "$EDGE_LOGIN_BURST"
+# shellcheck disable=SC2034  # reaches awk through the environment, exported below
 EDGE_LOGIN_RETRY_AFTER=$(((60 + EDGE_LOGIN_RATE - 1) / EDGE_LOGIN_RATE))
 
 # The two lists become lines of nginx configuration (a geo entry, a set_real_ip_from each).
-sources=$(networks WEBHOOK_ALLOWED_SOURCES)
+: "${WEBHOOK_ALLOWED_SOURCES:=}" "${EDGE_TRUSTED_PROXIES:=}"
+sources=$(networks WEBHOOK_ALLOWED_SOURCES "$WEBHOOK_ALLOWED_SOURCES")
 if [ -z "$sources" ]; then
     WEBHOOK_ALLOWED_SOURCES="default 1;  # WEBHOOK_ALLOWED_SOURCES is empty: every address"
 else
     WEBHOOK_ALLOWED_SOURCES="default 0;
 $(printf '%s\n' "$sources" | sed 's/$/ 1;/')"
 fi
-proxies=$(networks EDGE_TRUSTED_PROXIES)
+proxies=$(networks EDGE_TRUSTED_PROXIES "$EDGE_TRUSTED_PROXIES")
 if [ -z "$proxies" ]; then
     EDGE_TRUSTED_PROXIES="# EDGE_TRUSTED_PROXIES is empty: the client is the connection's address"
 else
@@ -218,13 +222,13 @@ fi
 # --- render ---------------------------------------------------------------------------------
 
 [ -f "$template" ] || fail "no template at $template"
-# shellcheck disable=SC2086  # the names are single words
+# shellcheck disable=SC2086,SC2163  # the names, each a single word, not the lists' values
 export $SETTINGS $DERIVED
 
 # Only ${NAME} with an upper-case name is a setting; nginx's own $variables are left alone. A
 # placeholder alone on its line indents every line of a multi-line value as it is indented.
 render() {
-    # shellcheck disable=SC2086  # echo joins the names with single spaces
+    # shellcheck disable=SC2086,SC2116  # echo joins the names with single spaces
     awk -v names="$(echo $SETTINGS $DERIVED)" '
         BEGIN {
             split(names, list, " ")
