@@ -13,7 +13,7 @@
 # message naming it, rather than an nginx error about a line the operator never wrote, or a
 # config that silently means something else (a mistyped allow-list entry must not open the
 # webhook to everyone). Values cannot smuggle nginx syntax in: numbers are digits, networks
-# are addresses, and the two host settings refuse spaces, quotes, braces and semicolons.
+# are addresses, and the host settings refuse spaces, quotes, braces and semicolons.
 #
 # Settings (empty counts as unset):
 #   APP_UPSTREAM                 host:port of gunicorn (required)
