@@ -131,8 +131,9 @@ def _exchange(sock: socket.socket, request: bytes) -> _Response:
     return _Response(status, body, keep_alive)
 
 
-def _connect(port: int, timeout: float) -> socket.socket:
-    sock = socket.create_connection((HOST, port), timeout=timeout)
+def _connect(port: int, timeout: float, source: str = HOST) -> socket.socket:
+    bind = (source, 0) if source != HOST else None
+    sock = socket.create_connection((HOST, port), timeout=timeout, source_address=bind)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -413,6 +414,7 @@ class PacedResult:
 def _pace_loop(
     *,
     port: int,
+    source: str,
     requests: Sequence[bytes],
     rate: float,
     start: float,
@@ -435,7 +437,7 @@ def _pace_loop(
             sent = time.perf_counter() - start
             try:
                 if sock is None:
-                    sock = _connect(port, timeout)
+                    sock = _connect(port, timeout, source)
                 response = _exchange(sock, requests[index])
             except (OSError, ValueError) as exc:
                 if sock is not None:
@@ -463,11 +465,14 @@ def pace(
     rate: float,
     senders: int,
     timeout: float = 30.0,
+    sources: Sequence[str] = (HOST,),
 ) -> PacedResult:
     """Send request ``i`` at ``i / rate`` seconds from the start, whatever the earlier ones
     are doing (open loop), from ``senders`` threads; each request is sent once. The run lasts
     ``len(requests) / rate`` seconds plus the last responses. A request is late only when all
     the senders are waiting on responses: its ``lag`` shows it, and its latency counts it.
+    The senders connect from the loopback addresses in ``sources`` in turn (a provider sends
+    from several addresses; an edge limiting each address tells them apart).
     """
     if rate <= 0 or not requests:
         raise ValueError("need a positive rate and requests to send")
@@ -483,6 +488,7 @@ def pace(
             target=_pace_loop,
             kwargs={
                 "port": port,
+                "source": sources[number % len(sources)],
                 "requests": requests,
                 "rate": rate,
                 "start": start,
@@ -494,7 +500,7 @@ def pace(
             },
             daemon=True,
         )
-        for _ in range(senders)
+        for number in range(senders)
     ]
     try:
         for thread in threads:

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from bench.edge import RENDERER, nginx_check, setting_names
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -351,23 +353,37 @@ def test_dockerignore_keeps_local_state_out() -> None:
     assert {".venv", ".git", "bench/results", ".env"} <= patterns
 
 
-def test_edge_fronts_web_with_the_shipped_nginx_template(
+def unset(value: str) -> str:
+    """A compose value as Compose gives it when the variables it names are not set:
+    ``${NAME:-default}`` is the default, ``${NAME}`` nothing."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m[1] or "", value)
+
+
+def test_edge_fronts_web_with_the_shipped_nginx_configuration(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    """The published port is nginx's (admission control before gunicorn), configured from the
-    same template bench/edge.py runs, with every ${NAME} in it set."""
+    """The published port is nginx's (admission control before gunicorn), configured by
+    deploy/nginx/render.sh from the edge's environment, as bench/edge.py and the tests do; nginx
+    starts only once it rendered, and accepts what it renders from compose's defaults."""
     edge = services["edge"]
     assert str(edge["image"]).startswith("nginx:")
-    mount = next(v for v in edge["volumes"] if "/etc/nginx/templates/" in v)
-    source, target = mount.split(":")[:2]
-    template = (ROOT / source).resolve()
-    assert template.is_file()
-    assert target.endswith(".conf.template")
-    wanted = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", template.read_text()))
+    mount = next(v for v in edge["volumes"] if v.split(":")[1] == "/etc/nginx/edge")
+    source = (ROOT / mount.split(":")[0]).resolve()
+    assert source == RENDERER.parent
+    assert {"render.sh", "default.conf.template"} <= {p.name for p in source.iterdir()}
+    script = command(edge)[-1]
+    assert script.startswith("sh /etc/nginx/edge/render.sh && ")
+    assert script.endswith("exec nginx -g 'daemon off;'")
     env = environment(edge)
-    assert wanted <= set(env), wanted - set(env)
+    # Every name is one render.sh reads: a misspelled setting would be silently ignored.
+    assert set(env) <= set(setting_names()), set(env) - set(setting_names())
     assert env["APP_UPSTREAM"] == "web:8000"  # gunicorn binds 0.0.0.0:8000
+    settings = {name: unset(value) for name, value in env.items()}
+    nginx_check({**settings, "APP_UPSTREAM": "127.0.0.1:8000"})  # "web" resolves in compose only
     assert edge["ports"] == [f"127.0.0.1:8000:{env['EDGE_LISTEN']}"]
     assert "ports" not in services["web"]  # nothing reaches gunicorn around the edge
     # The app takes the client address from nginx's X-Forwarded-For, one proxy deep.
-    assert environment(services["web"])["NUM_PROXIES"] == "1"
+    web = environment(services["web"])
+    assert web["NUM_PROXIES"] == "1"
+    # The edge refuses larger webhooks than the application would, never smaller ones.
+    assert web["WEBHOOK_MAX_BODY_BYTES"] == env["WEBHOOK_MAX_BODY_BYTES"]
