@@ -96,3 +96,19 @@ def test_celery_is_configured_for_at_least_once_delivery() -> None:
     assert email_task.max_retries == 4  # five attempts in all
     assert email_task.acks_late
     assert email_task.reject_on_worker_lost
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("API_TOKEN_TTL_HOURS", "0", "API_TOKEN_TTL_HOURS must be at least 1"),
+        ("ADMIN_LOGIN_FAILURE_LIMIT", "0", "ADMIN_LOGIN_FAILURE_LIMIT and"),
+        ("ADMIN_LOGIN_COOLOFF_SECONDS", "0", "ADMIN_LOGIN_COOLOFF_SECONDS must be"),
+        ("HEALTH_CACHE_SECONDS", "-1", "HEALTH_CACHE_SECONDS must be 0 or more"),
+    ],
+)
+def test_security_settings_out_of_range_stop_start_up(name: str, value: str, message: str) -> None:
+    result = manage("check", env={**PRODUCTION, name: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
