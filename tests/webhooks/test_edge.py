@@ -104,3 +104,14 @@ def test_edge_refuses_what_is_over_its_in_flight_limit_at_once() -> None:
             assert seconds < 1  # not queued behind the slow upstream
             assert response.json() == {"error": "overloaded"}
             assert response.headers["Retry-After"] == "1"
+
+
+def test_the_healthchecks_compose_runs_pass_through_the_edge(live_server: Any) -> None:
+    """compose.yaml's edge healthcheck fetches /health/live through nginx; anonymous /health/
+    through it says the status alone."""
+    upstream = int(live_server.url.rsplit(":", 1)[1])
+    with edge(upstream, rate=50, burst=10, in_flight=4) as port:
+        live = requests.get(f"http://127.0.0.1:{port}/health/live", timeout=10)
+        ready = requests.get(f"http://127.0.0.1:{port}/health/", timeout=10)
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})
+    assert set(ready.json()) == {"status"}
