@@ -57,12 +57,15 @@ class Performed(Generic[M]):
 
 def idempotency_key_from(request: Request) -> str:
     """The request's ``Idempotency-Key`` header; a 400 (``ValidationError``) when it is
-    missing, blank or longer than 255 characters."""
+    missing, blank, longer than 255 characters or holds control characters (PostgreSQL
+    refuses a NUL in text: it would be a 500)."""
     key = request.headers.get(HEADER, "").strip()
     if not key:
         raise ValidationError({HEADER: "this header is required"})
     if len(key) > MAX_KEY_LENGTH:
         raise ValidationError({HEADER: f"at most {MAX_KEY_LENGTH} characters"})
+    if not key.isprintable():
+        raise ValidationError({HEADER: "printable characters only"})
     return key
 
 

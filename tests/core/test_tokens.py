@@ -18,6 +18,7 @@ from django.test import Client
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from knox.models import AuthToken
+from rest_framework.test import APIClient
 
 from core.tokens import api_token_create
 
@@ -108,6 +109,14 @@ def test_malformed_authorization_headers_are_401_never_500(
         live_server.url + INVOICES, headers={"Authorization": header}, timeout=10
     )
     assert response.status_code in (401, 403), response.text
+
+
+@pytest.mark.parametrize("token", ["ab\x00cd", "\x7f" * 20, "ab\x1bcd"])
+def test_control_characters_in_a_token_are_401_never_500(ops: Any, token: str) -> None:
+    # Through Django's handler: an HTTP client library refuses to send these at all.
+    client = APIClient(raise_request_exception=False)
+    response = client.get(INVOICES, HTTP_AUTHORIZATION=f"Token {token}")
+    assert (response.status_code, response.json()) == (401, {"detail": "Invalid token."})
 
 
 def test_bad_command_input_is_a_clear_error(ops: Any) -> None:

@@ -98,6 +98,11 @@ def test_missing_or_oversized_key_is_400_and_unpaid_is_409(staff: APIClient) -> 
     assert missing.status_code == 400
     assert "Idempotency-Key" in missing.json()
     assert staff.post(url, HTTP_IDEMPOTENCY_KEY="k" * 256).status_code == 400
+    nul = staff.post(url, HTTP_IDEMPOTENCY_KEY="a\x00b")  # PostgreSQL text refuses NUL
+    assert (nul.status_code, nul.json()) == (
+        400,
+        {"Idempotency-Key": "printable characters only"},
+    )
     Invoice.objects.filter(pk=invoice.pk).update(status="open")
     assert staff.post(url, HTTP_IDEMPOTENCY_KEY="x").status_code == 409
     assert (
