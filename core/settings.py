@@ -398,6 +398,7 @@ AXES_FAILURE_LIMIT = ADMIN_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(seconds=ADMIN_LOGIN_COOLOFF_SECONDS)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "core.http.client_address"
+AXES_USERNAME_CALLABLE = "core.http.login_username"
 AXES_RESET_ON_SUCCESS = True
 
 # --- REST framework ---------------------------------------------------------------------------
