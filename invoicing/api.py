@@ -147,7 +147,7 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
         parameters=[IDEMPOTENCY_KEY],
         responses={
             202: ResendSerializer,
-            400: OpenApiResponse(description="Idempotency-Key missing or too long."),
+            400: OpenApiResponse(description="Idempotency-Key missing, too long or not printable."),
             404: OpenApiResponse(description="No such invoice."),
             409: OpenApiResponse(DETAIL, description="The invoice is not paid."),
             422: OpenApiResponse(
