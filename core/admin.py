@@ -18,6 +18,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
+from knox.models import AuthToken
 
 from core.deadletters import dead_letter_replay
 from core.locks import lock_holder
@@ -374,3 +375,24 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
     @admin.display(description="Job's last error")
     def job_last_error(self, obj: PeriodicTask) -> str:
         return getattr(obj, "job_error", None) or "-"
+
+
+# knox's own admin can add a token, and one with no expiry if the field is left empty; here
+# tokens are only listed and revoked (deleted). They are issued by `manage.py api_token create`,
+# which always sets an expiry (core/tokens.py).
+admin.site.unregister(AuthToken)
+
+
+@admin.register(AuthToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("token_key", "user", "created", "expiry")
+    search_fields = ("token_key", "user__username")
+    fields = ("token_key", "user", "created", "expiry")
+    readonly_fields = fields
+    ordering = ("-created",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

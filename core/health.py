@@ -1,10 +1,24 @@
 """GET /health/: can this deployment take a payment event and turn it into an email, now?
+GET /health/live: is this process serving HTTP at all?
 
-200 with JSON when every critical check passes, 503 naming the failing ones otherwise; never a
-500. The checks run in parallel threads within ``HEALTH_TIMEOUT_SECONDS`` in all: one still
+``/health/`` answers 200 when every critical check passes, 503 otherwise; never a 500. Who
+asks decides how much it says:
+
+* anyone: ``{"status": "ok" | "degraded" | "failing"}`` and the status code, nothing more
+  (no host names, pids or counts), from a report each process computes at most once per
+  ``HEALTH_CACHE_SECONDS``. Concurrent callers share one computation (single flight): while
+  one request runs the checks the others wait for its result, so a flood of probes costs
+  one run of the checks per second per process, not one per request.
+* a staff session, or ``Authorization: Bearer <METRICS_TOKEN>``: the whole report, computed
+  for this request: each component's status and figures, ``failing`` and ``degraded``.
+
+The checks run in parallel threads within ``HEALTH_TIMEOUT_SECONDS`` in all: one still
 running at the deadline counts as failing. Each check also bounds its own calls
 (``PROBE_TIMEOUT_SECONDS`` on Redis sockets and on PostgreSQL statements), so a thread left
 behind by the deadline ends soon after; each closes the database connection it opened.
+
+``/health/live`` is for liveness probes: 200 with no I/O at all (no database, no Redis, no
+session), so a process is never restarted because something it depends on is down.
 
 The checks (critical ones turn the answer into 503 when failing):
 
@@ -33,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -41,13 +56,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
 from core import backpressure, queues
 from core.deadletters import dlq_depth
+from core.metrics import metrics_token_presented
 from core.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -206,13 +222,74 @@ def health_report() -> tuple[bool, dict[str, Any]]:
     }
 
 
+@dataclass(frozen=True)
+class _Shared:
+    at: float  # monotonic time the report was finished
+    healthy: bool
+    status: str
+
+
+_shared: _Shared | None = None
+_shared_lock = threading.Lock()
+
+
+def _fresh(shared: _Shared | None) -> bool:
+    return shared is not None and time.monotonic() - shared.at < settings.HEALTH_CACHE_SECONDS
+
+
+def health_status_shared() -> tuple[bool, str]:
+    """Whether the deployment is healthy and its status, from a report at most
+    ``HEALTH_CACHE_SECONDS`` old: one caller at a time computes it, and callers that arrive
+    while it runs wait and take its result instead of running the checks again."""
+    global _shared
+    shared = _shared
+    if not _fresh(shared):
+        with _shared_lock:
+            shared = _shared
+            if not _fresh(shared):
+                try:
+                    healthy, report = health_report()
+                    status = str(report["status"])
+                except Exception:  # a health probe answers 503, never 500
+                    logger.exception("health report failed")
+                    healthy, status = False, "failing"
+                shared = _Shared(at=time.monotonic(), healthy=healthy, status=status)
+                _shared = shared
+    assert shared is not None
+    return shared.healthy, shared.status
+
+
+def _may_see_details(request: HttpRequest) -> bool:
+    if metrics_token_presented(request):
+        return True
+    try:
+        user = request.user
+        return bool(user.is_active and user.is_staff)
+    except DatabaseError:
+        # A session cookie with the database down: answer as to anyone, not with a 500.
+        return False
+
+
+def _no_store(response: JsonResponse) -> JsonResponse:
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 @require_safe
 def health_view(request: HttpRequest) -> JsonResponse:
+    if not _may_see_details(request):
+        healthy, status = health_status_shared()
+        return _no_store(JsonResponse({"status": status}, status=200 if healthy else 503))
     try:
         healthy, report = health_report()
         response = JsonResponse(report, status=200 if healthy else 503)
     except Exception as exc:  # a health probe answers 503, never 500
         logger.exception("health report failed")
         response = JsonResponse({"status": "failing", "error": type(exc).__name__}, status=503)
-    response["Cache-Control"] = "no-store"
-    return response
+    return _no_store(response)
+
+
+@require_safe
+def live_view(request: HttpRequest) -> JsonResponse:
+    """200 while this process serves HTTP. Reads nothing: no database, cache or session."""
+    return _no_store(JsonResponse({"status": "ok"}))

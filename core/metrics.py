@@ -350,16 +350,25 @@ def _networks(
     return tuple(ipaddress.ip_network(entry, strict=False) for entry in entries)
 
 
+def metrics_token_presented(request: HttpRequest) -> bool:
+    """True when ``METRICS_TOKEN`` is set and the request carries it as ``Authorization:
+    Bearer <token>`` (compared in constant time). It opens ``/metrics`` and the details of
+    ``/health/``."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return False
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and constant_time_compare(given.strip(), token)
+
+
 def _refusal(request: HttpRequest) -> HttpResponse | None:
     """Who may read /metrics: with ``METRICS_TOKEN`` set, whoever presents it as a bearer
     token; otherwise a client inside ``METRICS_ALLOWED_NETWORKS``, judged on the address the
     webhook throttle uses (the socket's, or through ``NUM_PROXIES`` trusted proxies). With
     ``NUM_PROXIES`` 0, a request carrying ``X-Forwarded-For`` came through a proxy the app
     does not know, whose own (internal) address says nothing about the client: refused."""
-    token = settings.METRICS_TOKEN
-    if token:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and constant_time_compare(given.strip(), token):
+    if settings.METRICS_TOKEN:
+        if metrics_token_presented(request):
             return None
         response = HttpResponse("bearer token required\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'

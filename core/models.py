@@ -1,4 +1,5 @@
-"""Rows the async machinery keeps: outbox messages, dead letters, and what operators did.
+"""Rows the async machinery keeps: outbox messages, dead letters, scheduled jobs' runs, what
+operators did, and the idempotency keys of API requests.
 
 PostgreSQL is the source of truth for every job: Redis keeps nothing across a restart here,
 so whatever must not be lost is a row before it is a message.
@@ -6,6 +7,7 @@ so whatever must not be lost is a row before it is a message.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
@@ -135,3 +137,30 @@ class OperatorAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} by {self.actor} on {self.target_label or '-'}"
+
+
+class IdempotencyRecord(models.Model):
+    """One API request made under an ``Idempotency-Key`` (``core.idempotency``).
+
+    The key is its user's own, as Stripe scopes keys to an account: UNIQUE per (user, key), so
+    a key names at most one request. ``fingerprint`` tells a retry of that request from a
+    different one; ``target`` is what the request created, which a retry answers with."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request.")
+    request = models.CharField(max_length=300, help_text="Method and path, for people.")
+    target_type = models.ForeignKey(
+        ContentType, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    target_id = models.PositiveBigIntegerField(null=True, blank=True)
+    target = GenericForeignKey("target_type", "target_id")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.request})"

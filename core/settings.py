@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -55,8 +56,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
+    "axes",
     "django_celery_beat",
     "core",
     "invoicing",
@@ -71,6 +73,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a login refused for too many failures into its 429.
+    "axes.middleware.AxesMiddleware",
 ]
 
 # Benchmarks serve extra views (a no-op POST) beside the real ones through their own URLconf.
@@ -117,6 +121,12 @@ CACHES = {
 }
 
 # --- Auth, i18n, static ---------------------------------------------------------------------
+# django-axes first: a username locked out from this client address is refused before its
+# password is even checked (the admin login form; the API takes sessions and tokens only).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -161,7 +171,7 @@ HTTPS_OPTED_OUT = "DJANGO_SECURE_SSL_REDIRECT" in env and not HTTPS_ONLY
 HTTPS_OPT_OUT_CHECKS = ["security.W004", "security.W008", "security.W012", "security.W016"]
 SILENCED_SYSTEM_CHECKS = HTTPS_OPT_OUT_CHECKS if HTTPS_OPTED_OUT else []
 # Probes from inside the deployment speak plain HTTP.
-SECURE_REDIRECT_EXEMPT = [r"^health/$", r"^metrics$"]
+SECURE_REDIRECT_EXEMPT = [r"^health/$", r"^health/live$", r"^metrics$"]
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 # --- Stripe webhooks ------------------------------------------------------------------------
@@ -399,6 +409,9 @@ PROBE_TIMEOUT_SECONDS = env.float("PROBE_TIMEOUT_SECONDS", default=0.5)
 HEALTH_TIMEOUT_SECONDS = env.float("HEALTH_TIMEOUT_SECONDS", default=2.0)
 # An unpublished outbox row older than this fails /health/: the relay should have sent it.
 OUTBOX_STALE_SECONDS = env.int("OUTBOX_STALE_SECONDS", default=300)
+# Seconds each process reuses its last /health/ report for anonymous callers: a flood of
+# probes runs the checks at most once per this period, however many arrive at once.
+HEALTH_CACHE_SECONDS = env.float("HEALTH_CACHE_SECONDS", default=1.0)
 
 _count, _, _period = WEBHOOK_THROTTLE_RATE.partition("/")
 _periods = {"s", "sec", "m", "min", "h", "hour", "d", "day"}
@@ -406,6 +419,8 @@ if WEBHOOK_THROTTLE_RATE and not (_count.isdigit() and int(_count) > 0 and _peri
     raise ImproperlyConfigured("WEBHOOK_THROTTLE_RATE must look like 6000/min (or be empty).")
 if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
+if HEALTH_CACHE_SECONDS < 0:
+    raise ImproperlyConfigured("HEALTH_CACHE_SECONDS must be 0 or more.")
 
 # --- Observability (core/metrics.py, core/logging.py) ---------------------------------------
 # GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
@@ -443,14 +458,46 @@ except ValueError as exc:
 # those and every permission the models declare in their Meta (the powers: replay, resend...).
 # Accounts and API tokens are not among them: managing people is not an operator's job.
 OPERATOR_APPS = ["core", "invoicing", "webhooks", "django_celery_beat"]
+# --- API tokens and admin logins ------------------------------------------------------------
+# API tokens (django-rest-knox) are stored as a SHA-512 digest, never the token itself, and
+# expire this many hours after they are issued (`manage.py api_token create USERNAME`).
+API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24)
+if API_TOKEN_TTL_HOURS < 1:
+    raise ImproperlyConfigured("API_TOKEN_TTL_HOURS must be at least 1: API tokens expire.")
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(hours=API_TOKEN_TTL_HOURS),
+    # Same header as DRF's tokens: Authorization: Token <token>.
+    "AUTH_HEADER_PREFIX": "Token",
+    # A token's life is fixed when it is issued; using it does not extend it.
+    "AUTO_REFRESH": False,
+}
+# Admin login attempts (django-axes): after this many failures for one username from one
+# client address, that pair is refused (429) until no failure has come for the cool-off;
+# a success clears its count. The address is judged like the webhook throttle's: the socket's,
+# or the NUM_PROXIES-th from the right of X-Forwarded-For (core/http.py).
+ADMIN_LOGIN_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
+ADMIN_LOGIN_COOLOFF_SECONDS = env.int("ADMIN_LOGIN_COOLOFF_SECONDS", default=900)
+if ADMIN_LOGIN_FAILURE_LIMIT < 1 or ADMIN_LOGIN_COOLOFF_SECONDS < 1:
+    raise ImproperlyConfigured(
+        "ADMIN_LOGIN_FAILURE_LIMIT and ADMIN_LOGIN_COOLOFF_SECONDS must be at least 1."
+    )
+AXES_FAILURE_LIMIT = ADMIN_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=ADMIN_LOGIN_COOLOFF_SECONDS)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "core.http.client_address"
+AXES_USERNAME_CALLABLE = "core.http.login_username"
+AXES_RESET_ON_SUCCESS = True
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     # Client addresses for throttling come from X-Forwarded-For only behind this many proxies.
     "NUM_PROXIES": NUM_PROXIES,
+    # Tokens first: the first class names the challenge of a 401 (WWW-Authenticate: Token), so
+    # a missing, wrong or expired token is 401; with sessions first it would be 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Hashed, expiring tokens (REST_KNOX above), through knox's class (core/tokens.py).
+        "core.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     # The API is for operators: staff, and then what their permissions allow, as in the admin
     # (reading needs `view_`; an action needs the power it declares: core/permissions.py).

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from core.health import health_view
+from core.health import health_view, live_view
 from core.metrics import metrics_view
 
 urlpatterns = [
@@ -9,5 +9,6 @@ urlpatterns = [
     path("webhooks/", include("webhooks.urls")),
     path("api/", include("core.api_urls")),
     path("health/", health_view, name="health"),
+    path("health/live", live_view, name="health-live"),
     path("metrics", metrics_view, name="metrics"),
 ]

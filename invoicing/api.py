@@ -6,21 +6,29 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from invoicing.models import Invoice
+from core.idempotency import IdempotencyKeyReused, idempotency_key_from, request_fingerprint
+from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
     EMAIL_STATUSES,
+    email_delivery_outcome,
     email_status,
     filter_by_email_status,
     invoices_with_email_status,
 )
-from invoicing.services import invoice_email_resend_request
+from invoicing.services import invoice_email_resend_request_once
 
 
 class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
@@ -54,6 +62,9 @@ class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
         return email_status(obj)
 
 
+RESEND_STATUSES = ("queued", "sent", "failed")
+
+
 class ResendSerializer(serializers.Serializer[None]):
     delivery_id = serializers.IntegerField()
     invoice_id = serializers.IntegerField()
@@ -61,6 +72,27 @@ class ResendSerializer(serializers.Serializer[None]):
     message_id = serializers.CharField()
     requested_by = serializers.CharField()
     requested_at = serializers.DateTimeField()
+    status = serializers.ChoiceField(
+        choices=RESEND_STATUSES,
+        help_text="What the request did, now: queued (waiting, sending or between attempts), "
+        "sent, or failed (dead-lettered; replaying the dead letter queues it again).",
+    )
+    attempts = serializers.IntegerField()
+    sent_at = serializers.DateTimeField(allow_null=True)
+
+
+def resend_json(delivery: EmailDelivery) -> dict[str, object]:
+    return {
+        "delivery_id": delivery.pk,
+        "invoice_id": delivery.invoice_id,
+        "key": delivery.key,
+        "message_id": delivery.message_id,
+        "requested_by": delivery.requested_by,
+        "requested_at": delivery.created_at,
+        "status": email_delivery_outcome(delivery),
+        "attempts": delivery.attempts,
+        "sent_at": delivery.sent_at,
+    }
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -68,9 +100,12 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=True,
-    description="Any unique string, at most 255 characters. Retrying with the same key "
-    "returns the first response and sends nothing more; a new key sends again.",
+    description="Any unique string, at most 255 characters, scoped to the caller: retrying "
+    "the same request with the same key returns the first request's email, as it is now, "
+    "and sends nothing more (header Idempotent-Replayed: true); the same key for a different "
+    "request is refused with 422; a new key sends again.",
 )
+DETAIL = inline_serializer("Detail", {"detail": serializers.CharField()})
 
 
 @extend_schema_view(
@@ -111,33 +146,37 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
             queryset = filter_by_email_status(queryset, wanted)
         return queryset
 
-    @extend_schema(request=None, parameters=[IDEMPOTENCY_KEY], responses={202: ResendSerializer})
+    @extend_schema(
+        request=None,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            202: ResendSerializer,
+            400: OpenApiResponse(description="Idempotency-Key missing, too long or not printable."),
+            404: OpenApiResponse(description="No such invoice."),
+            409: OpenApiResponse(DETAIL, description="The invoice is not paid."),
+            422: OpenApiResponse(
+                DETAIL, description="This Idempotency-Key was used for a different request."
+            ),
+        },
+    )
     @action(detail=True, methods=["post"], url_path="resend-email")
     def resend_email(self, request: Request, pk: str | None = None) -> Response:
-        """Send the invoice email again, deliberately, under the request's own key."""
-        key = request.headers.get("Idempotency-Key", "").strip()
-        if not key:
-            raise ValidationError({"Idempotency-Key": "this header is required"})
-        if len(key) > 255:
-            raise ValidationError({"Idempotency-Key": "at most 255 characters"})
+        """Send the invoice email again, deliberately: once per Idempotency-Key of the caller."""
+        key = idempotency_key_from(request)
         invoice = self.get_object()
         try:
-            result = invoice_email_resend_request(
+            result = invoice_email_resend_request_once(
                 invoice_id=invoice.pk,
+                user=request.user,
                 idempotency_key=key,
-                actor=f"api:{request.user.get_username()}",
+                fingerprint=request_fingerprint(request, invoice_id=invoice.pk),
+                request=f"{request.method} {request.path}",
             )
+        except IdempotencyKeyReused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-        delivery = result.delivery
-        return Response(
-            {
-                "delivery_id": delivery.pk,
-                "invoice_id": invoice.pk,
-                "key": delivery.key,
-                "message_id": delivery.message_id,
-                "requested_by": delivery.requested_by,
-                "requested_at": delivery.created_at,
-            },
-            status=status.HTTP_202_ACCEPTED,
-        )
+        response = Response(resend_json(result.delivery), status=status.HTTP_202_ACCEPTED)
+        if not result.created:
+            response["Idempotent-Replayed"] = "true"
+        return response

@@ -1,5 +1,5 @@
 """Reads several callers share (admin, API, pipeline status): an invoice with the state of
-its payment email, in one query."""
+its payment email, in one query; what became of one requested email."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from core.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 
 SEND_TASK = "invoicing.send_invoice_email"
+RESEND_TASK = "invoicing.resend_invoice_email"
 EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
 
 
@@ -75,3 +76,16 @@ def filter_by_email_status(queryset: QuerySet[Any], status: str) -> QuerySet[Any
             email_dead_lettered=False,
         )
     return queryset.exclude(status=Invoice.Status.PAID)
+
+
+def email_delivery_outcome(delivery: EmailDelivery) -> str:
+    """What became of a requested email (a resend), now: ``sent``; ``failed`` when its job was
+    dead-lettered (no attempt is left; a replay makes it ``queued`` again); otherwise
+    ``queued``: waiting, being sent, or between attempts after a transient failure (the
+    ``failed`` state of a claim released for its retry)."""
+    if delivery.state == EmailDelivery.State.SENT:
+        return "sent"
+    dead = DeadLetter.objects.filter(
+        task=RESEND_TASK, args=[delivery.pk], replayed_at__isnull=True
+    ).exists()
+    return "failed" if dead else "queued"

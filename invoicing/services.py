@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.mail import EmailMultiAlternatives
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
@@ -37,6 +38,7 @@ from django.utils import timezone
 from core.audit import operator_action_record
 from core.breaker import Breaker, Decision
 from core.db import insert_or_skip
+from core.idempotency import idempotent_perform
 from core.logging import log_context_bind
 from core.outbox import outbox_enqueue
 from core.tasks import PermanentError, ProviderUnavailable, TransientError
@@ -426,3 +428,37 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
         extra={"invoice_id": invoice.pk, "actor": actor, "removed": not email},
     )
     return invoice
+
+
+def invoice_email_resend_request_once(
+    *,
+    invoice_id: int,
+    user: AbstractBaseUser | AnonymousUser,
+    idempotency_key: str,
+    fingerprint: str,
+    request: str,
+) -> ResendRequest:
+    """The API's resend: ``invoice_email_resend_request`` done once per (``user``,
+    ``idempotency_key``), the key scoped to the user as Stripe scopes keys to an account
+    (``core.idempotency``). The same key and request again returns the first request's
+    delivery and sends nothing more; the same key for a different request (another invoice)
+    raises ``IdempotencyKeyReused``; another user's same key is a request of its own. Raises
+    ``Invoice.DoesNotExist`` or ``ValueError`` like ``invoice_email_resend_request`` (the key
+    stays unused then)."""
+    performed = idempotent_perform(
+        user=user,
+        key=idempotency_key,
+        fingerprint=fingerprint,
+        request=request,
+        perform=lambda: (
+            invoice_email_resend_request(
+                invoice_id=invoice_id,
+                # The email's own key, derived from this one: unique per user and key.
+                idempotency_key=f"user:{user.pk}:{idempotency_key}",
+                actor=f"api:{user.get_username()}",
+            ).delivery
+        ),
+    )
+    if performed.result is None:
+        raise ValueError("the email requested under this Idempotency-Key no longer exists")
+    return ResendRequest(delivery=performed.result, created=not performed.replayed)

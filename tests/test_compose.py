@@ -172,7 +172,13 @@ def test_healthchecks_probe_the_right_things(services: dict[str, dict[str, Any]]
     assert "inspect ping" in worker_test
     # $$ so that the container's $HOSTNAME, not the host's, names the node.
     assert "celery@$$HOSTNAME" in worker_test
-    assert "/health/" in str(services["web"]["healthcheck"]["test"])
+    # Liveness, with no I/O: a database or Redis outage must not mark web or the edge
+    # unhealthy (tests/core/test_health.py: /health/live answers with both down).
+    web_test = " ".join(services["web"]["healthcheck"]["test"])
+    assert "http://127.0.0.1:8000/health/live'" in web_test
+    edge_test = services["edge"]["healthcheck"]["test"]
+    assert edge_test[-1] == "http://127.0.0.1:8080/health/live"
+    assert services["edge"]["environment"]["EDGE_LISTEN"] == "8080"
 
 
 def test_redis_persists_the_broker(services: dict[str, dict[str, Any]]) -> None:

@@ -11,7 +11,7 @@ import schemathesis
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from core.models import DeadLetter, OperatorAction
@@ -143,7 +143,8 @@ schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=Non
 def token_header(db: Any) -> dict[str, str]:
     user = staff_user("fuzzer", groups=["operators"])
     letter("fuzz-1")
-    return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    _, token = AuthToken.objects.create(user=user)
+    return {"Authorization": f"Token {token}"}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -262,9 +263,11 @@ def test_a_visibility_timeout_shorter_than_a_deferral_is_refused() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_health_shows_the_email_breaker_degraded_while_open(client: Client) -> None:
+def test_health_shows_the_email_breaker_degraded_while_open(settings: Any) -> None:
     from invoicing.services import email_breaker
 
+    settings.METRICS_TOKEN = "breaker-test-token"  # the whole report, not the status alone
+    client = Client(HTTP_AUTHORIZATION="Bearer breaker-test-token")
     assert client.get("/health/").json()["checks"]["breaker"]["state"] == "closed"
     trip(email_breaker())
 

@@ -312,9 +312,13 @@ def test_scope_and_link_settings_are_read_and_normalised() -> None:
         ("STRIPE_ACCOUNT", "acct 1; drop", "STRIPE_ACCOUNT must be a Stripe account id"),
         ("INVOICE_URL_ALLOWED_HOSTS", "https://invoice.stripe.com", "is not a host name"),
         ("INVOICE_URL_ALLOWED_HOSTS", "*.stripe.com", "is not a host name"),
+        ("API_TOKEN_TTL_HOURS", "0", "API_TOKEN_TTL_HOURS must be at least 1"),
+        ("ADMIN_LOGIN_FAILURE_LIMIT", "0", "ADMIN_LOGIN_FAILURE_LIMIT and"),
+        ("ADMIN_LOGIN_COOLOFF_SECONDS", "0", "ADMIN_LOGIN_COOLOFF_SECONDS must be"),
+        ("HEALTH_CACHE_SECONDS", "-1", "HEALTH_CACHE_SECONDS must be 0 or more"),
     ],
 )
-def test_bad_scope_and_link_settings_stop_start_up_with_a_clear_message(
+def test_bad_settings_stop_start_up_with_a_clear_message(
     name: str, value: str, message: str
 ) -> None:
     result = manage("check", env={**PRODUCTION, name: value})

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from bench.edge import RenderError, edge, nginx_check, render, rendered, setting_names
 from bench.harness import GunicornConfig, serve
@@ -740,3 +741,14 @@ def test_the_settings_render_reads_are_the_templates() -> None:
     template = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "default.conf.template"
     used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", template.read_text()))
     assert used - {"EDGE_LOGIN_RETRY_AFTER"} == names
+
+
+def test_the_healthchecks_compose_runs_pass_through_the_edge(live_server: Any) -> None:
+    """compose.yaml's edge healthcheck fetches /health/live through nginx; anonymous /health/
+    through it says the status alone."""
+    upstream = int(live_server.url.rsplit(":", 1)[1])
+    with edge(upstream, rate=50, burst=10, in_flight=4) as port:
+        live = requests.get(f"http://127.0.0.1:{port}/health/live", timeout=10)
+        ready = requests.get(f"http://127.0.0.1:{port}/health/", timeout=10)
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})
+    assert set(ready.json()) == {"status"}
