@@ -21,6 +21,7 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from core.tokens import api_token_create
+from tests.factories import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server reads what we wrote
 
@@ -41,7 +42,8 @@ def get(live_server: Any, token: str) -> requests.Response:
 
 @pytest.fixture
 def ops() -> Any:
-    return get_user_model().objects.create_user("ops", is_staff=True)
+    """A viewer: the API reads with staff and the model's view permission."""
+    return staff_user("ops", groups=["viewers"])
 
 
 def test_an_issued_token_works_and_only_its_digest_is_stored(live_server: Any, ops: Any) -> None:

@@ -96,7 +96,7 @@ def test_reprocessing_an_event_of_the_other_mode_leaves_it_ignored(settings: Any
     event["livemode"] = True
     row = failed_row(event)
 
-    result = webhook_event_reprocess(event_ids=[row.event_id])
+    result = webhook_event_reprocess(event_ids=[row.event_id], actor="admin:op")
 
     assert result.ignored == [row.event_id]
     row.refresh_from_db()
