@@ -108,6 +108,9 @@ class JobTask(Task):
     acks_late = True
     reject_on_worker_lost = True
     max_retries = 0
+    # ``job_run`` logs a failed run once, at ERROR with its traceback; Celery's own "raised
+    # unexpected" line would repeat both. Listed here, it is one INFO line without them.
+    throws = (Exception,)
 
 
 @shared_task(base=JobTask, name="core.outbox_relay")

@@ -19,6 +19,7 @@ from core import jobs
 from core.locks import advisory_lock, lock_holder
 from core.models import ScheduledJob
 from invoicing import jobs as invoicing_jobs
+from tests import tasks as test_tasks
 from tests.conftest import ROOT
 from tests.workers import worker_env
 
@@ -77,6 +78,23 @@ def test_each_job_is_safe_to_run_twice_in_a_row(name: str) -> None:
     TASKS[name].apply().get()
     row = ScheduledJob.objects.get(name=name)
     assert (row.runs, row.skips, row.last_error) == (2, 0, "")
+
+
+def test_a_failed_run_is_one_error_line_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Run by Celery's tracer, as a worker runs it: job_run's line, not Celery's as well."""
+    with caplog.at_level(logging.INFO):
+        result = test_tasks.failing_job.apply()
+    assert isinstance(result.result, ZeroDivisionError)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [(r.name, r.getMessage()) for r in errors] == [
+        ("core.jobs", f"job {test_tasks.FAILING_JOB} failed")
+    ]
+    assert errors[0].exc_info is not None
+    assert errors[0].exc_info[0] is ZeroDivisionError
+    row = ScheduledJob.objects.get(name=test_tasks.FAILING_JOB)
+    assert row.last_error == "ZeroDivisionError('division by zero')"
 
 
 def test_a_run_whose_process_died_releases_the_lock() -> None:
