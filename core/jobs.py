@@ -41,7 +41,7 @@ from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from core.db import insert_or_skip
-from core.locks import advisory_lock, advisory_xact_lock
+from core.locks import Holder, advisory_lock, advisory_xact_lock
 from core.models import ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -178,7 +178,8 @@ class JobOutcome:
 
 
 def _holder() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    # Worded as the lock's current holder is (core.locks.Holder), so both columns read alike.
+    return str(Holder(host=socket.gethostname(), pid=os.getpid()))
 
 
 def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:

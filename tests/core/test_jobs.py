@@ -4,6 +4,7 @@ died releases the lock, and every job is safe to run twice."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_two_concurrent_runs_one_does_the_work(name: str, caplog: pytest.LogCapt
     row = ScheduledJob.objects.get(name=name)
     assert (row.runs, row.skips) == (1, 1)
     assert row.last_skipped_at is not None
-    assert row.last_holder
+    assert row.last_holder == f"pid {os.getpid()} on host {socket.gethostname()}"
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
