@@ -126,7 +126,7 @@ def schedules_sync() -> dict[str, int]:
     return counts
 
 
-def schedules_sync_summary(counts: dict[str, int]) -> str:
+def schedules_sync_summary(*, counts: dict[str, int]) -> str:
     return "periodic tasks: " + ", ".join(f"{n} {k}" for k, n in counts.items())
 
 
@@ -168,7 +168,7 @@ def schedules_sync_after_migrate(
         return
     counts = schedules_sync()
     if verbosity >= 1 and stdout is not None:
-        stdout.write(schedules_sync_summary(counts) + "\n")
+        stdout.write(schedules_sync_summary(counts=counts) + "\n")
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,11 @@ def advisory_lock(name: str) -> Iterator[bool]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [NAMESPACE, key])
         (held,) = cursor.fetchone()
-        if held:
-            lock_holder_record(name=name, execute=cursor.execute)
     try:
+        if held:
+            # Inside the try: a lock whose record failed is released all the same.
+            with connection.cursor() as cursor:
+                lock_holder_record(name=name, execute=cursor.execute)
         yield bool(held)
     finally:
         if held:

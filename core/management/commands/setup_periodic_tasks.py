@@ -16,4 +16,4 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         counts = schedules_sync()
-        self.stdout.write(self.style.SUCCESS(schedules_sync_summary(counts)))
+        self.stdout.write(self.style.SUCCESS(schedules_sync_summary(counts=counts)))
