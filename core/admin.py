@@ -312,7 +312,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Lock held by")
     def running_now(self, obj: ScheduledJob) -> str:
-        return lock_holder(f"job:{obj.name}") or "-"
+        return str(lock_holder(f"job:{obj.name}") or "-")
 
     @admin.display(description="Last error")
     def last_error_short(self, obj: ScheduledJob) -> str:
@@ -370,7 +370,7 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
 
     @admin.display(description="Lock held by")
     def job_lock_holder(self, obj: PeriodicTask) -> str:
-        return lock_holder(f"job:{obj.name}") or "-"
+        return str(lock_holder(f"job:{obj.name}") or "-")
 
     @admin.display(description="Job's last error")
     def job_last_error(self, obj: PeriodicTask) -> str:

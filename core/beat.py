@@ -12,6 +12,11 @@ loses its connection stops dispatching at its next tick. The new leader re-reads
 entry's last run from the database (saved after every dispatch, ``CELERY_BEAT_SYNC_EVERY=1``),
 so a takeover does not replay the slots the old leader already dispatched. Every job is also
 guarded by its own lock (``core.jobs``), so even a split brain runs each job once at a time.
+
+``active_beat`` (``/health/``'s ``beat`` check, ``pipeline_status``) names the leader by the
+host and pid of the beat process itself, which it records on taking the lock
+(``core.locks.lock_holder_record``). At start-up every beat warns, by name, about each job
+declared in ``core.jobs.SCHEDULES`` it has no enabled schedule for: such a job never runs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from dataclasses import asdict
 from typing import Any
 
 import psycopg
@@ -26,7 +32,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
 
-from core.locks import NAMESPACE, lock_holder, lock_key
+from core.jobs import schedules_missing
+from core.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, lock_key
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +75,7 @@ class LeaderLock:
             ).fetchone()
             if row and row[0]:
                 self._conn = conn
+                lock_holder_record(name=LEADER_LOCK, execute=conn.execute)
                 return True
             conn.close()
         except psycopg.Error as exc:
@@ -90,6 +98,18 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._leading = False
         super().__init__(*args, **kwargs)
 
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        # A declared job with no enabled schedule is never dispatched, and nothing else says so.
+        for schedule in schedules_missing():
+            logger.warning(
+                "scheduled job %s (task %s) has no enabled periodic task: it will not run. "
+                "manage.py migrate (or manage.py setup_periodic_tasks) creates it",
+                schedule.name,
+                schedule.task,
+                extra={"job": schedule.name},
+            )
+
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._leader.held():
             if self._leading:
@@ -104,7 +124,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 self._schedule = self.all_as_schedule()
                 self._heap: list[Any] = []
                 self._heap_invalidated = True
-                logger.warning("beat took the leader lock: dispatching")
+                logger.info("beat took the leader lock: dispatching")
                 self._leading = True
             return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
         except DatabaseError as exc:
@@ -118,14 +138,15 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._leader.release()
 
 
-def active_beat() -> str | None:
-    """The beat process dispatching now (its application name and pid), or None."""
+def active_beat() -> Holder | None:
+    """The beat process dispatching now (its host and pid), or None."""
     connection.ensure_connection()
     return lock_holder(LEADER_LOCK)
 
 
 def beat_check() -> dict[str, Any]:
     """The beat's part of /health/: degraded, not failing, when no beat dispatches (emails
-    still go out; only the scheduled safety nets wait)."""
+    still go out; only the scheduled safety nets wait). ``active`` is the leader's
+    ``{"host": ..., "pid": ...}``."""
     holder = active_beat()
-    return {"status": "ok" if holder else "degraded", "active": holder}
+    return {"status": "ok" if holder else "degraded", "active": asdict(holder) if holder else None}

@@ -43,8 +43,11 @@ def dead_letter_record(
     traceback: str,
     attempts: int,
     first_failed_at: datetime | None = None,
+    log_traceback: bool = False,
 ) -> DeadLetter | None:
-    """Record a dead letter once per task id, and mirror it onto the ``dlq`` queue.
+    """Record a dead letter once per task id, mirror it onto the ``dlq`` queue, and log it:
+    one ERROR line with the dead letter's id, the task, its id, its args and the reason, and
+    ``exc``'s traceback only with ``log_traceback`` (the row keeps it in any case).
 
     Returns the new row, or None when this task id was already dead-lettered (a redelivery
     after the worker died between recording and acknowledging).
@@ -73,8 +76,15 @@ def dead_letter_record(
         )
         letter.save(update_fields=["broker_copy"])
     logger.error(
-        "job dead-lettered: %s",
+        "job dead-lettered: dead letter #%d, %s[%s] args=%s reason=%s after %d attempt(s): %s",
+        letter.pk,
+        task,
+        task_id,
+        json.dumps(args),
         reason,
+        attempts,
+        _one_line(f"{type(exc).__name__}: {exc}"),
+        exc_info=exc if log_traceback else None,
         extra={
             "dead_letter_id": letter.pk,
             "task_name": task,
@@ -82,9 +92,16 @@ def dead_letter_record(
             "job_args": args,
             "reason": reason,
             "attempts": attempts,
+            "exception_class": letter.exception_class,
         },
     )
     return letter
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """An exception message on one log line (an SMTP reply can span several), bounded."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,13 @@
-"""Scheduled jobs: declared here, synced into django-celery-beat by
-``manage.py setup_periodic_tasks``, and each run under its own PostgreSQL lock.
+"""Scheduled jobs: declared here, synced into django-celery-beat, and each run under its own
+PostgreSQL lock.
+
+The declared schedules (``SCHEDULES``) become django-celery-beat periodic tasks by
+``schedules_sync``, which runs after every ``manage.py migrate`` (a ``post_migrate`` receiver,
+once django-celery-beat's and core's migrations are all applied) and from
+``manage.py setup_periodic_tasks``. It is idempotent (a second run changes nothing) and two
+runs at once take turns (a transaction-scoped advisory lock), so two deploys migrating at the
+same time neither fail nor duplicate a schedule. It sets each declared task to its declared
+schedule, enabled, and disables tasks it created whose job is no longer declared.
 
 Every job is single-owner and safe to run twice:
 
@@ -15,21 +23,25 @@ Every job is single-owner and safe to run twice:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TextIO
 
 from celery import Task, shared_task
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.migrations.loader import MigrationLoader
 from django.db.models import F
 from django.utils import timezone
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from core.db import insert_or_skip
-from core.locks import advisory_lock
+from core.locks import Holder, advisory_lock, advisory_xact_lock
 from core.models import ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -60,6 +72,105 @@ SCHEDULES = (
 )
 
 
+# The description of every periodic task schedules_sync manages (it finds its own by it).
+MANAGED = "Managed by manage.py setup_periodic_tasks (core/jobs.py)."
+SYNC_LOCK = "schedules-sync"
+
+
+def schedules_sync() -> dict[str, int]:
+    """Create or update the periodic task of every declared schedule, disable the managed ones
+    no longer declared, and give each job its ScheduledJob row. Returns how many periodic
+    tasks were created, updated, unchanged and disabled."""
+    counts = {"created": 0, "updated": 0, "unchanged": 0, "disabled": 0}
+    with transaction.atomic():
+        # A second sync waits for the first, then finds nothing to do: IntervalSchedule has
+        # no unique constraint for get_or_create to lean on.
+        advisory_xact_lock(SYNC_LOCK)
+        for schedule in SCHEDULES:
+            fields: dict[str, Any] = {
+                "task": schedule.task,
+                "enabled": True,
+                "description": MANAGED,
+                "expire_seconds": schedule.expires,
+                "args": json.dumps([]),
+                "interval": None,
+                "crontab": None,
+            }
+            if schedule.every is not None:
+                fields["interval"], _ = IntervalSchedule.objects.get_or_create(
+                    every=int(schedule.every.total_seconds()), period=IntervalSchedule.SECONDS
+                )
+            elif schedule.cron is not None:
+                fields["crontab"], _ = CrontabSchedule.objects.get_or_create(
+                    timezone="UTC", **schedule.cron
+                )
+            task = PeriodicTask.objects.filter(name=schedule.name).first()
+            if task is None:
+                PeriodicTask.objects.create(name=schedule.name, **fields)
+                counts["created"] += 1
+            elif any(getattr(task, k) != v for k, v in fields.items()):
+                for key, value in fields.items():
+                    setattr(task, key, value)
+                task.save()  # through the model: beat notices the change
+                counts["updated"] += 1
+            else:
+                counts["unchanged"] += 1
+            insert_or_skip(ScheduledJob(name=schedule.name), conflict_fields=["name"])
+        stale = PeriodicTask.objects.filter(description=MANAGED, enabled=True).exclude(
+            name__in=[s.name for s in SCHEDULES]
+        )
+        for task in stale:
+            task.enabled = False
+            task.save()
+            counts["disabled"] += 1
+    return counts
+
+
+def schedules_sync_summary(*, counts: dict[str, int]) -> str:
+    return "periodic tasks: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def schedules_missing() -> list[Schedule]:
+    """The declared schedules with no enabled periodic task running their task: beat never
+    dispatches them."""
+    scheduled = set(PeriodicTask.objects.filter(enabled=True).values_list("name", "task"))
+    return [s for s in SCHEDULES if (s.name, s.task) not in scheduled]
+
+
+def _migrations_applied(using: str, app_labels: Iterable[str]) -> bool:
+    loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+    labels = set(app_labels)
+    wanted = {node for node in loader.graph.nodes if node[0] in labels}
+    return wanted <= set(loader.applied_migrations)
+
+
+def schedules_sync_after_migrate(
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    verbosity: int = 1,
+    stdout: TextIO | None = None,
+    **_: Any,
+) -> None:
+    """``post_migrate`` receiver (sender: core's app config, so once per ``migrate``, and per
+    ``flush``): sync the declared schedules, so that beat has them after ``migrate`` alone.
+
+    Only on the database beat reads, and only once every migration of django-celery-beat and
+    of core is applied: ``migrate core``, or ``migrate django_celery_beat zero``, leaves
+    tables the sync needs missing or behind the models."""
+    if using != DEFAULT_DB_ALIAS:
+        return
+    if not _migrations_applied(using, ("django_celery_beat", "core")):
+        if verbosity >= 1 and stdout is not None:
+            stdout.write(
+                "periodic tasks not synced: django_celery_beat or core has unapplied "
+                "migrations (manage.py migrate, or manage.py setup_periodic_tasks after it)\n"
+            )
+        return
+    counts = schedules_sync()
+    if verbosity >= 1 and stdout is not None:
+        stdout.write(schedules_sync_summary(counts=counts) + "\n")
+
+
 @dataclass(frozen=True)
 class JobOutcome:
     ran: bool
@@ -67,7 +178,8 @@ class JobOutcome:
 
 
 def _holder() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    # Worded as the lock's current holder is (core.locks.Holder), so both columns read alike.
+    return str(Holder(host=socket.gethostname(), pid=os.getpid()))
 
 
 def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
@@ -108,6 +220,9 @@ class JobTask(Task):
     acks_late = True
     reject_on_worker_lost = True
     max_retries = 0
+    # ``job_run`` logs a failed run once, at ERROR with its traceback; Celery's own "raised
+    # unexpected" line would repeat both. Listed here, it is one INFO line without them.
+    throws = (Exception,)
 
 
 @shared_task(base=JobTask, name="core.outbox_relay")

@@ -164,3 +164,20 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.request})"
+
+
+class LockHolder(models.Model):
+    """The process that took each named advisory lock (``core.locks``) last: its host and pid,
+    tied to the PostgreSQL session that took the lock (backend pid and start time). A row
+    says who holds a lock only while that very session still holds it; the lock itself lives
+    in ``pg_locks``, and this row is written by its holder right after taking it."""
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    backend_pid = models.IntegerField()
+    backend_start = models.DateTimeField()
+    taken_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: pid {self.pid} on host {self.host}"

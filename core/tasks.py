@@ -14,6 +14,12 @@
   failure: ``defer()`` re-publishes the job after the dependency's cool-down plus jitter with
   its retry count unchanged, so no attempt is spent, until a deadline counted from the first
   deferral; then it is dead-lettered with the exception's reason.
+* a dead letter is logged once: one ERROR line (``core.deadletters``) naming the dead letter,
+  the task, its id, its args and the reason. A failure the task declares (permanent,
+  transient, deferred) logs no traceback: it is kept on the ``DeadLetter`` row. Any other
+  exception is a bug, and its line carries the traceback, which is what whoever fixes it
+  needs first. Celery's own failure line says the same thing a second time, so it is kept at
+  INFO without a traceback (``throws``).
 """
 
 from __future__ import annotations
@@ -74,6 +80,11 @@ class ReliableTask(Task):
     retry_jitter = True  # full jitter: randrange(countdown + 1)
     acks_late = True
     reject_on_worker_lost = True
+    # Every failure that reaches Celery's failure handler is dead-lettered by on_failure, and
+    # the dead letter's ERROR line is the record. Celery logs a failure whose exception is in
+    # ``throws`` as "raised expected" at INFO without a traceback, instead of "raised
+    # unexpected" at ERROR with one: without this, each dead letter is logged twice.
+    throws = (Exception,)
 
     def retry(self, *args: Any, **options: Any) -> Any:
         # Carry the time of the first failure across retries, for the dead letter, and keep
@@ -150,6 +161,7 @@ class ReliableTask(Task):
         transient = isinstance(exc, self.autoretry_for)
         reason = DeadLetter.Reason.EXHAUSTED if transient else DeadLetter.Reason.PERMANENT
         reason = getattr(exc, "dead_letter_reason", reason)
+        declared = transient or isinstance(exc, (PermanentError, Deferred))
         delivery = self.request.delivery_info or {}
         dead_letter_record(
             task=self.name,
@@ -162,6 +174,7 @@ class ReliableTask(Task):
             traceback=str(einfo) if einfo else "",
             attempts=self.request.retries + 1,
             first_failed_at=self._first_failed_at(),
+            log_traceback=not declared,
         )
 
 

@@ -52,7 +52,13 @@ class WorkerProcess:
     """``celery -A core worker`` as a child process, started in its own process group so the
     whole worker (parent and pool children) can be SIGKILLed at once."""
 
-    def __init__(self, env: dict[str, str], name: str, concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        name: str,
+        concurrency: int = 1,
+        include: tuple[str, ...] = (),
+    ) -> None:
         self.name = name
         self.log = Path(tempfile.mkdtemp(prefix="worker-")) / f"{name}.log"
         self._log_file = self.log.open("w")
@@ -73,6 +79,7 @@ class WorkerProcess:
                 "--without-heartbeat",
                 "-l",
                 "INFO",
+                *(["--include", ",".join(include)] if include else []),
             ],
             cwd=ROOT,
             env=env,

@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 API_VERSION = "2025-09-30.clover"
+DEFAULT_CUSTOMER_EMAIL = "jenny.rosen@example.com"
+DEFAULT_CUSTOMER_NAME = "Jenny Rosen"
 
 
 def signature_header(
@@ -36,8 +38,8 @@ def new_id(prefix: str) -> str:
 def invoice_object(
     *,
     invoice_id: str,
-    customer_email: str = "jenny.rosen@example.com",
-    customer_name: str = "Jenny Rosen",
+    customer_email: str = DEFAULT_CUSTOMER_EMAIL,
+    customer_name: str | None = DEFAULT_CUSTOMER_NAME,  # None: Stripe's null, no name
     amount: int = 2000,
     currency: str = "usd",
     status: str = "paid",
@@ -83,14 +85,18 @@ def invoice_object(
     }
 
 
-def customer_object(*, customer_email: str = "jenny.rosen@example.com") -> dict[str, Any]:
+def customer_object(
+    *,
+    customer_email: str = DEFAULT_CUSTOMER_EMAIL,
+    customer_name: str | None = DEFAULT_CUSTOMER_NAME,
+) -> dict[str, Any]:
     return {
         "id": new_id("cus"),
         "object": "customer",
         "created": int(time.time()),
         "email": customer_email,
         "livemode": False,
-        "name": "Jenny Rosen",
+        "name": customer_name,
     }
 
 

@@ -28,7 +28,11 @@ logger = logging.getLogger(__name__)
 def _reject(reason: str, status: int) -> JsonResponse:
     webhook_delivery_count("rejected", reason)
     logger.warning("webhook rejected: %s", reason, extra={"reason": reason, "status": status})
-    return JsonResponse({"error": reason}, status=status)
+    response = JsonResponse({"error": reason}, status=status)
+    # Logged once, above, with the reason: the flag django.utils.log.log_response sets and
+    # checks keeps django.request from adding "Bad Request: /webhooks/stripe/" for it.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
 
 
 def _retry_later(error: str, *, status: int = 503, seconds: int | None = None) -> JsonResponse:

@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from io import StringIO
 from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
+from django.core.management import call_command
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from core.beat import active_beat
+from core.beat import active_beat, beat_check
+from core.jobs import SCHEDULES
+from core.locks import Holder
 from tests.conftest import ROOT, wait_until
 from tests.smtp import free_port
 from tests.workers import worker_env
@@ -65,7 +71,7 @@ def test_two_beats_dispatch_once_per_slot_and_the_standby_takes_over() -> None:
         assert wait_until(lambda: "took the leader lock" in first.text(), timeout=30)
         second = Beat("second")
         assert wait_until(lambda: "beat: Starting" in second.text(), timeout=30)
-        assert "beat-leader" in (active_beat() or "")
+        assert active_beat() == Holder(host=socket.gethostname(), pid=first.proc.pid)
         broker.delete(key)
         time.sleep(6 * INTERVAL)  # six slots with both beats running
         during = [json.loads(m)["headers"]["id"] for m in broker.lrange(key, 0, -1)]
@@ -124,3 +130,46 @@ def test_beat_survives_its_database_connections_being_cut() -> None:
     finally:
         beat.kill()
         broker.delete(key)
+
+
+def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
+    """/health/'s beat check and pipeline_status name the beat process itself (the one to
+    stop), not the PostgreSQL backend that serves its lock; taking the lock is INFO."""
+    beat = Beat("named")
+    try:
+        assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
+        check = beat_check()
+        out = StringIO()
+        call_command("pipeline_status", "--json", stdout=out)
+        reported = json.loads(out.getvalue())["health"]["checks"]["beat"]
+        out = StringIO()
+        call_command("pipeline_status", stdout=out)
+        screen = out.getvalue()
+    finally:
+        beat.kill()
+
+    # The child Popen started is the beat itself: python -m celery, no shell or fork between.
+    expected = {"host": socket.gethostname(), "pid": beat.proc.pid}
+    assert check == {"status": "ok", "active": expected}
+    assert reported["active"] == expected
+    assert f"dispatching, pid {beat.proc.pid} on host {socket.gethostname()}" in screen
+    [line] = [line for line in beat.text().splitlines() if "took the leader lock" in line]
+    assert re.search(r" INFO core\.beat beat took the leader lock: dispatching$", line), line
+    assert active_beat() is None  # killed: its session, and the lock with it, are gone
+
+
+def test_beat_warns_at_start_about_a_declared_job_it_has_no_schedule_for() -> None:
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    PeriodicTask.objects.filter(name="dlq-alert").delete()
+    beat = Beat("unscheduled")
+    try:
+        assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
+    finally:
+        beat.kill()
+    warnings = [line for line in beat.text().splitlines() if " WARNING " in line]
+    assert len(warnings) == 1, warnings
+    assert (
+        " WARNING core.beat scheduled job dlq-alert (task core.dlq_alert) has no enabled"
+        in (warnings[0])
+    )
+    assert {s.name for s in SCHEDULES if s.name in warnings[0]} == {"dlq-alert"}

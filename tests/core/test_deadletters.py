@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -23,13 +24,15 @@ from django.test import Client
 from django.utils import timezone
 
 from core.audit import cli_actor
+from core.celery import app
 from core.deadletters import dead_letter_record, dlq_alert
 from core.models import DeadLetter, OperatorAction
 from core.tasks import PermanentError
 from invoicing.models import Invoice
+from tests import tasks as test_tasks
 from tests.conftest import ROOT, paid_event, post_event, wait_until
 from tests.smtp import SmtpServer
-from tests.workers import worker_env, worker_thread
+from tests.workers import WorkerProcess, worker_env, worker_thread
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -204,3 +207,81 @@ def test_dlq_alert_logs_and_mails_once_per_period(
     assert len(alerts) == 1
     assert [m.subject for m in mail.outbox] == ["[Django] Dead-letter queue depth 2"]
     cache.delete("dlq-alert-sent")
+
+
+# A record of the text format ("%(asctime)s %(levelname)s %(name)s %(message)s"); the lines
+# after it that do not start like one (a traceback) belong to it.
+RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ([A-Z]+) (\S+) (.*)$")
+
+
+def log_records(output: str) -> list[tuple[str, str, str]]:
+    """(level, logger, the record's text including any traceback) for each record."""
+    records: list[tuple[str, str, str]] = []
+    for line in output.splitlines():
+        match = RECORD.match(line)
+        if match:
+            records.append((match[1], match[2], match[3]))
+        elif records:
+            level, name, text = records[-1]
+            records[-1] = (level, name, f"{text}\n{line}")
+    return records
+
+
+@pytest.mark.slow
+def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
+    client: Client, smtp: SmtpServer
+) -> None:
+    """A real worker process dead-letters a refused recipient (permanent), a mail server that
+    answers 451 to all five attempts (exhausted) and a bug (ZeroDivisionError): one ERROR
+    line each, naming the dead letter, the task, its id, its args and the reason. Expected
+    failures log no traceback (it is on the row); the bug's line carries its traceback."""
+    smtp.handler.faults.refuse = {"typo@exmaple.com"}
+    worker = WorkerProcess(
+        # The breaker stays out of it: five transient failures would open it otherwise.
+        worker_env(smtp.port, EMAIL_BREAKER_FAILURE_THRESHOLD="100"),
+        name="dead-letter-logs",
+        include=("tests.tasks",),
+    )
+
+    def failed(count: int) -> bool:
+        # Celery's own line for a failed task comes after the dead letter is recorded.
+        return DeadLetter.objects.count() == count and worker.output().count("] raised ") == count
+
+    try:
+        worker.wait_ready()
+        post_event(client, stripe_testing.encode(paid_event(customer_email="typo@exmaple.com")))
+        assert wait_until(lambda: failed(1), timeout=30)
+        smtp.handler.faults.always = "451 4.3.0 try again later"
+        post_event(client, stripe_testing.encode(paid_event(customer_email="busy@example.com")))
+        assert wait_until(lambda: failed(2), timeout=60)
+        app.send_task(test_tasks.DIVIDE, args=[1, 0])
+        assert wait_until(lambda: failed(3), timeout=30)
+    finally:
+        worker.stop()
+
+    output = worker.output()
+    errors = [(name, text) for level, name, text in log_records(output) if level != "INFO"]
+    assert sorted(DeadLetter.objects.values_list("reason", flat=True)) == [
+        "exhausted",
+        "permanent",
+        "permanent",
+    ]
+    [bug] = DeadLetter.objects.filter(task=test_tasks.DIVIDE)
+    assert bug.exception_class == "builtins.ZeroDivisionError"
+    # Every traceback is kept where the operator replays from.
+    for letter in DeadLetter.objects.all():
+        assert letter.traceback.startswith("Traceback (most recent call last)"), letter
+
+    assert len(errors) == 3, errors
+    for letter in DeadLetter.objects.all():
+        [(name, text)] = [e for e in errors if f"dead letter #{letter.pk}," in e[1]]
+        assert name == "core.deadletters"
+        first = text.splitlines()[0]
+        for part in (letter.task, f"[{letter.task_id}]", json.dumps(letter.args), letter.reason):
+            assert part in first, (part, first)
+    assert "raised unexpected" not in output
+    # One traceback in the whole output: the bug's, on its dead-letter line.
+    assert output.count("Traceback (most recent call last)") == 1
+    [(_, bug_line)] = [e for e in errors if f"dead letter #{bug.pk}," in e[1]]
+    assert "Traceback (most recent call last)" in bug_line
+    assert bug_line.rstrip().endswith("ZeroDivisionError: division by zero")

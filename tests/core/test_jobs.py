@@ -4,21 +4,31 @@ died releases the lock, and every job is safe to run twice."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from io import StringIO
 from typing import Any
 
+import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connection
-from django_celery_beat.models import PeriodicTask
+from django.db import connection, transaction
+from django_celery_beat.models import (
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    PeriodicTasks,
+)
 
 from core import jobs
-from core.locks import advisory_lock, lock_holder
+from core.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from core.models import ScheduledJob
 from invoicing import jobs as invoicing_jobs
+from tests import tasks as test_tasks
 from tests.conftest import ROOT
 from tests.workers import worker_env
 
@@ -68,7 +78,7 @@ def test_two_concurrent_runs_one_does_the_work(name: str, caplog: pytest.LogCapt
     row = ScheduledJob.objects.get(name=name)
     assert (row.runs, row.skips) == (1, 1)
     assert row.last_skipped_at is not None
-    assert row.last_holder
+    assert row.last_holder == f"pid {os.getpid()} on host {socket.gethostname()}"
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -77,6 +87,23 @@ def test_each_job_is_safe_to_run_twice_in_a_row(name: str) -> None:
     TASKS[name].apply().get()
     row = ScheduledJob.objects.get(name=name)
     assert (row.runs, row.skips, row.last_error) == (2, 0, "")
+
+
+def test_a_failed_run_is_one_error_line_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Run by Celery's tracer, as a worker runs it: job_run's line, not Celery's as well."""
+    with caplog.at_level(logging.INFO):
+        result = test_tasks.failing_job.apply()
+    assert isinstance(result.result, ZeroDivisionError)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [(r.name, r.getMessage()) for r in errors] == [
+        ("core.jobs", f"job {test_tasks.FAILING_JOB} failed")
+    ]
+    assert errors[0].exc_info is not None
+    assert errors[0].exc_info[0] is ZeroDivisionError
+    row = ScheduledJob.objects.get(name=test_tasks.FAILING_JOB)
+    assert row.last_error == "ZeroDivisionError('division by zero')"
 
 
 def test_a_run_whose_process_died_releases_the_lock() -> None:
@@ -96,7 +123,7 @@ def test_a_run_whose_process_died_releases_the_lock() -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "held"
-        assert "(pid " in (lock_holder("job:outbox-relay") or "")
+        assert lock_holder("job:outbox-relay") == Holder(host=socket.gethostname(), pid=proc.pid)
         with advisory_lock("job:outbox-relay") as held:
             assert not held
         proc.kill()
@@ -114,6 +141,7 @@ def test_a_run_whose_process_died_releases_the_lock() -> None:
 
 
 def test_setup_periodic_tasks_is_idempotent(capsys: pytest.CaptureFixture[str]) -> None:
+    PeriodicTask.objects.all().delete()  # migrate synced them already
     call_command("setup_periodic_tasks")
     assert "5 created" in capsys.readouterr().out
     call_command("setup_periodic_tasks")
@@ -136,3 +164,161 @@ def test_setup_periodic_tasks_is_idempotent(capsys: pytest.CaptureFixture[str]) 
     assert "1 disabled" in out
     assert not PeriodicTask.objects.get(name="gone").enabled
     assert set(ScheduledJob.objects.values_list("name", flat=True)) == set(TASKS)
+
+
+def beat_tables() -> list[tuple[str, ...]]:
+    """Every row beat reads for the declared jobs, and the schedules they point to."""
+    return [
+        *PeriodicTask.objects.order_by("name").values_list(
+            "pk", "name", "task", "enabled", "interval__every", "crontab__hour", "expire_seconds"
+        ),
+        *((str(n), "intervals") for n in [IntervalSchedule.objects.count()]),
+        *((str(n), "crontabs") for n in [CrontabSchedule.objects.count()]),
+    ]
+
+
+@pytest.mark.django_db  # the database as migrate made it, rolled back after the test
+def test_the_database_migrate_made_has_every_declared_schedule() -> None:
+    """The test database is created by migrate alone (pytest-django): no setup_periodic_tasks."""
+    assert jobs.schedules_missing() == []
+    assert set(PeriodicTask.objects.values_list("name", "task", "enabled")) >= {
+        (s.name, s.task, True) for s in jobs.SCHEDULES
+    }
+
+
+def test_migrate_syncs_the_schedules_and_a_second_migrate_changes_nothing() -> None:
+    PeriodicTask.objects.all().delete()
+    IntervalSchedule.objects.all().delete()
+    CrontabSchedule.objects.all().delete()
+    ScheduledJob.objects.all().delete()
+    assert [s.name for s in jobs.schedules_missing()] == [s.name for s in jobs.SCHEDULES]
+
+    first = StringIO()
+    call_command("migrate", "--noinput", stdout=first)
+    assert "periodic tasks: 5 created, 0 updated, 0 unchanged, 0 disabled" in first.getvalue()
+    assert jobs.schedules_missing() == []
+    relay = PeriodicTask.objects.get(name="outbox-relay")
+    assert (relay.task, relay.interval.every, relay.expire_seconds) == (  # type: ignore[union-attr]
+        "core.outbox_relay",
+        15,
+        15,
+    )
+    assert set(ScheduledJob.objects.values_list("name", flat=True)) == set(TASKS)
+    before = beat_tables()
+    changed = PeriodicTasks.last_change()
+
+    second = StringIO()
+    call_command("migrate", "--noinput", stdout=second)
+    assert "periodic tasks: 0 created, 0 updated, 5 unchanged, 0 disabled" in second.getvalue()
+    assert beat_tables() == before
+    assert PeriodicTasks.last_change() == changed  # beat is not told to reload anything
+
+
+def test_two_syncs_at_once_take_turns_and_create_each_schedule_once() -> None:
+    PeriodicTask.objects.all().delete()
+    IntervalSchedule.objects.all().delete()
+    CrontabSchedule.objects.all().delete()
+
+    # While another transaction holds the sync lock, a sync waits for it.
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                advisory_xact_lock(jobs.SYNC_LOCK)
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    results: list[dict[str, int]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def sync() -> None:
+        try:
+            start.wait(10)
+            results.append(jobs.schedules_sync())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    syncs = [threading.Thread(target=sync) for _ in range(2)]
+    for thread in syncs:
+        thread.start()
+    time.sleep(1)
+    assert results == []  # both wait for the lock
+    assert not PeriodicTask.objects.exists()
+    release.set()
+    holder.join(10)
+    for thread in syncs:
+        thread.join(30)
+
+    assert errors == []
+    assert sorted(r["created"] for r in results) == [0, 5]  # one created, the other found them
+    assert sorted(r["unchanged"] for r in results) == [0, 5]
+    assert PeriodicTask.objects.count() == len(jobs.SCHEDULES)
+    # One interval per distinct period (15, 60, 120, 300 s), one crontab: no duplicates.
+    assert sorted(IntervalSchedule.objects.values_list("every", flat=True)) == [15, 60, 120, 300]
+    assert CrontabSchedule.objects.count() == 1
+
+
+@pytest.mark.slow
+def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist() -> None:
+    """A real manage.py migrate on a database of this test's own, created empty: migrating core
+    alone (django-celery-beat's tables not there yet) syncs nothing and does not fail; the full
+    migrate syncs every schedule; the next changes nothing."""
+    fresh = f"{connection.settings_dict['NAME']}_fresh"
+    db = connection.settings_dict
+    env = {
+        **worker_env(0),
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{fresh}",
+    }
+
+    def migrate(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        return done.stdout
+
+    def fresh_rows(sql: str) -> list[tuple[object, ...]]:
+        params = connection.get_connection_params()
+        for django_only in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(django_only, None)
+        params["dbname"] = fresh
+        with psycopg.connect(**params) as conn:
+            return list(conn.execute(sql).fetchall())
+
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+        cursor.execute(f'CREATE DATABASE "{fresh}"')
+    try:
+        out = migrate("core")
+        assert "periodic tasks not synced: django_celery_beat or core has unapplied" in out
+        assert fresh_rows("SELECT to_regclass('django_celery_beat_periodictask') IS NULL") == [
+            (True,)
+        ]
+
+        out = migrate()
+        assert "periodic tasks: 5 created, 0 updated, 0 unchanged, 0 disabled" in out
+        names = fresh_rows("SELECT name, task FROM django_celery_beat_periodictask WHERE enabled")
+        assert set(names) == {(s.name, s.task) for s in jobs.SCHEDULES}
+
+        out = migrate()
+        assert "No migrations to apply." in out
+        assert "periodic tasks: 0 created, 0 updated, 5 unchanged, 0 disabled" in out
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import threading
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from core.celery import app
 from core.jobs import job_run
@@ -57,3 +61,37 @@ def test_screen_names_every_part() -> None:
         "email-reconcile",
     ):
         assert part in screen
+
+
+def test_a_running_job_is_shown_with_the_process_running_it() -> None:
+    """Not the PostgreSQL backend's pid: the host and pid of the process whose job holds the
+    lock (here this test process, whose thread runs the job)."""
+    inside, release = threading.Event(), threading.Event()
+
+    def running_job() -> None:
+        def body() -> str:
+            inside.set()
+            release.wait(20)
+            return "done"
+
+        try:
+            job_run(name="outbox-relay", body=body)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=running_job)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        report = json.loads(status("--json"))
+        screen = status()
+    finally:
+        release.set()
+        thread.join(20)
+
+    relay = next(job for job in report["jobs"] if job["job"] == "outbox-relay")
+    assert relay["running_now"] == {"host": socket.gethostname(), "pid": os.getpid()}
+    [line] = [line for line in screen.splitlines() if line.startswith("outbox-relay ")]
+    assert line.endswith(f"  pid {os.getpid()} on host {socket.gethostname()}")
+    assert report["health"]["checks"]["beat"]["active"] is None
+    assert "no beat is dispatching" in screen

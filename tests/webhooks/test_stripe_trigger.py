@@ -3,6 +3,7 @@ stale timestamps behave as real deliveries do."""
 
 from __future__ import annotations
 
+import json
 from io import StringIO
 from typing import Any
 
@@ -43,6 +44,30 @@ def test_repeat_delivers_one_event_three_times(live_server: Any) -> None:
     assert event.headers["User-Agent"].startswith("Stripe/1.0")
     invoice = Invoice.objects.get()
     assert (invoice.provider_invoice_id, invoice.customer_email) == ("in_trigger1", "t@example.com")
+
+
+@pytest.mark.parametrize(
+    ("args", "email", "name"),
+    [
+        ((), "jenny.rosen@example.com", "Jenny Rosen"),
+        (("--customer-email", "t@example.com"), "t@example.com", ""),
+        (
+            ("--customer-email", "t@example.com", "--customer-name", "Ada Lovelace"),
+            "t@example.com",
+            "Ada Lovelace",
+        ),
+        (("--customer-name", "Ada Lovelace"), "jenny.rosen@example.com", "Ada Lovelace"),
+    ],
+    ids=["defaults", "email-only", "email-and-name", "name-only"],
+)
+def test_the_recipient_is_the_one_given_with_no_one_elses_name(
+    live_server: Any, args: tuple[str, ...], email: str, name: str
+) -> None:
+    trigger(live_server, "invoice.paid", *args)
+    invoice = Invoice.objects.get()
+    assert (invoice.customer_email, invoice.customer_name) == (email, name)
+    sent = json.loads(WebhookEvent.objects.get().body)["data"]["object"]
+    assert sent["customer_name"] == (name or None)  # as Stripe sends a customer with no name
 
 
 def test_several_event_types_for_one_invoice(live_server: Any) -> None:

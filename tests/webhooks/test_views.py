@@ -127,6 +127,33 @@ def test_signature_from_a_different_secret_is_refused(client: Client) -> None:
     assert not WebhookEvent.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("post", "status", "reason"),
+    [
+        (
+            lambda c: post_event(c, _body(), secret="whsec_someone_else"),
+            400,
+            "no signature matches",
+        ),
+        (lambda c: post_event(c, b"", header="t=1,v1=00"), 400, "empty body"),
+    ],
+    ids=["bad-signature", "empty-body"],
+)
+def test_a_rejected_delivery_is_logged_once(
+    client: Client, caplog: pytest.LogCaptureFixture, post: Any, status: int, reason: str
+) -> None:
+    """The view's line, with the reason; not Django's "Bad Request" line for it as well."""
+    with caplog.at_level(logging.DEBUG):  # every logger, django.request included
+        response = post(client)
+    assert response.status_code == status
+    lines = [
+        (r.name, r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.levelno >= logging.INFO and not r.name.startswith("django.db")
+    ]
+    assert lines == [("webhooks.views", "WARNING", f"webhook rejected: {reason}")]
+
+
 def test_rotation_accepts_either_secret_and_any_v1(client: Client) -> None:
     body = _body()
     assert post_event(client, body, secret="whsec_test_rolled").status_code == 200

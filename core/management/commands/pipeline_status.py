@@ -8,6 +8,7 @@ and current lock holder. Exits 1 when a critical check fails, so it also serves 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 import redis
@@ -18,7 +19,7 @@ from core import queues
 from core.backpressure import queue_depth
 from core.health import health_report
 from core.jobs import SCHEDULES
-from core.locks import lock_holder
+from core.locks import Holder, lock_holder
 from core.models import ScheduledJob
 
 
@@ -37,6 +38,7 @@ def _jobs() -> list[dict[str, Any]]:
     report = []
     for schedule in SCHEDULES:
         job = rows.get(schedule.name)
+        holder = lock_holder(f"job:{schedule.name}")
         report.append(
             {
                 "job": schedule.name,
@@ -44,7 +46,7 @@ def _jobs() -> list[dict[str, Any]]:
                 "last_skip": job.last_skipped_at if job else None,
                 "runs": job.runs if job else 0,
                 "skips": job.skips if job else 0,
-                "running_now": lock_holder(f"job:{schedule.name}"),
+                "running_now": asdict(holder) if holder else None,
                 "last_error": (job.last_error[:60] if job else "") or None,
             }
         )
@@ -53,6 +55,22 @@ def _jobs() -> list[dict[str, Any]]:
 
 def _when(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _process(holder: dict[str, Any] | None) -> str:
+    """``{"host": h, "pid": n}`` as the operator reads it: the process to look at."""
+    return str(Holder(**holder)) if holder else "-"
+
+
+def _figures(name: str, check: dict[str, Any]) -> str:
+    if name == "beat" and "active" in check:
+        active = check["active"]
+        return f"dispatching, {_process(active)}" if active else "no beat is dispatching"
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in check.items()
+        if k not in {"status", "critical", "ms"} and v is not None
+    )
 
 
 class Command(BaseCommand):
@@ -77,12 +95,7 @@ class Command(BaseCommand):
         out = self.stdout.write
         out(f"pipeline: {health['status'].upper()}")
         for name, check in checks.items():
-            figures = ", ".join(
-                f"{k}={v}"
-                for k, v in check.items()
-                if k not in {"status", "critical", "ms"} and v is not None
-            )
-            out(f"  {name:<13} {check['status']:<9} {figures}")
+            out(f"  {name:<13} {check['status']:<9} {_figures(name, check)}")
         out("queues: " + ", ".join(f"{q}={n}" for q, n in status["queues"].items()))
         out(
             f"{'job':<22} {'last run':<20} {'last skip':<20} {'runs':>5} {'skips':>5}  lock held by"
@@ -90,6 +103,6 @@ class Command(BaseCommand):
         for job in status["jobs"]:
             out(
                 f"{job['job']:<22} {_when(job['last_run']):<20} {_when(job['last_skip']):<20} "
-                f"{job['runs']:>5} {job['skips']:>5}  {job['running_now'] or '-'}"
+                f"{job['runs']:>5} {job['skips']:>5}  {_process(job['running_now'])}"
                 + (f"  error: {job['last_error']}" if job["last_error"] else "")
             )

@@ -4,7 +4,9 @@ Builds a realistic Stripe event, signs it with ``STRIPE_WEBHOOK_SECRET`` exactly
 (``t=<unix time>,v1=<HMAC-SHA256 of "<t>.<body>">``, plus a fake ``v0`` as test mode sends),
 and POSTs it to the receiver. ``--repeat`` delivers the same event again (a provider retry:
 each with a fresh timestamp and signature, as Stripe's retries are); ``--stale`` signs it with a
-timestamp older than the tolerance, which the receiver must refuse.
+timestamp older than the tolerance, which the receiver must refuse. ``--customer-email`` alone
+sends the invoice to that address with no display name (``customer_name: null``, as Stripe
+sends for a customer without one), never with the default customer's name.
 """
 
 from __future__ import annotations
@@ -43,7 +45,17 @@ class Command(BaseCommand):
             default="http://127.0.0.1:8000/webhooks/stripe/",
             help="The receiver (default: %(default)s).",
         )
-        parser.add_argument("--customer-email", default="jenny.rosen@example.com")
+        parser.add_argument(
+            "--customer-email",
+            default=None,
+            help=f"The invoice's recipient (default: {testing.DEFAULT_CUSTOMER_EMAIL}).",
+        )
+        parser.add_argument(
+            "--customer-name",
+            default=None,
+            help="The recipient's display name (default: none with --customer-email, "
+            f"else {testing.DEFAULT_CUSTOMER_NAME!r}).",
+        )
         parser.add_argument(
             "--invoice-id",
             default=None,
@@ -86,13 +98,19 @@ class Command(BaseCommand):
 
     @staticmethod
     def build(event_type: str, invoice_id: str, options: dict[str, Any]) -> dict[str, Any]:
+        email = options["customer_email"] or testing.DEFAULT_CUSTOMER_EMAIL
+        # The default name belongs to the default address: someone else's address gets none.
+        name = options["customer_name"]
+        if name is None and options["customer_email"] is None:
+            name = testing.DEFAULT_CUSTOMER_NAME
         if event_type == "customer.created":
-            obj = testing.customer_object(customer_email=options["customer_email"])
+            obj = testing.customer_object(customer_email=email, customer_name=name or None)
         else:
             status = "open" if event_type == "invoice.payment_failed" else "paid"
             obj = testing.invoice_object(
                 invoice_id=invoice_id,
-                customer_email=options["customer_email"],
+                customer_email=email,
+                customer_name=name or None,
                 amount=options["amount"],
                 currency=options["currency"],
                 status=status,
