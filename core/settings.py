@@ -487,6 +487,9 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "core.http.client_address"
 AXES_USERNAME_CALLABLE = "core.http.login_username"
 AXES_RESET_ON_SUCCESS = True
+# No "AXES: BEGIN ..." line on every process start (every manage.py command, every worker):
+# a lockout is still logged, with the username and address it locked.
+AXES_VERBOSE = False
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
