@@ -18,11 +18,15 @@ RUN groupadd --system --gid 10001 app \
 
 WORKDIR /app
 
-# The runtime dependencies of pyproject.toml only (no [dev] extra): psycopg[binary] brings its
-# own libpq, so no compiler or system library is needed. The code stays owned by root: the
-# application cannot modify itself.
+# The runtime dependencies only (no [dev] extra), at the exact versions and hashes of
+# requirements/base.txt: pip refuses a download that differs from what was locked. Installed
+# before the code is copied, so a code change reuses this layer. psycopg[binary] brings its own
+# libpq: no compiler or system library is needed. Then the project itself, without touching its
+# dependencies; the code stays owned by root: the application cannot modify itself.
+COPY requirements/base.txt requirements/base.txt
+RUN pip install --require-hashes -r requirements/base.txt
 COPY . .
-RUN pip install . \
+RUN pip install --no-deps --no-build-isolation . \
  && rm -rf build ./*.egg-info
 
 USER 10001:10001

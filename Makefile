@@ -1,14 +1,20 @@
-# The two set-up commands of the README, and the install they share.
+# The two set-up commands of the README, and the install they share: the exact versions and
+# hashes of requirements/dev.txt (a file pip refuses to install from if any download differs),
+# then the project itself, without touching its dependencies.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# How requirements/*.txt are made from pyproject.toml (`make lock`): every package pinned with
+# the hashes of its files, build dependencies included, for Python 3.11.
+COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--all-build-deps --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test bench
+.PHONY: demo test bench lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q --require-hashes -r requirements/dev.txt
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -22,3 +28,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench
+
+# After changing a dependency in pyproject.toml: pin it (and what it needs) with hashes. The
+# runtime set is what the Docker image installs; the dev set adds the tools and tests.
+lock: $(STAMP)
+	$(COMPILE) --output-file requirements/base.txt pyproject.toml
+	$(COMPILE) --extra dev --output-file requirements/dev.txt pyproject.toml

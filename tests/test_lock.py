@@ -1,0 +1,89 @@
+"""The dependency lock: requirements/base.txt (runtime, what the image installs) and
+requirements/dev.txt (runtime + dev, what `make` installs) pin every package with the hashes of
+its files, agree with pyproject.toml, and are what this environment was installed from."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import metadata
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tests.conftest import ROOT
+
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.MULTILINE)
+
+
+def pins(name: str) -> dict[str, str]:
+    """``package -> version`` of a lock file, each entry checked to carry a sha256 hash."""
+    text = (ROOT / "requirements" / name).read_text()
+    entries = re.split(r"\n(?=[A-Za-z0-9])", text[text.index("\n", text.index("pip-compile")) :])
+    found = {}
+    for entry in entries:
+        match = PIN.match(entry.strip())
+        if match is None:
+            continue
+        assert "--hash=sha256:" in entry, f"{name}: {match.group(1)} has no hash"
+        found[canonicalize_name(match.group(1))] = match.group(2)
+    return found
+
+
+def declared(extra: str | None = None) -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = project["optional-dependencies"][extra] if extra else project["dependencies"]
+    return [Requirement(line) for line in listed]
+
+
+@pytest.mark.parametrize(
+    ("lock", "extras"), [("base.txt", [None]), ("dev.txt", [None, "dev"])], ids=["base", "dev"]
+)
+def test_every_declared_dependency_is_pinned_within_its_range(
+    lock: str, extras: list[str | None]
+) -> None:
+    pinned = pins(lock)
+    for extra in extras:
+        for requirement in declared(extra):
+            version = pinned.get(canonicalize_name(requirement.name))
+            assert version is not None, f"{requirement.name} is not in {lock}: run `make lock`"
+            assert requirement.specifier.contains(version, prereleases=True), (
+                f"{lock} pins {requirement.name}=={version}, outside {requirement.specifier}"
+            )
+    # Built without fetching anything unpinned: the build backend is locked too.
+    assert "setuptools" in pinned
+
+
+def test_the_runtime_lock_is_the_dev_locks_runtime_part() -> None:
+    base, dev = pins("base.txt"), pins("dev.txt")
+    assert {name: dev.get(name) for name in base} == base
+
+
+def test_this_environment_was_installed_from_the_dev_lock() -> None:
+    for name, version in pins("dev.txt").items():
+        if name in {"pip", "setuptools"}:
+            continue  # the venv's own tools may be upgraded in place
+        assert metadata.version(name) == version, name
+
+
+def test_every_install_path_goes_through_the_lock_with_hashes() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install -q --require-hashes -r requirements/dev.txt" in makefile
+    assert "--no-deps --no-build-isolation -e ." in makefile
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install --require-hashes -r requirements/base.txt" in dockerfile
+    assert "pip install --no-deps --no-build-isolation ." in dockerfile
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_lower_bounds_stay_above_known_advisories() -> None:
+    floors = {"django": "5.2.8", "djangorestframework": "3.15.2", "gunicorn": "23"}
+    bounds = {
+        canonicalize_name(r.name): [Version(s.version) for s in r.specifier if s.operator == ">="]
+        for r in declared()
+    }
+    for name, floor in floors.items():
+        assert bounds[name], f"{name} has no lower bound"
+        assert min(bounds[name]) >= Version(floor), name
