@@ -8,11 +8,13 @@ alert, retention) under its leader lock. Then:
 
 1. a paid-invoice event delivered twice (a provider retry): one invoice, one email;
 2. a paid invoice whose recipient the mail server refuses: one dead letter, with its reason;
-3. the operator fixes the address and replays the dead letter: the email goes out.
+3. the operator corrects the recipient (recorded, and kept apart from what the provider sent)
+   and replays the dead letter: the email goes out.
 
 It prints what happened at each step and stops everything it started, on an error too. The
-broker keys carry a prefix of this run's own, so leftover messages from elsewhere are not
-consumed and nothing is left behind.
+broker and cache keys carry a prefix of this run's own, so messages and circuit-breaker state
+of anything else on the same Redis (a local stack, a test run) are neither read nor changed,
+and nothing is left behind.
 
 When the configured PostgreSQL or Redis does not answer, the demo runs an embedded one in its
 place and says so (``scripts/embedded.py``). Deciding that comes first, in this process; the
@@ -252,6 +254,7 @@ def flow() -> None:
     os.environ.update(
         {
             "CELERY_BROKER_KEY_PREFIX": f"demo-{RUN}:",
+            "REDIS_KEY_PREFIX": f"demo-{RUN}",
             "EMAIL_HOST": "127.0.0.1",
             "EMAIL_PORT": str(smtp_port),
             "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
@@ -267,15 +270,17 @@ def flow() -> None:
     from django.conf import settings
     from django.core.management import call_command
 
+    from core.audit import cli_actor
     from core.models import DeadLetter
     from invoicing.models import EmailDelivery, Invoice
+    from invoicing.services import invoice_recipient_correct
     from webhooks import testing
 
     say(f"== Invoice emails, end to end (logs in {LOGS})")
     ensure_database()
-    call_command("migrate", verbosity=0)
-    call_command("setup_periodic_tasks", verbosity=0)
-    say("database migrated, schedules synced")
+    call_command("migrate", verbosity=0)  # which also syncs the scheduled jobs' schedules
+    call_command("setup_groups", verbosity=0)
+    say("database migrated (schedules synced), operator groups set up")
 
     sink = Sink(refuse={"jenny@exmaple.com"})
     controller = Controller(sink, hostname="127.0.0.1", port=smtp_port)
@@ -370,10 +375,17 @@ def flow() -> None:
             call_command("dlq", "list", "--waiting")
             say(f"  reason: {letter.exception_message}")
 
-            say("\n3. the operator fixes the address and replays the dead letter")
-            Invoice.objects.filter(provider_invoice_id=refused_id).update(
-                customer_email="jenny@example.com"
+            say("\n3. the operator corrects the recipient and replays the dead letter")
+            refused = Invoice.objects.get(provider_invoice_id=refused_id)
+            # What the admin's "Correct recipient" form calls: recorded, and kept apart from the
+            # provider's address, so the provider's next event for the invoice keeps it.
+            invoice_recipient_correct(
+                invoice_id=refused.pk,
+                email="jenny@example.com",
+                reason="typo in the domain (exmaple.com)",
+                actor=cli_actor(),
             )
+            say("  recipient corrected: jenny@exmaple.com -> jenny@example.com")
             say(f"  python manage.py dlq replay {letter.pk}")
             call_command("dlq", "replay", str(letter.pk))
             wait_for("the replayed email", lambda: len(sink.messages) >= 2, 60)
@@ -399,18 +411,23 @@ def flow() -> None:
                 call_command("pipeline_status")
     finally:
         controller.stop()
-        _broker_cleanup()
+        _redis_cleanup()
 
 
-def _broker_cleanup() -> None:
+def _redis_cleanup() -> None:
+    """Delete this run's keys (and only those) from the broker and the cache."""
     import redis
     from django.conf import settings
 
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
+    prefixes = {
+        settings.CELERY_BROKER_URL: settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"],
+        settings.REDIS_URL: settings.CACHES["default"]["KEY_PREFIX"] + ":",
+    }
+    for url, prefix in prefixes.items():
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
 
 
 if __name__ == "__main__":
