@@ -55,5 +55,5 @@ STORAGES = {
     **STORAGES,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
-STATIC_ROOT = None
+STATIC_ROOT = None  # type: ignore[assignment]  # none: nothing is collected
 WHITENOISE_USE_FINDERS = True
