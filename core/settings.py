@@ -126,7 +126,7 @@ CACHES = {
     }
 }
 
-# --- Auth, i18n ---------------------------------------------------------------------------
+# --- Auth, i18n -----------------------------------------------------------------------------------
 # django-axes first: a username locked out from this client address is refused before its
 # password is even checked (the admin login form; the API takes sessions and tokens only).
 AUTHENTICATION_BACKENDS = [
@@ -144,7 +144,7 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
-# --- Static files ---------------------------------------------------------------------------
+# --- Static files ---------------------------------------------------------------------------------
 # The application serves its own (WhiteNoise, right after SecurityMiddleware): gunicorn alone,
 # or behind the nginx edge, which passes /static/ on like any other path. `manage.py
 # collectstatic` (the Docker image's build, the demo) copies every app's files to STATIC_ROOT
