@@ -221,7 +221,8 @@ def test_the_operator_pages_are_styled_as_deployed(
         ):
             assert post_signed(url, stripe_testing.encode(event)).status_code == 200
         assert wait_until(lambda: DeadLetter.objects.count() == 1, timeout=30)
-        smtp.handler.wait_for(1, timeout=20)
+        sent = smtp.handler.wait_for(1, timeout=20)
+    assert [m["To"] for m in sent] == ["Ada Lovelace <ada@example.com>"]
     ids = {
         "invoice": Invoice.objects.get(customer_email="typo@exmaple.com").pk,
         "letter": DeadLetter.objects.get().pk,
