@@ -54,6 +54,9 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Before staticfiles: `manage.py runserver` leaves static files to WhiteNoise too, so
+    # development serves them the way gunicorn does.
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
     "knox",
@@ -67,6 +70,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's and the browsable API's CSS and JavaScript) are answered here,
+    # before sessions, authentication or the database are touched (Static files, below).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -120,7 +126,7 @@ CACHES = {
     }
 }
 
-# --- Auth, i18n, static ---------------------------------------------------------------------
+# --- Auth, i18n -----------------------------------------------------------------------------------
 # django-axes first: a username locked out from this client address is refused before its
 # password is even checked (the admin login form; the API takes sessions and tokens only).
 AUTHENTICATION_BACKENDS = [
@@ -137,8 +143,24 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+
+# --- Static files ---------------------------------------------------------------------------------
+# The application serves its own (WhiteNoise, right after SecurityMiddleware): gunicorn alone,
+# or behind the nginx edge, which passes /static/ on like any other path. `manage.py
+# collectstatic` (the Docker image's build, the demo) copies every app's files to STATIC_ROOT
+# under names carrying a hash of their content (base.css -> base.<hash>.css), with gzip and
+# Brotli copies beside them, and writes the manifest {% static %} reads those names from. A
+# hashed name never changes content, so it is served cacheable for ten years (immutable); a new
+# release gets new names. Without collectstatic, and with DEBUG off, a page naming a static
+# file fails (Django's "Missing staticfiles manifest entry"): run it wherever gunicorn runs.
+# With DEBUG on nothing needs collecting: the names stay plain and WhiteNoise finds each file
+# in its app, as `runserver` does.
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
 # Proxies in front of the app (a load balancer, the nginx edge): the webhook throttle and the

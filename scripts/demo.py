@@ -1,7 +1,8 @@
 """The whole flow in one command: ``make demo`` (or ``.venv/bin/python scripts/demo.py``).
 
-Starts a local SMTP sink, a Celery worker, Celery beat and the web app (gunicorn) on the local
-PostgreSQL and Redis, then plays what a payment provider and an operator would.
+Starts a local SMTP sink, a Celery worker, Celery beat and the web app (gunicorn, serving the
+static files ``collectstatic`` gathers into .demo/static) on the local PostgreSQL and Redis,
+then plays what a payment provider and an operator would.
 
 Celery beat runs the scheduled jobs (outbox relay, stale-claim recovery, reconcile, DLQ
 alert, retention) under its leader lock. Then:
@@ -92,7 +93,13 @@ class Sink:
 
 
 @contextlib.contextmanager
-def process(name: str, argv: list[str], env: dict[str, str]) -> Iterator[Path]:
+def process(
+    name: str, argv: list[str], env: dict[str, str], *, after: Callable[[], None] | None = None
+) -> Iterator[Path]:
+    """``argv`` in a process group of its own, logging to LOGS/<name>.log, stopped on the way
+    out; started once ``after()`` has returned, when given."""
+    if after is not None:
+        after()
     log = LOGS / f"{name}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -261,6 +268,10 @@ def flow() -> None:
             # Retries come quickly in a demo; the defaults are 2 s doubling up to 60 s.
             "EMAIL_RETRY_BACKOFF_BASE": "1",
             "EMAIL_RETRY_BACKOFF_MAX": "2",
+            # The web app serves the static files collected here (WhiteNoise), as the Docker
+            # image's from /app/staticfiles: a directory of the demo's own (gitignored), made
+            # afresh each run, so the developer's staticfiles/ is left alone.
+            "DJANGO_STATIC_ROOT": str(ROOT / ".demo" / "static"),
         }
     )
     import django
@@ -268,6 +279,7 @@ def flow() -> None:
     django.setup()
     from aiosmtpd.controller import Controller
     from django.conf import settings
+    from django.contrib.staticfiles.storage import staticfiles_storage
     from django.core.management import call_command
 
     from core.audit import cli_actor
@@ -287,6 +299,12 @@ def flow() -> None:
     controller.start()
     env = {**os.environ}
     python = sys.executable
+
+    def collect_static() -> None:
+        # While the worker and beat start: it takes seconds, and only the web app needs it.
+        call_command("collectstatic", interactive=False, clear=True, verbosity=0)
+        say(f"static files collected into {settings.STATIC_ROOT}")
+
     try:
         with (
             process(
@@ -316,6 +334,7 @@ def flow() -> None:
                 "web",
                 [python, "-m", "gunicorn", "core.wsgi", "-b", f"127.0.0.1:{web_port}", "-w", "2"],
                 env,
+                after=collect_static,  # its workers read STATIC_ROOT as they start
             ),
         ):
             wait_for("the worker", lambda: " ready." in worker_log.read_text(), 60)
@@ -328,6 +347,12 @@ def flow() -> None:
 
             wait_for("the web app", web_up, 60)
             say(f"SMTP sink on :{smtp_port}, worker and beat up, web app on :{web_port}")
+            # The admin's stylesheet, by the hashed name its pages link to.
+            stylesheet = staticfiles_storage.url("admin/css/base.css")
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{web_port}{stylesheet}", timeout=10
+            ) as answer:
+                say(f"  GET {stylesheet} -> {answer.status}, {answer.headers['Cache-Control']}")
             secret = settings.STRIPE_WEBHOOK_SECRETS[0]
 
             def deliver(event: dict[str, Any]) -> None:

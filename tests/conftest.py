@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from bench.harness import Server
+from tests import web
 from tests.smtp import SmtpServer, free_port
 from webhooks import testing as stripe_testing
 
@@ -130,3 +132,22 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+@pytest.fixture(scope="session")
+def collected_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A STATIC_ROOT filled by the Docker image's own collectstatic step (tests/web.py), once
+    per run."""
+    return web.collect_static(tmp_path_factory.mktemp("staticfiles"))
+
+
+@pytest.fixture
+def production_web(
+    transactional_db: None, collected_static: Path, tmp_path: Path
+) -> Iterator[Server]:
+    """gunicorn as deployed: core.settings (DEBUG off), WhiteNoise serving the collected static
+    files, on this run's test database. One per test: a transactional test's flush recreates
+    the content types under new ids, and a gunicorn process that outlived its test would still
+    look rows up by the ids it cached (an operator action's target, on the invoice page)."""
+    with web.production_gunicorn(collected_static, log_path=tmp_path / "gunicorn.log") as server:
+        yield server

@@ -37,8 +37,23 @@ os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
 os.environ.setdefault("STRIPE_LIVEMODE", "test")
 
 from core.settings import *  # noqa: E402, F403
-from core.settings import DATABASES  # noqa: E402
+from core.settings import DATABASES, STORAGES  # noqa: E402
 
 # The test database is this run's own: two runs at once (or a run beside the developer's
 # ``invoicing`` database) never create, flush or drop each other's.
 DATABASES["default"]["TEST"] = {"NAME": f"test_invoicing_{_RUN}"}
+
+# Nothing collects static files for the tests, and the manifest storage of production fails any
+# page naming a file it has no manifest entry for (the admin's, rendered by the test client in
+# many tests): Django's plain storage instead, as Django's docs advise for tests, with
+# WhiteNoise finding each file in its app (as with DEBUG on) rather than in a STATIC_ROOT that
+# was never filled. The processes tests start on these settings (gunicorn in the edge tests,
+# workers) do the same. Production's storage is tested as deployed: gunicorn on core.settings
+# after the Docker image's own collectstatic (tests/web.py; tests/core/test_static.py and the
+# browser test).
+STORAGES = {
+    **STORAGES,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+STATIC_ROOT = None  # type: ignore[assignment]  # none: nothing is collected
+WHITENOISE_USE_FINDERS = True

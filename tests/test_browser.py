@@ -1,34 +1,48 @@
-"""The admin in a real browser: headless Chromium (Debian's ``chromium``, driven by Selenium
-through Debian's ``chromedriver``) logs in through the login form as an operator (a staff user
-in the "operators" group, not a superuser), corrects the refused recipient of an invoice with
-the "Correct recipient" form, opens the dead letters, replays a real one and sees the outcome,
-and the email goes out to the corrected address; both actions are recorded.
+"""The operator's pages in a real browser, served as deployed: headless Chromium (Debian's
+``chromium``, driven by Selenium through Debian's ``chromedriver``) against gunicorn on the
+production settings (``core.settings``, DEBUG off) with the static files the Docker image's
+build collects (tests/web.py), not Django's development server. An operator (a staff user in
+the "operators" group, not a superuser) logs in through the login form, corrects the refused
+recipient of an invoice, replays its dead letter and sees the outcome; the email goes out to
+the corrected address, and both actions are recorded.
+
+Each page screenshotted is checked for its stylesheet: the computed style of an element the
+stylesheet colours, and the same colour in the screenshot's pixels; the admin's pages name the
+stylesheet by its hashed name. Screenshots go under the test's tmp_path; with
+``UPDATE_SCREENSHOTS=1`` the pages in ``DOCS_PAGES`` are also written to docs/screenshots/
+(commit them), so a plain test run leaves the tree as it was.
 
 Chromium is a requirement of the suite, not an option: without it this test fails (CI installs
 it, see ``.ci/run``)."""
 
 from __future__ import annotations
 
+import base64
+import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.test import Client
+from PIL import Image
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from bench.harness import Server
 from core.models import DeadLetter, OperatorAction
 from invoicing.models import Invoice
+from tests.conftest import ROOT, WEBHOOK_URL, paid_event, post_signed, wait_until
 from tests.core.test_deadletters import refused_invoice_dead_letter
 from tests.factories import staff_user
 from tests.smtp import SmtpServer
+from tests.web import hashed_name
 from tests.workers import worker_thread
+from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,14 +57,113 @@ FLAGS = (
     "--disable-background-networking",  # no network here, and nothing to fetch
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1920,1080",  # wide enough for every column of the change list
+    "--window-size=1600,900",  # wide enough for every column of the change lists
+    "--hide-scrollbars",
+    "--force-color-profile=srgb",  # the screenshot's pixels are the stylesheet's colours
+    "--force-device-scale-factor=1",
 )
 PASSWORD = "pw-browser-12345"
+SCREENSHOTS = ROOT / "docs" / "screenshots"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_HEIGHT = 2400  # pixels of a page a screenshot shows at most
+
+# What each stylesheet colours, as the browser computes it; unstyled, both are transparent.
+# The admin's header: --header-bg, which is --secondary (#417690) in admin/css/base.css.
+ADMIN_HEADER = ("#header", "rgb(65, 118, 144)")
+# The browsable API's top bar: #2C2C2C in DRF's rest_framework/css/bootstrap-tweaks.css.
+API_NAVBAR = (".navbar", "rgb(44, 44, 44)")
+
+
+@dataclass(frozen=True)
+class Page:
+    """An operator's page: its name (the screenshot's file name), its path (``{invoice}`` and
+    ``{letter}`` are the scenario's invoice and dead letter), and an element that shows its
+    content was rendered."""
+
+    name: str
+    path: str
+    content: str
+
+
+# The pages docs/screenshots/ shows. Adding one is a line here, then `UPDATE_SCREENSHOTS=1
+# .venv/bin/pytest tests/test_browser.py` and a commit of its PNG.
+DOCS_PAGES = (
+    Page("admin-index", "/admin/", "#content-main .app-core"),
+    Page("dead-letters", "/admin/core/deadletter/", "#result_list"),
+    Page("invoice", "/admin/invoicing/invoice/{invoice}/change/", ".object-tools"),
+)
+
+
+@dataclass
+class Operator:
+    """Chromium logged in as an operator on the production web app."""
+
+    driver: webdriver.Chrome
+    base_url: str
+    screenshots: Path  # this test's own directory
+    wait: WebDriverWait[webdriver.Chrome]
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base_url + path)
+
+    def computed(self, selector: str, prop: str) -> str:
+        """``getComputedStyle(element)[prop]`` of the first element matching ``selector``."""
+        value = self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]);"
+            "return e && getComputedStyle(e)[arguments[1]];",
+            selector,
+            prop,
+        )
+        assert value is not None, f"no {selector} on {self.driver.current_url}"
+        return str(value)
+
+    def screenshot(self, name: str, *, docs: bool = False) -> Path:
+        """A PNG of the whole page (up to MAX_HEIGHT pixels down) under the test's directory;
+        also docs/screenshots/<name>.png when ``docs`` and UPDATE_SCREENSHOTS=1."""
+        width, height = self.driver.execute_script(
+            "const d = document.documentElement; return [d.clientWidth, d.scrollHeight];"
+        )
+        # The viewport made as tall as the page for the capture (Chrome's own), so what is
+        # below the fold is in the picture and laid out as on a tall screen.
+        metrics = {"width": width, "height": min(height, MAX_HEIGHT)}
+        self.driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {**metrics, "deviceScaleFactor": 1, "mobile": False},
+        )
+        try:
+            shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+        finally:
+            self.driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        path = self.screenshots / f"{name}.png"
+        path.write_bytes(base64.b64decode(shot["data"]))
+        assert path.read_bytes().startswith(PNG_SIGNATURE)
+        if docs and os.environ.get("UPDATE_SCREENSHOTS") == "1":
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, SCREENSHOTS / path.name)
+        return path
+
+    def assert_styled(self, name: str, selector: str, colour: str, *, docs: bool = False) -> Path:
+        """The element ``selector`` has the background ``colour`` its stylesheet gives it, and
+        the screenshot (returned) shows that colour where the element is."""
+        assert self.computed(selector, "backgroundColor") == colour, self.driver.current_url
+        box = self.driver.execute_script(
+            "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+            "return [r.left + scrollX, r.top + scrollY, r.width, r.height];",
+            selector,
+        )
+        left, top, width, height = (int(v) for v in box)
+        assert width > 100
+        assert height > 10
+        path = self.screenshot(name, docs=docs)
+        with Image.open(path) as image:
+            # Inside the element's left edge, half-way down: clear of its text and borders.
+            pixel = image.convert("RGB").getpixel((left + 3, top + height // 2))
+        assert f"rgb{pixel}".replace(" ", "") == colour.replace(" ", ""), (name, pixel)
+        return path
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     assert CHROMIUM, "chromium is not installed: apt-get install chromium chromium-driver"
     assert CHROMEDRIVER, "chromedriver is not installed: apt-get install chromium-driver"
     options = webdriver.ChromeOptions()
@@ -61,27 +174,102 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
     # Both paths given: Selenium Manager (which would download a driver) is never consulted.
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
+    # The light theme whatever the machine prefers: the colours checked are the light theme's.
+    driver.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": "light"}]},
+    )
     try:
         yield driver
     finally:
         driver.quit()
 
 
-def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the_outcome(
-    browser: WebDriver, live_server: Any, client: Client, smtp: SmtpServer, tmp_path: Path
-) -> None:
+@pytest.fixture
+def operator(
+    transactional_db: None, browser: webdriver.Chrome, production_web: Server, tmp_path: Path
+) -> Operator:
+    """Chromium logged in through the admin's login form as "ops", an operator, on gunicorn as
+    deployed."""
     staff_user("ops", groups=["operators"], password=PASSWORD)
-    wait = WebDriverWait(browser, 20)
+    signed_in = Operator(
+        driver=browser,
+        base_url=f"http://127.0.0.1:{production_web.port}",
+        screenshots=tmp_path,
+        wait=WebDriverWait(browser, 20),
+    )
+    signed_in.open("/admin/")  # not logged in: the login form
+    browser.find_element(By.NAME, "username").send_keys("ops")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    signed_in.wait.until(expected_conditions.title_contains("Site administration"))
+    return signed_in
+
+
+def test_the_operator_pages_are_styled_as_deployed(
+    operator: Operator, smtp: SmtpServer, collected_static: Path
+) -> None:
+    """Each page in DOCS_PAGES, on a day with one invoice emailed and one dead letter: styled
+    by the hashed stylesheet gunicorn serves, and screenshotted for docs/screenshots/."""
+    smtp.handler.faults.refuse = {"typo@exmaple.com"}
+    url = operator.base_url + WEBHOOK_URL
+    with worker_thread():
+        # Through gunicorn, as Stripe delivers them.
+        for event in (
+            paid_event(customer_email="ada@example.com", customer_name="Ada Lovelace", amount=4200),
+            paid_event(customer_email="typo@exmaple.com"),  # refused by the mail server
+        ):
+            assert post_signed(url, stripe_testing.encode(event)).status_code == 200
+        assert wait_until(lambda: DeadLetter.objects.count() == 1, timeout=30)
+        sent = smtp.handler.wait_for(1, timeout=20)
+    assert [m["To"] for m in sent] == ["Ada Lovelace <ada@example.com>"]
+    ids = {
+        "invoice": Invoice.objects.get(customer_email="typo@exmaple.com").pk,
+        "letter": DeadLetter.objects.get().pk,
+    }
+    stylesheet = "/static/" + hashed_name(collected_static, "admin/css/base.css")
+    for page in DOCS_PAGES:
+        operator.open(page.path.format(**ids))
+        operator.wait.until(
+            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, page.content))
+        )
+        # The page names the stylesheet by its hashed name, and the browser applied it.
+        linked = operator.driver.execute_script(
+            "return [...document.querySelectorAll('link[rel=stylesheet]')]"
+            ".map(l => l.getAttribute('href'));"
+        )
+        assert stylesheet in linked, (page.name, linked)
+        operator.assert_styled(page.name, *ADMIN_HEADER, docs=True)
+
+
+def test_docs_show_every_page_and_only_those() -> None:
+    """docs/screenshots/ holds one committed PNG per page in DOCS_PAGES: a page added without
+    its screenshot, or a screenshot left behind by a page removed, fails here."""
+    committed = {path.stem: path for path in SCREENSHOTS.glob("*.png")}
+    assert set(committed) == {page.name for page in DOCS_PAGES}
+    for path in committed.values():
+        with Image.open(path) as image:
+            assert image.format == "PNG"
+            assert image.width >= 1200
+
+
+def test_the_browsable_api_is_styled_as_deployed(operator: Operator) -> None:
+    operator.open("/api/invoices/")
+    operator.wait.until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".response-info"))
+    )
+    assert "Invoice" in operator.driver.title
+    operator.assert_styled("api-invoices", *API_NAVBAR)
+
+
+def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the_outcome(
+    operator: Operator, client: Client, smtp: SmtpServer
+) -> None:
+    browser, wait = operator.driver, operator.wait
     with worker_thread():
         invoice, letter = refused_invoice_dead_letter(client, smtp)
 
-        browser.get(f"{live_server.url}/admin/")  # not logged in: the login form
-        browser.find_element(By.NAME, "username").send_keys("ops")
-        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-        browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        wait.until(expected_conditions.title_contains("Site administration"))
-
-        browser.get(f"{live_server.url}/admin/invoicing/invoice/{invoice.pk}/change/")
+        operator.open(f"/admin/invoicing/invoice/{invoice.pk}/change/")
         browser.find_element(By.CSS_SELECTOR, ".object-tools a.correct-recipient").click()
         browser.find_element(By.NAME, "email").send_keys("fixed@example.com")
         browser.find_element(By.NAME, "reason").send_keys("typo in the domain, ticket 7")
@@ -94,7 +282,7 @@ def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the
         assert "emails now go to fixed@example.com" in corrected.text
         assert "typo in the domain, ticket 7" in browser.page_source  # its record, on the page
 
-        browser.get(f"{live_server.url}/admin/")
+        operator.open("/admin/")
         browser.find_element(By.LINK_TEXT, "Dead letters").click()
         wait.until(expected_conditions.presence_of_element_located((By.ID, "result_list")))
         browser.find_element(By.CSS_SELECTOR, f"input.action-select[value='{letter.pk}']").click()
@@ -114,14 +302,10 @@ def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the
         ).find_element(By.XPATH, "./ancestor::tr")
         replayed_at = row.find_element(By.CSS_SELECTOR, "td.field-replayed_at").text
         assert replayed_at not in {"", "-"}
-        screenshot = tmp_path / "replayed.png"
-        assert browser.save_screenshot(str(screenshot))
+        operator.assert_styled("replayed", *ADMIN_HEADER)
 
         sent = smtp.handler.wait_for(1, timeout=20)
 
-    image = screenshot.read_bytes()
-    assert image.startswith(PNG_SIGNATURE)
-    assert len(image) > 1000
     assert [m["To"] for m in sent] == ["Jenny Rosen <fixed@example.com>"]
     letter = DeadLetter.objects.get(pk=letter.pk)
     assert letter.replayed_at is not None

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from bench.edge import RENDERER, nginx_check, setting_names
+from tests.web import collectstatic_step, dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"
@@ -350,13 +351,47 @@ def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
     assert not ignored & {"gunicorn.conf.py", "*.conf.py", "/gunicorn.conf.py"}
 
 
+def test_dockerfile_collects_the_static_files_at_build(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The image carries its static files, for the application to serve (WhiteNoise): collected
+    after the install and before the switch to the unprivileged user (owned by root, like the
+    code), with throw-away secrets given to that one command, never to the image's environment.
+    tests/web.py runs this very command for the tests that serve the files."""
+    instructions = dockerfile_instructions()
+    step = collectstatic_step()
+    at = instructions.index(("RUN", step))
+    installed = next(
+        i for i, (kw, args) in enumerate(instructions) if kw == "RUN" and "pip install ." in args
+    )
+    unprivileged = [kw for kw, _ in instructions].index("USER")
+    assert installed < at < unprivileged
+    assert step.endswith("python manage.py collectstatic --noinput"), step
+    # The settings module it loads is the image's (core.settings, set by ENV before it).
+    assert any(
+        "DJANGO_SETTINGS_MODULE=core.settings" in args
+        for kw, args in instructions[:at]
+        if kw == "ENV"
+    )
+    # The two secrets the settings need, as assignments on this command only.
+    assigned = dict(re.findall(r"\b([A-Z][A-Z0-9_]*)=(\S+)", step.partition("python")[0]))
+    assert set(assigned) == {"DJANGO_SECRET_KEY", "STRIPE_WEBHOOK_SECRET"}, step
+    for keyword, arguments in instructions:
+        if keyword in ("ENV", "ARG"):
+            assert not set(assigned) & set(re.findall(r"[A-Z][A-Z0-9_]*", arguments)), arguments
+    # They are where the build put them (/app/staticfiles): nothing points STATIC_ROOT away.
+    for name, service in services.items():
+        assert "DJANGO_STATIC_ROOT" not in environment(service), name
+
+
 def test_dockerignore_keeps_local_state_out() -> None:
     patterns = {
         line.strip()
         for line in DOCKERIGNORE.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert {".venv", ".git", "bench/results", ".env"} <= patterns
+    # staticfiles: a collection made on the host must not stand in for the build's own.
+    assert {".venv", ".git", "bench/results", ".env", "staticfiles"} <= patterns
 
 
 def unset(value: str) -> str:

@@ -8,6 +8,7 @@ sees nothing of it."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -54,6 +55,12 @@ def assert_whole_flow(out: str) -> None:
     )
     assert "beat: dispatching scheduled jobs" in out
     assert "pipeline: OK" in out
+    # gunicorn serves the admin's stylesheet itself, under its hashed name, cacheable for good.
+    assert re.search(
+        r"GET /static/admin/css/base\.[0-9a-f]{12}\.css -> 200, max-age=315360000, public, "
+        r"immutable\n",
+        out,
+    ), out
 
 
 @pytest.fixture

@@ -163,9 +163,10 @@ GUNICORN_COMMANDS = {
 
 
 @contextmanager
-def gunicorn(args: list[str], **env: str) -> Iterator[str]:
-    """``gunicorn <args>`` on core.settings, as production runs it, with ``env``; yields its
-    URL once it answers. The database is this test's."""
+def gunicorn(args: list[str], *, static_root: Path, **env: str) -> Iterator[str]:
+    """``gunicorn <args>`` on core.settings, as production runs it, with ``env`` and the static
+    files collected in ``static_root``; yields its URL once it answers. The database is this
+    test's."""
     db = connection.settings_dict
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="gunicorn-")) / "gunicorn.log"
@@ -175,6 +176,7 @@ def gunicorn(args: list[str], **env: str) -> Iterator[str]:
             cwd=ROOT,
             env=clean_env(
                 DJANGO_SETTINGS_MODULE="core.settings",
+                DJANGO_STATIC_ROOT=str(static_root),
                 DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
                 **{k: os.environ[k] for k in ("CELERY_BROKER_KEY_PREFIX", "REDIS_KEY_PREFIX")},
                 CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
@@ -217,10 +219,14 @@ def login_page(url: str, *, forwarded_proto: str) -> requests.Response:
 @pytest.mark.slow
 @pytest.mark.django_db
 @pytest.mark.parametrize("command", GUNICORN_COMMANDS)
-def test_x_forwarded_proto_is_ignored_without_a_configured_proxy(command: str) -> None:
+def test_x_forwarded_proto_is_ignored_without_a_configured_proxy(
+    command: str, collected_static: Path
+) -> None:
     # From loopback, the peer gunicorn itself would trust (core/gunicorn_conf.py).
     args = GUNICORN_COMMANDS[command]
-    with gunicorn(args, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="0") as url:
+    with gunicorn(
+        args, static_root=collected_static, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="0"
+    ) as url:
         spoofed = login_page(url, forwarded_proto="https")
     # The client's own header: a plain-HTTP request is still sent to HTTPS.
     assert spoofed.status_code == 301
@@ -229,9 +235,11 @@ def test_x_forwarded_proto_is_ignored_without_a_configured_proxy(command: str) -
 
 @pytest.mark.slow
 @pytest.mark.django_db
-def test_x_forwarded_proto_is_trusted_behind_a_configured_proxy() -> None:
+def test_x_forwarded_proto_is_trusted_behind_a_configured_proxy(collected_static: Path) -> None:
     args = GUNICORN_COMMANDS["gunicorn core.wsgi"]
-    with gunicorn(args, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="1") as url:
+    with gunicorn(
+        args, static_root=collected_static, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="1"
+    ) as url:
         over_https = login_page(url, forwarded_proto="https")
         over_http = login_page(url, forwarded_proto="http")
     # TLS ended at the proxy: served, not redirected again (no loop), and HTTPS-only headers.
