@@ -332,7 +332,9 @@ def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
         line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
     ]
     assert lines[0].startswith("FROM python:3.11-slim")
-    assert re.search(r"^RUN pip install \.(\s|$)", text, re.MULTILINE), "expected `pip install .`"
+    # The locked runtime set with its hashes, then the project alone (tests/test_lock.py).
+    assert re.search(r"^RUN pip install --require-hashes -r requirements/base.txt$", text, re.M)
+    assert re.search(r"^RUN pip install --no-deps --no-build-isolation \.(\s|$)", text, re.M)
     installs = [line for line in lines if "pip install" in line]
     assert installs, "nothing is installed"
     assert not any("[dev]" in line or "-e " in line for line in installs), installs
@@ -362,7 +364,9 @@ def test_dockerfile_collects_the_static_files_at_build(
     step = collectstatic_step()
     at = instructions.index(("RUN", step))
     installed = next(
-        i for i, (kw, args) in enumerate(instructions) if kw == "RUN" and "pip install ." in args
+        i
+        for i, (kw, args) in enumerate(instructions)
+        if kw == "RUN" and "pip install --no-deps --no-build-isolation ." in args
     )
     unprivileged = [kw for kw, _ in instructions].index("USER")
     assert installed < at < unprivileged
