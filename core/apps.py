@@ -7,9 +7,9 @@ class CoreConfig(AppConfig):
     verbose_name = "Async machinery"
 
     def ready(self) -> None:
-        from core import health
-        from core.beat import beat_check
+        from core import dashboard, health
         from core.checks import https_opt_out_check
 
-        health.register_check("beat", beat_check, critical=False)
+        health.register_check("beat", health.check_beat, critical=False)
+        dashboard.machinery_probes_register()
         checks.register(https_opt_out_check, checks.Tags.security, deploy=True)

@@ -122,10 +122,3 @@ def active_beat() -> str | None:
     """The beat process dispatching now (its application name and pid), or None."""
     connection.ensure_connection()
     return lock_holder(LEADER_LOCK)
-
-
-def beat_check() -> dict[str, Any]:
-    """The beat's part of /health/: degraded, not failing, when no beat dispatches (emails
-    still go out; only the scheduled safety nets wait)."""
-    holder = active_beat()
-    return {"status": "ok" if holder else "degraded", "active": holder}
