@@ -144,13 +144,13 @@ def breaker_figures(probe: BreakerProbe) -> list[Figure]:
 
 def machinery_probes_register() -> None:
     """The machinery's probes, first on the page (``core.apps``; apps register theirs after)."""
+    register_probe("dlq", dlq_probe, title="Dead letters", figures=dlq_figures, database=True)
     register_probe(
         "outbox", outbox_probe, title="Outbox backlog", figures=outbox_figures, database=True
     )
     register_probe(
         "queues", queues_probe, title="Broker queues", figures=queues_figures, database=False
     )
-    register_probe("dlq", dlq_probe, title="Dead letters", figures=dlq_figures, database=True)
     register_probe("beat", beat_probe, title="Beat", figures=beat_figures, database=True)
     register_probe(
         "scheduled_jobs",
