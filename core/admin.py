@@ -10,20 +10,38 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.admin import GenericTabularInline
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, OuterRef, QuerySet, Subquery
-from django.http import HttpRequest
-from django.urls import NoReverseMatch, reverse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 from knox.models import AuthToken
 
-from core.deadletters import dead_letter_replay
+from core.deadletters import (
+    Subject,
+    dead_letter_age,
+    dead_letter_failure,
+    dead_letter_replay,
+    dead_letter_replay_state,
+    dead_letter_subjects,
+)
 from core.locks import lock_holder
 from core.models import DeadLetter, OperatorAction, OutboxMessage, ScheduledJob
 from core.outbox import outbox_republish
+
+# The admin's index links the operator's dashboard (core.dashboard).
+admin.site.index_template = "admin/core/site_index.html"
 
 
 def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
@@ -156,49 +174,213 @@ class ReplayStateFilter(admin.SimpleListFilter):
         return queryset
 
 
+# Set on each dead letter of a change list page by ``DeadLetterChangeList``.
+_SUBJECT = "_described_subject"
+
+
+class DeadLetterChangeList(ChangeList):
+    """Describes the page's dead letters in one go: one query per kind of job on the page
+    (``dead_letter_subjects``), not one per row."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        subjects = dead_letter_subjects(self.result_list)
+        for letter in self.result_list:
+            setattr(letter, _SUBJECT, subjects.get(letter.pk))
+
+
+def _subject(letter: DeadLetter) -> Subject | None:
+    if not hasattr(letter, _SUBJECT):  # a single dead letter's page
+        setattr(letter, _SUBJECT, dead_letter_subjects([letter]).get(letter.pk))
+    subject: Subject | None = getattr(letter, _SUBJECT)
+    return subject
+
+
+@admin.display(description="Replay", ordering="replayed_at")
+def replayed_at(letter: DeadLetter) -> str:
+    """The change list's replay column, in words: waiting, or replayed by whom and when. A
+    function named after the field it shows, so its column keeps the class
+    ``field-replayed_at`` (a method of that name would lose to the model's field)."""
+    return dead_letter_replay_state(letter)
+
+
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
+    """Each row says what failed (the subject its app describes, e.g. an invoice and its
+    recipient, linked to its page), why in words, how often it was tried, how long ago, and
+    whether it was replayed. The page of one dead letter has a Replay button for those with
+    the power, the traceback folded away, and the history of what operators did to it."""
+
     list_display = (
         "id",
-        "task",
-        "args",
+        "subject_link",
+        "recipient",
+        "failure",
         "reason",
         "attempts",
-        "exception_class",
-        "created_at",
-        "replayed_at",
+        "age",
+        replayed_at,
     )
+    list_display_links = ("id",)
     list_filter = ("reason", ReplayStateFilter, "task")
-    search_fields = ("task_id", "exception_message")
+    search_fields = ("task_id", "exception_message", "replayed_by")
     date_hierarchy = "created_at"
     actions = ["replay_selected"]
     inlines = [OperatorActionInline]
-    fields = (
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "subject_link",
+                    "recipient",
+                    "failure",
+                    "reason",
+                    "attempts",
+                    "age",
+                    "replay_state",
+                )
+            },
+        ),
+        (
+            "The job",
+            {
+                "fields": (
+                    "task",
+                    "task_id",
+                    "args",
+                    "kwargs",
+                    "queue",
+                    "first_failed_at",
+                    "last_failed_at",
+                    "created_at",
+                    "replay_outbox",
+                )
+            },
+        ),
+        (
+            "The exception",
+            {"fields": ("exception_class", "exception_message", "traceback_display")},
+        ),
+    )
+    readonly_fields = (
+        "subject_link",
+        "recipient",
+        "failure",
+        "reason",
+        "attempts",
+        "age",
+        "replay_state",
         "task",
         "task_id",
         "args",
         "kwargs",
         "queue",
-        "reason",
-        "attempts",
-        "exception_class",
-        "exception_message",
-        "traceback_display",
         "first_failed_at",
         "last_failed_at",
         "created_at",
-        "replayed_at",
-        "replayed_by",
         "replay_outbox",
+        "exception_class",
+        "exception_message",
+        "traceback_display",
     )
-    readonly_fields = fields
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeadLetterChangeList
+
+    @admin.display(description="Subject")
+    def subject_link(self, obj: DeadLetter) -> str:
+        subject = _subject(obj)
+        if subject is None:
+            return f"{obj.task}({', '.join(json.dumps(arg) for arg in obj.args)})"
+        if subject.url:
+            return format_html('<a href="{}">{}</a>', subject.url, str(subject))
+        return str(subject)
+
+    @admin.display(description="Recipient")
+    def recipient(self, obj: DeadLetter) -> str:
+        subject = _subject(obj)
+        return (subject.recipient if subject else "") or "-"
+
+    @admin.display(description="Failure")
+    def failure(self, obj: DeadLetter) -> str:
+        return dead_letter_failure(obj)
+
+    @admin.display(description="Age", ordering="created_at")
+    def age(self, obj: DeadLetter) -> str:
+        return dead_letter_age(obj)
+
+    @admin.display(description="Replay")
+    def replay_state(self, obj: DeadLetter) -> str:
+        return dead_letter_replay_state(obj)
 
     @admin.display(description="Traceback")
     def traceback_display(self, obj: DeadLetter) -> str:
-        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.traceback)
+        if not obj.traceback:
+            return "-"
+        # Folded: the failure in words above is what an operator reads first.
+        return format_html(
+            '<details class="traceback"><summary>Traceback ({} lines)</summary>'
+            '<pre style="white-space: pre-wrap">{}</pre></details>',
+            len(obj.traceback.splitlines()),
+            obj.traceback,
+        )
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return has_power(request, DeadLetter, "replay_deadletter")
+
+    def get_urls(self) -> list[URLPattern]:
+        # Before the model's own URLs, whose "<object_id>/" would otherwise take it.
+        return [
+            path(
+                "<path:object_id>/replay/",
+                self.admin_site.admin_view(self.replay_view),
+                name="core_deadletter_replay",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        letter = self.get_object(request, unquote(object_id))
+        extra = {
+            "can_replay": letter is not None
+            and letter.replayed_at is None
+            and self.has_replay_permission(request)
+        }
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The page's Replay button: the same service as the action, the API and the
+        command, for this one dead letter."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
+            raise PermissionDenied
+        letter = self.get_object(request, unquote(object_id))
+        if letter is None:
+            raise Http404(f"no dead letter with id {object_id}")
+        result = dead_letter_replay(ids=[letter.pk], actor=admin_actor(request))
+        if letter.pk in result.replayed:
+            self.message_user(
+                request,
+                f"Replayed dead letter {letter.pk}: its job is queued again.",
+                messages.SUCCESS,
+            )
+        else:
+            letter.refresh_from_db()
+            self.message_user(
+                request,
+                f"Dead letter {letter.pk} was already {dead_letter_replay_state(letter)}; "
+                "nothing done.",
+                messages.WARNING,
+            )
+        return HttpResponseRedirect(reverse("admin:core_deadletter_change", args=[letter.pk]))
 
     @admin.action(description="Replay selected dead letters", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:

@@ -1,15 +1,23 @@
 """REST API for dead letters (staff only): list, read, replay. Reading needs the view
 permission and replaying the ``core.replay_deadletter`` power too (``core.permissions``).
 Replay calls the same service as the admin action and ``manage.py dlq replay``, which records
-it as an operator action."""
+it as an operator action.
+
+Each dead letter also says what it was about (``subject``: what its app describes, e.g. an
+invoice's number, recipient and admin page; null when nothing does) and why it failed in words
+(``failure``). A page's subjects are read in one go, one query per kind of job on it."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
+    extend_schema_field,
     extend_schema_view,
     inline_serializer,
 )
@@ -19,11 +27,41 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.deadletters import dead_letter_replay
+from core.deadletters import (
+    dead_letter_failure,
+    dead_letter_replay,
+    dead_letter_subjects,
+)
 from core.models import DeadLetter
+
+SubjectSchema = inline_serializer(
+    "Subject",
+    {
+        "kind": serializers.CharField(help_text='What it is, e.g. "invoice".'),
+        "label": serializers.CharField(help_text="Which one, e.g. the invoice's number."),
+        "recipient": serializers.CharField(help_text="Who it was for; empty if nobody."),
+        "url": serializers.CharField(help_text="Its page in the admin; empty if none."),
+    },
+    allow_null=True,
+)
 
 
 class DeadLetterSerializer(serializers.ModelSerializer[DeadLetter]):
+    subject = serializers.SerializerMethodField()
+    failure = serializers.SerializerMethodField()
+
+    @extend_schema_field(SubjectSchema)
+    def get_subject(self, letter: DeadLetter) -> dict[str, Any] | None:
+        subjects = self.context.get("subjects")
+        if subjects is None:  # not given by the view: this one alone
+            subjects = dead_letter_subjects([letter])
+        subject = subjects.get(letter.pk)
+        return None if subject is None else dataclasses.asdict(subject)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_failure(self, letter: DeadLetter) -> str:
+        return dead_letter_failure(letter)
+
     class Meta:
         model = DeadLetter
         fields = (
@@ -42,6 +80,8 @@ class DeadLetterSerializer(serializers.ModelSerializer[DeadLetter]):
             "created_at",
             "replayed_at",
             "replayed_by",
+            "subject",
+            "failure",
         )
         read_only_fields = fields
 
@@ -67,6 +107,17 @@ ReplayResponse = inline_serializer(
 class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
     serializer_class = DeadLetterSerializer
     action_permissions = {"replay": "core.replay_deadletter"}
+
+    def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
+        # The subjects of everything serialised at once: a page of a list, or the one row.
+        if args and "context" not in kwargs:
+            shown = args[0]
+            letters = list(shown) if kwargs.get("many") else [shown]
+            kwargs["context"] = {
+                **self.get_serializer_context(),
+                "subjects": dead_letter_subjects(letters),
+            }
+        return super().get_serializer(*args, **kwargs)
 
     def get_queryset(self) -> QuerySet[DeadLetter]:
         queryset = DeadLetter.objects.order_by("-pk")

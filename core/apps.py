@@ -9,12 +9,12 @@ class CoreConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from core import health
-        from core.beat import beat_check
+        from core import dashboard, health
         from core.checks import https_opt_out_check
         from core.jobs import schedules_sync_after_migrate
 
-        health.register_check("beat", beat_check, critical=False)
+        health.register_check("beat", health.check_beat, critical=False)
+        dashboard.machinery_probes_register()
         checks.register(https_opt_out_check, checks.Tags.security, deploy=True)
         # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.
         post_migrate.connect(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import asdict
 from typing import Any
 
 import psycopg
@@ -142,11 +141,3 @@ def active_beat() -> Holder | None:
     """The beat process dispatching now (its host and pid), or None."""
     connection.ensure_connection()
     return lock_holder(LEADER_LOCK)
-
-
-def beat_check() -> dict[str, Any]:
-    """The beat's part of /health/: degraded, not failing, when no beat dispatches (emails
-    still go out; only the scheduled safety nets wait). ``active`` is the leader's
-    ``{"host": ..., "pid": ...}``."""
-    holder = active_beat()
-    return {"status": "ok" if holder else "degraded", "active": asdict(holder) if holder else None}

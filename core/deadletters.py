@@ -5,12 +5,20 @@ of the job on the ``dlq`` Celery queue, which no worker consumes, so the broker 
 depth. Both are written in one transaction through the outbox, so neither is lost when a
 worker dies half-way. Replay re-enqueues the original job through the outbox; the job itself
 is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
+
+What a dead letter is *about* belongs to the app that owns its job, which this module does not
+name: an app registers a describer per task (``register_describer``, from its
+``AppConfig.ready()``) that turns the dead letters of that task into ``Subject``s (a label such
+as an invoice number, a recipient, the subject's admin page) and the stored error message into
+words. ``dead_letter_subjects`` asks each describer once for all the letters it is given, so a
+page of dead letters costs one query per kind of job on it, not one per row.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,7 +32,7 @@ from django.utils import timezone
 
 from core import queues
 from core.audit import operator_action_record
-from core.db import insert_or_skip
+from core.db import insert_or_skip, text_storable
 from core.models import DeadLetter
 from core.outbox import outbox_enqueue, outbox_task_id
 
@@ -62,7 +70,7 @@ def dead_letter_record(
         queue=queue,
         reason=reason,
         exception_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        exception_message=str(exc)[:10_000],
+        exception_message=text_storable(str(exc))[:10_000],
         traceback=traceback[:50_000],
         attempts=attempts,
         first_failed_at=first_failed_at or now,
@@ -227,3 +235,98 @@ def dlq_alert() -> int:
             fail_silently=True,
         )
     return depth
+
+
+# --- What a dead letter is about, in words -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a dead letter's job was about, as the app owning the job describes it."""
+
+    kind: str  # what it is, e.g. "invoice"
+    label: str  # which one, e.g. its number
+    recipient: str = ""  # who it was for, if anyone
+    url: str = ""  # its admin page
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.label}".strip()
+
+
+SubjectsFn = Callable[[Sequence[DeadLetter]], Mapping[int, Subject]]
+FailureFn = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Describer:
+    subjects: SubjectsFn  # the dead letters of one task -> their subjects, by dead letter pk
+    failure: FailureFn | None  # the stored message -> the failure in words
+
+
+_describers: dict[str, Describer] = {}
+
+
+def register_describer(
+    task: str, subjects: SubjectsFn, *, failure: FailureFn | None = None
+) -> None:
+    """Describe the dead letters of ``task`` (or replace its describer): ``subjects`` is given
+    every dead letter of that task being shown at once and returns, by dead letter pk, what
+    each one is about (one query for all of them: it is called once per page); ``failure``
+    turns the error message the job stored into words, for rows stored in an older wording."""
+    _describers[task] = Describer(subjects=subjects, failure=failure)
+
+
+def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
+    """What each of ``letters`` is about, by pk, for those whose task has a describer that
+    knows: each describer is asked once, with all of its task's letters. A describer that
+    fails is logged and leaves its letters undescribed: the dead letters must stay readable
+    when a domain's lookup breaks."""
+    by_task: dict[str, list[DeadLetter]] = {}
+    for letter in letters:
+        by_task.setdefault(letter.task, []).append(letter)
+    subjects: dict[int, Subject] = {}
+    for task, group in by_task.items():
+        describer = _describers.get(task)
+        if describer is None:
+            continue
+        try:
+            subjects.update(describer.subjects(group))
+        except Exception:
+            logger.exception("describing the dead letters of %s failed", task)
+    return subjects
+
+
+def dead_letter_failure(letter: DeadLetter) -> str:
+    """Why the job failed, in words: the message it stored (through its task's ``failure``
+    reader, for older wordings), on one line; the exception's class when it left no message."""
+    message = letter.exception_message
+    describer = _describers.get(letter.task)
+    if describer is not None and describer.failure is not None:
+        try:
+            message = describer.failure(message)
+        except Exception:
+            logger.exception("reading the failure of dead letter %s failed", letter.pk)
+    words = " ".join(message.split())
+    return words or letter.exception_class.rpartition(".")[2] or letter.get_reason_display()
+
+
+def duration_short(seconds: float) -> str:
+    """``12 s``, ``5 m``, ``3 h``, ``4 d``: an age at a glance (rounded down)."""
+    seconds = max(0, int(seconds))
+    for unit, size, below in (("s", 1, 60), ("m", 60, 3600), ("h", 3600, 48 * 3600)):
+        if seconds < below:
+            return f"{seconds // size} {unit}"
+    return f"{seconds // 86400} d"
+
+
+def dead_letter_age(letter: DeadLetter, *, now: datetime | None = None) -> str:
+    """How long ago the job was dead-lettered, e.g. ``3 h``."""
+    return duration_short(((now or timezone.now()) - letter.created_at).total_seconds())
+
+
+def dead_letter_replay_state(letter: DeadLetter) -> str:
+    """``waiting``, or ``replayed by <actor> at <time>``."""
+    if letter.replayed_at is None:
+        return "waiting"
+    when = timezone.localtime(letter.replayed_at).strftime("%Y-%m-%d %H:%M %Z")
+    return f"replayed by {letter.replayed_by or '?'} at {when}"

@@ -38,6 +38,9 @@ The checks (critical ones turn the answer into 503 when failing):
 * ``beat`` (not critical, registered by ``core.apps``): the beat process holding the leader
   lock; ``degraded`` when none does.
 
+The outbox, dlq, breaker and beat checks read their subsystem's probe (``core.probes``): the
+figures ``/metrics`` and the admin dashboard show are measured by the same functions.
+
 ``register_check(name, fn, critical=...)`` adds a check or replaces the one of that name. A
 check returns a dict with at least ``status`` (``ok``, ``degraded``, ``failing`` or
 ``unknown``) and any figures worth showing; raising counts as ``failing``.
@@ -51,20 +54,18 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, connections
 from django.http import HttpRequest, JsonResponse
-from django.utils import timezone
 from django.views.decorators.http import require_safe
 
 from core import backpressure, queues
-from core.deadletters import dlq_depth
 from core.metrics import metrics_token_presented
-from core.models import OutboxMessage
+from core.probes import beat_probe, bounded, dlq_probe, outbox_probe
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +88,8 @@ def register_check(name: str, fn: Callable[[], CheckResult], *, critical: bool =
     _checks[name] = Check(name=name, fn=fn, critical=critical)
 
 
-def _statement_timeout() -> None:
-    """Bound every statement of the current transaction by ``PROBE_TIMEOUT_SECONDS``."""
-    ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
-
-
 def check_database() -> CheckResult:
-    with transaction.atomic(), connection.cursor() as cursor:
-        _statement_timeout()
+    with bounded(), connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         cursor.fetchone()
     return {"status": "ok"}
@@ -111,23 +104,14 @@ def check_broker() -> CheckResult:
 
 
 def check_outbox() -> CheckResult:
-    cap = settings.BACKPRESSURE_HARD_MARK
-    with transaction.atomic():
-        _statement_timeout()
-        unpublished = backpressure.outbox_backlog(cap=cap)
-        oldest = (
-            OutboxMessage.objects.filter(published_at__isnull=True)
-            .order_by("created_at")
-            .values_list("created_at", flat=True)
-            .first()
-        )
-    age = (timezone.now() - oldest).total_seconds() if oldest else None
-    stale = age is not None and age > settings.OUTBOX_STALE_SECONDS
+    with bounded():
+        outbox = outbox_probe()
+    age = outbox.oldest_age_seconds
     return {
-        "status": "failing" if stale else "ok",
+        "status": "failing" if outbox.stale else "ok",
         # Counted up to the hard mark only: the count must stay cheap however large it grows.
-        "unpublished": unpublished,
-        "unpublished_capped": unpublished >= cap,
+        "unpublished": outbox.unpublished,
+        "unpublished_capped": outbox.capped,
         "oldest_unpublished_age_seconds": None if age is None else round(age, 1),
         "stale_after_seconds": settings.OUTBOX_STALE_SECONDS,
     }
@@ -151,15 +135,21 @@ def check_backpressure() -> CheckResult:
 
 
 def check_dlq() -> CheckResult:
-    with transaction.atomic():
-        _statement_timeout()
-        waiting = dlq_depth()
-    threshold = settings.DLQ_ALERT_THRESHOLD
+    with bounded():
+        dlq = dlq_probe()
     return {
-        "status": "degraded" if waiting >= threshold else "ok",
-        "waiting": waiting,
-        "alert_threshold": threshold,
+        "status": "degraded" if dlq.alerting else "ok",
+        "waiting": dlq.waiting,
+        "alert_threshold": settings.DLQ_ALERT_THRESHOLD,
     }
+
+
+def check_beat() -> CheckResult:
+    """Degraded, not failing, when no beat dispatches: emails still go out; only the
+    scheduled safety nets wait. Registered by ``core.apps``."""
+    beat = beat_probe()
+    active = asdict(beat.active) if beat.active else None  # {"host": ..., "pid": ...}
+    return {"status": "ok" if beat.active else "degraded", "active": active}
 
 
 register_check("database", check_database)

@@ -12,7 +12,8 @@ provider's circuit breaker. Each source runs in its own transaction under a stat
 of ``PROBE_TIMEOUT_SECONDS``; a source that fails or times out is left out of that scrape and
 reported as ``invoicing_metrics_source_up{source} 0`` (after a database error the remaining
 database sources are skipped, so a dead database costs one connect timeout, not one each).
-``/metrics`` never answers 500.
+``/metrics`` never answers 500. Each state source reads its subsystem's probe
+(``core.probes``), the functions ``/health/`` and the admin dashboard read too.
 
 **Events, counted where they happen** (prometheus-client counters and a histogram):
 
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -67,7 +68,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from core.breaker import Breaker
+    from core.probes import BreakerProbe
 
 logger = logging.getLogger(__name__)
 
@@ -153,52 +154,36 @@ def register_source(name: str, fn: Callable[[], Iterable[Metric]], *, database: 
     _sources[name] = Source(name=name, fn=fn, database=database)
 
 
-def _statement_timeout() -> None:
-    ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
-
-
 def outbox_metrics() -> list[Metric]:
-    from core.backpressure import outbox_backlog
-    from core.models import OutboxMessage
+    from core.probes import outbox_probe
 
-    cap = settings.BACKPRESSURE_HARD_MARK
-    backlog = outbox_backlog(cap=cap)
-    oldest = (
-        OutboxMessage.objects.filter(published_at__isnull=True)
-        .order_by("created_at")
-        .values_list("created_at", flat=True)
-        .first()
-    )
-    age = (timezone.now() - oldest).total_seconds() if oldest else 0.0
+    outbox = outbox_probe()
     return [
         GaugeMetricFamily(
             "invoicing_outbox_backlog",
-            f"Unpublished outbox rows (counted up to BACKPRESSURE_HARD_MARK, {cap}).",
-            value=backlog,
+            f"Unpublished outbox rows (counted up to BACKPRESSURE_HARD_MARK, {outbox.cap}).",
+            value=outbox.unpublished,
         ),
         GaugeMetricFamily(
             "invoicing_outbox_oldest_unpublished_age_seconds",
             "Age of the oldest unpublished outbox row (0 when there is none).",
-            value=max(0.0, age),
+            value=outbox.oldest_age_seconds or 0.0,
         ),
     ]
 
 
 def dlq_metrics() -> list[Metric]:
-    from core.deadletters import dlq_depth
+    from core.probes import dlq_probe
 
     return [
         GaugeMetricFamily(
-            "invoicing_dlq_depth", "Dead letters waiting (not replayed).", value=dlq_depth()
+            "invoicing_dlq_depth", "Dead letters waiting (not replayed).", value=dlq_probe().waiting
         )
     ]
 
 
 def scheduled_job_metrics() -> list[Metric]:
-    from core.jobs import SCHEDULES
-    from core.models import ScheduledJob
+    from core.probes import scheduled_jobs_probe
 
     runs = CounterMetricFamily(
         "invoicing_scheduled_job_runs",
@@ -220,57 +205,49 @@ def scheduled_job_metrics() -> list[Metric]:
         "1 when the job's last finished run raised.",
         labels=["job"],
     )
-    rows = {
-        name: (n_runs, n_skips, started, error)
-        for name, n_runs, n_skips, started, error in ScheduledJob.objects.values_list(
-            "name", "runs", "skips", "last_started_at", "last_error"
-        )
-    }
-    for name in sorted({s.name for s in SCHEDULES} | set(rows)):
-        n_runs, n_skips, started, error = rows.get(name, (0, 0, None, ""))
-        runs.add_metric([name], n_runs)
-        skips.add_metric([name], n_skips)
-        failed.add_metric([name], 1.0 if error else 0.0)
-        if started is not None:
-            last_run.add_metric([name], started.timestamp())
+    for job in scheduled_jobs_probe().jobs:
+        runs.add_metric([job.name], job.runs)
+        skips.add_metric([job.name], job.skips)
+        failed.add_metric([job.name], 1.0 if job.last_error else 0.0)
+        if job.last_started_at is not None:
+            last_run.add_metric([job.name], job.last_started_at.timestamp())
     return [runs, skips, last_run, failed]
 
 
 def email_queue_metrics() -> list[Metric]:
     from core import queues
-    from core.backpressure import queue_depth
+    from core.probes import queues_probe
 
     family = GaugeMetricFamily(
         "invoicing_broker_queue_depth",
         "Messages waiting on a broker queue (not those a worker holds).",
         labels=["queue"],
     )
-    family.add_metric([queues.EMAIL], queue_depth(queues.EMAIL))
+    family.add_metric([queues.EMAIL], queues_probe((queues.EMAIL,)).depths[queues.EMAIL])
     return [family]
 
 
 BREAKER_STATES = ("closed", "open", "half-open", "unknown")
 
 
-def breaker_metrics(breaker: Breaker) -> list[Metric]:
+def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
     """A circuit breaker's state (one series per state, 1 for the current one; ``unknown``
     when Redis does not answer) and its consecutive failures."""
-    state = breaker.state()
     states = GaugeMetricFamily(
         "invoicing_breaker_state",
         "Circuit breaker state: 1 for the current state, 0 for the others.",
         labels=["breaker", "state"],
     )
     for name in BREAKER_STATES:
-        states.add_metric([breaker.name, name], 1.0 if state["state"] == name else 0.0)
+        states.add_metric([breaker.name, name], 1.0 if breaker.state == name else 0.0)
     families: list[Metric] = [states]
-    if state["failures"] is not None:
+    if breaker.failures is not None:
         failures = GaugeMetricFamily(
             "invoicing_breaker_consecutive_failures",
             "Consecutive failures the breaker has counted.",
             labels=["breaker"],
         )
-        failures.add_metric([breaker.name], state["failures"])
+        failures.add_metric([breaker.name], breaker.failures)
         families.append(failures)
     return families
 
@@ -285,6 +262,8 @@ class StateCollector:
     """Runs every registered source at scrape time; see the module docstring."""
 
     def collect(self) -> Iterable[Metric]:
+        from core.probes import bounded
+
         started = time.perf_counter()
         up = GaugeMetricFamily(
             "invoicing_metrics_source_up",
@@ -298,8 +277,7 @@ class StateCollector:
                 continue
             try:
                 if source.database:
-                    with transaction.atomic():
-                        _statement_timeout()
+                    with bounded():
                         families = list(source.fn())
                 else:
                     families = list(source.fn())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,14 +21,17 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
 
 from core.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
+from core.deadletters import dead_letter_age, dead_letter_failure, dead_letter_replay_state
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
     EMAIL_STATUSES,
     email_status,
     filter_by_email_status,
+    invoice_dead_letters,
     invoices_with_email_status,
 )
 from invoicing.services import invoice_email_resend_request, invoice_recipient_correct
@@ -47,6 +51,9 @@ PROVIDER_FIELDS = (
 
 
 class EmailDeliveryInline(admin.TabularInline):
+    """The invoice's emails: each one's state, attempts, last error (in words), Message-ID and
+    when it was sent."""
+
     model = EmailDelivery
     extra = 0
     can_delete = False
@@ -54,16 +61,65 @@ class EmailDeliveryInline(admin.TabularInline):
         "key",
         "state",
         "attempts",
-        "sent_at",
-        "message_id",
         "last_error",
+        "message_id_display",
+        "sent_at",
         "requested_by",
         "created_at",
     )
     readonly_fields = fields
 
+    @admin.display(description="Message-ID")
+    def message_id_display(self, obj: EmailDelivery) -> str:
+        return obj.message_id
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(EmailDelivery)
+class EmailDeliveryAdmin(ReadOnlyAdmin):
+    """Every email, read-only: the dashboard's email figures link here, filtered."""
+
+    list_display = (
+        "key",
+        "invoice_link",
+        "state",
+        "attempts",
+        "sent_at",
+        "message_id",
+        "last_error_short",
+    )
+    list_filter = ("state", ("sent_at", admin.DateFieldListFilter))
+    search_fields = ("key", "message_id", "invoice__number", "invoice__provider_invoice_id")
+    date_hierarchy = "created_at"
+    fields = (
+        "key",
+        "invoice_link",
+        "state",
+        "attempts",
+        "last_error",
+        "message_id",
+        "sent_at",
+        "claimed_by",
+        "lease_expires_at",
+        "requested_by",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EmailDelivery]:
+        return super().get_queryset(request).select_related("invoice")
+
+    @admin.display(description="Invoice", ordering="invoice__number")
+    def invoice_link(self, obj: EmailDelivery) -> str:
+        url = reverse("admin:invoicing_invoice_change", args=[obj.invoice_id])
+        return format_html('<a href="{}">{}</a>', url, str(obj.invoice))
+
+    @admin.display(description="Last error")
+    def last_error_short(self, obj: EmailDelivery) -> str:
+        return obj.last_error[:100]
 
 
 class EmailStatusFilter(admin.SimpleListFilter):
@@ -118,12 +174,22 @@ class InvoiceAdmin(ReadOnlyAdmin):
                 "the provider's events leave it as it is.",
             },
         ),
+        (
+            "Dead letters",
+            {
+                "fields": ("dead_letters",),
+                "description": "This invoice's emails that failed for good, waiting or "
+                "replayed. One that failed on its address: correct the recipient (the button "
+                "at the top of the page), then open its dead letter and replay it.",
+            },
+        ),
         (None, {"fields": ("created_at", "updated_at")}),
     )
     readonly_fields = (
         *PROVIDER_FIELDS,
         "recipient_override",
         "recipient",
+        "dead_letters",
         "created_at",
         "updated_at",
     )
@@ -217,6 +283,38 @@ class InvoiceAdmin(ReadOnlyAdmin):
     @admin.display(description="Emails go to")
     def recipient(self, obj: Invoice) -> str:
         return obj.recipient
+
+    @admin.display(description="Dead letters")
+    def dead_letters(self, obj: Invoice) -> str:
+        """Each of the invoice's dead letters, waiting or replayed, linked to its page (where
+        it is replayed), and all of them in the dead-letter list."""
+        letters = list(invoice_dead_letters(obj)[:50])
+        if not letters:
+            return "none"
+        items = format_html_join(
+            "",
+            '<li><a href="{}">Dead letter {}</a>: {}, {} ago. {}</li>',
+            (
+                (
+                    reverse("admin:core_deadletter_change", args=[letter.pk]),
+                    letter.pk,
+                    dead_letter_replay_state(letter),
+                    dead_letter_age(letter),
+                    dead_letter_failure(letter),
+                )
+                for letter in letters
+            ),
+        )
+        listed = (
+            reverse("admin:core_deadletter_changelist")
+            + "?"
+            + urlencode({"id__in": ",".join(str(letter.pk) for letter in letters)})
+        )
+        return format_html(
+            '<ul class="dead-letters">{}</ul><a href="{}">Show them in the dead-letter list</a>',
+            items,
+            listed,
+        )
 
     @admin.action(description="Resend invoice email", permissions=["resend_email"])
     def resend_email(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:

@@ -21,9 +21,11 @@ What came in a signed event is authentic, not harmless, so before it reaches the
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import smtplib
+from collections.abc import Mapping
 from decimal import Decimal
 from email.headerregistry import Address
 from email.utils import parseaddr
@@ -176,29 +178,78 @@ def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlter
     return message
 
 
+def smtp_reply_text(code: int, reply: bytes | str) -> str:
+    """An SMTP reply in words, as an operator reads it: ``550 5.1.1 mailbox unavailable``.
+
+    The server's text is decoded (bytes that are not UTF-8 become U+FFFD) and put on one line
+    with no control character (a multi-line reply's lines joined): it is stored on the dead
+    letter and shown in the admin, and PostgreSQL refuses a NUL in text."""
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+    return header_text(f"{code} {text}")
+
+
+def refused_recipients_text(recipients: Mapping[str, tuple[int, bytes | str]]) -> str:
+    """``{'Jenny <x@y>': (550, b'5.1.1 mailbox unavailable')}`` (smtplib's ``recipients``,
+    keyed by the address as Django gave it) in words: ``550 5.1.1 mailbox unavailable (x@y)``,
+    one per refused recipient."""
+    return "; ".join(
+        f"{smtp_reply_text(code, reply)} ({header_text(parseaddr(address)[1] or address)})"
+        for address, (code, reply) in recipients.items()
+    )
+
+
+_OLD_REFUSAL = re.compile(r"recipient (refused|deferred): (\{.*\})", re.DOTALL)
+_OLD_REPLY = re.compile(r"SMTP (\d{3}): (b'.*'|b\".*\")", re.DOTALL)
+
+
+def failure_in_words(message: str) -> str:
+    """The failure an email job stored, in words: the message as ``deliver`` words it now, and
+    for a dead letter recorded before it did (``recipient refused: {'x@y': (550, b'...')}``,
+    ``SMTP 550: b'...'``) the same words read back out of Python's repr."""
+    try:
+        if refusal := _OLD_REFUSAL.fullmatch(message):
+            recipients = ast.literal_eval(refusal[2])
+            return f"recipient {refusal[1]}: {refused_recipients_text(recipients)}"
+        if reply := _OLD_REPLY.fullmatch(message):
+            return f"SMTP {smtp_reply_text(int(reply[1]), ast.literal_eval(reply[2]))}"
+    except (ValueError, TypeError, SyntaxError, AttributeError, MemoryError, RecursionError):
+        pass  # not what an older ``deliver`` wrote after all: shown as it was stored
+    return message
+
+
+def _words(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
 def deliver(message: EmailMultiAlternatives) -> None:
     """Send through Django's email backend, bounded by ``EMAIL_TIMEOUT`` on every socket
-    operation, and classify what went wrong."""
+    operation, and classify what went wrong.
+
+    Each error says what happened in words an operator can act on (``recipient refused: 550
+    5.1.1 mailbox unavailable (x@y)``), which the dead letter keeps as its message; smtplib's
+    own exception, with its raw reply, stays chained to it and so in the traceback."""
     connection = get_connection(timeout=settings.EMAIL_TIMEOUT)
     try:
         message.connection = connection
         message.send()
     except smtplib.SMTPRecipientsRefused as exc:
         codes = [code for code, _ in exc.recipients.values()]
+        refused = refused_recipients_text(exc.recipients)
         if codes and all(400 <= code < 500 for code in codes):
-            raise TransientError(f"recipient deferred: {exc.recipients}") from exc
-        raise PermanentError(f"recipient refused: {exc.recipients}") from exc
+            raise TransientError(f"recipient deferred: {refused}") from exc
+        raise PermanentError(f"recipient refused: {refused}") from exc
     except smtplib.SMTPResponseException as exc:
+        reply = smtp_reply_text(exc.smtp_code, exc.smtp_error)
         if 400 <= exc.smtp_code < 500:
-            raise TransientError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}") from exc
-        raise PermanentError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}") from exc
+            raise TransientError(f"SMTP {reply}") from exc
+        raise PermanentError(f"SMTP {reply}") from exc
     except (smtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
-        raise TransientError(f"SMTP unavailable: {exc!r}") from exc
+        raise TransientError(f"SMTP unavailable: {_words(exc)}") from exc
     except smtplib.SMTPNotSupportedError as exc:  # core.smtp: a UTF-8 address, no SMTPUTF8
         raise PermanentError(f"the mail server cannot take this address: {exc}") from exc
     except smtplib.SMTPException as exc:
-        raise PermanentError(f"SMTP error: {exc!r}") from exc
+        raise PermanentError(f"SMTP error: {_words(exc)}") from exc
     except ValueError as exc:  # Django's address sanitising and BadHeaderError
         raise PermanentError(f"malformed message: {exc}") from exc
     except OSError as exc:  # unreachable network, DNS failure
-        raise TransientError(f"SMTP unreachable: {exc!r}") from exc
+        raise TransientError(f"SMTP unreachable: {_words(exc)}") from exc

@@ -1,5 +1,6 @@
 """Reads several callers share (admin, API, pipeline status): an invoice with the state of
-its payment email, in one query; what became of one requested email."""
+its payment email, in one query; what became of one requested email; an invoice's dead
+letters."""
 
 from __future__ import annotations
 
@@ -89,3 +90,12 @@ def email_delivery_outcome(delivery: EmailDelivery) -> str:
         task=RESEND_TASK, args=[delivery.pk], replayed_at__isnull=True
     ).exists()
     return "failed" if dead else "queued"
+
+
+def invoice_dead_letters(invoice: Invoice) -> QuerySet[DeadLetter]:
+    """The dead letters of this invoice's emails, waiting or replayed, newest first: its
+    payment email's and its resends'."""
+    resends = [[pk] for pk in invoice.emails.values_list("pk", flat=True)]
+    return DeadLetter.objects.filter(
+        Q(task=SEND_TASK, args=[invoice.pk]) | Q(task=RESEND_TASK, args__in=resends)
+    ).order_by("-created_at", "-pk")

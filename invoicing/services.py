@@ -27,7 +27,6 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -220,16 +219,6 @@ def email_breaker() -> Breaker:
     )
 
 
-def email_breaker_check() -> dict[str, Any]:
-    """The breaker's part of /health/ (not critical: while it is open, emails wait; nothing
-    is lost and webhooks are still taken)."""
-    state = email_breaker().state()
-    status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
-        state["state"], "unknown"
-    )
-    return {"status": status, **state}
-
-
 def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
     return ProviderUnavailable(
         f"email provider circuit open; next try in {retry_in:.1f} s",
@@ -311,7 +300,9 @@ def _invoice_email_send_claimed(
         _deliver(message, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release the claim whatever failed, so the retry (or a replay) can claim it again.
-        _claim_release(claim, owner=owner, error=repr(exc))
+        # Our own errors are already in words; anything else keeps its class.
+        words = isinstance(exc, (PermanentError, TransientError))
+        _claim_release(claim, owner=owner, error=str(exc) if words else repr(exc))
         raise
     _claim_mark_sent(claim)
     breaker.record_success()

@@ -22,15 +22,16 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from core import jobs, outbox
+from core import deadletters, jobs, outbox
 from core.celery import app
 from core.models import DeadLetter, OperatorAction, OutboxMessage, ScheduledJob
 from core.outbox import outbox_relay, outbox_task_id
 from tests.changelist import EMPTY, messages, rows, run_action
-from tests.factories import staff_user
+from tests.factories import paid_invoice, staff_user
 from tests.smtp import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -392,3 +393,63 @@ def test_operator_actions_are_listed_read_only_with_filters_and_links(staff: Cli
     assert staff.get(f"{ACTIONS}add/").status_code == 403
     assert staff.post(f"{ACTIONS}{recorded.pk}/delete/").status_code == 403
     assert action_choices(staff.get(ACTIONS)) == []
+
+
+def test_a_page_of_dead_letters_describes_its_rows_in_one_go(staff: Client) -> None:
+    """What each row was about is read once per kind of job on the page, however many rows
+    there are (the invoicing app's describer: one query for all the page's invoices)."""
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            listed = rows(staff.get(DEAD_LETTERS))
+        assert all(row["subject_link"].startswith("invoice ") for row in listed)
+        return len(captured)
+
+    def invoice_letter(n: int) -> None:
+        invoice = paid_invoice()
+        DeadLetter.objects.create(
+            task="invoicing.send_invoice_email",
+            task_id=f"page-{n}",
+            args=[invoice.pk],
+            queue="email",
+            reason="permanent",
+            attempts=1,
+            first_failed_at=timezone.now(),
+            last_failed_at=timezone.now(),
+        )
+
+    invoice_letter(0)
+    queries()  # the first request also reads the user's permissions
+    one = queries()
+    for n in range(1, 40):
+        invoice_letter(n)
+    assert queries() == one
+
+
+def test_a_describer_that_fails_leaves_the_dead_letters_readable(
+    staff: Client, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(letters: Any) -> Any:
+        raise RuntimeError("the domain's lookup broke")
+
+    def unreadable(message: str) -> str:
+        raise ValueError(message)
+
+    monkeypatch.setitem(
+        deadletters._describers,
+        "core.does_not_exist",
+        deadletters.Describer(subjects=broken, failure=unreadable),
+    )
+    waiting = letter()
+    DeadLetter.objects.filter(pk=waiting.pk).update(exception_message="it broke")
+
+    [row] = rows(staff.get(DEAD_LETTERS))
+    page = staff.get(f"{DEAD_LETTERS}{waiting.pk}/change/")
+
+    assert (row["subject_link"], row["recipient"], row["failure"]) == (
+        "core.does_not_exist(1)",
+        EMPTY,
+        "it broke",
+    )
+    assert page.status_code == 200
+    assert "describing the dead letters of core.does_not_exist failed" in caplog.text

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import schemathesis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
@@ -15,7 +17,7 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from core.models import DeadLetter, OperatorAction
-from tests.factories import staff_user
+from tests.factories import paid_invoice, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -81,6 +83,57 @@ def test_a_viewer_reads_and_gets_403_on_replay() -> None:
     waiting.refresh_from_db()
     assert (waiting.replayed_at, waiting.replay_outbox) == (None, None)
     assert not OperatorAction.objects.exists()
+
+
+def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClient) -> None:
+    invoice = paid_invoice(number="INV-77", customer_email="typo@exmaple.com")
+    old = letter(
+        "t1",
+        args=[invoice.pk],
+        exception_message="recipient refused: {'typo@exmaple.com': (550, b'5.1.1 no such user')}",
+    )
+    unknown = letter("t2", task="core.gone", args=[3], exception_message="it broke")
+
+    listed = {row["id"]: row for row in staff.get("/api/dead-letters/").json()["results"]}
+    one = staff.get(f"/api/dead-letters/{old.pk}/").json()
+
+    expected = {
+        "kind": "invoice",
+        "label": "INV-77",
+        "recipient": "typo@exmaple.com",
+        "url": f"/admin/invoicing/invoice/{invoice.pk}/change/",
+    }
+    failure = "recipient refused: 550 5.1.1 no such user (typo@exmaple.com)"
+    assert (listed[old.pk]["subject"], listed[old.pk]["failure"]) == (expected, failure)
+    assert (one["subject"], one["failure"]) == (expected, failure)
+    assert one["exception_message"] == old.exception_message  # as stored
+    assert (listed[unknown.pk]["subject"], listed[unknown.pk]["failure"]) == (None, "it broke")
+
+
+def test_a_page_of_dead_letters_costs_the_same_queries_whatever_its_size(
+    staff: APIClient,
+) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            response = staff.get("/api/dead-letters/")
+        assert response.status_code == 200
+        assert all(row["subject"] for row in response.json()["results"])
+        return len(captured)
+
+    letter("t0", args=[paid_invoice().pk])
+    queries()  # the first request also reads the user's permissions
+    one = queries()
+    for n in range(1, 30):
+        letter(f"t{n}", args=[paid_invoice().pk])
+    assert queries() == one
+
+
+def test_the_schema_describes_subject_and_failure(staff: APIClient) -> None:
+    components = staff.get("/api/schema/?format=json").json()["components"]["schemas"]
+    properties = components["DeadLetter"]["properties"]
+    assert properties["failure"]["type"] == "string"
+    assert set(components["Subject"]["properties"]) == {"kind", "label", "recipient", "url"}
+    assert {"subject", "failure"} <= set(components["DeadLetter"]["required"])
 
 
 @pytest.mark.parametrize(

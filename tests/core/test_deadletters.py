@@ -29,8 +29,12 @@ from core.deadletters import dead_letter_record, dlq_alert
 from core.models import DeadLetter, OperatorAction
 from core.tasks import PermanentError
 from invoicing.models import Invoice
+from invoicing.services import invoice_recipient_correct
 from tests import tasks as test_tasks
+from tests.changelist import messages as changelist_messages
+from tests.changelist import rows
 from tests.conftest import ROOT, paid_event, post_event, wait_until
+from tests.factories import paid_invoice, staff_user
 from tests.smtp import SmtpServer
 from tests.workers import WorkerProcess, worker_env, worker_thread
 from webhooks import testing as stripe_testing
@@ -152,7 +156,7 @@ def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
     assert "no dead letter with id 424242" in result.stderr
     assert "Traceback" not in result.stderr
     with pytest.raises(CommandError, match="not both"):
-        dlq("replay")
+        dlq("replay", "1", "--all")
 
 
 def record(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
@@ -285,3 +289,198 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
     [(_, bug_line)] = [e for e in errors if f"dead letter #{bug.pk}," in e[1]]
     assert "Traceback (most recent call last)" in bug_line
     assert bug_line.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+# --- What an operator reads: the failure in words, and what it was about -----------------------
+
+DEAD_LETTERS = "/admin/core/deadletter/"
+REFUSAL = "recipient refused: 550 5.1.1 mailbox unavailable (typo@exmaple.com)"
+
+
+def operator() -> Client:
+    staff = Client()
+    staff.force_login(staff_user("op", groups=["operators"]))
+    return staff
+
+
+def test_the_list_says_which_invoice_for_whom_and_why_in_words(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+    staff = operator()
+
+    [row] = rows(staff.get(DEAD_LETTERS))
+
+    assert row["pk"] == str(letter.pk)
+    assert row["subject_link"] == f"invoice {invoice.number}"
+    assert row["recipient"] == "typo@exmaple.com"
+    assert row["failure"] == REFUSAL
+    assert (row["reason"], row["attempts"]) == ("Permanent failure", "1")
+    assert re.fullmatch(r"\d+ s", row["age"])
+    assert row["replayed_at"] == "waiting"
+    page = staff.get(DEAD_LETTERS).content.decode()
+    assert f'href="/admin/invoicing/invoice/{invoice.pk}/change/"' in page
+    # Not the exception class alone, nor a bare argument list.
+    assert "core.tasks.PermanentError" not in page
+    assert f"[{invoice.pk}]" not in page
+    # The stored message is the words; smtplib's raw reply stays in the traceback.
+    assert letter.exception_message == REFUSAL
+    assert "SMTPRecipientsRefused" in letter.traceback
+    assert "(550, b'5.1.1 mailbox unavailable')" in letter.traceback
+
+    dlq("replay", str(letter.pk))
+    [row] = rows(staff.get(DEAD_LETTERS))
+    assert re.fullmatch(
+        rf"replayed by {re.escape(cli_actor())} at \d{{4}}-\d\d-\d\d \d\d:\d\d UTC",
+        row["replayed_at"],
+    )
+
+
+def test_the_page_replays_with_its_button_folds_the_traceback_and_keeps_the_history(
+    client: Client, smtp: SmtpServer
+) -> None:
+    viewer = Client()
+    viewer.force_login(staff_user("watcher", groups=["viewers"]))
+    staff = Client(enforce_csrf_checks=True)
+    staff.force_login(staff_user("op", groups=["operators"]))
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+        page_url = f"{DEAD_LETTERS}{letter.pk}/change/"
+        replay_url = f"{DEAD_LETTERS}{letter.pk}/replay/"
+
+        page = staff.get(page_url).content.decode()
+        assert f'action="{replay_url}"' in page  # the Replay button, a POST form
+        assert REFUSAL in page
+        folded = re.search(r"<details class=\"traceback\"><summary>Traceback \(\d+ lines\)", page)
+        assert folded is not None
+        assert page.index("SMTPRecipientsRefused") > folded.start()
+        assert f'href="/admin/invoicing/invoice/{invoice.pk}/change/"' in page
+        # A viewer sees the page without the button, and cannot replay by posting.
+        assert f'action="{replay_url}"' not in viewer.get(page_url).content.decode()
+        assert viewer.post(replay_url).status_code == 403
+        assert staff.get(replay_url).status_code == 405
+        assert staff.post(replay_url).status_code == 403  # no CSRF token
+        letter.refresh_from_db()
+        assert letter.replayed_at is None
+
+        invoice_recipient_correct(
+            invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="admin:op"
+        )
+        token = staff.cookies["csrftoken"].value
+        replayed = staff.post(replay_url, {"csrfmiddlewaretoken": token}, follow=True)
+        assert replayed.redirect_chain == [(page_url, 302)]
+        assert changelist_messages(replayed) == [
+            ("success", f"Replayed dead letter {letter.pk}: its job is queued again.")
+        ]
+        smtp.handler.wait_for(1, timeout=20)
+        again = staff.post(replay_url, {"csrfmiddlewaretoken": token}, follow=True)
+        [(level, text)] = changelist_messages(again)
+        assert level == "warning"
+        assert text.startswith(f"Dead letter {letter.pk} was already replayed by admin:op at ")
+        time.sleep(1)
+
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
+    page = staff.get(page_url).content.decode()
+    assert f'action="{replay_url}"' not in page  # replayed: nothing left to replay
+    assert "replayed by admin:op at " in page
+    # The history: each replay asked for, by whom, and what it came to.
+    history = OperatorAction.objects.filter(action="dead_letter.replay").order_by("pk")
+    assert [(a.actor, a.detail.split(":")[0]) for a in history] == [
+        ("admin:op", "replayed"),
+        ("admin:op", "skipped"),
+    ]
+    for action in history:
+        assert action.detail in page
+
+
+def test_dlq_list_prints_the_reason_in_words_and_the_invoice_within_100_columns(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+    long = paid_invoice(number="INV-" + "9" * 40, customer_email="a" * 60 + "@example.com")
+    other = record("t-long")
+    assert other is not None
+    DeadLetter.objects.filter(pk=other.pk).update(args=[long.pk], exception_message="x" * 300)
+    unknown = record("t-unknown")
+    assert unknown is not None
+    DeadLetter.objects.filter(pk=unknown.pk).update(task="core.gone", args=[7])
+
+    lines = dlq("list").splitlines()
+
+    assert all(len(line) <= 100 for line in lines), [len(line) for line in lines]
+    assert re.fullmatch(
+        r" *ID AGE +REASON +SUBJECT +RECIPIENT +TRIES REPLAYED FAILURE", lines[0]
+    ), lines[0]
+    by_id = {line.split()[0]: line for line in lines[1:]}
+    refused = re.fullmatch(
+        rf" *{letter.pk} \d+ s +permanent +{re.escape(invoice.number)} +typo@exmaple\.com +1 "
+        r"waiting +(?P<failure>.+)",
+        by_id[str(letter.pk)],
+    )
+    assert refused is not None, by_id[str(letter.pk)]
+    failure = refused["failure"]
+    assert failure.endswith("\u2026")  # cut to what the line leaves, and says so
+    assert REFUSAL.startswith(failure[:-1])
+    assert failure.startswith("recipient refused: 550 5.1.1 mail")
+    assert len(by_id[str(letter.pk)]) == 100
+    cut = re.fullmatch(
+        rf" *{other.pk} \d+ s +permanent +INV-9{{7}}\u2026 +a{{15}}\u2026 +1 waiting +x+\u2026",
+        by_id[str(other.pk)],
+    )
+    assert cut is not None, by_id[str(other.pk)]
+    assert re.fullmatch(
+        rf" *{unknown.pk} \d+ s +permanent +core\.gone\[7\] +- +1 waiting +nope",
+        by_id[str(unknown.pk)],
+    ), by_id[str(unknown.pk)]
+
+    listed = {row["id"]: row for row in json.loads(dlq("list", "--json"))}
+    row = listed[letter.pk]
+    assert {
+        "id",
+        "task",
+        "task_id",
+        "args",
+        "kwargs",
+        "reason",
+        "exception_class",
+        "exception_message",
+        "attempts",
+        "first_failed_at",
+        "last_failed_at",
+        "created_at",
+        "replayed_at",
+        "replayed_by",
+    } <= set(row)
+    assert row["subject"] == {
+        "kind": "invoice",
+        "label": invoice.number,
+        "recipient": "typo@exmaple.com",
+        "url": f"/admin/invoicing/invoice/{invoice.pk}/change/",
+    }
+    assert row["failure"] == REFUSAL
+    assert row["replay_state"] == "waiting"
+    assert row["age_seconds"] >= 0
+    assert listed[unknown.pk]["subject"] is None
+
+
+def test_dlq_replay_with_no_arguments_explains_its_two_forms() -> None:
+    with pytest.raises(CommandError) as refused:
+        dlq("replay")
+    assert "dlq replay ID [ID ...]" in str(refused.value)
+    assert "dlq replay --all" in str(refused.value)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "dlq", "replay"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
+    )
+    assert result.returncode == 1
+    assert "manage.py dlq replay ID [ID ...]" in result.stderr
+    assert "manage.py dlq replay --all" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not OperatorAction.objects.exists()

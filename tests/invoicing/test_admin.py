@@ -5,12 +5,15 @@ recorded with its before and after, and the provider's next event does not undo 
 
 from __future__ import annotations
 
+import html
 import re
 import time
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -18,8 +21,9 @@ from core.models import OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, invoice_email_key, invoice_email_send
 from tests.changelist import EMPTY, messages, rows, run_action
-from tests.conftest import paid_event, post_event
+from tests.conftest import paid_event, post_event, wait_until
 from tests.core.test_admin import action_choices, admin_as
+from tests.core.test_deadletters import refused_invoice_dead_letter
 from tests.factories import staff_user
 from tests.smtp import SmtpServer
 from tests.workers import worker_thread
@@ -28,6 +32,7 @@ from webhooks import testing as stripe_testing
 pytestmark = pytest.mark.django_db(transaction=True)
 
 INVOICES = "/admin/invoicing/invoice/"
+DELIVERIES = "/admin/invoicing/emaildelivery/"
 
 
 @pytest.fixture
@@ -308,3 +313,128 @@ def test_the_providers_next_event_does_not_undo_a_correction_and_the_email_uses_
         "recipient": "right@example.com",
     }
     assert undone.after == {"recipient_override": "", "recipient": "new@provider.com"}
+
+
+# --- Its emails, its dead letters, and the short path from a refusal to the email --------------
+
+REFUSAL = "recipient refused: 550 5.1.1 mailbox unavailable (typo@exmaple.com)"
+
+
+def inline_rows(page: str) -> list[dict[str, str]]:
+    """The email deliveries inline of an invoice page: ``{column: text}`` per delivery."""
+    section = page[page.index('id="emails-group"') :]
+    section = section[: section.index("</fieldset>")]
+    return [
+        {
+            name: " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+            for name, text in re.findall(r'<td class="field-(\w+)">(.*?)</td>', row, re.DOTALL)
+        }
+        for row in re.findall(r'<tr class="form-row[^"]*"[^>]*>(.*?)</tr>', section, re.DOTALL)
+    ]
+
+
+def href(page: str, pattern: str) -> str:
+    """The one link on the page whose address matches ``pattern``."""
+    links = {html.unescape(h) for h in re.findall(r'href="([^"]+)"', page)}
+    [found] = [link for link in links if re.search(pattern, link)]
+    return found
+
+
+def test_the_invoice_page_shows_its_emails_and_links_its_dead_letters(
+    client: Client, staff: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        paid, letter = refused_invoice_dead_letter(client, smtp)
+    delivery = EmailDelivery.objects.get()
+
+    page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+
+    [shown] = inline_rows(page)
+    assert shown["state"] == "Failed"
+    assert shown["attempts"] == "1"
+    assert shown["last_error"] == REFUSAL
+    assert shown["message_id_display"] == delivery.message_id
+    assert shown["sent_at"] == EMPTY
+    for name, label in (
+        ("state", "State"),
+        ("attempts", "Attempts"),
+        ("last_error", "Last error"),
+        ("message_id_display", "Message-ID"),
+        ("sent_at", "Sent at"),
+    ):
+        assert re.search(rf'<th class="column-{name}[^"]*">\s*{label}', page), label
+    dead_letters = page[page.index('class="dead-letters"') :]
+    assert f"Dead letter {letter.pk}</a>: waiting" in dead_letters
+    assert REFUSAL in dead_letters
+    listed = rows(staff.get(href(page, r"deadletter/\?id__in=")))
+    assert [row["id"] for row in listed] == [str(letter.pk)]
+
+    call_command("dlq", "replay", str(letter.pk), stdout=StringIO())
+    page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+    assert f"Dead letter {letter.pk}</a>: replayed by cli:" in page
+
+
+def test_an_invoice_with_no_dead_letter_says_none(staff: Client) -> None:
+    paid = invoice("INV-50")
+    page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
+    section = page[page.index("field-dead_letters") :]
+    assert re.search(r'<div class="readonly">none</div>', section[:500])
+
+
+def test_the_short_path_correct_the_recipient_then_replay_its_dead_letter(
+    client: Client, staff: Client, smtp: SmtpServer
+) -> None:
+    """The path the README documents, followed link by link as an operator clicks it:
+    invoice page -> Correct recipient -> the dead letter -> Replay."""
+    with worker_thread():
+        paid, letter = refused_invoice_dead_letter(client, smtp)
+        invoice_page = f"{INVOICES}{paid.pk}/change/"
+
+        page = staff.get(invoice_page).content.decode()
+        form = href(page, r"/correct-recipient/$")
+        corrected = staff.post(
+            form, {"email": "fixed@example.com", "reason": "typo, ticket 7"}, follow=True
+        )
+        assert corrected.redirect_chain == [(invoice_page, 302)]
+        assert "emails now go to fixed@example.com" in messages(corrected)[0][1]
+
+        letter_page = href(corrected.content.decode(), rf"/deadletter/{letter.pk}/change/$")
+        page = staff.get(letter_page).content.decode()
+        assert "fixed@example.com" in page  # the recipient the replay will use
+        [replay] = re.findall(r'<form method="post" action="([^"]+)" id="replay-form"', page)
+        replayed = staff.post(replay, follow=True)
+        assert messages(replayed) == [
+            ("success", f"Replayed dead letter {letter.pk}: its job is queued again.")
+        ]
+        smtp.handler.wait_for(1, timeout=20)
+        assert wait_until(lambda: EmailDelivery.objects.filter(state="sent").exists(), timeout=10)
+
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
+    [shown] = inline_rows(staff.get(invoice_page).content.decode())
+    assert (shown["state"], shown["attempts"], shown["last_error"]) == ("Sent", "2", EMPTY)
+    assert shown["sent_at"] != EMPTY
+    recorded = OperatorAction.objects.order_by("pk")
+    assert [(a.action, a.actor, a.target) for a in recorded] == [
+        ("invoice.recipient_correct", "admin:op", paid),
+        ("dead_letter.replay", "admin:op", letter),
+    ]
+
+
+def test_email_deliveries_are_listed_read_only(viewer: Client, smtp: SmtpServer) -> None:
+    sent, waiting = invoice("INV-60"), invoice("INV-61")
+    assert invoice_email_send(invoice_id=sent.pk, owner="test") == "sent"
+    EmailDelivery.objects.create(
+        key=f"invoice_email_sent:{waiting.pk}", invoice=waiting, state="failed", attempts=2
+    )
+    listed = {row["key"]: row for row in rows(viewer.get(DELIVERIES))}
+    assert listed[f"invoice_email_sent:{sent.pk}"]["state"] == "Sent"
+    assert listed[f"invoice_email_sent:{sent.pk}"]["invoice_link"] == "INV-60"
+    assert [row["key"] for row in rows(viewer.get(DELIVERIES, {"state": "failed"}))] == [
+        f"invoice_email_sent:{waiting.pk}"
+    ]
+    delivery = EmailDelivery.objects.get(invoice=sent)
+    detail = viewer.get(f"{DELIVERIES}{delivery.pk}/change/")
+    assert detail.status_code == 200
+    assert b'name="_save"' not in detail.content
+    assert viewer.get(f"{DELIVERIES}add/").status_code == 403
+    assert viewer.post(f"{DELIVERIES}{delivery.pk}/delete/").status_code == 403

@@ -264,3 +264,36 @@ def test_the_allowed_hosts_are_a_setting(settings: Any) -> None:
     settings.INVOICE_URL_ALLOWED_HOSTS = []
     invoice.hosted_invoice_url = "https://billing.example.com/i/1"
     assert mail.invoice_url(invoice) == ""
+
+
+# --- The failure in words ---------------------------------------------------------------------
+
+
+def test_a_multi_line_refusal_is_one_line_of_words_on_the_dead_letter(
+    client: Client, smtp: SmtpServer
+) -> None:
+    smtp.handler.faults.always = "554-5.7.1 message refused:\r\n554 5.7.1 policy (see example.org)"
+    deliver(client, smtp, paid_event())
+
+    letter = DeadLetter.objects.get()
+    assert letter.exception_message == (
+        "SMTP 554 5.7.1 message refused: 5.7.1 policy (see example.org)"
+    )
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+
+
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (b"5.1.1 mailbox unavailable", "550 5.1.1 mailbox unavailable"),
+        # smtplib joins the lines of a multi-line reply with a newline.
+        (b"5.7.1 first\n5.7.1 second", "550 5.7.1 first 5.7.1 second"),
+        # Not UTF-8, a NUL (PostgreSQL refuses it in text), an escape sequence for a terminal.
+        (b"5.1.1 bo\xeete\x00 \x1b[31mred", "550 5.1.1 bo\ufffdte [31mred"),
+        ("5.1.1 déjà vu", "550 5.1.1 déjà vu"),
+    ],
+)
+def test_an_smtp_reply_in_words_is_one_line_of_storable_text(
+    reply: bytes | str, words: str
+) -> None:
+    assert mail.smtp_reply_text(550, reply) == words

@@ -101,9 +101,12 @@ def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> 
     )
     assert letter.attempts == 1
     assert letter.exception_class == "core.tasks.PermanentError"
-    assert "SMTP 550" in letter.exception_message
+    # In words, as the server said it; smtplib's own exception stays in the traceback.
+    assert letter.exception_message == "SMTP 550 5.7.1 message rejected"
     assert "Traceback" in letter.traceback
-    assert EmailDelivery.objects.get().state == "failed"
+    assert "SMTPDataError: (550, b'5.7.1 message rejected')" in letter.traceback
+    delivery = EmailDelivery.objects.get()
+    assert (delivery.state, delivery.last_error) == ("failed", "SMTP 550 5.7.1 message rejected")
 
 
 def test_refused_recipient_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> None:
@@ -113,7 +116,9 @@ def test_refused_recipient_is_dead_lettered_at_once(client: Client, smtp: SmtpSe
         assert wait_until(DeadLetter.objects.exists, timeout=20)
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("permanent", 1)
-    assert "recipient refused" in letter.exception_message
+    refusal = "recipient refused: 550 5.1.1 mailbox unavailable (nobody@example.com)"
+    assert letter.exception_message == refusal
+    assert EmailDelivery.objects.get().last_error == refusal
 
 
 @pytest.mark.parametrize(

@@ -1,23 +1,66 @@
 """``manage.py dlq list|replay|purge``: the dead-letter queue from the command line.
 
+``list`` prints one line per dead letter, within 100 columns (longer values end in "…"): what
+it was about and for whom (as its app describes it, e.g. an invoice's number and recipient),
+why it failed in words, how often it was tried, and whether it was replayed. ``--json`` prints
+every stored field, the same keys as ever, plus ``subject``, ``failure``, ``age_seconds`` and
+``replay_state``.
+
 Replay calls the same service as the admin action and the API, so every replay is one code
 path, and replaying a dead letter twice replays it once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from core.audit import cli_actor
-from core.deadletters import dead_letter_purge, dead_letter_replay
+from core.deadletters import (
+    Subject,
+    dead_letter_age,
+    dead_letter_failure,
+    dead_letter_purge,
+    dead_letter_replay,
+    dead_letter_replay_state,
+    dead_letter_subjects,
+    duration_short,
+)
 from core.models import DeadLetter
 
+WIDTH = 100  # the whole line, in characters
 
-def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
+REPLAY_FORMS = """say which dead letters to replay, in one of two forms:
+  manage.py dlq replay ID [ID ...]   replay these (their ids are in `manage.py dlq list`)
+  manage.py dlq replay --all         replay every dead letter still waiting
+A dead letter is replayed at most once: replaying it again does nothing."""
+
+# The table's reason column; --json keeps the stored value.
+_REASONS: dict[str, str] = {
+    DeadLetter.Reason.PERMANENT: "permanent",
+    DeadLetter.Reason.EXHAUSTED: "exhausted",
+    DeadLetter.Reason.PROVIDER_UNAVAILABLE: "provider",
+    DeadLetter.Reason.REDELIVERY_LIMIT: "redelivery",
+}
+
+# Stored text can hold anything a sender put in it; a terminal must not take any of it as a
+# control sequence.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _cell(value: str, width: int) -> str:
+    text = " ".join(_CONTROLS.sub(" ", value).split()) or "-"
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def dead_letter_json(letter: DeadLetter, subject: Subject | None = None) -> dict[str, Any]:
     return {
         "id": letter.pk,
         "task": letter.task,
@@ -33,7 +76,60 @@ def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
         "created_at": letter.created_at.isoformat(),
         "replayed_at": letter.replayed_at.isoformat() if letter.replayed_at else None,
         "replayed_by": letter.replayed_by,
+        "replay_state": dead_letter_replay_state(letter),
+        "age_seconds": round((timezone.now() - letter.created_at).total_seconds(), 1),
+        "subject": None if subject is None else dataclasses.asdict(subject),
+        "failure": dead_letter_failure(letter),
     }
+
+
+def dead_letters_table(letters: Sequence[DeadLetter], subjects: dict[int, Subject]) -> list[str]:
+    """One line per dead letter, each within ``WIDTH`` characters; the failure takes what the
+    other columns leave."""
+    id_width = max(2, *(len(str(letter.pk)) for letter in letters))
+    fixed = [
+        ("ID", id_width, ">"),
+        ("AGE", 5, "<"),
+        ("REASON", 10, "<"),
+        ("SUBJECT", 12, "<"),
+        ("RECIPIENT", 16, "<"),
+        ("TRIES", 5, ">"),
+        ("REPLAYED", 8, "<"),
+    ]
+    failure_width = WIDTH - sum(width + 1 for _, width, _ in fixed)
+
+    def line(cells: list[str]) -> str:
+        *columns, failure = cells
+        text = " ".join(
+            f"{_cell(cell, width):{align}{width}}"
+            for cell, (_, width, align) in zip(columns, fixed, strict=True)
+        )
+        return f"{text} {_cell(failure, failure_width)}".rstrip()
+
+    lines = [line([name for name, _, _ in fixed] + ["FAILURE"])]
+    now = timezone.now()
+    for letter in letters:
+        subject = subjects.get(letter.pk)
+        replayed = (
+            "waiting"
+            if letter.replayed_at is None
+            else f"{duration_short((now - letter.replayed_at).total_seconds())} ago"
+        )
+        lines.append(
+            line(
+                [
+                    str(letter.pk),
+                    dead_letter_age(letter, now=now),
+                    _REASONS.get(letter.reason, letter.reason),
+                    subject.label if subject else f"{letter.task}{letter.args}",
+                    subject.recipient if subject else "",
+                    str(letter.attempts),
+                    replayed,
+                    dead_letter_failure(letter),
+                ]
+            )
+        )
+    return lines
 
 
 class Command(BaseCommand):
@@ -46,7 +142,12 @@ class Command(BaseCommand):
         listing.add_argument(
             "--waiting", action="store_true", help="Only dead letters not yet replayed."
         )
-        replay = sub.add_parser("replay", help="Re-enqueue the original jobs.")
+        replay = sub.add_parser(
+            "replay",
+            help="Re-enqueue the original jobs.",
+            description="Re-enqueue the original jobs of dead letters: the ones given by ID, "
+            "or with --all every one still waiting. A dead letter is replayed at most once.",
+        )
         replay.add_argument("ids", nargs="*", type=int, metavar="ID")
         replay.add_argument(
             "--all", action="store_true", help="Replay every dead letter not yet replayed."
@@ -67,27 +168,23 @@ class Command(BaseCommand):
         letters = DeadLetter.objects.order_by("-created_at", "-pk")
         if options["waiting"]:
             letters = letters.filter(replayed_at__isnull=True)
-        if options["json"]:
-            self.stdout.write(json.dumps([dead_letter_json(x) for x in letters], indent=2))
-            return
         rows = list(letters)
+        subjects = dead_letter_subjects(rows)
+        if options["json"]:
+            listed = [dead_letter_json(x, subjects.get(x.pk)) for x in rows]
+            self.stdout.write(json.dumps(listed, indent=2))
+            return
         if not rows:
             self.stdout.write("No dead letters.")
             return
-        self.stdout.write(
-            f"{'ID':>6}  {'TASK':<30} {'ARGS':<14} {'REASON':<20} {'TRIES':>5}  "
-            f"{'CREATED':<20} REPLAYED"
-        )
-        for x in rows:
-            self.stdout.write(
-                f"{x.pk:>6}  {x.task:<30} {json.dumps(x.args):<14} {x.reason:<20} "
-                f"{x.attempts:>5}  {x.created_at:%Y-%m-%d %H:%M:%S}  "
-                f"{x.replayed_at.strftime('%Y-%m-%d %H:%M:%S') if x.replayed_at else '-'}"
-            )
+        for line in dead_letters_table(rows, subjects):
+            self.stdout.write(line)
 
     def _replay(self, options: dict[str, Any]) -> None:
         ids: list[int] = options["ids"]
-        if options["all"] == bool(ids):
+        if not ids and not options["all"]:
+            raise CommandError(REPLAY_FORMS)
+        if ids and options["all"]:
             raise CommandError("give dead letter IDs, or --all (not both)")
         if ids:
             unknown = sorted(

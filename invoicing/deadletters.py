@@ -1,0 +1,66 @@
+"""What the invoicing app's dead letters are about: the invoice (its number, where its emails
+go, its admin page) and the failure in words. Registered with
+``core.deadletters.register_describer`` in ``apps.py``, so the dead-letter admin, the API and
+``manage.py dlq`` show them without the machinery knowing what an invoice is.
+
+Each describer takes every dead letter of its task on a page and reads their invoices in one
+query. A dead letter whose invoice (or resend) is gone, or whose arguments are not what the
+task takes, is left undescribed: it is shown by its task and arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.urls import reverse
+
+from core.deadletters import Subject
+from core.models import DeadLetter
+from invoicing.models import EmailDelivery, Invoice
+
+_INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")
+
+
+def _id_argument(letter: DeadLetter) -> int | None:
+    """The row id a job of this app takes as its one argument, if that is what it stored."""
+    args: Any = letter.args
+    if isinstance(args, list) and args and type(args[0]) is int:
+        return int(args[0])
+    return None
+
+
+def invoice_subject(invoice: Invoice, *, note: str = "") -> Subject:
+    return Subject(
+        kind="invoice",
+        label=f"{invoice} ({note})" if note else str(invoice),
+        recipient=invoice.recipient,
+        url=reverse("admin:invoicing_invoice_change", args=[invoice.pk]),
+    )
+
+
+def send_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
+    """Dead letters of the payment email (``send_invoice_email(invoice_id)``)."""
+    wanted = {letter.pk: _id_argument(letter) for letter in letters}
+    invoices = Invoice.objects.only(*_INVOICE_FIELDS).in_bulk(
+        {pk for pk in wanted.values() if pk is not None}
+    )
+    return {
+        letter_pk: invoice_subject(invoices[invoice_pk])
+        for letter_pk, invoice_pk in wanted.items()
+        if invoice_pk in invoices
+    }
+
+
+def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
+    """Dead letters of a resend (``resend_invoice_email(delivery_id)``)."""
+    wanted = {letter.pk: _id_argument(letter) for letter in letters}
+    deliveries = (
+        EmailDelivery.objects.select_related("invoice")
+        .only("pk", "invoice", *(f"invoice__{name}" for name in _INVOICE_FIELDS if name != "pk"))
+        .in_bulk({pk for pk in wanted.values() if pk is not None})
+    )
+    return {
+        letter_pk: invoice_subject(deliveries[delivery_pk].invoice, note="resend")
+        for letter_pk, delivery_pk in wanted.items()
+        if delivery_pk in deliveries
+    }

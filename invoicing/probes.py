@@ -1,0 +1,117 @@
+"""The invoicing app's probes (see ``core.probes``): its emails, and its provider's circuit
+breaker. ``/metrics`` (``invoicing.metrics``), ``/health/`` (``email_breaker_check``) and the
+admin dashboard (the figures below, registered in ``apps.py``) read these same functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db.models import CharField, Count, F, Func, Q, Sum, Value
+from django.urls import reverse
+from django.utils import timezone
+
+from core.probes import BreakerProbe, Figure, breaker_probe
+from invoicing.models import EmailDelivery
+from invoicing.services import email_breaker
+
+
+@dataclass(frozen=True)
+class DeliveryCount:
+    """``EmailDelivery`` rows of one key kind (``invoice_email_sent``, ``invoice_email_resend``)
+    in one state, and the attempts (claims taken) they add up to."""
+
+    kind: str
+    state: str
+    rows: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class EmailProbe:
+    counts: tuple[DeliveryCount, ...]
+    sent_last_hour: int
+    sent_last_day: int
+    measured_at: datetime
+
+    def in_state(self, state: str) -> int:
+        return sum(count.rows for count in self.counts if count.state == state)
+
+
+def email_probe() -> EmailProbe:
+    """One grouped scan of ``EmailDelivery`` (about 5 ms per 10,000 rows; near a million rows
+    it meets the statement timeout of its caller's ``bounded()``): rows and attempts per key
+    kind and state, and the emails sent in the last hour and day."""
+    now = timezone.now()
+    kind = Func(F("key"), Value(":"), Value(1), function="split_part", output_field=CharField())
+    rows = (
+        EmailDelivery.objects.annotate(kind=kind)
+        .values("kind", "state")
+        .annotate(
+            n=Count("pk"),
+            attempts=Sum("attempts"),
+            hour=Count("pk", filter=Q(sent_at__gte=now - timedelta(hours=1))),
+            day=Count("pk", filter=Q(sent_at__gte=now - timedelta(days=1))),
+        )
+        .order_by("kind", "state")
+    )
+    counts, hour, day = [], 0, 0
+    for row in rows:
+        counts.append(DeliveryCount(row["kind"], row["state"], row["n"], row["attempts"]))
+        hour += row["hour"]
+        day += row["day"]
+    return EmailProbe(counts=tuple(counts), sent_last_hour=hour, sent_last_day=day, measured_at=now)
+
+
+def email_breaker_probe() -> BreakerProbe:
+    return breaker_probe(email_breaker())
+
+
+def email_breaker_check() -> dict[str, Any]:
+    """The breaker's part of /health/ (not critical: while it is open, emails wait; nothing
+    is lost and webhooks are still taken)."""
+    breaker = email_breaker_probe()
+    status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
+        breaker.state, "unknown"
+    )
+    return {"status": status, **breaker.as_dict()}
+
+
+def _deliveries(**query: str) -> str:
+    return f"{reverse('admin:invoicing_emaildelivery_changelist')}?{urlencode(query)}"
+
+
+def email_figures(probe: EmailProbe) -> list[Figure]:
+    """The dashboard's emails: sent lately, and those in flight or failed, each linking to the
+    deliveries it counts."""
+
+    def since(delta: timedelta) -> str:
+        return (probe.measured_at - delta).replace(microsecond=0).isoformat()
+
+    sending, failed = probe.in_state("sending"), probe.in_state("failed")
+    return [
+        Figure(
+            "sent in the last hour",
+            str(probe.sent_last_hour),
+            _deliveries(state="sent", sent_at__gte=since(timedelta(hours=1))),
+        ),
+        Figure(
+            "sent in the last day",
+            str(probe.sent_last_day),
+            _deliveries(state="sent", sent_at__gte=since(timedelta(days=1))),
+        ),
+        Figure("being sent now", str(sending), _deliveries(state="sending")),
+        Figure(
+            "failed (retrying, or dead-lettered)",
+            str(failed),
+            _deliveries(state="failed"),
+            status="degraded" if failed else "ok",
+        ),
+        Figure(
+            "requested, not yet claimed",
+            str(probe.in_state("pending")),
+            _deliveries(state="pending"),
+        ),
+    ]

@@ -1,0 +1,140 @@
+"""What the invoicing app tells the dead-letter queue about its dead letters: the invoice
+(number, where its emails go now, its admin page) for a payment email's and a resend's, read
+in one query for a whole page; the failure in words, for the rows stored before the email
+errors were worded (``recipient refused: {'x@y': (550, b'...')}``) as for the new."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from core.deadletters import Subject, dead_letter_failure, dead_letter_subjects
+from core.models import DeadLetter
+from invoicing.models import EmailDelivery
+from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
+from tests.factories import paid_invoice
+
+pytestmark = pytest.mark.django_db
+
+_task_ids = iter(range(1_000_000))
+
+
+def letter(task: str, args: Any, message: str = "", exception_class: str = "") -> DeadLetter:
+    return DeadLetter.objects.create(
+        task=task,
+        task_id=f"t-{next(_task_ids)}",
+        args=args,
+        queue="email",
+        reason="permanent",
+        exception_class=exception_class or "core.tasks.PermanentError",
+        exception_message=message,
+        attempts=1,
+        first_failed_at=timezone.now(),
+        last_failed_at=timezone.now(),
+    )
+
+
+def test_a_payment_emails_dead_letter_is_its_invoice_and_where_its_emails_go_now() -> None:
+    invoice = paid_invoice(number="INV-7", customer_email="typo@exmaple.com")
+    dead = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk])
+    assert dead_letter_subjects([dead]) == {
+        dead.pk: Subject(
+            kind="invoice",
+            label="INV-7",
+            recipient="typo@exmaple.com",
+            url=f"/admin/invoicing/invoice/{invoice.pk}/change/",
+        )
+    }
+    invoice.recipient_override = "fixed@example.com"
+    invoice.save()
+    assert dead_letter_subjects([dead])[dead.pk].recipient == "fixed@example.com"
+
+
+def test_a_resends_dead_letter_is_its_invoice_too() -> None:
+    invoice = paid_invoice(number="INV-8")
+    resend = EmailDelivery.objects.create(
+        key=f"invoice_email_resend:{invoice.pk}:abc",
+        invoice=invoice,
+        state="failed",
+        message_id="<x@example.com>",
+    )
+    dead = letter(RESEND_INVOICE_EMAIL_TASK, [resend.pk])
+    subject = dead_letter_subjects([dead])[dead.pk]
+    assert (subject.label, subject.recipient) == ("INV-8 (resend)", invoice.customer_email)
+    assert subject.url == f"/admin/invoicing/invoice/{invoice.pk}/change/"
+
+
+def test_a_page_of_dead_letters_is_described_in_one_query_per_kind_of_job() -> None:
+    def queries(letters: list[DeadLetter]) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            subjects = dead_letter_subjects(letters)
+        assert set(subjects) == {x.pk for x in letters}
+        return len(captured)
+
+    def page(size: int) -> list[DeadLetter]:
+        letters = []
+        for _ in range(size):
+            invoice = paid_invoice()
+            resend = EmailDelivery.objects.create(
+                key=f"invoice_email_resend:{invoice.pk}:x", invoice=invoice, state="failed"
+            )
+            letters.append(letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk]))
+            letters.append(letter(RESEND_INVOICE_EMAIL_TASK, [resend.pk]))
+        return letters
+
+    assert queries(page(1)) == 2
+    assert queries(page(50)) == 2
+
+
+def test_what_cannot_be_described_is_left_to_its_task_and_arguments() -> None:
+    gone = letter(SEND_INVOICE_EMAIL_TASK, [987654])
+    odd = [letter(SEND_INVOICE_EMAIL_TASK, args) for args in ([], ["12"], [True], {"a": 1})]
+    other = letter("core.nothing", [1])
+    assert dead_letter_subjects([gone, *odd, other]) == {}
+
+
+@pytest.mark.parametrize(
+    ("stored", "words"),
+    [
+        # As deliver() words them now: unchanged.
+        (
+            "recipient refused: 550 5.1.1 mailbox unavailable (jenny@example.com)",
+            "recipient refused: 550 5.1.1 mailbox unavailable (jenny@example.com)",
+        ),
+        # As it worded them before: Python's repr of smtplib's values, read back.
+        (
+            "recipient refused: {'Jenny Rosen <jenny@exmaple.com>': "
+            "(550, b'5.1.1 mailbox unavailable')}",
+            "recipient refused: 550 5.1.1 mailbox unavailable (jenny@exmaple.com)",
+        ),
+        (
+            "recipient deferred: {'a@example.com': (451, b'4.3.0 try later'), "
+            "'b@example.com': (452, b'4.2.2 full')}",
+            "recipient deferred: 451 4.3.0 try later (a@example.com); "
+            "452 4.2.2 full (b@example.com)",
+        ),
+        ("SMTP 550: b'5.7.1 message rejected'", "SMTP 550 5.7.1 message rejected"),
+        ('SMTP 554: b"5.7.1 can\'t\\nsend"', "SMTP 554 5.7.1 can't send"),
+        # Not what deliver() wrote after all: shown as stored.
+        *(
+            (as_stored, as_stored)
+            for as_stored in (
+                "recipient refused: {'x': __import__('os')}",
+                "recipient refused: {'x@y': 550}",
+                "invoice 42 does not exist",
+            )
+        ),
+        ("circuit open; next try in\n30.0 s", "circuit open; next try in 30.0 s"),
+    ],
+)
+def test_the_failure_in_words(stored: str, words: str) -> None:
+    assert dead_letter_failure(letter(SEND_INVOICE_EMAIL_TASK, [1], stored)) == words
+
+
+def test_a_failure_with_no_message_is_named_by_its_class() -> None:
+    dead = letter("core.nothing", [1], "", exception_class="celery.exceptions.Reject")
+    assert dead_letter_failure(dead) == "Reject"
