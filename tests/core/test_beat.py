@@ -22,7 +22,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from core.beat import active_beat, beat_check
+from core.beat import active_beat
+from core.health import check_beat
 from core.jobs import SCHEDULES
 from core.locks import Holder
 from tests.conftest import ROOT, wait_until
@@ -138,7 +139,7 @@ def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
     beat = Beat("named")
     try:
         assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
-        check = beat_check()
+        check = check_beat()
         out = StringIO()
         call_command("pipeline_status", "--json", stdout=out)
         reported = json.loads(out.getvalue())["health"]["checks"]["beat"]
