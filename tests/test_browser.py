@@ -89,7 +89,9 @@ class Page:
 # .venv/bin/pytest tests/test_browser.py` and a commit of its PNG.
 DOCS_PAGES = (
     Page("admin-index", "/admin/", "#content-main .app-core"),
+    Page("dashboard", "/admin/dashboard/", "#dashboard"),
     Page("dead-letters", "/admin/core/deadletter/", "#result_list"),
+    Page("dead-letter", "/admin/core/deadletter/{letter}/change/", "#replay-form"),
     Page("invoice", "/admin/invoicing/invoice/{invoice}/change/", ".object-tools"),
 )
 
