@@ -1,6 +1,22 @@
-"""Test settings: core.settings with a broker key prefix and cache prefix of this run's own,
-so test runs (and the worker processes they start) never consume each other's tasks, and
-short retry delays so exhausting five attempts takes seconds."""
+"""Test settings: core.settings, with every resource a test run touches made its own, and
+short retry delays so exhausting five attempts takes seconds.
+
+What a run shares with the machine, and why, and how it stays out of others' way:
+
+* PostgreSQL at 127.0.0.1:5432 (the machine's server: starting one per run would cost more
+  than the run's slowest test): a test database of the run's own, ``test_invoicing_<run
+  id>``, created and dropped by pytest-django; tests that need more (the demo, fresh-database
+  migrations) create databases of their own and drop them.
+* Redis at 127.0.0.1:6379 (the machine's server, for the same reason): databases 14 (cache)
+  and 15 (broker), under key prefixes of the run's own, deleted by the run (tests/conftest.py
+  ``_broker_empty``); the demo's test uses database 13 under the demo's own prefix. Nothing
+  flushes a database.
+* Ports: every server a test starts (SMTP, gunicorn, nginx, workers' metrics) binds a free
+  port of its own on loopback.
+* The chaos suite's test runs its own PostgreSQL cluster and redis-server, which it restarts.
+
+So running ``make test`` twice at once, or beside ``make demo`` or a local stack, changes
+nothing outside each run's own resources."""
 
 import os
 import uuid
