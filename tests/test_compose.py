@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from bench.edge import RENDERER, nginx_check, setting_names
-from tests.web import collectstatic_step, dockerfile_instructions
+from stack.nginx import RENDERER, nginx_check, setting_names
+from tests.helpers.web import collectstatic_step, dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"

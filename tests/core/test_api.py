@@ -15,7 +15,7 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from core.models import DeadLetter, OperatorAction
-from tests.factories import staff_user
+from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.django_db
 

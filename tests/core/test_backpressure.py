@@ -18,8 +18,8 @@ from core.backpressure import queue_depth, queue_keys
 from core.celery import app
 from core.models import OutboxMessage
 from invoicing.models import Invoice
-from tests.conftest import paid_event, post_event
-from tests.smtp import free_port
+from stack.net import free_port
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 

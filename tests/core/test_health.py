@@ -21,7 +21,7 @@ from django.utils import timezone
 from core import health, queues
 from core.backpressure import queue_depth
 from core.models import DeadLetter, OutboxMessage
-from tests.smtp import free_port
+from stack.net import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the checks run on their own connections
 

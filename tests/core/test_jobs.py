@@ -28,9 +28,9 @@ from core import jobs
 from core.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from core.models import ScheduledJob
 from invoicing import jobs as invoicing_jobs
+from stack.process import ROOT
 from tests import tasks as test_tasks
-from tests.conftest import ROOT
-from tests.workers import worker_env
+from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

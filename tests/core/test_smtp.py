@@ -12,7 +12,7 @@ import pytest
 from django.core.mail import EmailMultiAlternatives, get_connection
 
 from core.smtp import address_spec, needs_smtputf8
-from tests.smtp import SmtpServer
+from stack.smtp import SmtpServer
 
 # Longer than a header line (78): the header is refolded on the way out.
 LONG_NAME = "Jénny Ö. Rösen-Ünterberger, Geschäftsführerin der Beispielgesellschaft für Übungen"

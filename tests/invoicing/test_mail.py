@@ -18,9 +18,11 @@ from django.test import Client
 from core.models import DeadLetter
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
-from tests.conftest import paid_event, post_event, use_smtp, wait_until
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.mail import use_smtp
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from core.tasks import PermanentError
 from invoicing.mail import invoice_email_build
 from invoicing.models import Invoice
-from tests.conftest import SECRET, WEBHOOK_URL, paid_event, post_event
+from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.stripe import PAYMENT_EVENT_TYPES, WebhookRejected, signature_verify
