@@ -59,11 +59,18 @@ def string_constants(node: ast.AST) -> set[str]:
 
 
 def command_lines(path: str) -> Iterator[tuple[int, set[str]]]:
-    """(line, words) of every list or tuple display in the file, the words being the string
-    literals inside it: where a command line is written down."""
+    """(line, words) of every list or tuple display in the file, and of every program looked
+    up on the PATH (``shutil.which(...)``), the words being the string literals inside it:
+    where a command line is written down."""
     for node in ast.walk(parsed(path)):
-        if isinstance(node, ast.List | ast.Tuple):
+        looked_up = isinstance(node, ast.Call) and _called(node) == "which"
+        if looked_up or isinstance(node, ast.List | ast.Tuple):
             yield node.lineno, string_constants(node)
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 def functions_defined(path: str) -> Iterator[tuple[int, str]]:
@@ -76,8 +83,7 @@ def calls_named(path: str, *names: str) -> Iterator[int]:
     """Lines that call a function or method with one of ``names`` (``os.killpg``,
     ``killpg``...), or pass a keyword argument of one of them (``start_new_session=``)."""
     for node in ast.walk(parsed(path)):
-        if isinstance(node, ast.Call):
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if called in names or any(k.arg in names for k in node.keywords):
-                yield node.lineno
+        if isinstance(node, ast.Call) and (
+            _called(node) in names or any(k.arg in names for k in node.keywords)
+        ):
+            yield node.lineno
