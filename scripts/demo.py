@@ -62,7 +62,7 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def expect(what: str, predicate: Callable[[], T], timeout: float) -> T:
+def expect(what: str, predicate: Callable[[], T | None], timeout: float) -> T:
     """What ``predicate`` returns once it is true; the demo stops if it is not in time."""
     value = wait_until(predicate, timeout, interval=0.2)
     if not value:

@@ -128,13 +128,13 @@ def test_outbox_publishes_are_timed_and_failures_counted(client: Client) -> None
         finally:
             connection.close()
 
-    app.conf.broker_write_url = f"redis://127.0.0.1:{free_port()}/0"
+    app.conf["broker_write_url"] = f"redis://127.0.0.1:{free_port()}/0"
     try:
         thread = threading.Thread(target=publish)
         thread.start()
         thread.join(10)
     finally:
-        app.conf.broker_write_url = None
+        app.conf["broker_write_url"] = None
 
     after = scrape(client)
     assert published == [0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import smtplib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.core.mail import EmailMultiAlternatives, get_connection
@@ -32,7 +33,7 @@ def server_ascii() -> Iterator[SmtpServer]:
     server.stop()
 
 
-def send(server: SmtpServer, message: EmailMultiAlternatives, **options: object) -> int:
+def send(server: SmtpServer, message: EmailMultiAlternatives, **options: Any) -> int:
     connection = get_connection(
         "core.smtp.EmailBackend", host="127.0.0.1", port=server.port, timeout=10, **options
     )

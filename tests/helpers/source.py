@@ -63,8 +63,9 @@ def command_lines(path: str) -> Iterator[tuple[int, set[str]]]:
     up on the PATH (``shutil.which(...)``), the words being the string literals inside it:
     where a command line is written down."""
     for node in ast.walk(parsed(path)):
-        looked_up = isinstance(node, ast.Call) and _called(node) == "which"
-        if looked_up or isinstance(node, ast.List | ast.Tuple):
+        if isinstance(node, ast.List | ast.Tuple | ast.Call) and (
+            not isinstance(node, ast.Call) or _called(node) == "which"
+        ):
             yield node.lineno, string_constants(node)
 
 

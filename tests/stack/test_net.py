@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_wait_until_looks_once_more_at_the_deadline() -> None:
 
 
 def test_wait_until_counts_ignored_exceptions_as_not_yet_and_lets_others_through() -> None:
-    calls = iter([ConnectionError, ConnectionError, "up"])
+    calls: Iterator[type[ConnectionError] | str] = iter([ConnectionError, ConnectionError, "up"])
 
     def probe() -> str:
         value = next(calls)
