@@ -27,15 +27,22 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.fullstack import Backend, backend, emails_check, pipeline_expected, serving, stored
-from bench.harness import ACCEPTED_BODY, PacedResult, load, pace, paid_batch, percentile
+from bench.harness import (
+    ACCEPTED_BODY,
+    PacedResult,
+    latency_summary,
+    load,
+    pace,
+    paid_batch,
+    percentile,
+)
 from bench.report import Goal
 from bench.run import (
     NO_LIMITS,
-    WorkerConfig,
+    FullStackOptions,
     cpu_per_item,
     cpu_snapshot,
     cpu_spent,
@@ -43,27 +50,22 @@ from bench.run import (
     run_config,
     stack_arguments,
     stack_fields,
+    verdict,
 )
-from stack.launch import GunicornConfig
 from stack.process import Process
 
 GOAL = 1.2  # p99 with the slow SMTP server / p99 with the instant one
 ARMS = ("instant", "slow")
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     rate: float
     duration: float
     rounds: int
     senders: int
     delay: float
     drain_timeout: float
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -74,16 +76,6 @@ class ArmRun:
     emails_during: int  # emails the sink received while the arm ran
     drain_seconds: float  # after the arm, until every email so far had arrived
     cpu: dict[str, float]
-
-
-def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(latencies)
-    return {
-        "p50_ms": percentile(ordered, 50) * 1000,
-        "p99_ms": percentile(ordered, 99) * 1000,
-        "p99_9_ms": percentile(ordered, 99.9) * 1000,
-        "max_ms": ordered[-1] * 1000 if ordered else math.nan,
-    }
 
 
 def accepted(result: PacedResult) -> tuple[list[float], dict[str, int]]:
@@ -321,17 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(
-        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
+    failed = sum(arm["errors"] for arm in results["arms"].values())
+    return verdict(
+        options,
+        results["checks"],
+        failures=f"{failed} request(s) not acknowledged" if failed else "",
     )
-    print(f"\nresults: {options.output}")
-    failures = sum(arm["errors"] for arm in results["arms"].values())
-    if failures:
-        print(f"FAILED: {failures} request(s) not acknowledged", file=sys.stderr)
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-    return 1 if failures or not state["ok"] else 0
 
 
 if __name__ == "__main__":

@@ -131,6 +131,16 @@ def percentile(ordered: Sequence[float], p: float) -> float:
     return ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1]
 
 
+def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": percentile(ordered, 50) * 1000,
+        "p99_ms": percentile(ordered, 99) * 1000,
+        "p99_9_ms": percentile(ordered, 99.9) * 1000,
+        "max_ms": ordered[-1] * 1000 if ordered else math.nan,
+    }
+
+
 @dataclass
 class _Tally:
     latencies: list[float] = field(default_factory=list)

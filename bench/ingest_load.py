@@ -35,10 +35,8 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from bench.ack_latency import latency_summary
 from bench.fullstack import (
     Backend,
     backend,
@@ -48,11 +46,11 @@ from bench.fullstack import (
     stored,
     stored_invoice_ids,
 )
-from bench.harness import ACCEPTED_BODY, PacedResult, load, pace, paid_batch
+from bench.harness import ACCEPTED_BODY, PacedResult, latency_summary, load, pace, paid_batch
 from bench.report import Goal
 from bench.run import (
     NO_LIMITS,
-    WorkerConfig,
+    FullStackOptions,
     cpu_per_item,
     cpu_snapshot,
     cpu_spent,
@@ -60,6 +58,7 @@ from bench.run import (
     run_config,
     stack_arguments,
     stack_fields,
+    verdict,
 )
 from stack import launch
 from stack.launch import GunicornConfig
@@ -76,8 +75,8 @@ EDGE_SOURCES = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
 DEFAULT_MARKS = {"BACKPRESSURE_SOFT_MARK": "5000", "BACKPRESSURE_HARD_MARK": "50000"}
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     max_duration: float
     duration: float
     fraction: float
@@ -87,11 +86,6 @@ class Options:
     pace_senders: int
     overload_senders: int
     drain_timeout: float
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
     admission: str = "app"
 
 
@@ -473,17 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(
-        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
+    steady = results["phases"]["fraction"]
+    failed = steady["refused"] + steady["other"]
+    return verdict(
+        options,
+        results["checks"],
+        failures=f"{failed} request(s) at 70% not acknowledged" if failed else "",
     )
-    print(f"\nresults: {options.output}")
-    failures = results["phases"]["fraction"]["refused"] + results["phases"]["fraction"]["other"]
-    if failures:
-        print(f"FAILED: {failures} request(s) at 70% not acknowledged", file=sys.stderr)
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-    return 1 if failures or not state["ok"] else 0
 
 
 if __name__ == "__main__":

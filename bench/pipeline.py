@@ -28,7 +28,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -46,8 +45,8 @@ from bench.harness import ACCEPTED_BODY, load, paid_batch
 from bench.report import Goal
 from bench.run import (
     NO_LIMITS,
+    FullStackOptions,
     RunConfig,
-    WorkerConfig,
     cpu_per_item,
     cpu_snapshot,
     cpu_spent,
@@ -56,27 +55,22 @@ from bench.run import (
     run_config,
     stack_arguments,
     stack_fields,
+    verdict,
 )
 from bench.tasks import NOOP_TASK
-from stack.launch import GunicornConfig
 from stack.process import Process
 
 GOALS = {"issue 3": 0.3, "issue 6": 0.4}  # pipeline emails/s over no-op tasks/s
 ARMS = ("emails", "noop")
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     emails: int
     rounds: int
     senders: int
     warmup: int
     timeout: float
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -354,14 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}")
-    print(f"sink: {state['sink']}; no-ops {state['noop_tasks']}")
-    print(f"\nresults: {options.output}")
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-        return 1
-    return 0
+    print(f"no-op tasks {results['checks']['noop_tasks']}")
+    return verdict(options, results["checks"])
 
 
 if __name__ == "__main__":

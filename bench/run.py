@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -274,24 +274,22 @@ class RunConfig:
         return self.prefix.rstrip(":")
 
 
-class StackOptions(Protocol):
-    """What every benchmark's options say about the stack it runs."""
+@dataclass(frozen=True, kw_only=True)
+class StackOptions:
+    """What every benchmark's options say about the stack it runs; each benchmark's own
+    options extend these."""
 
-    @property
-    def database_url(self) -> str: ...
-    @property
-    def redis_url(self) -> str: ...
-    @property
-    def gunicorn(self) -> GunicornConfig: ...
-    @property
-    def output(self) -> Path: ...
+    gunicorn: GunicornConfig
+    database_url: str
+    redis_url: str
+    output: Path
 
 
-class FullStackOptions(StackOptions, Protocol):
+@dataclass(frozen=True, kw_only=True)
+class FullStackOptions(StackOptions):
     """And the Celery workers, for the end-to-end benchmarks (``stack_arguments``)."""
 
-    @property
-    def workers(self) -> WorkerConfig: ...
+    workers: WorkerConfig
 
 
 def stack_arguments(parser: argparse.ArgumentParser, *, name: str) -> None:
@@ -426,3 +424,17 @@ def owned_measure(
         config={"gunicorn": options.gunicorn.describe(), **config},
     )
     return results
+
+
+def verdict(options: StackOptions, checks: Mapping[str, Any], *, failures: str = "") -> int:
+    """The end of a benchmark's output: what it found stored (and sent), where its results
+    are, and what failed (``failures``, or a stored state other than expected); its exit
+    status."""
+    sink = f"; sink {checks['sink']}" if "sink" in checks else ""
+    print(f"stored state {'OK' if checks['ok'] else 'WRONG'}: {checks['found']}{sink}")
+    print(f"\nresults: {options.output}")
+    if failures:
+        print(f"FAILED: {failures}", file=sys.stderr)
+    if not checks["ok"]:
+        print(f"FAILED: stored state expected {checks['expected']}", file=sys.stderr)
+    return 1 if failures or not checks["ok"] else 0

@@ -44,12 +44,14 @@ from bench.run import (
     REDIS_URL,
     RESULTS,
     RunConfig,
+    StackOptions,
     cpu_snapshot,
     cpu_spent,
     owned_measure,
     redis_queued,
     stack_env,
     stack_pids,
+    verdict,
     web,
 )
 from stack.launch import GunicornConfig
@@ -65,17 +67,13 @@ EXPECTED_BODY = {
 INGEST_GOAL = 0.6  # ingest rate / no-op rate
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(StackOptions):
     rounds: int
     duration: float
     warmup: float
     concurrency: int
     duplicates: int
-    gunicorn: GunicornConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -338,15 +336,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results["arms"], results))
-    checked = results["checks"]
-    print(f"stored state {'OK' if checked['ok'] else 'WRONG'}: {checked['found']}")
-    print(f"\nresults: {options.output}")
-    failures = sum(arm["errors"] for arm in results["arms"].values())
-    if failures:
-        print(f"FAILED: {failures} request(s) did not succeed", file=sys.stderr)
-    if not checked["ok"]:
-        print(f"FAILED: stored state expected {checked['expected']}", file=sys.stderr)
-    return 1 if failures or not checked["ok"] else 0
+    failed = sum(arm["errors"] for arm in results["arms"].values())
+    return verdict(
+        options,
+        results["checks"],
+        failures=f"{failed} request(s) did not succeed" if failed else "",
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.fullstack import Backend, backend, emails_check, pipeline_expected, serving, stored
@@ -32,20 +31,20 @@ from bench.harness import ACCEPTED_BODY, load, paid_batch
 from bench.report import Goal
 from bench.run import (
     NO_LIMITS,
-    WorkerConfig,
+    FullStackOptions,
     owned_measure,
     run_config,
     stack_arguments,
     stack_fields,
+    verdict,
 )
-from stack.launch import GunicornConfig
 from stack.process import Process
 
 GOAL = 1.1  # peak RSS after ``emails`` / peak RSS after ``baseline``
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     emails: int
     baseline: int
     batch: int
@@ -53,11 +52,6 @@ class Options:
     interval: float
     timeout: float
     max_tasks_per_child: int | None
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -283,15 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(
-        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
-    )
-    print(f"\nresults: {options.output}")
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-        return 1
-    return 0
+    return verdict(options, results["checks"])
 
 
 if __name__ == "__main__":
