@@ -219,10 +219,10 @@ class Handler:
                 capped = 0 < faults.max_deferrals <= self.deferrals[message_id]
                 if not capped and self.rng.random() < faults.defer_rate:
                     reply = DEFERRED
-                    self.deferrals[message_id] += 1
             delay = hold.seconds if hold is not None else self._delay()
             if reply == DEFERRED:
                 self.counts["deferred_451"] += 1
+                self.deferrals[message_id] += 1
             if reply is None:
                 # Committed before the reply, as a real MTA queues before it answers 250.
                 self.envelopes.append(

@@ -3,8 +3,8 @@
 With Redis paused for writes, the acknowledgement of a finished email task times out. kombu's
 Redis QoS.ack raised before releasing the prefetch slot, so each failed ack kept one slot
 forever: a worker with one slot fetched nothing more (the chaos suite's stall profile found it;
-its figures are in chaos/README.md). The message itself stays in the unacknowledged index and comes back
-after the visibility timeout, where the email's key makes the redelivery a no-op.
+its figures are in chaos/README.md). The message itself stays in the unacknowledged index and
+comes back after the visibility timeout, where the email's key makes the redelivery a no-op.
 """
 
 from __future__ import annotations
