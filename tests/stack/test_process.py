@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,37 +16,52 @@ from stack.net import wait_until
 from stack.process import Process, ProcessError, stop_all
 from tests.helpers.source import TOOLS, calls_named, python_files
 
-# A leader that forks ``children`` processes which ignore SIGTERM, prints every pid, and
-# (with ``stubborn``) ignores SIGTERM itself; then everyone sleeps.
+# A leader that forks ``children`` processes which ignore SIGTERM, each (leader too) leaving a
+# file named after its pid in the directory given, and (with ``stubborn``) ignores SIGTERM
+# itself; then everyone sleeps.
 FAMILY = """
-import os, signal, sys, time
-children, stubborn = int(sys.argv[1]), sys.argv[2] == "1"
+import os, pathlib, signal, sys, time
+here, children, stubborn = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 for _ in range(children):
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("child", os.getpid(), flush=True)
+        (here / str(os.getpid())).touch()
         time.sleep(120)
         os._exit(0)
 if stubborn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print("leader", os.getpid(), flush=True)
+(here / str(os.getpid())).touch()
 time.sleep(120)
 """
 
 
-def family(tmp_path: Path, *, children: int = 2, stubborn: bool = False) -> Process:
+@pytest.fixture
+def started() -> Iterator[list[Process]]:
+    """The processes a test starts, killed after it whatever happened."""
+    processes: list[Process] = []
+    yield processes
+    for process in processes:
+        process.kill()
+
+
+def family(
+    where: Path, started: list[Process], *, children: int = 2, stubborn: bool = False
+) -> Process:
+    pids = where / "pids"
+    pids.mkdir(parents=True)
     process = Process(
-        [sys.executable, "-c", FAMILY, str(children), "1" if stubborn else "0"],
+        [sys.executable, "-c", FAMILY, str(pids), str(children), "1" if stubborn else "0"],
         name="family",
         env=dict(os.environ),
-        log=tmp_path / "family.log",
-        ready=lambda p: p.log_text().count("\n") >= children + 1,
+        log=where / "family.log",
+        ready=lambda p: len(list(pids.iterdir())) == children + 1,
     )
+    started.append(process)
     return process.wait_ready(timeout=30)
 
 
-def pids_in_log(process: Process) -> list[int]:
-    return [int(line.split()[1]) for line in process.log_text().splitlines()]
+def family_pids(process: Process) -> list[int]:
+    return sorted(int(path.name) for path in (process.log.parent / "pids").iterdir())
 
 
 def gone(pid: int) -> bool:
@@ -88,19 +104,21 @@ def test_a_process_never_ready_is_stopped_and_the_error_names_the_wait(tmp_path:
     assert process.stopped
 
 
-def test_the_context_manager_is_ready_inside_and_stopped_after(tmp_path: Path) -> None:
-    with family(tmp_path, children=1) as process:
+def test_the_context_manager_is_ready_inside_and_stopped_after(
+    tmp_path: Path, started: list[Process]
+) -> None:
+    with family(tmp_path, started, children=1) as process:
         assert process.alive()
-        assert sorted(process.pids()) == sorted(pids_in_log(process))
+        assert sorted(process.pids()) == sorted(family_pids(process))
     assert not process.alive()
-    assert wait_until(lambda: all(gone(pid) for pid in pids_in_log(process)), timeout=10)
+    assert wait_until(lambda: all(gone(pid) for pid in family_pids(process)), timeout=10)
 
 
 def test_stop_takes_the_whole_group_children_that_ignore_sigterm_included(
-    tmp_path: Path,
+    tmp_path: Path, started: list[Process]
 ) -> None:
-    process = family(tmp_path, children=2)
-    pids = pids_in_log(process)
+    process = family(tmp_path, started, children=2)
+    pids = family_pids(process)
     assert len(pids) == 3
     assert sorted(process.pids()) == sorted(pids)
 
@@ -113,9 +131,9 @@ def test_stop_takes_the_whole_group_children_that_ignore_sigterm_included(
     assert process.pids() == []
 
 
-def test_stop_escalates_to_sigkill_after_the_grace(tmp_path: Path) -> None:
-    process = family(tmp_path, children=1, stubborn=True)
-    pids = pids_in_log(process)
+def test_stop_escalates_to_sigkill_after_the_grace(tmp_path: Path, started: list[Process]) -> None:
+    process = family(tmp_path, started, children=1, stubborn=True)
+    pids = family_pids(process)
     started = time.monotonic()
     process.stop(grace=1)
     assert 1 <= time.monotonic() - started < 5
@@ -123,9 +141,9 @@ def test_stop_escalates_to_sigkill_after_the_grace(tmp_path: Path) -> None:
     assert wait_until(lambda: all(gone(pid) for pid in pids), timeout=10)
 
 
-def test_kill_is_a_sigkill_of_the_group_at_once(tmp_path: Path) -> None:
-    process = family(tmp_path, children=2, stubborn=True)
-    pids = pids_in_log(process)
+def test_kill_is_a_sigkill_of_the_group_at_once(tmp_path: Path, started: list[Process]) -> None:
+    process = family(tmp_path, started, children=2, stubborn=True)
+    pids = family_pids(process)
     started = time.monotonic()
     process.kill()
     assert time.monotonic() - started < 2
@@ -133,7 +151,9 @@ def test_kill_is_a_sigkill_of_the_group_at_once(tmp_path: Path) -> None:
     assert wait_until(lambda: all(gone(pid) for pid in pids), timeout=10)
 
 
-def test_stop_reaches_orphans_of_a_leader_that_already_died(tmp_path: Path) -> None:
+def test_stop_reaches_orphans_of_a_leader_that_already_died(
+    tmp_path: Path, started: list[Process]
+) -> None:
     orphan_maker = (
         "import os, signal, time\n"
         "if os.fork() == 0:\n"
@@ -148,15 +168,16 @@ def test_stop_reaches_orphans_of_a_leader_that_already_died(tmp_path: Path) -> N
         env=dict(os.environ),
         log=tmp_path / "orphans.log",
     )
+    started.append(process)
     assert wait_until(lambda: not process.alive(), timeout=10)
-    [orphan] = pids_in_log(process)
+    [orphan] = [int(line.split()[1]) for line in process.log_text().splitlines()]
     assert not gone(orphan)
     process.stop(grace=1)
     assert wait_until(lambda: gone(orphan), timeout=10)
 
 
-def test_stop_all_shares_one_grace_period(tmp_path: Path) -> None:
-    stubborn = [family(tmp_path / str(n), children=0, stubborn=True) for n in range(3)]
+def test_stop_all_shares_one_grace_period(tmp_path: Path, started: list[Process]) -> None:
+    stubborn = [family(tmp_path / str(n), started, children=0, stubborn=True) for n in range(3)]
     started = time.monotonic()
     stop_all(stubborn, grace=1)
     assert time.monotonic() - started < 3  # not three graces one after the other
@@ -174,7 +195,9 @@ def test_respawn_starts_it_again_logging_after_the_first(tmp_path: Path) -> None
     assert first.log.read_text().split() == ["run", str(first.pid), "run", str(second.pid)]
 
 
-def test_pipes_are_the_callers_and_only_stderr_is_logged(tmp_path: Path) -> None:
+def test_pipes_are_the_callers_and_only_stderr_is_logged(
+    tmp_path: Path, started: list[Process]
+) -> None:
     echo = "import sys; print('to the log', file=sys.stderr, flush=True); print(input().upper())"
     process = Process(
         [sys.executable, "-c", echo],
@@ -183,6 +206,7 @@ def test_pipes_are_the_callers_and_only_stderr_is_logged(tmp_path: Path) -> None
         log=tmp_path / "piped.log",
         pipes=True,
     )
+    started.append(process)
     process.stdin.write("hello\n")
     process.stdin.flush()
     assert process.stdout.readline() == "HELLO\n"
