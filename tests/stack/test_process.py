@@ -36,7 +36,7 @@ time.sleep(120)
 
 
 @pytest.fixture
-def started() -> Iterator[list[Process]]:
+def spawned() -> Iterator[list[Process]]:
     """The processes a test starts, killed after it whatever happened."""
     processes: list[Process] = []
     yield processes
@@ -45,7 +45,7 @@ def started() -> Iterator[list[Process]]:
 
 
 def family(
-    where: Path, started: list[Process], *, children: int = 2, stubborn: bool = False
+    where: Path, spawned: list[Process], *, children: int = 2, stubborn: bool = False
 ) -> Process:
     pids = where / "pids"
     pids.mkdir(parents=True)
@@ -56,7 +56,7 @@ def family(
         log=where / "family.log",
         ready=lambda p: len(list(pids.iterdir())) == children + 1,
     )
-    started.append(process)
+    spawned.append(process)
     return process.wait_ready(timeout=30)
 
 
@@ -105,9 +105,9 @@ def test_a_process_never_ready_is_stopped_and_the_error_names_the_wait(tmp_path:
 
 
 def test_the_context_manager_is_ready_inside_and_stopped_after(
-    tmp_path: Path, started: list[Process]
+    tmp_path: Path, spawned: list[Process]
 ) -> None:
-    with family(tmp_path, started, children=1) as process:
+    with family(tmp_path, spawned, children=1) as process:
         assert process.alive()
         assert sorted(process.pids()) == sorted(family_pids(process))
     assert not process.alive()
@@ -115,9 +115,9 @@ def test_the_context_manager_is_ready_inside_and_stopped_after(
 
 
 def test_stop_takes_the_whole_group_children_that_ignore_sigterm_included(
-    tmp_path: Path, started: list[Process]
+    tmp_path: Path, spawned: list[Process]
 ) -> None:
-    process = family(tmp_path, started, children=2)
+    process = family(tmp_path, spawned, children=2)
     pids = family_pids(process)
     assert len(pids) == 3
     assert sorted(process.pids()) == sorted(pids)
@@ -131,8 +131,8 @@ def test_stop_takes_the_whole_group_children_that_ignore_sigterm_included(
     assert process.pids() == []
 
 
-def test_stop_escalates_to_sigkill_after_the_grace(tmp_path: Path, started: list[Process]) -> None:
-    process = family(tmp_path, started, children=1, stubborn=True)
+def test_stop_escalates_to_sigkill_after_the_grace(tmp_path: Path, spawned: list[Process]) -> None:
+    process = family(tmp_path, spawned, children=1, stubborn=True)
     pids = family_pids(process)
     started = time.monotonic()
     process.stop(grace=1)
@@ -141,8 +141,8 @@ def test_stop_escalates_to_sigkill_after_the_grace(tmp_path: Path, started: list
     assert wait_until(lambda: all(gone(pid) for pid in pids), timeout=10)
 
 
-def test_kill_is_a_sigkill_of_the_group_at_once(tmp_path: Path, started: list[Process]) -> None:
-    process = family(tmp_path, started, children=2, stubborn=True)
+def test_kill_is_a_sigkill_of_the_group_at_once(tmp_path: Path, spawned: list[Process]) -> None:
+    process = family(tmp_path, spawned, children=2, stubborn=True)
     pids = family_pids(process)
     started = time.monotonic()
     process.kill()
@@ -152,7 +152,7 @@ def test_kill_is_a_sigkill_of_the_group_at_once(tmp_path: Path, started: list[Pr
 
 
 def test_stop_reaches_orphans_of_a_leader_that_already_died(
-    tmp_path: Path, started: list[Process]
+    tmp_path: Path, spawned: list[Process]
 ) -> None:
     orphan_maker = (
         "import os, signal, time\n"
@@ -168,7 +168,7 @@ def test_stop_reaches_orphans_of_a_leader_that_already_died(
         env=dict(os.environ),
         log=tmp_path / "orphans.log",
     )
-    started.append(process)
+    spawned.append(process)
     assert wait_until(lambda: not process.alive(), timeout=10)
     [orphan] = [int(line.split()[1]) for line in process.log_text().splitlines()]
     assert not gone(orphan)
@@ -176,8 +176,8 @@ def test_stop_reaches_orphans_of_a_leader_that_already_died(
     assert wait_until(lambda: gone(orphan), timeout=10)
 
 
-def test_stop_all_shares_one_grace_period(tmp_path: Path, started: list[Process]) -> None:
-    stubborn = [family(tmp_path / str(n), started, children=0, stubborn=True) for n in range(3)]
+def test_stop_all_shares_one_grace_period(tmp_path: Path, spawned: list[Process]) -> None:
+    stubborn = [family(tmp_path / str(n), spawned, children=0, stubborn=True) for n in range(3)]
     started = time.monotonic()
     stop_all(stubborn, grace=1)
     assert time.monotonic() - started < 3  # not three graces one after the other
@@ -196,7 +196,7 @@ def test_respawn_starts_it_again_logging_after_the_first(tmp_path: Path) -> None
 
 
 def test_pipes_are_the_callers_and_only_stderr_is_logged(
-    tmp_path: Path, started: list[Process]
+    tmp_path: Path, spawned: list[Process]
 ) -> None:
     echo = "import sys; print('to the log', file=sys.stderr, flush=True); print(input().upper())"
     process = Process(
@@ -206,7 +206,7 @@ def test_pipes_are_the_callers_and_only_stderr_is_logged(
         log=tmp_path / "piped.log",
         pipes=True,
     )
-    started.append(process)
+    spawned.append(process)
     process.stdin.write("hello\n")
     process.stdin.flush()
     assert process.stdout.readline() == "HELLO\n"
