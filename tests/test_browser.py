@@ -1,8 +1,8 @@
 """The operator's pages in a real browser, served as deployed: headless Chromium (Debian's
 ``chromium``, driven by Selenium through Debian's ``chromedriver``) against gunicorn on the
 production settings (``core.settings``, DEBUG off) with the static files the Docker image's
-build collects (tests/web.py), not Django's development server. An operator (a staff user in
-the "operators" group, not a superuser) logs in through the login form, corrects the refused
+build collects (tests/helpers/web.py), not Django's development server. An operator (a staff
+user in the "operators" group, not a superuser) logs in through the login form, corrects the refused
 recipient of an invoice, replays its dead letter and sees the outcome; the email goes out to
 the corrected address, and both actions are recorded.
 
