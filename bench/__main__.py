@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from bench import ack_latency, ingest_load, pipeline, webhook_ingest, worker_rss
-from bench.report import Goal, machine, table, utc
-from bench.stack import ROOT
-
-RESULTS = ROOT / "bench" / "results"
+from bench.report import Goal, machine, revision, table, utc
+from bench.run import RESULTS, ROOT, sigterm_as_interrupt
 
 Main = Callable[[Sequence[str] | None], int]
 BENCHMARKS: dict[str, Main] = {
@@ -94,10 +90,6 @@ def goals_of(name: str, document: dict[str, Any]) -> list[Goal]:
     return [Goal.from_dict(goal) for goal in document["summary"]]
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the short profile")
@@ -111,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
     profile = "quick" if args.quick else "full"
-    signal.signal(signal.SIGTERM, _terminate)
+    sigterm_as_interrupt()
 
     started = time.time()
     host = machine()
@@ -167,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "finished_at": utc(time.time()),
         "profile": profile,
         "machine": host,
-        "revision": webhook_ingest.revision(),
+        "revision": revision(),
         "benchmarks": runs,
         "goals": [goal.as_dict() for goal in goals],
     }

@@ -27,46 +27,45 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from bench.fullstack import (
+from bench.fullstack import Backend, backend, emails_check, pipeline_expected, serving, stored
+from bench.harness import (
     ACCEPTED_BODY,
-    NO_LIMITS,
-    Backend,
-    WorkerConfig,
-    backend,
-    cpu_per_item,
-    emails_check,
-    owned_measure,
+    PacedResult,
+    latency_summary,
+    load,
+    pace,
     paid_batch,
+    percentile,
+)
+from bench.report import Goal
+from bench.run import (
+    NO_LIMITS,
+    FullStackOptions,
+    cpu_per_item,
+    cpu_snapshot,
+    cpu_spent,
+    owned_measure,
     run_config,
-    serving,
     stack_arguments,
     stack_fields,
-    stored,
+    verdict,
 )
-from bench.harness import GunicornConfig, PacedResult, Server, load, pace, percentile
-from bench.report import Goal
-from bench.stack import cpu_snapshot, cpu_spent
+from stack.process import Process
 
 GOAL = 1.2  # p99 with the slow SMTP server / p99 with the instant one
 ARMS = ("instant", "slow")
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     rate: float
     duration: float
     rounds: int
     senders: int
     delay: float
     drain_timeout: float
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,6 @@ class ArmRun:
     emails_during: int  # emails the sink received while the arm ran
     drain_seconds: float  # after the arm, until every email so far had arrived
     cpu: dict[str, float]
-
-
-def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(latencies)
-    return {
-        "p50_ms": percentile(ordered, 50) * 1000,
-        "p99_ms": percentile(ordered, 99) * 1000,
-        "p99_9_ms": percentile(ordered, 99.9) * 1000,
-        "max_ms": ordered[-1] * 1000 if ordered else math.nan,
-    }
 
 
 def accepted(result: PacedResult) -> tuple[list[float], dict[str, int]]:
@@ -106,7 +95,7 @@ def accepted(result: PacedResult) -> tuple[list[float], dict[str, int]]:
 
 
 class AckLatency:
-    def __init__(self, *, backend: Backend, server: Server, options: Options) -> None:
+    def __init__(self, *, backend: Backend, server: Process, options: Options) -> None:
         self.backend = backend
         self.server = server
         self.options = options
@@ -129,7 +118,7 @@ class AckLatency:
 
     def drain(self) -> float:
         """Make the sink instant and wait for every email posted so far; seconds waited."""
-        self.backend.sink.delay = 0.0
+        self.backend.sink.handler.faults.delay = 0.0
         started = time.perf_counter()
         self.backend.wait_emails(len(self.invoices), self.options.drain_timeout)
         return time.perf_counter() - started
@@ -139,8 +128,8 @@ class AckLatency:
         count = max(1, round(options.rate * options.duration))
         batch = paid_batch(count, port=self.server.port, secret=self.backend.run.secret)
         groups = self.backend.cpu_groups(self.server)
-        self.backend.sink.delay = options.delay if arm == "slow" else 0.0
-        emails_before = self.backend.sink.count
+        self.backend.sink.handler.faults.delay = options.delay if arm == "slow" else 0.0
+        emails_before = self.backend.emails
         before = cpu_snapshot(groups)
         result = pace(
             port=self.server.port,
@@ -149,7 +138,7 @@ class AckLatency:
             senders=options.senders,
         )
         cpu = cpu_spent(before, cpu_snapshot(groups))
-        emails_during = self.backend.sink.count - emails_before
+        emails_during = self.backend.emails - emails_before
         self.invoices += batch.invoice_ids
         return ArmRun(
             arm=arm,
@@ -206,17 +195,8 @@ def goals(arms: dict[str, dict[str, Any]]) -> list[Goal]:
 
 def checks(bench: AckLatency, options: Options) -> dict[str, Any]:
     time.sleep(2.0)  # room for a duplicate email, were there one
-    total = len(bench.invoices)
     found = stored(options.database_url)
-    expected = {
-        "events": total,
-        "invoices": total,
-        "outbox": total,
-        "outbox_unpublished": 0,
-        "emails_sent": total,
-        "emails_not_sent": 0,
-        "dead_letters": 0,
-    }
+    expected = pipeline_expected(len(bench.invoices))
     emails = emails_check(bench.backend.sink, bench.invoices)
     return {
         "expected": expected,
@@ -320,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure,
         benchmark="ack_latency",
         config={
+            "workers": options.workers.describe(),
             "rate": options.rate,
             "duration_s": options.duration,
             "rounds": options.rounds,
@@ -332,17 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(
-        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
+    failed = sum(arm["errors"] for arm in results["arms"].values())
+    return verdict(
+        options,
+        results["checks"],
+        failures=f"{failed} request(s) not acknowledged" if failed else "",
     )
-    print(f"\nresults: {options.output}")
-    failures = sum(arm["errors"] for arm in results["arms"].values())
-    if failures:
-        print(f"FAILED: {failures} request(s) not acknowledged", file=sys.stderr)
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-    return 1 if failures or not state["ok"] else 0
 
 
 if __name__ == "__main__":

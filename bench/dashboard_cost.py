@@ -33,8 +33,9 @@ from typing import Any
 
 import requests
 
-from bench.harness import GunicornConfig, serve
-from bench.stack import ROOT, database_exclusive, database_recreate, redis_prefix_delete
+from bench.run import database_exclusive, database_recreate, redis_prefix_delete
+from stack import launch
+from stack.process import ROOT
 
 RESULTS = ROOT / "bench" / "results"
 DATABASE_URL = "postgres://postgres@127.0.0.1:5432/invoicing_bench_dashboard"
@@ -248,12 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = fill(options.invoices)
             print(f"filled in {time.monotonic() - started:.1f} s: {rows}", flush=True)
             cookie = viewer_session()
-            with serve(
-                env={**os.environ, **ENV},
-                config=GunicornConfig(workers=1),
-                log_path=RESULTS / "dashboard_cost.gunicorn.log",
-                ready_path="/webhooks/stripe/",
-                ready_status=400,  # an unsigned event refused: Django answered
+            with launch.gunicorn(
+                {**os.environ, **ENV},
+                config=launch.GunicornConfig(workers=1),
+                log=RESULTS / "dashboard_cost.gunicorn.log",
             ) as server:
                 result = measure(
                     port=server.port,

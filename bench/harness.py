@@ -1,8 +1,4 @@
-"""Serving the application with gunicorn and loading it over HTTP, for every benchmark.
-
-``serve()`` starts gunicorn on a socket it binds itself (no free-port race), waits until a
-request gets a real answer from Django (gunicorn listens before its workers have loaded the
-application), and stops the whole process group on the way out, on an error or Ctrl-C too.
+"""Loading the application over HTTP, for every benchmark, and the requests it is loaded with.
 
 ``load()`` is a closed-loop generator: ``concurrency`` threads each send one pre-built request,
 wait for the complete response, and send the next, for a fixed time or until the requests run
@@ -14,68 +10,35 @@ the server closed the previous connection) to the last byte of the response.
 ``pace()`` is the open-loop counterpart: request ``i`` is due ``i / rate`` seconds after the
 start, whatever the server is doing with the earlier ones, and its latency runs from when it was
 due, so a server that falls behind is charged for the wait (no coordinated omission).
+
+``signed_requests()`` and ``paid_batch()`` build Stripe deliveries as Stripe sends them, signed
+(the signature covers the time: build them just before use).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bench.stack import ROOT
+from stack.net import HOST
+from webhooks import testing
 
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A local TCP port nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class GunicornConfig:
-    worker_class: str = "sync"
-    workers: int = 3
-    threads: int = 1
-    timeout: int = 30
-
-    def argv(self) -> list[str]:
-        return [
-            f"--worker-class={self.worker_class}",
-            f"--workers={self.workers}",
-            f"--threads={self.threads}",
-            f"--timeout={self.timeout}",
-        ]
-
-    def describe(self) -> str:
-        threads = f" x {self.threads} threads" if self.worker_class == "gthread" else ""
-        return f"{self.worker_class}, {self.workers} workers{threads}"
-
-
-@dataclass(frozen=True)
-class Server:
-    """A running gunicorn on ``HOST``:``port``."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-
-    def worker_pids(self) -> list[int]:
-        """The master and its worker processes."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return [self.process.pid, *(int(pid) for pid in children.read_text().split())]
+WEBHOOK_PATH = "/webhooks/stripe/"
+# The headers Stripe sends with a delivery, besides Stripe-Signature.
+STRIPE_HEADERS = {
+    "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+    "Content-Type": "application/json; charset=utf-8",
+    "Accept": "*/*; q=0.5, application/xml",
+    "Cache-Control": "no-cache",
+}
+# What the webhook answers to a new event it stored.
+ACCEPTED_BODY = b'"duplicate": false'
 
 
 def http_request(
@@ -138,99 +101,6 @@ def _connect(port: int, timeout: float, source: str = HOST) -> socket.socket:
     return sock
 
 
-def post_once(port: int, request: bytes, *, timeout: float = 5.0) -> tuple[int, bytes]:
-    """Send one request on a new connection; return the status and body."""
-    with _connect(port, timeout) as sock:
-        response = _exchange(sock, request)
-    return response.status, response.body
-
-
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"
-
-
-def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the master (graceful), then SIGKILL its whole process group if it lingers."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace)
-    # Workers orphaned by a master that died or hung are still in the group we created.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-@contextlib.contextmanager
-def serve(
-    *,
-    env: Mapping[str, str],
-    config: GunicornConfig,
-    log_path: Path,
-    ready_path: str,
-    ready_body: bytes = b"{}",
-    ready_status: int = 200,
-    startup_timeout: float = 60.0,
-) -> Iterator[Server]:
-    """Run ``gunicorn core.wsgi`` with ``env`` on 127.0.0.1 for the duration of the block.
-
-    The block starts once a POST of ``ready_body`` to ``ready_path`` gets ``ready_status``.
-    """
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((HOST, 0))
-    port = listener.getsockname()[1]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "core.wsgi",
-                f"--bind=fd://{listener.fileno()}",
-                *config.argv(),
-                "--no-control-socket",
-                "--log-level=warning",
-                f"--error-logfile={log_path}",
-            ],
-            cwd=ROOT,
-            env=dict(env),
-            pass_fds=(listener.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches us, and we stop the server in order
-        )
-    listener.close()
-    try:
-        request = http_request(path=ready_path, body=ready_body, port=port)
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"gunicorn exited with {process.returncode}:\n{_log_tail(log_path)}"
-                )
-            try:
-                status, body = post_once(port, request, timeout=2.0)
-            except OSError:
-                status, body = 0, b""
-            if status == ready_status:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"gunicorn gave no {ready_status} within {startup_timeout:.0f} s "
-                    f"(last: {status} {body[:200]!r}):\n{_log_tail(log_path)}"
-                )
-            time.sleep(0.2)
-        yield Server(port=port, process=process)
-    finally:
-        _stop(process, grace=10.0)
-
-
 @dataclass
 class LoadResult:
     """One closed-loop run: latencies (seconds) of the successful requests, failures by kind."""
@@ -259,6 +129,16 @@ def percentile(ordered: Sequence[float], p: float) -> float:
     if not ordered:
         return math.nan
     return ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1]
+
+
+def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": percentile(ordered, 50) * 1000,
+        "p99_ms": percentile(ordered, 99) * 1000,
+        "p99_9_ms": percentile(ordered, 99.9) * 1000,
+        "max_ms": ordered[-1] * 1000 if ordered else math.nan,
+    }
 
 
 @dataclass
@@ -515,3 +395,51 @@ def pace(
         raise RuntimeError("a pacing thread failed") from crash[0]
     done = [outcome.done for outcome in outcomes if outcome is not None]
     return PacedResult(rate=rate, outcomes=outcomes, elapsed=max(done, default=0.0))
+
+
+# --- Stripe deliveries --------------------------------------------------------------------------
+
+
+def paid_event() -> bytes:
+    """A new ``invoice.paid`` event for a new invoice, encoded as Stripe sends it."""
+    invoice = testing.invoice_object(invoice_id=testing.new_id("in"))
+    return testing.encode(testing.event("invoice.paid", invoice))
+
+
+def signed_requests(bodies: Sequence[bytes], *, path: str, port: int, secret: str) -> list[bytes]:
+    """Each body as a delivery signed now, as Stripe signs it (the signature covers ``t``)."""
+    now = int(time.time())
+    return [
+        http_request(
+            path=path,
+            body=body,
+            port=port,
+            headers={
+                **STRIPE_HEADERS,
+                "Stripe-Signature": testing.signature_header(body, secret, timestamp=now),
+            },
+        )
+        for body in bodies
+    ]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Signed ``invoice.paid`` deliveries, each for a new invoice, and those invoices' ids."""
+
+    invoice_ids: list[str]
+    requests: list[bytes]
+
+
+def paid_batch(count: int, *, port: int, secret: str) -> Batch:
+    """``count`` new paid invoices as Stripe deliveries, signed now (build just before use:
+    the signature is valid for ``STRIPE_WEBHOOK_TOLERANCE``, 300 s by default)."""
+    ids = [testing.new_id("in") for _ in range(count)]
+    bodies = [
+        testing.encode(testing.event("invoice.paid", testing.invoice_object(invoice_id=invoice)))
+        for invoice in ids
+    ]
+    return Batch(
+        invoice_ids=ids,
+        requests=signed_requests(bodies, path=WEBHOOK_PATH, port=port, secret=secret),
+    )

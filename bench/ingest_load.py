@@ -13,7 +13,7 @@ Phases, in one run:
    admission is ``--admission``: ``edge`` (the default when nginx is installed) puts nginx in
    front, configured from ``deploy/nginx`` as compose.yaml does (``WEBHOOK_EDGE_RATE=<max>``,
    burst 0.2 s of it, 2 in flight per gunicorn worker, each client address half of those;
-   ``bench/edge.py``), with the app's own throttle off, and the events come from four loopback
+   ``stack.launch.edge``), with the app's own throttle off, and the events come from four loopback
    addresses, as Stripe's come from several; ``app`` uses the application's throttle alone,
    ``WEBHOOK_THROTTLE_RATE=<max>/s`` (every sender is 127.0.0.1, so this per-address fixed
    window is a global limit here).
@@ -31,36 +31,39 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from bench.ack_latency import latency_summary
-from bench.edge import edge
 from bench.fullstack import (
-    ACCEPTED_BODY,
-    NO_LIMITS,
     Backend,
-    WorkerConfig,
     backend,
-    cpu_per_item,
     emails_check,
-    owned_measure,
-    paid_batch,
-    run_config,
+    pipeline_expected,
     serving,
-    stack_arguments,
-    stack_fields,
     stored,
     stored_invoice_ids,
 )
-from bench.harness import GunicornConfig, PacedResult, Server, load, pace
+from bench.harness import ACCEPTED_BODY, PacedResult, latency_summary, load, pace, paid_batch
 from bench.report import Goal
-from bench.stack import cpu_snapshot, cpu_spent
+from bench.run import (
+    NO_LIMITS,
+    FullStackOptions,
+    cpu_per_item,
+    cpu_snapshot,
+    cpu_spent,
+    owned_measure,
+    run_config,
+    stack_arguments,
+    stack_fields,
+    verdict,
+)
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.nginx import nginx_binary
+from stack.process import Process
 
 P999_GOAL_MS = 500.0
 GOODPUT_GOAL = 0.9
@@ -72,8 +75,8 @@ EDGE_SOURCES = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
 DEFAULT_MARKS = {"BACKPRESSURE_SOFT_MARK": "5000", "BACKPRESSURE_HARD_MARK": "50000"}
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     max_duration: float
     duration: float
     fraction: float
@@ -83,11 +86,6 @@ class Options:
     pace_senders: int
     overload_senders: int
     drain_timeout: float
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
     admission: str = "app"
 
 
@@ -141,7 +139,7 @@ class IngestLoad:
         return time.perf_counter() - started
 
     def closed(
-        self, server: Server, *, count: int, duration: float, warmup: bool = False
+        self, server: Process, *, count: int, duration: float, warmup: bool = False
     ) -> dict[str, Any]:
         """Post up to ``count`` new events back to back for ``duration`` seconds (a warm-up
         posts all ``count``; a measurement must still have events left at the end)."""
@@ -171,7 +169,7 @@ class IngestLoad:
             "cpu_ms_per_request": cpu_per_item(cpu, result.requests),
         }
 
-    def maximum(self, server: Server) -> dict[str, Any]:
+    def maximum(self, server: Process) -> dict[str, Any]:
         """The closed-loop maximum, then the backlog drained."""
         duration = self.options.max_duration
         top = self.closed(server, count=round(600 * duration), duration=duration)
@@ -181,7 +179,7 @@ class IngestLoad:
 
     def paced(
         self,
-        server: Server,
+        server: Process,
         *,
         rate: float,
         senders: int,
@@ -209,20 +207,11 @@ class IngestLoad:
 def checks(bench: IngestLoad, options: Options) -> dict[str, Any]:
     """Stored invoices are exactly the acknowledged events; one email each; no dead letter."""
     time.sleep(2.0)
-    total = len(bench.accepted)
     found = stored(options.database_url)
     ids = stored_invoice_ids(options.database_url)
     wanted = set(bench.accepted)
     emails = emails_check(bench.backend.sink, bench.accepted)
-    expected = {
-        "events": total,
-        "invoices": total,
-        "outbox": total,
-        "outbox_unpublished": 0,
-        "emails_sent": total,
-        "emails_not_sent": 0,
-        "dead_letters": 0,
-    }
+    expected = pipeline_expected(len(bench.accepted))
     return {
         "expected": expected,
         "found": found,
@@ -272,13 +261,13 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
                 front = 0
                 if options.admission == "edge":
                     front = running.enter_context(
-                        edge(
+                        launch.edge(
                             server.port,
                             rate=limit,
                             burst=max(1, limit // 5),
                             in_flight=2 * options.gunicorn.workers * options.gunicorn.threads,
                         )
-                    )
+                    ).port
                 bench.closed(server, count=20, duration=60, warmup=True)
                 bench.drain()
                 rate = options.overload * top["rate"]
@@ -415,7 +404,7 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--admission",
         choices=("edge", "app"),
-        default="edge" if shutil.which("nginx") else "app",
+        default="edge" if nginx_binary() else "app",
         help="overload admission: nginx in front (the default when nginx is installed) or "
         "the application's own throttle",
     )
@@ -461,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure,
         benchmark="ingest_load",
         config={
+            "workers": options.workers.describe(),
             "max_duration_s": options.max_duration,
             "duration_s": options.duration,
             "fraction": options.fraction,
@@ -477,17 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(
-        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
+    steady = results["phases"]["fraction"]
+    failed = steady["refused"] + steady["other"]
+    return verdict(
+        options,
+        results["checks"],
+        failures=f"{failed} request(s) at 70% not acknowledged" if failed else "",
     )
-    print(f"\nresults: {options.output}")
-    failures = results["phases"]["fraction"]["refused"] + results["phases"]["fraction"]["other"]
-    if failures:
-        print(f"FAILED: {failures} request(s) at 70% not acknowledged", file=sys.stderr)
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-    return 1 if failures or not state["ok"] else 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from stack.process import ROOT
+
 
 @dataclass(frozen=True)
 class Goal:
@@ -135,12 +137,34 @@ def utc(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
+def revision() -> str | None:
+    """The checked-out commit, read from ``.git`` without running git (uncommitted changes in the
+    working tree are not visible here); None when it cannot be read."""
+    git = ROOT / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head.removeprefix("ref: ")
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip()
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(f" {ref}"):
+                return line.split()[0]
+    except OSError:
+        return None
+    return None
+
+
 def results_write(
-    output: Path, *, benchmark: str, started: float, config: dict[str, Any], results: dict[str, Any]
+    output: Path,
+    *,
+    benchmark: str,
+    started: float,
+    config: Mapping[str, Any],
+    results: dict[str, Any],
 ) -> None:
     """Write a benchmark's JSON document: what ran, where, when, with which configuration."""
-    from bench.webhook_ingest import revision
-
     document = {
         "benchmark": benchmark,
         "started_at": utc(started),

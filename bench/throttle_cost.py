@@ -42,7 +42,9 @@ from django.conf import settings  # noqa: E402
 from django.core.cache import cache  # noqa: E402
 from django.http import HttpRequest  # noqa: E402
 from django.test import RequestFactory  # noqa: E402
+from rest_framework.request import Request  # noqa: E402
 from rest_framework.throttling import SimpleRateThrottle  # noqa: E402
+from rest_framework.views import APIView  # noqa: E402
 
 from webhooks.throttle import WebhookRateThrottle  # noqa: E402
 
@@ -56,7 +58,7 @@ class DrfThrottle(SimpleRateThrottle):
         self.rate = rate
         super().__init__()
 
-    def get_cache_key(self, request, view):  # type: ignore[no-untyped-def]
+    def get_cache_key(self, request: Request, view: APIView) -> str:
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
 

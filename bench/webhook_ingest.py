@@ -27,36 +27,36 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import secrets
-import signal
 import sys
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.harness import GunicornConfig, LoadResult, Server, http_request, load, percentile, serve
-from bench.report import results_write
-from bench.stack import (
-    ROOT,
-    DatabaseBusy,
+from bench.fullstack import stored
+from bench.harness import WEBHOOK_PATH, LoadResult, load, paid_event, percentile, signed_requests
+from bench.run import (
+    DATABASE_URL,
+    NO_LIMITS,
+    NOOP_PATH,
+    REDIS_URL,
+    RESULTS,
+    RunConfig,
+    StackOptions,
     cpu_snapshot,
     cpu_spent,
-    database_counts,
-    database_exclusive,
-    database_recreate,
-    redis_prefix_delete,
+    owned_measure,
     redis_queued,
+    stack_env,
     stack_pids,
+    verdict,
+    web,
 )
-from webhooks import testing
+from stack.launch import GunicornConfig
+from stack.process import Process
 
-WEBHOOK_PATH = "/webhooks/stripe/"
-NOOP_PATH = "/bench/noop/"
 ARMS = ("noop", "unique", "duplicate")
 # A success is a 200 whose body says what the arm should have done.
 EXPECTED_BODY = {
@@ -64,51 +64,16 @@ EXPECTED_BODY = {
     "unique": b'"duplicate": false',
     "duplicate": b'"duplicate": true',
 }
-# The headers Stripe sends with a delivery, besides Stripe-Signature.
-STRIPE_HEADERS = {
-    "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
-    "Content-Type": "application/json; charset=utf-8",
-    "Accept": "*/*; q=0.5, application/xml",
-    "Cache-Control": "no-cache",
-}
 INGEST_GOAL = 0.6  # ingest rate / no-op rate
-RESULTS = ROOT / "bench" / "results"
 
 
-def paid_event() -> bytes:
-    """A new ``invoice.paid`` event for a new invoice, encoded as Stripe sends it."""
-    invoice = testing.invoice_object(invoice_id=testing.new_id("in"))
-    return testing.encode(testing.event("invoice.paid", invoice))
-
-
-def signed_requests(bodies: Sequence[bytes], *, path: str, port: int, secret: str) -> list[bytes]:
-    """Each body as a delivery signed now, as Stripe signs it (the signature covers ``t``)."""
-    now = int(time.time())
-    return [
-        http_request(
-            path=path,
-            body=body,
-            port=port,
-            headers={
-                **STRIPE_HEADERS,
-                "Stripe-Signature": testing.signature_header(body, secret, timestamp=now),
-            },
-        )
-        for body in bodies
-    ]
-
-
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(StackOptions):
     rounds: int
     duration: float
     warmup: float
     concurrency: int
     duplicates: int
-    gunicorn: GunicornConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -124,7 +89,7 @@ class ArmRun:
 class IngestBenchmark:
     """The three arms against one running server; tracks what the webhook should have stored."""
 
-    def __init__(self, *, server: Server, options: Options, secret: str) -> None:
+    def __init__(self, *, server: Process, options: Options, secret: str) -> None:
         self.server = server
         self.options = options
         self.secret = secret
@@ -171,7 +136,7 @@ class IngestBenchmark:
         self._load(arm, self._arm_requests(arm, self.options.warmup), self.options.warmup)
         requests = self._arm_requests(arm, self.options.duration)
         pids = stack_pids(
-            gunicorn=self.server.worker_pids(),
+            gunicorn=self.server.pids(),
             database=urlsplit(self.options.database_url).path.lstrip("/"),
         )
         before = cpu_snapshot(pids)
@@ -271,97 +236,50 @@ def report(options: Options, arms: dict[str, dict[str, Any]], verdict: dict[str,
     return "\n".join(lines)
 
 
-# Settings that would otherwise turn the benchmark's own load into refusals. Both checks still
-# run on every request, so their cost is measured; only their thresholds move.
-LIMITS = {
-    # Every sender is 127.0.0.1: at the default 6000/min the duplicate arm would be throttled
-    # within seconds, as one address flooding (Stripe sends from several).
-    "WEBHOOK_THROTTLE_RATE": "1000000/min",
-    # No Celery worker drains the email queue here, so it grows by one message per new event;
-    # with a worker it stays near empty. The default marks would start shedding at 50,000.
-    "BACKPRESSURE_SOFT_MARK": "1000000000",
-    "BACKPRESSURE_HARD_MARK": "1000000000",
-}
-
-
-def server_env(*, options: Options, prefix: str, secret: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        **LIMITS,
-        "DJANGO_SETTINGS_MODULE": "core.settings",
-        "DJANGO_ROOT_URLCONF": "bench.urls",
-        "DJANGO_DEBUG": "0",
-        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-        "DJANGO_SECURE_SSL_REDIRECT": "0",
-        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "LOG_LEVEL": "WARNING",
-        "DATABASE_URL": options.database_url,
-        "CELERY_BROKER_URL": options.redis_url,
-        "CELERY_BROKER_KEY_PREFIX": prefix,
-        "REDIS_URL": options.redis_url,
-        "REDIS_KEY_PREFIX": prefix.rstrip(":"),  # cache keys become "<prefix>1:<key>"
-        "STRIPE_WEBHOOK_SECRET": secret,
-        # The senders sign test-mode events (webhooks/testing.py); production acts on live only.
-        "STRIPE_LIVEMODE": "test",
-    }
-
-
-def checks(options: Options, prefix: str, stored: int) -> dict[str, Any]:
+def checks(options: Options, prefix: str, acknowledged: int) -> dict[str, Any]:
     """What the run left behind must match what it was told: every new event stored once,
     with its invoice and its outbox row, every outbox row published to Redis."""
-    counts = database_counts(url=options.database_url)
-    queued = redis_queued(url=options.redis_url, prefix=prefix)
+    counts = stored(options.database_url)
     found = {
-        "events": counts.events,
-        "invoices": counts.invoices,
-        "outbox": counts.outbox,
-        "outbox_unpublished": counts.outbox_unpublished,
-        "broker_messages": queued,
+        **{name: counts[name] for name in ("events", "invoices", "outbox", "outbox_unpublished")},
+        "broker_messages": redis_queued(url=options.redis_url, prefix=prefix),
     }
-    expected = {"events": stored, "invoices": stored, "outbox": stored}
-    expected |= {"outbox_unpublished": 0, "broker_messages": stored}
+    expected = {"events": acknowledged, "invoices": acknowledged, "outbox": acknowledged}
+    expected |= {"outbox_unpublished": 0, "broker_messages": acknowledged}
     return {"expected": expected, "found": found, "ok": found == expected}
 
 
-def measure(options: Options, prefix: str) -> tuple[list[ArmRun], int]:
-    """Serve, store the events to redeliver, run the rounds; return the runs and how many new
-    events the webhook acknowledged."""
-    secret = f"whsec_bench_{secrets.token_hex(16)}"
+def measure(options: Options, prefix: str) -> dict[str, Any]:
+    """Serve (no Celery worker: published messages wait in Redis), store the events to
+    redeliver, run the rounds, and check what was stored."""
+    run = RunConfig(
+        name="webhook_ingest",
+        prefix=prefix,
+        database_url=options.database_url,
+        redis_url=options.redis_url,
+        gunicorn=options.gunicorn,
+    )
     runs: list[ArmRun] = []
-    with serve(
-        env=server_env(options=options, prefix=prefix, secret=secret),
-        config=options.gunicorn,
-        log_path=RESULTS / "webhook_ingest.gunicorn.log",
-        ready_path=NOOP_PATH,
-    ) as server:
-        bench = IngestBenchmark(server=server, options=options, secret=secret)
-        stored = bench.store_duplicates()
+    with web(stack_env(run, settings=NO_LIMITS), run.gunicorn, log=run.name) as server:
+        bench = IngestBenchmark(server=server, options=options, secret=run.secret)
+        stored_first = bench.store_duplicates()
         print(
-            f"stored {stored.successes} events to redeliver ({stored.rate:.0f}/s); "
+            f"stored {stored_first.successes} events to redeliver ({stored_first.rate:.0f}/s); "
             f"running {options.rounds} round(s)",
             flush=True,
         )
         for round_ in range(options.rounds):
             order = ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]
             for arm in order:
-                run = bench.run(arm, round_)
-                runs.append(run)
+                result = bench.run(arm, round_)
+                runs.append(result)
                 print(
-                    f"  round {round_ + 1} {arm:<9} {run.result.rate:7.0f}/s "
-                    f"p50 {percentile(sorted(run.result.latencies), 50) * 1000:6.2f} ms "
-                    f"errors {sum(run.result.errors.values())}",
+                    f"  round {round_ + 1} {arm:<9} {result.result.rate:7.0f}/s "
+                    f"p50 {percentile(sorted(result.result.latencies), 50) * 1000:6.2f} ms "
+                    f"errors {sum(result.result.errors.values())}",
                     flush=True,
                 )
-    return runs, bench.stored
-
-
-def benchmark(options: Options, prefix: str) -> dict[str, Any]:
-    # One run at a time: a second one would drop the database under the first.
-    with database_exclusive(url=options.database_url):
-        print(f"recreating {options.database_url} ...", flush=True)
-        database_recreate(url=options.database_url)
-        runs, stored = measure(options, prefix)
-        stored_checks = checks(options, prefix, stored)
+    stored_checks = checks(options, prefix, bench.stored)
     arms = {arm: summarize([run for run in runs if run.arm == arm]) for arm in ARMS}
     return {"arms": arms, **goals(arms), "checks": stored_checks}
 
@@ -380,10 +298,8 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--worker-class", default="sync", choices=["sync", "gthread"])
     parser.add_argument("--workers", type=int, default=3, help="gunicorn workers (processes)")
     parser.add_argument("--threads", type=int, default=1, help="threads per gthread worker")
-    parser.add_argument(
-        "--database-url", default="postgres://postgres@127.0.0.1:5432/invoicing_bench"
-    )
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--database-url", default=DATABASE_URL)
+    parser.add_argument("--redis-url", default=REDIS_URL)
     parser.add_argument("--output", type=Path, default=RESULTS / "webhook_ingest.json")
     args = parser.parse_args(argv)
     return Options(
@@ -401,72 +317,31 @@ def parse(argv: Sequence[str] | None) -> Options:
     )
 
 
-def revision() -> str | None:
-    """The checked-out commit, read from ``.git`` without running git (uncommitted changes in the
-    working tree are not visible here); None when it cannot be read."""
-    git = ROOT / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head
-        ref = head.removeprefix("ref: ")
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(f" {ref}"):
-                return line.split()[0]
-    except OSError:
-        return None
-    return None
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    # Unwind through every ``finally`` (gunicorn stopped, Redis keys deleted) as Ctrl-C does.
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    prefix = f"bench-{secrets.token_hex(6)}:"
-    started = time.time()
-    try:
-        results = benchmark(options, prefix)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except DatabaseBusy as exc:
-        print(f"not run: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        deleted = redis_prefix_delete(url=options.redis_url, prefix=prefix)
-        print(f"deleted {deleted} Redis key(s) under {prefix}", flush=True)
-    results_write(
-        options.output,
+    results = owned_measure(
+        options,
+        measure,
         benchmark="webhook_ingest",
-        started=started,
-        results=results,
         config={
-            "gunicorn": options.gunicorn.describe(),
             "concurrency": options.concurrency,
             "rounds": options.rounds,
             "duration_s": options.duration,
             "warmup_s": options.warmup,
             "duplicates": options.duplicates,
-            "server_settings": LIMITS,
+            "server_settings": NO_LIMITS,
         },
     )
+    if isinstance(results, int):
+        return results
     print()
     print(report(options, results["arms"], results))
-    stored = results["checks"]
-    print(f"stored state {'OK' if stored['ok'] else 'WRONG'}: {stored['found']}")
-    print(f"\nresults: {options.output}")
-    failures = sum(arm["errors"] for arm in results["arms"].values())
-    if failures:
-        print(f"FAILED: {failures} request(s) did not succeed", file=sys.stderr)
-    if not stored["ok"]:
-        print(f"FAILED: stored state expected {stored['expected']}", file=sys.stderr)
-    return 1 if failures or not stored["ok"] else 0
+    failed = sum(arm["errors"] for arm in results["arms"].values())
+    return verdict(
+        options,
+        results["checks"],
+        failures=f"{failed} request(s) did not succeed" if failed else "",
+    )
 
 
 if __name__ == "__main__":

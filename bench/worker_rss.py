@@ -24,32 +24,27 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from bench.fullstack import (
-    ACCEPTED_BODY,
+from bench.fullstack import Backend, backend, emails_check, pipeline_expected, serving, stored
+from bench.harness import ACCEPTED_BODY, load, paid_batch
+from bench.report import Goal
+from bench.run import (
     NO_LIMITS,
-    Backend,
-    WorkerConfig,
-    backend,
-    emails_check,
+    FullStackOptions,
     owned_measure,
-    paid_batch,
     run_config,
-    serving,
     stack_arguments,
     stack_fields,
-    stored,
+    verdict,
 )
-from bench.harness import GunicornConfig, Server, load
-from bench.report import Goal
+from stack.process import Process
 
 GOAL = 1.1  # peak RSS after ``emails`` / peak RSS after ``baseline``
 
 
-@dataclass(frozen=True)
-class Options:
+@dataclass(frozen=True, kw_only=True)
+class Options(FullStackOptions):
     emails: int
     baseline: int
     batch: int
@@ -57,11 +52,6 @@ class Options:
     interval: float
     timeout: float
     max_tasks_per_child: int | None
-    gunicorn: GunicornConfig
-    workers: WorkerConfig
-    database_url: str
-    redis_url: str
-    output: Path
 
 
 @dataclass(frozen=True)
@@ -102,7 +92,7 @@ class Sampler:
             self._stop.wait(self.interval)
 
     def sample(self) -> None:
-        emails = self.backend.sink.count  # before the RSS: the figure is "after this many"
+        emails = self.backend.emails  # before the RSS: the figure is "after this many"
         rss, pss = self.backend.workers.rss(), self.backend.workers.pss()
         self.samples.append(Sample(time.perf_counter() - self._started, emails, rss, pss))
 
@@ -133,7 +123,7 @@ def peak_until(samples: Sequence[Sample], emails: int) -> dict[str, Any]:
     }
 
 
-def post_all(backend: Backend, server: Server, options: Options) -> list[str]:
+def post_all(backend: Backend, server: Process, options: Options) -> list[str]:
     """Post ``options.emails`` new paid invoices in batches; return their ids."""
     invoices: list[str] = []
     while len(invoices) < options.emails:
@@ -150,7 +140,7 @@ def post_all(backend: Backend, server: Server, options: Options) -> list[str]:
         invoices += batch.invoice_ids
         if result.errors or result.successes != count:
             raise RuntimeError(f"{result.successes} of {count} acknowledged: {result.errors}")
-        print(f"  posted {len(invoices)}; {backend.sink.count} emails so far", flush=True)
+        print(f"  posted {len(invoices)}; {backend.emails} emails so far", flush=True)
     return invoices
 
 
@@ -173,15 +163,7 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
     at_baseline = peak_until(samples, options.baseline)
     at_end = peak_until(samples, options.emails)
     total = len(invoices)
-    expected = {
-        "events": total,
-        "invoices": total,
-        "outbox": total,
-        "outbox_unpublished": 0,
-        "emails_sent": total,
-        "emails_not_sent": 0,
-        "dead_letters": 0,
-    }
+    expected = pipeline_expected(total)
     goal = Goal(
         source="worker_rss",
         metric=f"worker peak RSS after {options.emails:,} ÷ after {options.baseline:,} emails",
@@ -282,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure,
         benchmark="worker_rss",
         config={
+            "workers": options.workers.describe(),
             "emails": options.emails,
             "baseline": options.baseline,
             "senders": options.senders,
@@ -294,15 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results
     print()
     print(report(options, results))
-    state = results["checks"]
-    print(
-        f"stored state {'OK' if state['ok'] else 'WRONG'}: {state['found']}; sink {state['sink']}"
-    )
-    print(f"\nresults: {options.output}")
-    if not state["ok"]:
-        print(f"FAILED: stored state expected {state['expected']}", file=sys.stderr)
-        return 1
-    return 0
+    return verdict(options, results["checks"])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from chaos.faults import (
     WORKER_KILL,
     Step,
 )
-from chaos.smtp import IN_WINDOW, OUTSIDE
+from stack.smtp import IN_WINDOW, OUTSIDE, Faults
 
 SAFE = "safe"
 CONTROL = "control"
@@ -142,6 +142,28 @@ def app_env(*, smtp_port: int) -> dict[str, str]:
         "WEBHOOK_THROTTLE_RATE": "600000/min",
         **TIMING,
     }
+
+
+def smtp_faults() -> Faults:
+    """The SMTP server's faults throughout a run, the same in both arms:
+
+    * every recipient in the refused domain is refused with 550 at RCPT: a permanent refusal,
+      which the application must dead-letter, never retry;
+    * about 20 % of DATA attempts are deferred (451), a given Message-ID at most twice: a
+      transient fault that clears, as greylisting and a full spool do. (Uncapped and
+      independent, 20 % deferrals would exhaust five attempts for one invoice in 3,125 by
+      arithmetic alone; that measures the retry budget, not resilience to faults, and the
+      kills and restarts spend attempts too);
+    * about 10 % of replies to DATA come 1 to 4 s late (other sessions carry on).
+    """
+    return Faults(
+        refuse_domain="refused.example.com",
+        defer_rate=0.2,
+        max_deferrals=2,
+        delay=1.0,
+        delay_max=4.0,
+        delay_share=0.1,
+    )
 
 
 def worker_settings(arm: str) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +32,8 @@ import redis
 
 from chaos.load import Sender
 from chaos.observe import DEFAULT_QUEUE, EMAIL_QUEUE, Broker, Db, pending_invoices
-from chaos.smtp import FaultySmtpServer
 from chaos.stack import Stack, WorkerPool, tcp_ports
+from stack.smtp import SmtpServer
 
 WORKER_KILL = "worker_kill"
 RELAY_KILL = "relay_kill"
@@ -56,7 +55,7 @@ class Step:
 
     at: float
     kind: str
-    window: str = ""  # worker_kill: smtp.IN_WINDOW or smtp.OUTSIDE
+    window: str = ""  # worker_kill: stack.smtp.IN_WINDOW or OUTSIDE
     seconds: float = 0.0  # broker_stall: how long
 
 
@@ -64,7 +63,7 @@ class Step:
 class Context:
     stack: Stack
     workers: WorkerPool
-    smtp: FaultySmtpServer
+    smtp: SmtpServer
     db: Db
     broker: Broker
     sender: Sender
@@ -83,7 +82,7 @@ def worker_kill(ctx: Context, step: Step) -> dict[str, Any]:
     ports = tcp_ports(list(pid_index))
     owner = ports.get(hold.peer_port)
     index = pid_index.get(owner or 0, ctx.rng.randrange(len(ctx.workers)))
-    worker = ctx.workers.service(index)
+    worker = ctx.workers.worker(index)
     group = set(worker.pids())
     victims = [
         {"message_id": s.message_id, "recipient": s.recipient, "state": s.state}
@@ -117,13 +116,9 @@ def _read_lines(stream: Any, lines: queue.Queue[str]) -> None:
 
 def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
     ctx.relay_kills += 1
-    probe = ctx.stack.start(
-        f"relay-probe-{ctx.relay_kills}",
-        [sys.executable, "-m", "chaos.relay_probe", "--freeze-after", str(RELAY_FREEZE_AFTER)],
-        pipes=True,
-    )
+    probe = ctx.stack.relay_probe(f"relay-probe-{ctx.relay_kills}", freeze_after=RELAY_FREEZE_AFTER)
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_read_lines, args=(probe.proc.stdout, lines), daemon=True).start()
+    threading.Thread(target=_read_lines, args=(probe.stdout, lines), daemon=True).start()
     published: list[int] = []
     outcome = "no output"
     killed_at: float | None = None
@@ -139,9 +134,8 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
         unpublished_before = ctx.db.value(
             "SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL"
         )
-        assert probe.proc.stdin is not None
-        probe.proc.stdin.write("go\n")
-        probe.proc.stdin.flush()
+        probe.stdin.write("go\n")
+        probe.stdin.flush()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -33,8 +33,8 @@ from chaos.faults import (
 )
 from chaos.load import Plan, Sender
 from chaos.observe import Facts
-from chaos.smtp import Accepted, FaultySmtpServer
 from chaos.stack import Exit
+from stack.smtp import Received, SmtpServer
 
 DEFINITIONS = {
     "invoices_paid": "invoices stored as paid in the database, plus any invoice the sender "
@@ -93,7 +93,7 @@ class Inputs:
     ended: float
     plan: Plan
     sender: Sender
-    smtp: FaultySmtpServer
+    smtp: SmtpServer
     faults: list[dict[str, Any]]
     facts: Facts
     timeline: list[dict[str, Any]]
@@ -127,17 +127,39 @@ def _seconds_until_all(done: list[float | None], moment: float) -> float | None:
     return round(max([0.0, *(t - moment for t in done if t is not None)]), 1)
 
 
+def smtp_summary(smtp: SmtpServer) -> dict[str, Any]:
+    """What the SMTP server did: its counts, and the faults it was given."""
+    handler = smtp.handler
+    with handler.lock:
+        counts = dict(handler.counts)
+        accepted = len(handler.envelopes)
+    attempts = counts.get("data_attempts", 0)
+    faults = handler.faults
+    return {
+        **counts,
+        "accepted": accepted,
+        "deferred_ratio": round(counts.get("deferred_451", 0) / attempts, 3) if attempts else 0,
+        "faults": {
+            "defer_rate": faults.defer_rate,
+            "max_deferrals_per_message": faults.max_deferrals,
+            "slow_rate": faults.delay_share,
+            "slow_seconds": [faults.delay, faults.delay_max],
+            "refused_domain": faults.refuse_domain,
+        },
+    }
+
+
 class _Analysis:
     def __init__(self, inputs: Inputs) -> None:
         self.i = inputs
         facts = inputs.facts
         self.pk_of = {provider: pk for pk, (provider, _) in facts.invoices.items()}
-        self.messages: dict[str, list[Accepted]] = defaultdict(list)
+        self.messages: dict[str, list[Received]] = defaultdict(list)
         self.endings: dict[int, str] = {}  # id() of an accepted message -> its session's end
         invoice_of = inputs.plan.invoice_of
         self.stray = 0
         with inputs.smtp.handler.lock:
-            accepted = list(inputs.smtp.handler.accepted)
+            accepted = list(inputs.smtp.handler.envelopes)
             self.cuts = list(inputs.smtp.handler.cuts)
             endings = dict(inputs.smtp.handler.endings)
         for index, message in enumerate(accepted):
@@ -401,7 +423,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
         "results": results,
         "load": load,
         "faults": faults,
-        "smtp": inputs.smtp.summary(),
+        "smtp": smtp_summary(inputs.smtp),
         "quiescence": inputs.quiescence,
         "config": {
             "workers": profile.workers,

@@ -32,8 +32,8 @@ from chaos.observe import (
     worker_outcomes,
     worker_self_terminations,
 )
-from chaos.smtp import FaultySmtpServer, SmtpFaults
 from chaos.stack import Stack, WorkerPool
+from stack.smtp import SmtpServer
 
 _DEAD_LETTER_INVOICES_SQL = """
 SELECT i.provider_invoice_id FROM core_deadletter l
@@ -84,7 +84,7 @@ class Quiescence:
 def quiesce(
     *,
     db: Db,
-    smtp: FaultySmtpServer,
+    smtp: SmtpServer,
     plan: Plan,
     acked: set[str],
     idle: float,
@@ -101,9 +101,9 @@ def quiesce(
     previous: tuple[Any, ...] = ()
     while True:
         now = time.monotonic()
-        with smtp.handler.lock:
-            delivered = {invoice_of.get(a.recipient) for a in smtp.handler.accepted}
-            accepted = len(smtp.handler.accepted)
+        received = smtp.handler.received()
+        delivered = {invoice_of.get(r.recipient) for r in received}
+        accepted = len(received)
         row = db.rows(_PROGRESS_SQL)
         dead = db.rows(_DEAD_LETTER_INVOICES_SQL)
         if row is not None and dead is not None:
@@ -142,8 +142,7 @@ def run_arm(
     log_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)  # noqa: S311 - a reproducible plan, not secrets
     started = time.time()
-    faults = SmtpFaults()
-    smtp = FaultySmtpServer(faults, seed=rng.getrandbits(32)).start()
+    smtp = SmtpServer(faults=config.smtp_faults(), seed=rng.getrandbits(32)).start()
     env = config.app_env(smtp_port=smtp.port)
     try:
         with Stack(log_dir=log_dir, app_env=env) as stack:
@@ -162,7 +161,9 @@ def run_arm(
             )
             stack.start_beat()
             with stack.web(workers=profile.web_workers) as port:
-                plan = plan_build(invoices=invoices, rng=rng, refused_domain=faults.refused_domain)
+                plan = plan_build(
+                    invoices=invoices, rng=rng, refused_domain=smtp.handler.faults.refuse_domain
+                )
                 sender = Sender(
                     port=port,
                     secret=env["STRIPE_WEBHOOK_SECRET"],
@@ -177,7 +178,7 @@ def run_arm(
                     Sources(
                         db=db,
                         broker=broker,
-                        smtp_accepted=smtp.handler.accepted_count,
+                        smtp_accepted=lambda: len(smtp.handler.received()),
                         events_acknowledged=lambda: len(responses.acked_events),
                     )
                 ).start()

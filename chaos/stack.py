@@ -9,10 +9,12 @@ loopback port with trust authentication and its socket in that directory, and a
 as on this machine, so a restart drops every queued message. They are the same binaries as
 the machine's instances, on loopback only.
 
-Every process started here (gunicorn, the Celery workers, beat, redis-server) runs in a
-process group of its own, so a kill takes the whole process (a Celery worker's pool children
-too). ``Stack`` is a context manager: on the way out, on an error or Ctrl-C too, it stops
-every process it started, stops PostgreSQL and removes the temporary directories.
+The application's processes are started by the kit (``stack.launch``), each in a process
+group of its own, so a kill takes the whole process (a Celery worker's pool children too);
+what is the suite's own here is supervision (``Processes``: a worker or beat that exits by
+itself is recorded and started again) and the services the faults restart. ``Stack`` is a
+context manager: on the way out, on an error or Ctrl-C too, it stops every process it
+started, stops PostgreSQL and removes the temporary directories.
 """
 
 from __future__ import annotations
@@ -21,14 +23,12 @@ import contextlib
 import glob
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -36,109 +36,10 @@ from types import TracebackType
 import psycopg
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(
-    what: str, predicate: Callable[[], object], timeout: float, interval: float = 0.1
-) -> None:
-    """Call ``predicate`` until it returns something true; raise after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if predicate():
-                return
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-class Service:
-    """One child process in a process group of its own, its output in a log file (with
-    ``pipes``, its stdin and stdout are pipes to the orchestrator and only stderr is logged).
-    A ``supervised`` one is started again if it exits by itself (``Processes``)."""
-
-    def __init__(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        env: Mapping[str, str],
-        log_dir: Path,
-        pipes: bool = False,
-        supervised: bool = False,
-    ) -> None:
-        self.name = name
-        self.argv = argv
-        self.env = dict(env)
-        self.supervised = supervised
-        self.log = log_dir / f"{name}.log"
-        self.ended_on_purpose = False
-        self.replaced_by: Service | None = None
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(  # noqa: S603 - our own argv, no shell
-                argv,
-                cwd=ROOT,
-                env=dict(env),
-                stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
-                stdout=subprocess.PIPE if pipes else out,
-                stderr=out if pipes else subprocess.STDOUT,
-                text=pipes,
-                start_new_session=True,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def current(self) -> Service:
-        """This service, or the one the supervisor started in its place."""
-        service = self
-        while service.replaced_by is not None:
-            service = service.replaced_by
-        return service
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def pids(self) -> list[int]:
-        """Every live process in this service's process group (a worker's pool children too)."""
-        found = []
-        for stat in glob.glob("/proc/[0-9]*/stat"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = Path(stat).read_text().rpartition(")")[2].split()
-                if int(fields[2]) == self.pid:  # the process group id
-                    found.append(int(stat.split("/")[2]))
-        return found
-
-    def signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group and reap the leader."""
-        self.ended_on_purpose = True
-        self.signal_group(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the group, then SIGKILL whatever is left after ``grace`` seconds."""
-        self.ended_on_purpose = True
-        if self.alive():
-            self.signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace)
-        self.kill()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.net import HOST, free_port, wait_until
+from stack.process import ROOT, Process
 
 
 @dataclass(frozen=True)
@@ -158,59 +59,62 @@ class Processes:
     Supervision: a supervised process (the workers, beat) that exits by itself is recorded
     and started again after ``RESTART_DELAY`` seconds, as the deployment's process manager
     does (``restart: unless-stopped`` in compose.yaml). Nothing stops an application process
-    except the faults, which say so, and the teardown: every exit recorded here is a
-    process that died of a fault it should have survived."""
+    except the faults, which say so (``Process.stopped``), and the teardown: every exit
+    recorded here is a process that died of a fault it should have survived."""
 
     RESTART_DELAY = 1.0
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._services: list[Service] = []
+        self._processes: list[Process] = []
+        self._supervised: set[Process] = set()
+        self._recorded: set[Process] = set()
+        self._replaced: dict[Process, Process] = {}
         self._exits: list[Exit] = []
         self._closed = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
         self._supervisor.start()
 
-    def spawn(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        env: Mapping[str, str],
-        pipes: bool = False,
-        supervised: bool = False,
-    ) -> Service:
+    def add(self, process: Process, *, supervised: bool = False) -> Process:
+        """Keep ``process`` (just started) to stop with the rest; a process started while the
+        run is being torn down is stopped at once."""
         with self._lock:
-            if self._closed.is_set():
-                raise RuntimeError(f"not starting {name}: the run is being torn down")
-            service = Service(
-                name, argv, env=env, log_dir=self.log_dir, pipes=pipes, supervised=supervised
-            )
-            self._services.append(service)
-            return service
+            if not self._closed.is_set():
+                self._processes.append(process)
+                if supervised:
+                    self._supervised.add(process)
+                return process
+        process.kill()
+        raise RuntimeError(f"not running {process.name}: the run is being torn down")
+
+    def current(self, process: Process) -> Process:
+        """``process``, or the one the supervisor started in its place."""
+        with self._lock:
+            while process in self._replaced:
+                process = self._replaced[process]
+        return process
 
     def _supervise(self) -> None:
         while not self._closed.wait(0.5):
             with self._lock:
                 dead = [
-                    s
-                    for s in self._services
-                    if s.replaced_by is None
-                    and not s.ended_on_purpose
-                    and s.proc.poll() is not None
+                    p
+                    for p in self._processes
+                    if p not in self._replaced
+                    and p not in self._recorded
+                    and not p.stopped
+                    and p.returncode is not None
                 ]
-            for service in dead:
-                service.ended_on_purpose = True  # recorded once
-                with self._lock:
-                    self._exits.append(
-                        Exit(service.name, service.proc.returncode, time.time(), service.supervised)
-                    )
-                if service.supervised and not self._closed.wait(self.RESTART_DELAY):
+                self._recorded.update(dead)
+                self._exits += [
+                    Exit(p.name, p.returncode, time.time(), p in self._supervised) for p in dead
+                ]
+            for process in dead:
+                if process in self._supervised and not self._closed.wait(self.RESTART_DELAY):
                     with contextlib.suppress(RuntimeError):  # torn down meanwhile
-                        service.replaced_by = self.spawn(
-                            service.name, service.argv, env=service.env, supervised=True
-                        )
+                        replacement = self.add(process.respawn(), supervised=True)
+                        with self._lock:
+                            self._replaced[process] = replacement
 
     def unexpected_exits(self) -> list[Exit]:
         """The processes that exited by themselves."""
@@ -220,10 +124,10 @@ class Processes:
     def stop_all(self) -> None:
         with self._lock:
             self._closed.set()
-            services = list(reversed(self._services))
+            processes = list(reversed(self._processes))
         self._supervisor.join(5)
-        for service in services:
-            service.stop(grace=5)
+        for process in processes:
+            process.stop(grace=5)
 
 
 def _as_postgres() -> list[str]:
@@ -302,12 +206,13 @@ class Postgres:
 class RedisServer:
     """A redis-server on a free loopback port with no persistence, restartable on that port."""
 
-    def __init__(self, root: Path, processes: Processes) -> None:
+    def __init__(self, root: Path, processes: Processes, log_dir: Path) -> None:
         self.dir = root / "redis"
         self.dir.mkdir()
         self.port = free_port()
         self.processes = processes
-        self.service: Service | None = None
+        self.log_dir = log_dir
+        self.process: Process | None = None
         self.generation = 0
 
     @property
@@ -319,6 +224,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.generation += 1
+        name = f"redis-{self.generation}"
         argv = [
             "redis-server",
             "--bind",
@@ -334,20 +240,23 @@ class RedisServer:
             "--daemonize",
             "no",
         ]
-        self.service = self.processes.spawn(f"redis-{self.generation}", argv, env=os.environ)
-        wait_until("redis", lambda: self.client(0.5).ping(), timeout=20)
+        self.process = self.processes.add(
+            Process(argv, name=name, env=os.environ, log=self.log_dir / f"{name}.log", append=True)
+        )
+        if not wait_until(lambda: self.client(0.5).ping(), timeout=20, ignore=(redis.RedisError,)):
+            raise TimeoutError("timed out after 20 s waiting for redis")
 
     def shutdown_nosave(self) -> None:
         """``SHUTDOWN NOSAVE``: everything in memory (every queued message) is gone."""
-        if self.service is not None:
-            self.service.ended_on_purpose = True
+        if self.process is not None:
+            self.process.stopped = True  # on purpose: not an exit to report
         with contextlib.suppress(redis.RedisError):
             self.client().shutdown(nosave=True)
-        if self.service is not None:
+        if self.process is not None:
             try:
-                self.service.proc.wait(10)
+                self.process.popen.wait(10)
             except subprocess.TimeoutExpired:
-                self.service.kill()
+                self.process.kill()
 
 
 class Stack:
@@ -359,13 +268,13 @@ class Stack:
         self.tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
         self.postgres: Postgres | None = None
         self.redis: RedisServer | None = None
-        self.processes = Processes(log_dir)
+        self.processes = Processes()
 
     def __enter__(self) -> Stack:
         try:
             self.postgres = Postgres(self.tmp / "pg")
             self.postgres.start()
-            self.redis = RedisServer(self.tmp, self.processes)
+            self.redis = RedisServer(self.tmp, self.processes, self.log_dir)
             self.redis.start()
         except BaseException:
             self.close()
@@ -400,6 +309,9 @@ class Stack:
             **extra,
         }
 
+    def log(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
     def manage(self, *args: str) -> None:
         subprocess.run(  # noqa: S603 - our own argv, no shell
             [sys.executable, "manage.py", *args],
@@ -411,79 +323,45 @@ class Stack:
             timeout=300,
         )
 
-    def start(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        pipes: bool = False,
-        supervised: bool = False,
-        **extra_env: str,
-    ) -> Service:
-        return self.processes.spawn(
-            name, argv, env=self.env(**extra_env), pipes=pipes, supervised=supervised
+    def relay_probe(self, name: str, *, freeze_after: int) -> Process:
+        """``chaos.relay_probe`` (the application's relay, frozen on its N-th publish), its
+        stdin and stdout piped to the caller."""
+        return self.processes.add(
+            Process(
+                [sys.executable, "-m", "chaos.relay_probe", "--freeze-after", str(freeze_after)],
+                name=name,
+                env=self.env(),
+                log=self.log(name),
+                append=True,
+                pipes=True,
+            )
         )
 
-    def start_worker(self, name: str, *, concurrency: int, settings_module: str) -> Service:
-        """``celery -A core worker`` in a process group of its own; returns once it is ready."""
-        service = self.start(
-            name,
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "core",
-                "worker",
-                "-n",
-                f"{name}@%h",
-                "-c",
-                str(concurrency),
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
-            supervised=True,
-            DJANGO_SETTINGS_MODULE=settings_module,
+    def start_worker(self, name: str, *, concurrency: int, settings_module: str) -> Process:
+        """A supervised Celery worker, in a process group of its own; returns once it is
+        ready."""
+        worker = launch.celery_worker(
             # The " ready." line is logged at INFO, and the application's logging settings
             # (not Celery's -l) decide what a worker logs.
-            LOG_LEVEL="INFO",
+            self.env(DJANGO_SETTINGS_MODULE=settings_module, LOG_LEVEL="INFO"),
+            name=name,
+            concurrency=concurrency,
+            log=self.log(name),
+            append=True,
         )
-        wait_until(f"worker {name}", lambda: " ready." in service.log_text(), timeout=60)
-        return service
+        return self.processes.add(worker, supervised=True).wait_ready(timeout=60)
 
-    def start_beat(self) -> Service:
-        return self.start(
-            "beat",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "core",
-                "beat",
-                "-l",
-                "WARNING",
-                "--pidfile=",
-                "-s",
-                str(self.tmp / "beat-schedule"),
-            ],
-            supervised=True,
-        )
+    def start_beat(self) -> Process:
+        beat = launch.celery_beat(self.env(), loglevel="WARNING", log=self.log("beat"), append=True)
+        return self.processes.add(beat, supervised=True)
 
     @contextlib.contextmanager
     def web(self, *, workers: int) -> Iterator[int]:
-        """gunicorn core.wsgi (bench.harness.serve: its own socket, ready-checked); the port."""
-        from bench.harness import GunicornConfig, serve
-
-        with serve(
-            env=self.env(),
+        """gunicorn core.wsgi, ready once Django answers; its port."""
+        with launch.gunicorn(
+            self.env(),
             config=GunicornConfig(workers=workers, timeout=30),
-            log_path=self.log_dir / "gunicorn.log",
-            ready_path="/webhooks/stripe/",
-            ready_status=400,  # no signature: Django answered, the app is loaded
+            log=self.log("gunicorn"),
         ) as server:
             yield server.port
 
@@ -495,19 +373,19 @@ class WorkerPool:
         self.stack = stack
         self.concurrency = concurrency
         self.settings_module = settings_module
-        self._services: list[Service] = []
+        self._workers: list[Process] = []
         self.starts = 0
         for index in range(count):
-            self._services.append(self._start(index))
+            self._workers.append(self._start(index))
 
     def __len__(self) -> int:
-        return len(self._services)
+        return len(self._workers)
 
-    def service(self, index: int) -> Service:
+    def worker(self, index: int) -> Process:
         """The worker at ``index`` now (the supervisor may have started it again)."""
-        return self._services[index].current()
+        return self.stack.processes.current(self._workers[index])
 
-    def _start(self, index: int) -> Service:
+    def _start(self, index: int) -> Process:
         self.starts += 1
         return self.stack.start_worker(
             f"worker{index + 1}-{self.starts}",
@@ -515,13 +393,13 @@ class WorkerPool:
             settings_module=self.settings_module,
         )
 
-    def restart(self, index: int) -> Service:
-        self._services[index] = self._start(index)
-        return self._services[index]
+    def restart(self, index: int) -> Process:
+        self._workers[index] = self._start(index)
+        return self._workers[index]
 
     def pid_index(self) -> dict[int, int]:
         """Every live worker process (parents and pool children) -> its worker's index."""
-        return {pid: i for i in range(len(self)) for pid in self.service(i).pids()}
+        return {pid: i for i in range(len(self)) for pid in self.worker(i).pids()}
 
 
 def tcp_ports(pids: list[int]) -> dict[int, int]:

@@ -1,8 +1,8 @@
 """The whole flow in one command: ``make demo`` (or ``.venv/bin/python scripts/demo.py``).
 
-Starts a local SMTP sink, a Celery worker, Celery beat and the web app (gunicorn, serving the
-static files ``collectstatic`` gathers into .demo/static) on the local PostgreSQL and Redis,
-then plays what a payment provider and an operator would.
+Starts (through the kit, ``stack``) an SMTP sink, a Celery worker, Celery beat and the web app
+(gunicorn, serving the static files ``collectstatic`` gathers into .demo/static) on the local
+PostgreSQL and Redis, then plays what a payment provider and an operator would.
 
 Celery beat runs the scheduled jobs (outbox relay, stale-claim recovery, reconcile, DLQ
 alert, retention) under its leader lock. Then:
@@ -29,8 +29,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,83 +36,38 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from email import message_from_bytes, policy
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# The kit, importable once the repository is on the path.
+from stack import launch  # noqa: E402
+from stack.net import HOST, wait_until  # noqa: E402
+from stack.process import ProcessError  # noqa: E402
+from stack.smtp import Faults, SmtpServer  # noqa: E402
+
 RUN = secrets.token_hex(4)
 LOGS = Path(os.environ.get("DEMO_LOGS") or tempfile.mkdtemp(prefix="invoice-demo-"))
 FLOW = "DEMO_FLOW"  # set in the child process that runs the flow
+# A recipient the demo's mail server refuses, like a real one refusing a mistyped address.
+MISTYPED = "jenny@exmaple.com"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+T = TypeVar("T")
 
 
 def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise SystemExit(f"demo: timed out after {timeout:.0f} s waiting for {what} (logs: {LOGS})")
-
-
-class Sink:
-    """An SMTP server that keeps what it receives and refuses some recipients, like a real one
-    refusing a mistyped address."""
-
-    def __init__(self, refuse: set[str]) -> None:
-        self.messages: list[EmailMessage] = []
-        self.refuse = refuse
-
-    async def handle_RCPT(
-        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
-    ) -> str:
-        if address in self.refuse:
-            return f"550 5.1.1 <{address}>: mailbox unavailable"
-        envelope.rcpt_tos.append(address)
-        return "250 OK"
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.messages.append(message_from_bytes(envelope.content, policy=policy.default))  # type: ignore[arg-type]
-        return "250 Message accepted"
-
-
-@contextlib.contextmanager
-def process(
-    name: str, argv: list[str], env: dict[str, str], *, after: Callable[[], None] | None = None
-) -> Iterator[Path]:
-    """``argv`` in a process group of its own, logging to LOGS/<name>.log, stopped on the way
-    out; started once ``after()`` has returned, when given."""
-    if after is not None:
-        after()
-    log = LOGS / f"{name}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            yield log
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+def expect(what: str, predicate: Callable[[], T | None], timeout: float) -> T:
+    """What ``predicate`` returns once it is true; the demo stops if it is not in time."""
+    value = wait_until(predicate, timeout, interval=0.2)
+    if not value:
+        raise SystemExit(f"demo: timed out after {timeout:.0f} s waiting for {what} (logs: {LOGS})")
+    return value
 
 
 def post(url: str, body: bytes, signature: str) -> tuple[int, dict[str, Any]]:
@@ -257,27 +210,33 @@ def missing_fallback(service: str) -> Iterator[None]:
 
 
 def flow() -> None:
-    smtp_port, web_port = free_port(), free_port()
-    os.environ.update(
-        {
-            "CELERY_BROKER_KEY_PREFIX": f"demo-{RUN}:",
-            "REDIS_KEY_PREFIX": f"demo-{RUN}",
-            "EMAIL_HOST": "127.0.0.1",
-            "EMAIL_PORT": str(smtp_port),
-            "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
-            # Retries come quickly in a demo; the defaults are 2 s doubling up to 60 s.
-            "EMAIL_RETRY_BACKOFF_BASE": "1",
-            "EMAIL_RETRY_BACKOFF_MAX": "2",
-            # The web app serves the static files collected here (WhiteNoise), as the Docker
-            # image's from /app/staticfiles: a directory of the demo's own (gitignored), made
-            # afresh each run, so the developer's staticfiles/ is left alone.
-            "DJANGO_STATIC_ROOT": str(ROOT / ".demo" / "static"),
-        }
-    )
-    import django
+    with SmtpServer(faults=Faults(refuse={MISTYPED})) as sink:
+        os.environ.update(
+            {
+                "CELERY_BROKER_KEY_PREFIX": f"demo-{RUN}:",
+                "REDIS_KEY_PREFIX": f"demo-{RUN}",
+                "EMAIL_HOST": HOST,
+                "EMAIL_PORT": str(sink.port),
+                "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
+                # Retries come quickly in a demo; the defaults are 2 s doubling up to 60 s.
+                "EMAIL_RETRY_BACKOFF_BASE": "1",
+                "EMAIL_RETRY_BACKOFF_MAX": "2",
+                # The web app serves the static files collected here (WhiteNoise), as the Docker
+                # image's from /app/staticfiles: a directory of the demo's own (gitignored), made
+                # afresh each run, so the developer's staticfiles/ is left alone.
+                "DJANGO_STATIC_ROOT": str(ROOT / ".demo" / "static"),
+            }
+        )
+        import django
 
-    django.setup()
-    from aiosmtpd.controller import Controller
+        django.setup()
+        try:
+            play(sink)
+        except ProcessError as exc:  # a process that did not start: its log says why
+            raise SystemExit(f"demo: {exc}") from exc
+
+
+def play(sink: SmtpServer) -> None:
     from django.conf import settings
     from django.contrib.staticfiles.storage import staticfiles_storage
     from django.core.management import call_command
@@ -293,64 +252,32 @@ def flow() -> None:
     call_command("migrate", verbosity=0)  # which also syncs the scheduled jobs' schedules
     call_command("setup_groups", verbosity=0)
     say("database migrated (schedules synced), operator groups set up")
-
-    sink = Sink(refuse={"jenny@exmaple.com"})
-    controller = Controller(sink, hostname="127.0.0.1", port=smtp_port)
-    controller.start()
     env = {**os.environ}
-    python = sys.executable
-
-    def collect_static() -> None:
-        # While the worker and beat start: it takes seconds, and only the web app needs it.
-        call_command("collectstatic", interactive=False, clear=True, verbosity=0)
-        say(f"static files collected into {settings.STATIC_ROOT}")
 
     try:
-        with (
-            process(
-                "worker",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "core",
-                    "worker",
-                    "-c",
-                    "2",
-                    "-n",
-                    f"demo-{RUN}@%h",
-                    "-l",
-                    "INFO",
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-                env,
-            ) as worker_log,
-            process(
-                "beat", [python, "-m", "celery", "-A", "core", "beat", "-l", "INFO"], env
-            ) as beat_log,
-            process(
-                "web",
-                [python, "-m", "gunicorn", "core.wsgi", "-b", f"127.0.0.1:{web_port}", "-w", "2"],
-                env,
-                after=collect_static,  # its workers read STATIC_ROOT as they start
-            ),
-        ):
-            wait_for("the worker", lambda: " ready." in worker_log.read_text(), 60)
-            url = f"http://127.0.0.1:{web_port}/webhooks/stripe/"
-
-            def web_up() -> bool:
-                with contextlib.suppress(OSError):
-                    return post(url, b"", "")[0] == 400
-                return False
-
-            wait_for("the web app", web_up, 60)
-            say(f"SMTP sink on :{smtp_port}, worker and beat up, web app on :{web_port}")
+        with contextlib.ExitStack() as running:
+            worker = launch.celery_worker(
+                env, name=f"demo-{RUN}", concurrency=2, log=LOGS / "worker.log"
+            )
+            running.callback(worker.stop, 20)
+            beat = launch.celery_beat(env, log=LOGS / "beat.log")
+            running.callback(beat.stop, 20)
+            # While the worker and beat start: it takes seconds, and only the web app needs it
+            # (its workers read STATIC_ROOT as they start).
+            call_command("collectstatic", interactive=False, clear=True, verbosity=0)
+            say(f"static files collected into {settings.STATIC_ROOT}")
+            web = launch.gunicorn(
+                env, config=launch.GunicornConfig(workers=2), log=LOGS / "web.log"
+            )
+            running.callback(web.stop, 20)
+            worker.wait_ready(60)
+            web.wait_ready(60)
+            url = f"http://{HOST}:{web.port}/webhooks/stripe/"
+            say(f"SMTP sink on :{sink.port}, worker and beat up, web app on :{web.port}")
             # The admin's stylesheet, by the hashed name its pages link to.
             stylesheet = staticfiles_storage.url("admin/css/base.css")
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{web_port}{stylesheet}", timeout=10
+                f"http://{HOST}:{web.port}{stylesheet}", timeout=10
             ) as answer:
                 say(f"  GET {stylesheet} -> {answer.status}, {answer.headers['Cache-Control']}")
             secret = settings.STRIPE_WEBHOOK_SECRETS[0]
@@ -374,7 +301,7 @@ def flow() -> None:
             )
             deliver(paid)
             deliver(paid)
-            wait_for("the email", lambda: len(sink.messages) >= 1, 60)
+            expect("the email", lambda: sink.handler.wait_for(1, timeout=1), 60)
             time.sleep(1)  # room for a second email, were there one
             say(f"  emails received: {len(sink.messages)}")
             show_email(sink.messages[0])
@@ -384,12 +311,10 @@ def flow() -> None:
             deliver(
                 testing.event(
                     "invoice.paid",
-                    testing.invoice_object(
-                        invoice_id=refused_id, customer_email="jenny@exmaple.com"
-                    ),
+                    testing.invoice_object(invoice_id=refused_id, customer_email=MISTYPED),
                 )
             )
-            letter = wait_for(
+            letter = expect(
                 "the dead letter",
                 lambda: DeadLetter.objects.filter(
                     args=[Invoice.objects.get(provider_invoice_id=refused_id).pk]
@@ -413,7 +338,7 @@ def flow() -> None:
             say("  recipient corrected: jenny@exmaple.com -> jenny@example.com")
             say(f"  python manage.py dlq replay {letter.pk}")
             call_command("dlq", "replay", str(letter.pk))
-            wait_for("the replayed email", lambda: len(sink.messages) >= 2, 60)
+            expect("the replayed email", lambda: sink.handler.wait_for(2, timeout=1), 60)
             show_email(sink.messages[1])
             time.sleep(1)
 
@@ -429,13 +354,12 @@ def flow() -> None:
             )
             if len(sink.messages) != 2:
                 raise SystemExit("demo: expected exactly two emails")
-            leading = "took the leader lock" in beat_log.read_text()
+            leading = "took the leader lock" in beat.log_text()
             say(f"beat: {'dispatching scheduled jobs' if leading else 'standing by'}")
             say("\npython manage.py pipeline_status")
             with contextlib.suppress(SystemExit, Exception):
                 call_command("pipeline_status")
     finally:
-        controller.stop()
         _redis_cleanup()
 
 

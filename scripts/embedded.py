@@ -61,7 +61,7 @@ def embedded_postgres(directory: Path, name: str) -> Iterator[str]:
     """Start PostgreSQL in ``directory``; yield a DATABASE_URL for database ``name`` on it."""
     with warnings.catch_warnings():  # it looks for a socket directory; ours is ``directory``
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver
 
         server = pgserver.get_server(directory, cleanup_mode="delete")
     try:

@@ -23,7 +23,7 @@ import uuid
 
 # Set, not defaulted: what a developer exported for their own use (DJANGO_DEBUG=1, the
 # whsec_... of `stripe listen`) must not change what the tests run, and the tests sign their
-# events with these secrets (tests/conftest.py). The processes the tests start (workers,
+# events with these secrets (tests/helpers/stripe.py). The processes the tests start (workers,
 # gunicorn, manage.py) inherit them through this process's environment.
 os.environ.update(
     {
@@ -65,8 +65,8 @@ DATABASES["default"]["TEST"] = {"NAME": f"test_invoicing_{_RUN}"}
 # WhiteNoise finding each file in its app (as with DEBUG on) rather than in a STATIC_ROOT that
 # was never filled. The processes tests start on these settings (gunicorn in the edge tests,
 # workers) do the same. Production's storage is tested as deployed: gunicorn on core.settings
-# after the Docker image's own collectstatic (tests/web.py; tests/core/test_static.py and the
-# browser test).
+# after the Docker image's own collectstatic (tests/helpers/web.py; tests/core/test_static.py
+# and the browser test).
 STORAGES = {
     **STORAGES,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

@@ -1,8 +1,8 @@
 """The operator's pages in a real browser, served as deployed: headless Chromium (Debian's
 ``chromium``, driven by Selenium through Debian's ``chromedriver``) against gunicorn on the
 production settings (``core.settings``, DEBUG off) with the static files the Docker image's
-build collects (tests/web.py), not Django's development server. An operator (a staff user in
-the "operators" group, not a superuser) logs in through the login form, corrects the refused
+build collects (tests/helpers/web.py), not Django's development server. An operator (a staff
+user in the "operators" group, not a superuser) logs in through the login form, corrects the refused
 recipient of an invoice, replays its dead letter and sees the outcome; the email goes out to
 the corrected address, and both actions are recorded.
 
@@ -33,15 +33,16 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from bench.harness import Server
 from core.models import DeadLetter, OperatorAction
 from invoicing.models import Invoice
-from tests.conftest import ROOT, WEBHOOK_URL, paid_event, post_signed, wait_until
-from tests.core.test_deadletters import refused_invoice_dead_letter
-from tests.factories import staff_user
-from tests.smtp import SmtpServer
-from tests.web import hashed_name
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.process import ROOT, Process
+from stack.smtp import SmtpServer
+from tests.helpers.deadletters import refused_invoice_dead_letter
+from tests.helpers.factories import staff_user
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_signed
+from tests.helpers.web import hashed_name
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -189,7 +190,7 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 
 @pytest.fixture
 def operator(
-    transactional_db: None, browser: webdriver.Chrome, production_web: Server, tmp_path: Path
+    transactional_db: None, browser: webdriver.Chrome, production_web: Process, tmp_path: Path
 ) -> Operator:
     """Chromium logged in through the admin's login form as "ops", an operator, on gunicorn as
     deployed."""
@@ -223,7 +224,8 @@ def test_the_operator_pages_are_styled_as_deployed(
         ):
             assert post_signed(url, stripe_testing.encode(event)).status_code == 200
         assert wait_until(lambda: DeadLetter.objects.count() == 1, timeout=30)
-        sent = smtp.handler.wait_for(1, timeout=20)
+        smtp.handler.wait_for(1, timeout=20)
+        sent = smtp.messages
     assert [m["To"] for m in sent] == ["Ada Lovelace <ada@example.com>"]
     ids = {
         "invoice": Invoice.objects.get(customer_email="typo@exmaple.com").pk,
@@ -306,7 +308,8 @@ def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the
         assert replayed_at not in {"", "-"}
         operator.assert_styled("replayed", *ADMIN_HEADER)
 
-        sent = smtp.handler.wait_for(1, timeout=20)
+        smtp.handler.wait_for(1, timeout=20)
+        sent = smtp.messages
 
     assert [m["To"] for m in sent] == ["Jenny Rosen <fixed@example.com>"]
     letter = DeadLetter.objects.get(pk=letter.pk)

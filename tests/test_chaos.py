@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from stack.process import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from bench.edge import RENDERER, nginx_check, setting_names
-from tests.web import collectstatic_step, dockerfile_instructions
+from stack.nginx import RENDERER, nginx_check, setting_names
+from tests.helpers.web import collectstatic_step, dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"
@@ -359,7 +359,7 @@ def test_dockerfile_collects_the_static_files_at_build(
     """The image carries its static files, for the application to serve (WhiteNoise): collected
     after the install and before the switch to the unprivileged user (owned by root, like the
     code), with throw-away secrets given to that one command, never to the image's environment.
-    tests/web.py runs this very command for the tests that serve the files."""
+    tests/helpers/web.py runs this very command for the tests that serve the files."""
     instructions = dockerfile_instructions()
     step = collectstatic_step()
     at = instructions.index(("RUN", step))
@@ -408,7 +408,7 @@ def test_edge_fronts_web_with_the_shipped_nginx_configuration(
     services: dict[str, dict[str, Any]],
 ) -> None:
     """The published port is nginx's (admission control before gunicorn), configured by
-    deploy/nginx/render.sh from the edge's environment, as bench/edge.py and the tests do; nginx
+    deploy/nginx/render.sh from the edge's environment, as stack/nginx.py and the tests do; nginx
     starts only once it rendered, and accepts what it renders from compose's defaults."""
     edge = services["edge"]
     assert str(edge["image"]).startswith("nginx:")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.conftest import ROOT
+from stack.net import free_port
+from stack.process import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -86,14 +86,8 @@ def test_demo_runs_the_whole_flow_in_under_a_minute(own_database: str) -> None:
     assert elapsed < 60
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # nothing listens once the socket closes
-
-
 def test_demo_falls_back_to_embedded_services_when_neither_answers() -> None:
-    port = closed_port()
+    port = free_port()  # nothing listens there
     out, elapsed = run_demo(
         DATABASE_URL=f"postgres://postgres@127.0.0.1:{port}/invoicing",
         REDIS_URL=f"redis://127.0.0.1:{port}/1",

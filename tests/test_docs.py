@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tests.conftest import ROOT
+from stack.process import ROOT
 
 # Read by a library rather than by our settings (prometheus-client's multiprocess mode).
 READ_BY_LIBRARIES = {"PROMETHEUS_MULTIPROC_DIR"}

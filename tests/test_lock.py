@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.conftest import ROOT
+from stack.process import ROOT
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.MULTILINE)
 
@@ -22,7 +22,7 @@ def pins(name: str) -> dict[str, str]:
     """``package -> version`` of a lock file, each entry checked to carry a sha256 hash."""
     text = (ROOT / "requirements" / name).read_text()
     entries = re.split(r"\n(?=[A-Za-z0-9])", text[text.index("\n", text.index("pip-compile")) :])
-    found = {}
+    found: dict[str, str] = {}
     for entry in entries:
         match = PIN.match(entry.strip())
         if match is None:
@@ -80,7 +80,7 @@ def test_every_install_path_goes_through_the_lock_with_hashes() -> None:
 
 def test_lower_bounds_stay_above_known_advisories() -> None:
     floors = {"django": "5.2.8", "djangorestframework": "3.15.2", "gunicorn": "23"}
-    bounds = {
+    bounds: dict[str, list[Version]] = {
         canonicalize_name(r.name): [Version(s.version) for s in r.specifier if s.operator == ">="]
         for r in declared()
     }

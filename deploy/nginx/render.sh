@@ -1,6 +1,6 @@
 #!/bin/sh
 # Renders the edge's nginx configuration (default.conf.template) from the environment: the one
-# way it is produced, by compose.yaml's edge service, bench/edge.py and the tests.
+# way it is produced, by compose.yaml's edge service, stack/nginx.py and the tests.
 #
 #   sh render.sh [TEMPLATE [OUTPUT]]   OUTPUT "-" is standard output
 #   sh render.sh --settings            the settings it reads, one per line

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import threading
 import uuid
@@ -30,9 +29,9 @@ from core import deadletters, jobs, outbox
 from core.celery import app
 from core.models import DeadLetter, OperatorAction, OutboxMessage, ScheduledJob
 from core.outbox import outbox_relay, outbox_task_id
-from tests.changelist import EMPTY, messages, rows, run_action
-from tests.factories import paid_invoice, staff_user
-from tests.smtp import free_port
+from stack.net import free_port
+from tests.helpers.admin import EMPTY, action_choices, admin_as, messages, rows, run_action
+from tests.helpers.factories import paid_invoice, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,12 +39,6 @@ OUTBOX = "/admin/core/outboxmessage/"
 DEAD_LETTERS = "/admin/core/deadletter/"
 ACTIONS = "/admin/core/operatoraction/"
 PERIODIC = "/admin/django_celery_beat/periodictask/"
-
-
-def admin_as(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -64,18 +57,6 @@ def superuser() -> Client:
     return admin_as(
         get_user_model().objects.create_superuser("root", "root@example.com", "pw-12345-long")
     )
-
-
-def action_choices(response: Any) -> list[str]:
-    """The actions the change list offers (the options of its action select, if any)."""
-    assert response.status_code == 200
-    page = response.content.decode()
-    if 'name="action"' not in page:
-        return []
-    select = page[
-        page.index('name="action"') : page.index("</select>", page.index('name="action"'))
-    ]
-    return [value for value in re.findall(r'<option value="([^"]*)"', select) if value]
 
 
 def letter(task_id: str = "t1") -> DeadLetter:

@@ -17,7 +17,7 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from core.models import DeadLetter, OperatorAction
-from tests.factories import paid_invoice, staff_user
+from tests.helpers.factories import paid_invoice, staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,8 @@ from core.backpressure import queue_depth, queue_keys
 from core.celery import app
 from core.models import OutboxMessage
 from invoicing.models import Invoice
-from tests.conftest import paid_event, post_event
-from tests.smtp import free_port
+from stack.net import free_port
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
@@ -162,7 +162,8 @@ def email_messages() -> Iterator[Callable[..., None]]:
     for key in queue_keys(queues.EMAIL):
         for raw in client.lrange(key, 0, -1):
             if json.loads(raw)["headers"]["id"] in task_ids:
-                client.lrem(key, 1, raw)
+                # The bytes read back are what LREM matches; redis-py's stubs say str only.
+                client.lrem(key, 1, raw)  # type: ignore[arg-type]
 
 
 def test_email_queue_depth_counts_every_priority_under_the_key_prefix(

@@ -4,17 +4,11 @@ standby takes over within BEAT_STANDBY_POLL_SECONDS."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from io import StringIO
-from pathlib import Path
 
 import pytest
 import redis
@@ -26,36 +20,19 @@ from core.beat import active_beat
 from core.health import check_beat
 from core.jobs import SCHEDULES
 from core.locks import Holder
-from tests.conftest import ROOT, wait_until
-from tests.smtp import free_port
-from tests.workers import worker_env
+from stack import launch
+from stack.net import free_port, wait_until
+from stack.process import Process
+from tests.helpers.processes import worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 INTERVAL = 2  # seconds between slots of the probe task
 
 
-class Beat:
-    def __init__(self, name: str) -> None:
-        self.log = Path(tempfile.mkdtemp(prefix="beat-")) / f"{name}.log"
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "core", "beat", "-l", "INFO"],
-            cwd=ROOT,
-            env=worker_env(free_port()),
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self._out.close()
+def start_beat(name: str) -> Process:
+    """``celery -A core beat`` on this test's database and broker (not waited for)."""
+    return launch.celery_beat(worker_env(free_port()), name=name)
 
 
 def test_two_beats_dispatch_once_per_slot_and_the_standby_takes_over() -> None:
@@ -66,22 +43,22 @@ def test_two_beats_dispatch_once_per_slot_and_the_standby_takes_over() -> None:
     PeriodicTask.objects.create(
         name="beat-probe", task="tests.beat_probe", interval=every, queue=queue
     )
-    first = Beat("first")
+    first = start_beat("first")
     second = None
     try:
-        assert wait_until(lambda: "took the leader lock" in first.text(), timeout=30)
-        second = Beat("second")
-        assert wait_until(lambda: "beat: Starting" in second.text(), timeout=30)
-        assert active_beat() == Holder(host=socket.gethostname(), pid=first.proc.pid)
+        assert wait_until(lambda: "took the leader lock" in first.log_text(), timeout=30)
+        second = start_beat("second")
+        assert wait_until(lambda: "beat: Starting" in second.log_text(), timeout=30)
+        assert active_beat() == Holder(host=socket.gethostname(), pid=first.pid)
         broker.delete(key)
         time.sleep(6 * INTERVAL)  # six slots with both beats running
         during = [json.loads(m)["headers"]["id"] for m in broker.lrange(key, 0, -1)]
-        assert "took the leader lock" not in second.text()  # the standby dispatched nothing
+        assert "took the leader lock" not in second.log_text()  # the standby dispatched nothing
 
         first.kill()
         killed_at = time.monotonic()
         assert wait_until(
-            lambda: "took the leader lock" in second.text(),
+            lambda: "took the leader lock" in second.log_text(),
             timeout=settings.BEAT_STANDBY_POLL_SECONDS + 5,
         )
         takeover = time.monotonic() - killed_at
@@ -111,9 +88,9 @@ def test_beat_survives_its_database_connections_being_cut() -> None:
     PeriodicTask.objects.create(
         name="beat-probe", task="tests.beat_probe", interval=every, queue=queue
     )
-    beat = Beat("survivor")
+    beat = start_beat("survivor")
     try:
-        assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
+        assert wait_until(lambda: "took the leader lock" in beat.log_text(), timeout=30)
         from django.db import connection
 
         with connection.cursor() as cursor:
@@ -127,7 +104,7 @@ def test_beat_survives_its_database_connections_being_cut() -> None:
         assert wait_until(
             lambda: broker.llen(key) >= 2, timeout=settings.BEAT_STANDBY_POLL_SECONDS + 4 * INTERVAL
         )
-        assert beat.proc.poll() is None  # still running, dispatching again
+        assert beat.alive()  # still running, dispatching again
     finally:
         beat.kill()
         broker.delete(key)
@@ -136,9 +113,9 @@ def test_beat_survives_its_database_connections_being_cut() -> None:
 def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
     """/health/'s beat check and pipeline_status name the beat process itself (the one to
     stop), not the PostgreSQL backend that serves its lock; taking the lock is INFO."""
-    beat = Beat("named")
+    beat = start_beat("named")
     try:
-        assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
+        assert wait_until(lambda: "took the leader lock" in beat.log_text(), timeout=30)
         check = check_beat()
         out = StringIO()
         call_command("pipeline_status", "--json", stdout=out)
@@ -150,11 +127,11 @@ def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
         beat.kill()
 
     # The child Popen started is the beat itself: python -m celery, no shell or fork between.
-    expected = {"host": socket.gethostname(), "pid": beat.proc.pid}
+    expected = {"host": socket.gethostname(), "pid": beat.pid}
     assert check == {"status": "ok", "active": expected}
     assert reported["active"] == expected
-    assert f"dispatching, pid {beat.proc.pid} on host {socket.gethostname()}" in screen
-    [line] = [line for line in beat.text().splitlines() if "took the leader lock" in line]
+    assert f"dispatching, pid {beat.pid} on host {socket.gethostname()}" in screen
+    [line] = [line for line in beat.log_text().splitlines() if "took the leader lock" in line]
     assert re.search(r" INFO core\.beat beat took the leader lock: dispatching$", line), line
     assert active_beat() is None  # killed: its session, and the lock with it, are gone
 
@@ -162,12 +139,12 @@ def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
 def test_beat_warns_at_start_about_a_declared_job_it_has_no_schedule_for() -> None:
     call_command("setup_periodic_tasks", stdout=StringIO())
     PeriodicTask.objects.filter(name="dlq-alert").delete()
-    beat = Beat("unscheduled")
+    beat = start_beat("unscheduled")
     try:
-        assert wait_until(lambda: "took the leader lock" in beat.text(), timeout=30)
+        assert wait_until(lambda: "took the leader lock" in beat.log_text(), timeout=30)
     finally:
         beat.kill()
-    warnings = [line for line in beat.text().splitlines() if " WARNING " in line]
+    warnings = [line for line in beat.log_text().splitlines() if " WARNING " in line]
     assert len(warnings) == 1, warnings
     assert (
         " WARNING core.beat scheduled job dlq-alert (task core.dlq_alert) has no enabled"

@@ -14,7 +14,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.conftest import ROOT
+from stack.process import ROOT
 
 DOMAINS = ("invoicing", "webhooks")
 WIRING = {"core/settings.py", "core/urls.py", "core/api_urls.py", "core/celery.py"}

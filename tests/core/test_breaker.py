@@ -19,7 +19,7 @@ import pytest
 from django.test import Client
 
 from core.breaker import Breaker, Decision, Verdict
-from tests.smtp import free_port
+from stack.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,9 +22,9 @@ from core.models import DeadLetter, OutboxMessage
 from core.tasks import PermanentError, TransientError
 from invoicing.models import EmailDelivery
 from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
-from tests.changelist import rows
-from tests.core.test_metrics import scrape, value
-from tests.factories import paid_invoice, staff_user
+from tests.helpers.admin import rows
+from tests.helpers.factories import paid_invoice, staff_user
+from tests.helpers.metrics import scrape, value
 
 pytestmark = pytest.mark.django_db(transaction=True)  # probes run on the real connections
 

@@ -13,8 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.core.cache import cache
@@ -30,30 +28,20 @@ from core.models import DeadLetter, OperatorAction
 from core.tasks import PermanentError
 from invoicing.models import Invoice
 from invoicing.services import invoice_recipient_correct
+from stack import launch
+from stack.net import wait_until
+from stack.process import ROOT
+from stack.smtp import SmtpServer
 from tests import tasks as test_tasks
-from tests.changelist import messages as changelist_messages
-from tests.changelist import rows
-from tests.conftest import ROOT, paid_event, post_event, wait_until
-from tests.factories import paid_invoice, staff_user
-from tests.smtp import SmtpServer
-from tests.workers import WorkerProcess, worker_env, worker_thread
+from tests.helpers.admin import messages as changelist_messages
+from tests.helpers.admin import rows
+from tests.helpers.deadletters import dlq_broker_depth, refused_invoice_dead_letter
+from tests.helpers.factories import paid_invoice, staff_user
+from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def dlq_broker_depth() -> int:
-    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "dlq"
-    return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(key))
-
-
-def refused_invoice_dead_letter(client: Client, smtp: SmtpServer) -> tuple[Invoice, DeadLetter]:
-    """A paid invoice whose recipient the SMTP server refuses: one dead letter."""
-    smtp.handler.faults.refuse = {"typo@exmaple.com"}
-    post_event(client, stripe_testing.encode(paid_event(customer_email="typo@exmaple.com")))
-    assert wait_until(DeadLetter.objects.exists, timeout=20)
-    assert wait_until(lambda: dlq_broker_depth() == 1, timeout=5)
-    return Invoice.objects.get(), DeadLetter.objects.get()
 
 
 def dlq(*args: str) -> str:
@@ -240,7 +228,7 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
     line each, naming the dead letter, the task, its id, its args and the reason. Expected
     failures log no traceback (it is on the row); the bug's line carries its traceback."""
     smtp.handler.faults.refuse = {"typo@exmaple.com"}
-    worker = WorkerProcess(
+    worker = launch.celery_worker(
         # The breaker stays out of it: five transient failures would open it otherwise.
         worker_env(smtp.port, EMAIL_BREAKER_FAILURE_THRESHOLD="100"),
         name="dead-letter-logs",
@@ -249,7 +237,7 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
 
     def failed(count: int) -> bool:
         # Celery's own line for a failed task comes after the dead letter is recorded.
-        return DeadLetter.objects.count() == count and worker.output().count("] raised ") == count
+        return DeadLetter.objects.count() == count and worker.log_text().count("] raised ") == count
 
     try:
         worker.wait_ready()
@@ -263,7 +251,7 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
     finally:
         worker.stop()
 
-    output = worker.output()
+    output = worker.log_text()
     errors = [(name, text) for level, name, text in log_records(output) if level != "INFO"]
     assert sorted(DeadLetter.objects.values_list("reason", flat=True)) == [
         "exhausted",

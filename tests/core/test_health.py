@@ -21,7 +21,7 @@ from django.utils import timezone
 from core import health, queues
 from core.backpressure import queue_depth
 from core.models import DeadLetter, OutboxMessage
-from tests.smtp import free_port
+from stack.net import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the checks run on their own connections
 
@@ -191,7 +191,12 @@ def test_a_check_past_the_deadline_fails_within_the_deadline(
     monitor: Client, settings: Any, extra_checks: None
 ) -> None:
     settings.HEALTH_TIMEOUT_SECONDS = 0.5
-    health.register_check("slow", lambda: time.sleep(3) or {"status": "ok"})
+
+    def slow() -> dict[str, Any]:
+        time.sleep(3)
+        return {"status": "ok"}
+
+    health.register_check("slow", slow)
 
     started = time.monotonic()
     response = monitor.get(HEALTH_URL)
@@ -209,7 +214,7 @@ def test_a_registered_provider_replaces_the_built_in_one(
     health.register_check(
         "breaker", lambda: {"status": "degraded", "state": "open"}, critical=False
     )
-    health.register_check("beat", lambda: 1 / 0, critical=False)  # a provider that raises
+    health.register_check("beat", lambda: {"never": 1 / 0}, critical=False)  # one that raises
     health.register_check("odd", lambda: {"status": "ok", "figure": object()}, critical=False)
 
     response = monitor.get(HEALTH_URL)

@@ -44,7 +44,7 @@ XFF = "HTTP_X_FORWARDED_FOR"
     ],
 )
 def test_client_address(
-    settings: Any, num_proxies: int, meta: dict[str, str], expected: Any
+    settings: Any, num_proxies: int, meta: dict[str, Any], expected: Any
 ) -> None:
     proxies(settings, num_proxies)
     request = RequestFactory().get("/", **meta)
@@ -64,7 +64,7 @@ def limit(settings: Any) -> int:
     return 3
 
 
-def log_in(client: Client, password: str, username: str = "boss", **meta: str) -> Any:
+def log_in(client: Client, password: str, username: str = "boss", **meta: Any) -> Any:
     return client.post(LOGIN, {"username": username, "password": password}, **meta)
 
 

@@ -25,7 +25,7 @@ from core.idempotency import (
     request_fingerprint,
 )
 from core.models import IdempotencyRecord, OutboxMessage
-from tests.conftest import wait_until
+from stack.net import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)  # threads use their own connections
 

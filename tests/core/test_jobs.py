@@ -28,9 +28,9 @@ from core import jobs
 from core.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from core.models import ScheduledJob
 from invoicing import jobs as invoicing_jobs
+from stack.process import ROOT
 from tests import tasks as test_tasks
-from tests.conftest import ROOT
-from tests.workers import worker_env
+from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,13 +147,13 @@ def test_setup_periodic_tasks_is_idempotent(capsys: pytest.CaptureFixture[str]) 
     call_command("setup_periodic_tasks")
     assert "0 created, 0 updated, 5 unchanged, 0 disabled" in capsys.readouterr().out
     relay = PeriodicTask.objects.get(name="outbox-relay")
-    assert (relay.task, relay.interval.every, relay.expire_seconds) == (  # type: ignore[union-attr]
+    assert (relay.task, relay.interval.every, relay.expire_seconds) == (
         "core.outbox_relay",
         15,
         15,
     )
     purge = PeriodicTask.objects.get(name="retention-purge")
-    assert (purge.crontab.minute, purge.crontab.hour) == ("17", "3")  # type: ignore[union-attr]
+    assert (purge.crontab.minute, purge.crontab.hour) == ("17", "3")
     PeriodicTask.objects.filter(name="dlq-alert").update(description=jobs.__name__)
     PeriodicTask.objects.create(
         name="gone", task="core.gone", interval=relay.interval, description=relay.description
@@ -198,7 +198,7 @@ def test_migrate_syncs_the_schedules_and_a_second_migrate_changes_nothing() -> N
     assert "periodic tasks: 5 created, 0 updated, 0 unchanged, 0 disabled" in first.getvalue()
     assert jobs.schedules_missing() == []
     relay = PeriodicTask.objects.get(name="outbox-relay")
-    assert (relay.task, relay.interval.every, relay.expire_seconds) == (  # type: ignore[union-attr]
+    assert (relay.task, relay.interval.every, relay.expire_seconds) == (
         "core.outbox_relay",
         15,
         15,

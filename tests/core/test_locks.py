@@ -15,8 +15,9 @@ from django.db import connection
 
 from core.locks import NAMESPACE, Holder, lock_holder, lock_key
 from core.models import LockHolder
-from tests.conftest import ROOT, wait_until
-from tests.workers import worker_env
+from stack.net import wait_until
+from stack.process import ROOT
+from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

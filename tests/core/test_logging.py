@@ -19,9 +19,11 @@ from django.test import Client
 from core.logging import log_context, log_context_bind, log_context_fields, pii_mask
 from core.models import OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
-from tests.conftest import paid_event, post_event, wait_until
-from tests.smtp import SmtpServer
-from tests.workers import WorkerProcess, worker_env
+from stack import launch
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.processes import worker_env
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 
@@ -127,20 +129,20 @@ def test_json_lines_of_a_worker_process_carry_event_invoice_task_and_attempt(
     """Webhook here, email job in a real worker process logging JSON: every line the job
     writes names the event, the invoice, the task and the attempt, across a retry."""
     smtp.handler.faults.replies = ["451 4.3.0 try again later"]  # attempt 1 fails, 2 sends
-    worker = WorkerProcess(worker_env(smtp.port, LOG_FORMAT="json"), name="json-logs")
+    worker = launch.celery_worker(worker_env(smtp.port, LOG_FORMAT="json"), name="json-logs")
     try:
         worker.wait_ready()
         event = paid_event()
         assert post_event(client, stripe_testing.encode(event)).status_code == 200
         smtp.handler.wait_for(1, timeout=30)
-        assert wait_until(lambda: "succeeded in" in worker.output(), timeout=10)
+        assert wait_until(lambda: "succeeded in" in worker.log_text(), timeout=10)
     finally:
         worker.stop()
 
     invoice = Invoice.objects.get()
     task_id = f"outbox-{OutboxMessage.objects.get().pk}"
     assert EmailDelivery.objects.get().attempts == 2
-    records = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in worker.log_text().splitlines() if line.startswith("{")]
     job_lines = [r for r in records if r.get("task_id") == task_id]
 
     [sent] = [r for r in job_lines if r["message"] == "invoice email sent"]
@@ -182,20 +184,20 @@ def test_a_refused_recipient_never_reaches_the_logs_unless_log_pii_is_on(
     the failed task: a real worker process writes none of them in full by default."""
     address = "jenny.rosen@example.com"
     smtp.handler.faults.refuse = {address}
-    worker = WorkerProcess(
+    worker = launch.celery_worker(
         worker_env(smtp.port, LOG_FORMAT=log_format, LOG_PII=log_pii), name=f"pii-{log_format}"
     )
     try:
         worker.wait_ready()
         event = paid_event(customer_email=address)
         assert post_event(client, stripe_testing.encode(event)).status_code == 200
-        assert wait_until(lambda: "dead-lettered" in worker.output(), timeout=30)
-        # Celery's own line about the task (INFO: an expected failure), which quotes the error.
-        assert wait_until(lambda: "raised expected" in worker.output(), timeout=10)
+        assert wait_until(lambda: "dead-lettered" in worker.log_text(), timeout=30)
+        # Celery's own line about the failed task ("raised expected": ReliableTask.throws).
+        assert wait_until(lambda: "] raised " in worker.log_text(), timeout=10)
     finally:
         worker.stop()
 
-    output = worker.output()
+    output = worker.log_text()
     if log_pii == "1":
         assert address in output
         return

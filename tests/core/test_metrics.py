@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,6 @@ from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
 
 from core import jobs, metrics, queues
 from core.celery import app
@@ -34,45 +31,15 @@ from core.outbox import outbox_publish
 from core.tasks import PermanentError
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
-from tests.conftest import (
-    ROOT,
-    WEBHOOK_URL,
-    paid_event,
-    post_event,
-    post_signed,
-    wait_until,
-)
-from tests.smtp import SmtpServer, free_port
-from tests.webhooks.test_throttle import an_address, fresh_window
-from tests.workers import WorkerProcess, worker_env, worker_thread
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.net import HOST, free_port, wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.metrics import METRICS_URL, Samples, delta, parse, scrape, value
+from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
+from tests.helpers.throttle import an_address, fresh_window
 from webhooks import testing as stripe_testing
-
-METRICS_URL = "/metrics"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def scrape(client: Client, **extra: Any) -> Samples:
-    response = client.get(METRICS_URL, **extra)
-    assert response.status_code == 200, response.content
-    assert response["Content-Type"].startswith("text/plain")
-    return parse(response.content.decode())
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """A sample's value; 0 for a labelled counter series not yet created."""
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    return value(after, name, **labels) - value(before, name, **labels)
 
 
 def registry_value(name: str, **labels: str) -> float:
@@ -134,13 +101,13 @@ def test_outbox_publishes_are_timed_and_failures_counted(client: Client) -> None
         finally:
             connection.close()
 
-    app.conf.broker_write_url = f"redis://127.0.0.1:{free_port()}/0"
+    app.conf["broker_write_url"] = f"redis://127.0.0.1:{free_port()}/0"
     try:
         thread = threading.Thread(target=publish)
         thread.start()
         thread.join(10)
     finally:
-        app.conf.broker_write_url = None
+        app.conf["broker_write_url"] = None
 
     after = scrape(client)
     assert published == [0]
@@ -424,15 +391,15 @@ def test_worker_metrics_listen_on_loopback_unless_configured(tmp_path: Path) -> 
     port = free_port()
     env = worker_env(0, WORKER_METRICS_PORT=str(port), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     env.pop("WORKER_METRICS_ADDR", None)  # the default, whatever this shell exported
-    worker = WorkerProcess(env, name="metrics-bind")
+    worker = launch.celery_worker(env, name="metrics-bind")
     try:
         worker.wait_ready()
-        assert wait_until(lambda: listening_addresses(port), timeout=10), worker.output()
+        assert wait_until(lambda: listening_addresses(port), timeout=10), worker.log_text()
         assert listening_addresses(port) == {"127.0.0.1"}
         assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
     finally:
         worker.stop()
-    assert f"worker metrics served on port {port} of 127.0.0.1" in worker.output()
+    assert f"worker metrics served on port {port} of 127.0.0.1" in worker.log_text()
 
 
 # --- Several processes, one count ---------------------------------------------------------------
@@ -444,43 +411,15 @@ def gunicorn(transactional_db: None, tmp_path: Path) -> Iterator[tuple[str, Path
     directory = tmp_path / "metrics-web"
     directory.mkdir()
     (directory / "counter_1.db").write_bytes(b"")  # left by an earlier run: must be cleared
-    port = free_port()
-    log = tmp_path / "gunicorn.log"
-    env = worker_env(0, PROMETHEUS_MULTIPROC_DIR=str(directory))
-    with log.open("w") as output:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "-c",
-                "python:core.gunicorn_conf",
-                "core.wsgi",
-                "-b",
-                f"127.0.0.1:{port}",
-                "-w",
-                "2",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        # A real answer, not an open port: gunicorn listens before its workers loaded the app.
-        try:
-            return requests.get(f"{url}{METRICS_URL}", timeout=10).status_code == 200
-        except requests.RequestException:
-            return False
-
-    try:
-        assert wait_until(answers, timeout=60), log.read_text()
-        yield url, directory
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with launch.gunicorn(
+        worker_env(0, PROMETHEUS_MULTIPROC_DIR=str(directory)),
+        args=("-c", "python:core.gunicorn_conf", "core.wsgi"),
+        config=GunicornConfig(workers=2),
+        ready_path=METRICS_URL,
+        ready_status=None,  # Django's answer, whatever it is: the application is loaded
+        log=tmp_path / "gunicorn.log",
+    ) as server:
+        yield f"http://{HOST}:{server.port}", directory
 
 
 @pytest.mark.slow
@@ -527,7 +466,7 @@ def test_a_prefork_worker_serves_its_childrens_counts(
     env = worker_env(
         smtp.port, WORKER_METRICS_PORT=str(port), PROMETHEUS_MULTIPROC_DIR=str(directory)
     )
-    worker = WorkerProcess(env, name="metrics", concurrency=2)
+    worker = launch.celery_worker(env, name="metrics", concurrency=2)
     url = f"http://127.0.0.1:{port}/metrics"
     task = SEND_INVOICE_EMAIL_TASK
 
@@ -542,7 +481,7 @@ def test_a_prefork_worker_serves_its_childrens_counts(
         for _ in range(4):
             assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
         smtp.handler.wait_for(4, timeout=30)
-        assert wait_until(lambda: successes() == 4, timeout=10), worker.output()
+        assert wait_until(lambda: successes() == 4, timeout=10), worker.log_text()
         samples = scraped()
     finally:
         worker.stop()
@@ -550,5 +489,5 @@ def test_a_prefork_worker_serves_its_childrens_counts(
     assert value(samples, "invoicing_worker_emails_sent_total", task=task) == 4
     assert value(samples, "invoicing_task_starts_total", task=task) == 4
     assert value(samples, "invoicing_task_attempts_total", task=task, outcome="retry") == 0
-    assert "worker metrics served on port" in worker.output()
+    assert "worker metrics served on port" in worker.log_text()
     assert not (directory / "counter_1.db").exists()

@@ -18,9 +18,9 @@ from django.test import Client
 
 from core.models import OutboxMessage
 from core.outbox import outbox_relay, outbox_task_id
-from tests.conftest import paid_event, post_event
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.smtp import SmtpServer
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,7 +16,7 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 
 from core.api import DeadLetterSerializer
 from core.models import DeadLetter
-from tests.factories import staff_user
+from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -30,7 +30,7 @@ from core.probes import (
 )
 from core.tasks import PermanentError
 from invoicing.services import email_breaker
-from tests.smtp import free_port
+from stack.net import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

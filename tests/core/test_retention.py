@@ -17,7 +17,8 @@ from django.utils import timezone
 from core.jobs import retention_purge_run
 from core.models import OutboxMessage
 from invoicing.models import Invoice
-from tests.conftest import ROOT, paid_event, post_event
+from stack.process import ROOT
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.services import webhook_event_reprocess

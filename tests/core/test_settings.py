@@ -5,9 +5,6 @@ configured for at-least-once delivery."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,43 +15,9 @@ from django.conf import settings
 from django.db import connection
 
 from core.celery import app
-from tests.conftest import wait_until
-from tests.smtp import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-# Production as a deployment configures it: no DJANGO_DEBUG at all, because off is the default.
-PRODUCTION = {
-    "DJANGO_SECRET_KEY": "k3y-" + "a1B2c3D4e5F6g7H8i9J0" * 3,
-    "STRIPE_WEBHOOK_SECRET": "whsec_live_example",
-    "DJANGO_ALLOWED_HOSTS": "billing.example.com",
-}
-
-
-def clean_env(**env: str) -> dict[str, str]:
-    """A shell's bare environment (PATH, HOME, LANG) plus ``env``: nothing of this test run's
-    own settings. The database and the broker point where nothing listens, so a process that
-    was meant to refuse to start, and did not, touches nobody's data."""
-    nowhere = free_port()  # bound, then closed: nothing listens there
-    return {
-        **{k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ},
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{nowhere}/nowhere",
-        "CELERY_BROKER_URL": f"redis://127.0.0.1:{nowhere}/0",
-        "REDIS_URL": f"redis://127.0.0.1:{nowhere}/1",
-        **env,
-    }
-
-
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``python manage.py <args>`` on core.settings with ``env`` and nothing else set."""
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=clean_env(DJANGO_SETTINGS_MODULE="core.settings", **env),
-        timeout=60,
-        check=False,
-    )
+from stack import launch
+from stack.net import HOST
+from tests.helpers.environment import PRODUCTION, clean_env, manage
 
 
 def settings_read(*names: str, env: dict[str, str]) -> list[str]:
@@ -168,41 +131,23 @@ def gunicorn(args: list[str], *, static_root: Path, **env: str) -> Iterator[str]
     files collected in ``static_root``; yields its URL once it answers. The database is this
     test's."""
     db = connection.settings_dict
-    port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="gunicorn-")) / "gunicorn.log"
-    with log.open("w") as output:
-        proc = subprocess.Popen(
-            [Path(sys.executable).parent / "gunicorn", *args, "-b", f"127.0.0.1:{port}"],
-            cwd=ROOT,
-            env=clean_env(
-                DJANGO_SETTINGS_MODULE="core.settings",
-                DJANGO_STATIC_ROOT=str(static_root),
-                DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-                **{k: os.environ[k] for k in ("CELERY_BROKER_KEY_PREFIX", "REDIS_KEY_PREFIX")},
-                CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-                REDIS_URL=settings.REDIS_URL,
-                **PRODUCTION,
-                **env,
-            ),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            requests.get(f"{url}/admin/login/", allow_redirects=False, timeout=10)
-        except requests.RequestException:
-            return proc.poll() is not None  # stop waiting on a server that died
-        return True
-
-    try:
-        assert wait_until(answers, timeout=60), log.read_text()
-        assert proc.poll() is None, log.read_text()
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    server = launch.gunicorn(
+        clean_env(
+            DJANGO_SETTINGS_MODULE="core.settings",
+            DJANGO_STATIC_ROOT=str(static_root),
+            DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            **{k: os.environ[k] for k in ("CELERY_BROKER_KEY_PREFIX", "REDIS_KEY_PREFIX")},
+            CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+            REDIS_URL=settings.REDIS_URL,
+            **PRODUCTION,
+            **env,
+        ),
+        args=args,
+        ready_path="/admin/login/",
+        ready_status=None,  # any answer: Django's redirect, or its refusal of the Host
+    )
+    with server:
+        yield f"http://{HOST}:{server.port}"
 
 
 def login_page(url: str, *, forwarded_proto: str) -> requests.Response:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 import smtplib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.core.mail import EmailMultiAlternatives, get_connection
 
 from core.smtp import address_spec, needs_smtputf8
-from tests.smtp import SmtpServer
+from stack.smtp import SmtpServer
 
 # Longer than a header line (78): the header is refolded on the way out.
 LONG_NAME = "Jénny Ö. Rösen-Ünterberger, Geschäftsführerin der Beispielgesellschaft für Übungen"
@@ -32,7 +33,7 @@ def server_ascii() -> Iterator[SmtpServer]:
     server.stop()
 
 
-def send(server: SmtpServer, message: EmailMultiAlternatives, **options: object) -> int:
+def send(server: SmtpServer, message: EmailMultiAlternatives, **options: Any) -> int:
     connection = get_connection(
         "core.smtp.EmailBackend", host="127.0.0.1", port=server.port, timeout=10, **options
     )

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_settings import PRODUCTION, ROOT, clean_env
-from tests.smtp import free_port
+from stack.net import free_port
+from stack.process import ROOT
+from tests.helpers.environment import PRODUCTION, clean_env
 
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.test_settings import PRODUCTION, manage
+from tests.helpers.environment import PRODUCTION, manage
 
 
 @pytest.mark.parametrize("rate", ["lots", "0/min", "10/week", "-5/s", "5"])

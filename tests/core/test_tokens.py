@@ -21,7 +21,7 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from core.tokens import api_token_create
-from tests.factories import staff_user
+from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server reads what we wrote
 

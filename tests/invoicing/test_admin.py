@@ -20,13 +20,13 @@ from django.utils import timezone
 from core.models import OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, invoice_email_key, invoice_email_send
-from tests.changelist import EMPTY, messages, rows, run_action
-from tests.conftest import paid_event, post_event, wait_until
-from tests.core.test_admin import action_choices, admin_as
-from tests.core.test_deadletters import refused_invoice_dead_letter
-from tests.factories import staff_user
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.admin import EMPTY, action_choices, admin_as, messages, rows, run_action
+from tests.helpers.deadletters import refused_invoice_dead_letter
+from tests.helpers.factories import staff_user
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from core.models import DeadLetter, OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
-from tests.factories import staff_user
+from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.django_db
 

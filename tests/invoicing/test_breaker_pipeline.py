@@ -1,14 +1,13 @@
 """The email provider's circuit breaker end to end: a real worker, the real Redis breaker, and
 an SMTP server that goes down and comes back.
 
-During the outage the "server" is a TCP listener that accepts each connection and closes it
-at once (an MTA that is down behind its address), so every connection attempt is counted.
+During the outage the SMTP server is down (``stack.smtp.Faults.down``): it accepts each
+connection and closes it at once, before its greeting (an MTA that is down behind its
+address), so every connection attempt is counted.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,10 +19,11 @@ from core.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
 from invoicing.tasks import send_invoice_email
-from tests.conftest import use_smtp, wait_until
-from tests.factories import paid_invoice
-from tests.smtp import SmtpServer, free_port
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.smtp import Faults, SmtpServer
+from tests.helpers.factories import paid_invoice
+from tests.helpers.mail import use_smtp
+from tests.helpers.processes import worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,39 +31,6 @@ THRESHOLD = 3
 RESET = 2  # seconds of cool-down
 CONCURRENCY = 4
 EMAILS = 20
-
-
-class DownServer:
-    """Accepts TCP connections on ``port`` and closes each at once, counting them."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.connections: list[float] = []  # time.time() of each
-        self._sock = socket.socket()
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", port))
-        self._sock.listen(128)
-        self._sock.settimeout(0.05)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def start(self) -> DownServer:
-        self._thread.start()
-        return self
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            self.connections.append(time.time())
-            conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._sock.close()
 
 
 @pytest.fixture
@@ -102,9 +69,8 @@ def paid_invoices(count: int) -> list[Invoice]:
 def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recovery(
     breaker_settings: Any, finished_runs: list[dict[str, Any]]
 ) -> None:
-    port = free_port()
-    use_smtp(breaker_settings, port)
-    down = DownServer(port).start()
+    smtp = SmtpServer(faults=Faults(down=True)).start()
+    use_smtp(breaker_settings, smtp.port)
     invoices = paid_invoices(EMAILS)
     breaker = email_breaker()
     try:
@@ -121,23 +87,19 @@ def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recov
 
             time.sleep(4 * RESET)  # the outage lasts four cool-downs more
 
-            down.stop()
+            smtp.handler.faults.down = False
             recovered = time.time()
-            connections = list(down.connections)
-            smtp = SmtpServer(port=port).start()
-            try:
-                messages = smtp.handler.wait_for(EMAILS, timeout=30)
-                drained = time.time()
-                assert wait_until(
-                    lambda: sum(r["state"] == "SUCCESS" for r in finished_runs) >= EMAILS,
-                    timeout=10,
-                )
-                time.sleep(0.5)  # anything still due would show up as a duplicate
-                messages = smtp.messages
-            finally:
-                smtp.stop()
+            connections = list(smtp.handler.down_connections)
+            smtp.handler.wait_for(EMAILS, timeout=30)
+            drained = time.time()
+            assert wait_until(
+                lambda: sum(r["state"] == "SUCCESS" for r in finished_runs) >= EMAILS,
+                timeout=10,
+            )
+            time.sleep(0.5)  # anything still due would show up as a duplicate
+            messages = smtp.messages
     finally:
-        down.stop()
+        smtp.stop()
 
     # Before the first cool-down ended, only the calls let in while it was closed connected.
     before_probes = [t for t in connections if t < first_opened_at + RESET]

@@ -2,9 +2,9 @@
 
 With Redis paused for writes, the acknowledgement of a finished email task times out. kombu's
 Redis QoS.ack raised before releasing the prefetch slot, so each failed ack kept one slot
-forever: a worker with one slot fetched nothing more (the chaos suite's stall profile left
-188 of 294 emails unsent). The message itself stays in the unacknowledged index and comes back
-after the visibility timeout, where the email's key makes the redelivery a no-op.
+forever: a worker with one slot fetched nothing more (the chaos suite's stall profile found it;
+its figures are in chaos/README.md). The message itself stays in the unacknowledged index and
+comes back after the visibility timeout, where the email's key makes the redelivery a no-op.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from django.conf import settings
 
 from invoicing.models import EmailDelivery
 from invoicing.tasks import send_invoice_email
-from tests.conftest import wait_until
-from tests.factories import paid_invoice
-from tests.invoicing.test_crash import SCALED
-from tests.smtp import SmtpServer
-from tests.workers import WorkerProcess, worker_env
+from stack import launch
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import SCALED, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def test_worker_consumes_again_after_a_stall_made_its_ack_fail(smtp: SmtpServer)
     first, later = paid_invoice(), [paid_invoice() for _ in range(3)]
     smtp.handler.faults.delay = 2  # the task is in SMTP when the broker stalls
     # Visibility timeout 20 s instead of 180 s, so the stalled ack's message comes back here.
-    worker = WorkerProcess(worker_env(smtp.port, **SCALED), name="stalled", concurrency=1)
+    worker = launch.celery_worker(worker_env(smtp.port, **SCALED), name="stalled", concurrency=1)
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
         worker.wait_ready()
@@ -52,7 +52,7 @@ def test_worker_consumes_again_after_a_stall_made_its_ack_fail(smtp: SmtpServer)
         stranded = broker.hlen(UNACKED)
         # ...until the visibility timeout brings it back and its redelivery is acknowledged.
         redelivered = wait_until(lambda: broker.hlen(UNACKED) == 0, 60, interval=1)
-        log = worker.output()
+        log = worker.log_text()
     finally:
         broker.execute_command("CLIENT", "UNPAUSE")
         broker.close()

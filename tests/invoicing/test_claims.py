@@ -14,10 +14,11 @@ from django.utils import timezone
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key, invoice_email_send
 from invoicing.tasks import send_invoice_email
-from tests.conftest import wait_until
-from tests.factories import paid_invoice
-from tests.smtp import SmtpServer
-from tests.workers import WorkerProcess, worker_env
+from stack import launch
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +51,8 @@ def test_two_worker_processes_given_the_job_ten_times_send_one_email(smtp: SmtpS
     invoice = paid_invoice()
     smtp.handler.faults.delay = 0.3
     workers = [
-        WorkerProcess(worker_env(smtp.port), name=f"race{n}", concurrency=2) for n in range(2)
+        launch.celery_worker(worker_env(smtp.port), name=f"race{n}", concurrency=2)
+        for n in range(2)
     ]
     try:
         for worker in workers:
@@ -60,13 +62,13 @@ def test_two_worker_processes_given_the_job_ten_times_send_one_email(smtp: SmtpS
         smtp.handler.wait_for(1, timeout=30)
         # Let every copy of the job run before counting.
         assert wait_until(
-            lambda: sum(w.output().count(" succeeded in ") for w in workers) >= 10, timeout=30
+            lambda: sum(w.log_text().count(" succeeded in ") for w in workers) >= 10, timeout=30
         )
     finally:
         for worker in workers:
             worker.stop()
     assert len(smtp.messages) == 1
-    assert all(w.output().count(" succeeded in ") > 0 for w in workers)  # both took part
+    assert all(w.log_text().count(" succeeded in ") > 0 for w in workers)  # both took part
     assert EmailDelivery.objects.get().state == "sent"
 
 

@@ -16,22 +16,14 @@ from django.conf import settings
 
 from invoicing.models import EmailDelivery
 from invoicing.tasks import send_invoice_email
-from tests.conftest import wait_until
-from tests.factories import paid_invoice
-from tests.smtp import SmtpServer
-from tests.workers import WorkerProcess, worker_env
+from stack import launch
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import SCALED, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-SCALED = {
-    "CELERY_VISIBILITY_TIMEOUT": "20",
-    "CELERY_TASK_TIME_LIMIT": "15",
-    "CELERY_TASK_SOFT_TIME_LIMIT": "12",
-    "EMAIL_TASK_TIME_LIMIT": "8",
-    "EMAIL_TASK_SOFT_TIME_LIMIT": "6",
-    "EMAIL_CLAIM_LEASE_SECONDS": "10",
-    "EMAIL_BREAKER_RESET_SECONDS": "5",  # a deferral (up to 2 x 5 s) + 8 s < 20 s
-}
 RESTORE_INTERVAL = settings.CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"]
 
 
@@ -41,7 +33,7 @@ def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
     invoice = paid_invoice("in_crash")
     smtp.handler.faults.delay = 3  # the server holds its reply to DATA: the worker waits in it
     env = worker_env(smtp.port, **SCALED)
-    first = WorkerProcess(env, name="doomed")
+    first = launch.celery_worker(env, name="doomed")
     second = None
     try:
         first.wait_ready()
@@ -52,7 +44,7 @@ def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
         assert EmailDelivery.objects.get().state == "sending"  # the claim is orphaned
 
         smtp.handler.faults.delay = 0
-        second = WorkerProcess(env, name="survivor")
+        second = launch.celery_worker(env, name="survivor")
         second.wait_ready()
         bound = int(SCALED["CELERY_VISIBILITY_TIMEOUT"]) + RESTORE_INTERVAL + 10
         assert wait_until(lambda: EmailDelivery.objects.get().state == "sent", timeout=bound)

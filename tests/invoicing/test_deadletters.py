@@ -16,7 +16,7 @@ from core.deadletters import Subject, dead_letter_failure, dead_letter_subjects
 from core.models import DeadLetter
 from invoicing.models import EmailDelivery
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
-from tests.factories import paid_invoice
+from tests.helpers.factories import paid_invoice
 
 pytestmark = pytest.mark.django_db
 

@@ -12,9 +12,9 @@ from core.models import DeadLetter, OutboxMessage
 from invoicing.jobs import email_claims_recover, invoices_reconcile
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key
-from tests.factories import paid_invoice
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.smtp import SmtpServer
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,9 +18,11 @@ from django.test import Client
 from core.models import DeadLetter
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
-from tests.conftest import paid_event, post_event, use_smtp, wait_until
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.mail import use_smtp
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -244,7 +246,8 @@ def test_only_an_https_link_to_an_allowed_host_is_put_in_the_email(
                 assert "View or download the invoice" not in part
                 assert "evil" not in part
                 assert "script" not in part
-    warnings = {r.invoice_id: r for r in caplog.records if r.name == "invoicing.mail"}
+    # invoice_id: a field the log context puts on each record (core/logging.py).
+    warnings = {r.invoice_id: r for r in caplog.records if r.name == "invoicing.mail"}  # type: ignore[attr-defined]
     invoices = dict(Invoice.objects.values_list("provider_invoice_id", "pk"))
     assert sorted(warnings) == sorted(invoices[f"in_url{i:02d}"] for i in range(1, len(urls)))
     for i, (url, reason) in enumerate(REFUSED_URLS.items(), start=1):

@@ -10,9 +10,10 @@ from django.test import Client
 
 from core.models import DeadLetter, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
-from tests.conftest import paid_event, post_event, wait_until
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +30,8 @@ def test_one_paid_event_sends_one_email(client: Client, smtp: SmtpServer) -> Non
     )
     with worker_thread():
         assert post_event(client, stripe_testing.encode(event)).status_code == 200
-        [message] = smtp.handler.wait_for(1, timeout=20)
+        smtp.handler.wait_for(1, timeout=20)
+        [message] = smtp.messages
 
     invoice = Invoice.objects.get()
     delivery = EmailDelivery.objects.get()

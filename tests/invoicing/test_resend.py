@@ -18,11 +18,11 @@ from rest_framework.test import APIClient
 from core.models import DeadLetter, IdempotencyRecord
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_email_key, invoice_email_send
-from tests.conftest import wait_until
-from tests.factories import paid_invoice as new_paid_invoice
-from tests.factories import staff_user
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.factories import paid_invoice as new_paid_invoice
+from tests.helpers.factories import staff_user
+from tests.helpers.processes import worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from core.models import OperatorAction
 from invoicing.models import Invoice
 from invoicing.services import InvoiceData, invoice_recipient_correct, invoice_record_payment
-from tests.factories import paid_invoice
+from tests.helpers.factories import paid_invoice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,12 +13,11 @@ from django.test import Client
 
 from core.models import OperatorAction, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
-from tests.changelist import messages, rows, run_action
-from tests.conftest import paid_event, post_event
-from tests.core.test_admin import action_choices, admin_as
-from tests.factories import staff_user
-from tests.smtp import SmtpServer
-from tests.workers import worker_thread
+from stack.smtp import SmtpServer
+from tests.helpers.admin import action_choices, admin_as, messages, rows, run_action
+from tests.helpers.factories import staff_user
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 

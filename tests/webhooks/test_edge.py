@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 import requests
 
-from bench.edge import RenderError, edge, nginx_check, render, rendered, setting_names
-from bench.harness import GunicornConfig, serve
-from tests.conftest import SECRET, WEBHOOK_URL, paid_event
-from tests.workers import worker_env
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.nginx import RenderError, nginx_check, render, rendered, setting_names
+from tests.helpers.processes import worker_env
+from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
@@ -50,12 +51,8 @@ def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log = tmp_path_factory.mktemp("edge") / "gunicorn.log"
     env = worker_env(0, NUM_PROXIES="1")
     # An unsigned POST answered 400 by Django: the application is loaded, not just listening.
-    with serve(
-        env=env,
-        config=GunicornConfig(workers=3),
-        log_path=log,
-        ready_path=WEBHOOK_URL,
-        ready_status=400,
+    with launch.gunicorn(
+        env, config=GunicornConfig(workers=3), log=log, ready_path=WEBHOOK_URL
     ) as server:
         # Every worker past its first request (its first database connection): the tests time
         # the edge, not a cold start.
@@ -147,7 +144,8 @@ def test_edge_refuses_what_is_over_its_rate_before_the_application(app: int) -> 
         ready.wait()
         return deliver(port, source=f"127.0.0.{index + 1}")
 
-    with edge(app, rate=1, burst=2, in_flight=8) as port, ThreadPoolExecutor(8) as pool:
+    with launch.edge(app, rate=1, burst=2, in_flight=8) as nginx, ThreadPoolExecutor(8) as pool:
+        port = nginx.port
         answers = list(pool.map(one, range(8)))
     statuses = sorted(answer.status for _, answer in answers)
     assert statuses == [200] * 3 + [429] * 5
@@ -191,7 +189,11 @@ def slow_upstream() -> Iterator[int]:
 def test_edge_refuses_what_is_over_its_in_flight_limit_at_once() -> None:
     """Under its rate but with the upstream slow: beyond ``in_flight`` requests at a time, from
     whichever senders, nginx answers 503 at once rather than queueing them on gunicorn."""
-    with slow_upstream() as upstream, edge(upstream, rate=1000, burst=100, in_flight=2) as port:
+    with (
+        slow_upstream() as upstream,
+        launch.edge(upstream, rate=1000, burst=100, in_flight=2) as nginx,
+    ):
+        port = nginx.port
 
         def post(index: int) -> tuple[float, Answer]:
             started = time.monotonic()
@@ -212,7 +214,8 @@ def test_gunicorn_down_is_a_503_to_retry() -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         nothing = unused.getsockname()[1]  # bound, never listening: connections are refused
-        with edge(nothing, rate=10, burst=10, in_flight=4) as port:
+        with launch.edge(nothing, rate=10, burst=10, in_flight=4) as nginx:
+            port = nginx.port
             answer = send(port, body=b"{}")
     assert answer.status == 503
     assert answer.json() == {"error": "temporarily unavailable"}
@@ -366,7 +369,8 @@ def test_a_flood_and_slow_bodies_do_not_keep_signed_deliveries_out(
     sender at 20% of the rate. At least 99% of the signed deliveries are answered 200 the first
     time they are sent."""
     settings = {"EDGE_BODY_TIMEOUT": BODY_TIMEOUT, "EDGE_HEADER_TIMEOUT": BODY_TIMEOUT}
-    with edge(app, rate=RATE, burst=10, in_flight=8, settings=settings) as port:
+    with launch.edge(app, rate=RATE, burst=10, in_flight=8, settings=settings) as nginx:
+        port = nginx.port
         flood = Flood(port)
         slow = SlowSender(port, every=BODY_TIMEOUT + 1)
         signed_tally = Tally()
@@ -462,7 +466,8 @@ def closed_after(port: int, request: bytes, *, limit: float = 30) -> float:
 @pytest.mark.slow
 def test_stalled_headers_and_bodies_are_closed_after_their_timeouts(app: int) -> None:
     settings = {"EDGE_HEADER_TIMEOUT": 2, "EDGE_BODY_TIMEOUT": 3}
-    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as port:
+    with launch.edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+        port = nginx.port
         headers = closed_after(port, f"POST {WEBHOOK_URL} HTTP/1.1\r\nHost: 127.0".encode())
         head = f"POST {WEBHOOK_URL} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
         body = closed_after(port, head.encode() + b"{")
@@ -479,7 +484,8 @@ def test_bodies_sent_slowly_do_not_take_the_capacity(app: int) -> None:
     gunicorn, which nginx charges only once it has the whole body. (Charged on the headers, two
     such connections took both slots here, and every delivery got 503.)"""
     settings = {"EDGE_BODY_TIMEOUT": 2, "WEBHOOK_EDGE_ADDRESS_CONNECTIONS": 2}
-    with edge(app, rate=100, burst=20, in_flight=2, settings=settings) as port:
+    with launch.edge(app, rate=100, burst=20, in_flight=2, settings=settings) as nginx:
+        port = nginx.port
         stop = threading.Event()
         head = (
             f"POST {WEBHOOK_URL} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
@@ -527,7 +533,8 @@ def test_bodies_sent_slowly_do_not_take_the_capacity(app: int) -> None:
 @uses_app
 def test_outside_the_allowed_sources_is_403_at_the_edge(app: int) -> None:
     settings = {"WEBHOOK_ALLOWED_SOURCES": "10.0.0.0/8, 127.0.0.1/32"}
-    with edge(app, rate=1, burst=1, in_flight=4, settings=settings) as port:
+    with launch.edge(app, rate=1, burst=1, in_flight=4, settings=settings) as nginx:
+        port = nginx.port
         refused = [deliver(port, source=FLOOD) for _ in range(20)]
         # Refused before any limit was charged: the capacity (1 per second, burst 1) is whole.
         allowed = [deliver(port, source=SIGNED) for _ in range(2)]
@@ -545,7 +552,8 @@ def test_outside_the_allowed_sources_is_403_at_the_edge(app: int) -> None:
 @uses_app
 def test_an_allowed_source_behind_a_trusted_proxy_is_judged_by_its_own_address(app: int) -> None:
     settings = {"WEBHOOK_ALLOWED_SOURCES": "203.0.113.0/24", "EDGE_TRUSTED_PROXIES": SIGNED}
-    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as port:
+    with launch.edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+        port = nginx.port
         body = stripe_testing.encode(paid_event())
         inside = send(port, body=body, headers={**signed(body), "X-Forwarded-For": "203.0.113.9"})
         outside = send(port, body=body, headers={**signed(body), "X-Forwarded-For": "10.1.1.1"})
@@ -587,7 +595,8 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: in
         "WEBHOOK_EDGE_ADDRESS_RATE": 1,
         "WEBHOOK_EDGE_ADDRESS_BURST": 1,
     }
-    with edge(app, rate=1000, burst=100, in_flight=16, settings=settings) as port:
+    with launch.edge(app, rate=1000, burst=100, in_flight=16, settings=settings) as nginx:
+        port = nginx.port
         # Through the trusted proxy (127.0.0.1): one limit per address it names, and that is
         # the rightmost address that is not a trusted proxy, whatever the client put before it.
         named = at_once(
@@ -630,7 +639,8 @@ def test_health_and_admin_login_are_limited_per_address(app: int) -> None:
         "EDGE_LOGIN_RATE": 1,
         "EDGE_LOGIN_BURST": 2,
     }
-    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as port:
+    with launch.edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+        port = nginx.port
         for path, retry_after in (("/health/", "1"), ("/admin/login/", "60")):
             # Six at once from one address: the limit is 1 per second (per minute for the
             # login) with a burst of 2, however long the application takes to answer.
@@ -747,7 +757,8 @@ def test_the_healthchecks_compose_runs_pass_through_the_edge(live_server: Any) -
     """compose.yaml's edge healthcheck fetches /health/live through nginx; anonymous /health/
     through it says the status alone."""
     upstream = int(live_server.url.rsplit(":", 1)[1])
-    with edge(upstream, rate=50, burst=10, in_flight=4) as port:
+    with launch.edge(upstream, rate=50, burst=10, in_flight=4) as nginx:
+        port = nginx.port
         live = requests.get(f"http://127.0.0.1:{port}/health/live", timeout=10)
         ready = requests.get(f"http://127.0.0.1:{port}/health/", timeout=10)
     assert (live.status_code, live.json()) == (200, {"status": "ok"})

@@ -12,7 +12,7 @@ from django.db import connection
 
 from core.models import OutboxMessage
 from invoicing.models import Invoice
-from tests.conftest import paid_event
+from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.services import Reprocessed, webhook_event_reprocess

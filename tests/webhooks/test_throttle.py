@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -15,24 +14,13 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import paid_event, post_event
-from tests.smtp import free_port
+from stack.net import free_port
+from tests.helpers.stripe import paid_event, post_event
+from tests.helpers.throttle import an_address, fresh_window
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db
-
-
-def an_address() -> str:
-    """An address of this test's own: counters from other tests never meet it."""
-    return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
-
-
-def fresh_window(seconds: int = 60, margin: float = 3.0) -> None:
-    """Start the test clear of a window boundary, so the window does not roll over mid-test."""
-    left = seconds - time.time() % seconds
-    if left < margin:
-        time.sleep(left + 0.05)
 
 
 def ignored_event() -> bytes:

@@ -14,7 +14,7 @@ from django.test import Client
 
 from core.models import OutboxMessage
 from invoicing.models import Invoice
-from tests.conftest import SECRET, WEBHOOK_URL, paid_event, post_event
+from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 

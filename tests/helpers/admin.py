@@ -1,8 +1,10 @@
-"""Reading a Django admin page the way an operator does: the change list row by row, each cell
-by its column (the ``field-<name>`` class Django gives it), and the messages at the top."""
+"""The admin as an operator uses it: logged in as a given user, reading a change list row by
+row, each cell by its column (the ``field-<name>`` class Django gives it), the messages at the
+top and the actions offered, and running an action."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from typing import Any
 
@@ -81,3 +83,22 @@ def messages(response: Any) -> list[tuple[str, str]]:
 def run_action(client: Client, url: str, action: str, pks: list[Any]) -> Any:
     """Tick ``pks`` on the change list at ``url``, choose ``action`` and press Go."""
     return client.post(url, {"action": action, "_selected_action": pks}, follow=True)
+
+
+def admin_as(user: Any) -> Client:
+    """A test client logged in as ``user``."""
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def action_choices(response: Any) -> list[str]:
+    """The actions the change list offers (the options of its action select, if any)."""
+    assert response.status_code == 200
+    page = response.content.decode()
+    if 'name="action"' not in page:
+        return []
+    select = page[
+        page.index('name="action"') : page.index("</select>", page.index('name="action"'))
+    ]
+    return [value for value in re.findall(r'<option value="([^"]*)"', select) if value]

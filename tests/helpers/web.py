@@ -7,22 +7,20 @@ and cache.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from django.urls import reverse
 
-from bench.harness import GunicornConfig, Server, serve
-from tests.smtp import free_port
-from tests.workers import worker_env
+from stack import launch
+from stack.net import HOST, free_port
+from stack.process import ROOT, Process
+from tests.helpers.processes import worker_env
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 MANIFEST = "staticfiles.json"  # what Django's manifest storage writes into STATIC_ROOT
 
@@ -66,9 +64,9 @@ def collect_static(static_root: Path) -> Path:
         **{k: os.environ[k] for k in ("HOME", "LANG") if k in os.environ},
         "PATH": f"{python}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
         "DJANGO_SETTINGS_MODULE": "core.settings",  # the image's ENV
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{nowhere}/nowhere",
-        "CELERY_BROKER_URL": f"redis://127.0.0.1:{nowhere}/0",
-        "REDIS_URL": f"redis://127.0.0.1:{nowhere}/1",
+        "DATABASE_URL": f"postgres://postgres@{HOST}:{nowhere}/nowhere",
+        "CELERY_BROKER_URL": f"redis://{HOST}:{nowhere}/0",
+        "REDIS_URL": f"redis://{HOST}:{nowhere}/1",
         # The one difference: here, not /app/staticfiles.
         "DJANGO_STATIC_ROOT": str(static_root),
     }
@@ -93,24 +91,20 @@ def hashed_name(static_root: Path, name: str) -> str:
     return paths[name]
 
 
-@contextlib.contextmanager
 def production_gunicorn(
     static_root: Path, *, log_path: Path, workers: int = 2, **extra_env: str
-) -> Iterator[Server]:
+) -> Process:
     """gunicorn on ``core.settings`` with STATIC_ROOT at ``static_root``, on this test run's
-    database, broker and cache (``worker_env``); ready once Django answers."""
+    database, broker and cache (``worker_env``); ready, with it, once Django answers."""
     env = worker_env(
         0,  # gunicorn sends no email
         DJANGO_SETTINGS_MODULE="core.settings",
         DJANGO_STATIC_ROOT=str(static_root),
         **extra_env,
     )
-    # An unsigned POST answered 400 by Django: the application is loaded, not just listening.
-    with serve(
-        env=env,
-        config=GunicornConfig(workers=workers),
-        log_path=log_path,
+    return launch.gunicorn(
+        env,
+        config=launch.GunicornConfig(workers=workers),
+        log=log_path,
         ready_path=reverse("webhooks:stripe"),
-        ready_status=400,
-    ) as server:
-        yield server
+    )

@@ -1,0 +1,13 @@
+"""The stack kit: how the tests, the benchmarks, the chaos suite and the demo start the
+application's real processes and the services around them, one way each.
+
+* ``stack.net``: ``free_port`` and ``wait_until``;
+* ``stack.process``: ``Process``, one child in a process group of its own, with its log,
+  readiness and stop;
+* ``stack.launch``: gunicorn, a Celery worker (or one in this process), Celery beat and the
+  nginx edge, each one function returning a ``Process``;
+* ``stack.nginx``: the edge's configuration, rendered from ``deploy/nginx`` as compose does;
+* ``stack.smtp``: one SMTP server with one fault model, recording every message.
+
+Not shipped with the application (``pyproject.toml`` packages only the apps).
+"""

@@ -1,0 +1,31 @@
+"""Dead letters as the application makes them: a refused recipient, through the real webhook,
+worker and SMTP server."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.test import Client
+
+from core.models import DeadLetter
+from invoicing.models import Invoice
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.stripe import paid_event, post_event
+from webhooks import testing as stripe_testing
+
+
+def dlq_broker_depth() -> int:
+    """Messages on the dlq queue of this run's broker."""
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "dlq"
+    return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(key))
+
+
+def refused_invoice_dead_letter(client: Client, smtp: SmtpServer) -> tuple[Invoice, DeadLetter]:
+    """A paid invoice whose recipient the SMTP server refuses: one dead letter (a worker must
+    be running)."""
+    smtp.handler.faults.refuse = {"typo@exmaple.com"}
+    post_event(client, stripe_testing.encode(paid_event(customer_email="typo@exmaple.com")))
+    assert wait_until(DeadLetter.objects.exists, timeout=20)
+    assert wait_until(lambda: dlq_broker_depth() == 1, timeout=5)
+    return Invoice.objects.get(), DeadLetter.objects.get()

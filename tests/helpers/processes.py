@@ -1,0 +1,45 @@
+"""The project's processes as the tests run them: on this test run's database, broker and
+cache (``tests/settings.py``), started through the kit (``stack.launch``)."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+
+from django.db import connection
+
+from core.celery import app
+from stack import launch
+from stack.net import HOST
+
+# Worker timing scaled down for the tests that wait on a redelivery (visibility 20 s instead
+# of 180 s, lease 10 s), keeping every relation core.settings checks.
+SCALED = {
+    "CELERY_VISIBILITY_TIMEOUT": "20",
+    "CELERY_TASK_TIME_LIMIT": "15",
+    "CELERY_TASK_SOFT_TIME_LIMIT": "12",
+    "EMAIL_TASK_TIME_LIMIT": "8",
+    "EMAIL_TASK_SOFT_TIME_LIMIT": "6",
+    "EMAIL_CLAIM_LEASE_SECONDS": "10",
+    "EMAIL_BREAKER_RESET_SECONDS": "5",  # a deferral (up to 2 x 5 s) + 8 s < 20 s
+}
+
+
+def worker_env(smtp_port: int, **extra: str) -> dict[str, str]:
+    """The environment of a process that shares this test's database and broker (a worker,
+    beat, gunicorn, manage.py), sending email to ``HOST``:``smtp_port``."""
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "EMAIL_HOST": HOST,
+        "EMAIL_PORT": str(smtp_port),
+        **extra,
+    }
+
+
+def worker_thread(concurrency: int = 2) -> AbstractContextManager[None]:
+    """A real worker of the project's Celery app in this process, on threads, for a block
+    (``stack.launch.worker_thread``)."""
+    return launch.worker_thread(app, concurrency=concurrency)
