@@ -4,8 +4,8 @@ docs/configuration.md, and every variable documented there is read by one of the
 from __future__ import annotations
 
 import re
-import subprocess
 
+from stack.nginx import setting_names
 from stack.process import ROOT
 
 # Read by a library rather than by our settings (prometheus-client's multiprocess mode).
@@ -20,14 +20,7 @@ def settings_variables() -> set[str]:
 
 
 def edge_variables() -> set[str]:
-    listed = subprocess.run(
-        ["sh", str(ROOT / "deploy" / "nginx" / "render.sh"), "--settings"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    return set(listed.stdout.split())
+    return set(setting_names())  # what deploy/nginx/render.sh reads
 
 
 def documented_variables() -> set[str]:
