@@ -198,7 +198,7 @@ class Handler:
         if self.faults.refuses(address):
             with self.lock:
                 self.counts["refused_at_rcpt"] += 1
-            return f"550 5.1.1 <{address}>: mailbox unavailable"
+            return "550 5.1.1 mailbox unavailable"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
