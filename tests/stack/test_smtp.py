@@ -64,7 +64,7 @@ def test_refused_recipients_and_domains_get_a_550_at_rcpt(server: SmtpServer) ->
             send(server, message(address))
         [(code, reply)] = refused.value.recipients.values()
         assert code == 550
-        assert reply.startswith(b"5.1.1 <")
+        assert reply == b"5.1.1 mailbox unavailable"
     send(server, message("fine@example.com"))
     assert [r.recipient for r in server.handler.received()] == ["fine@example.com"]
     assert server.handler.counts["refused_at_rcpt"] == 2
