@@ -1,4 +1,4 @@
-"""The invoicing app's probes (see ``core.probes``): its emails, and its provider's circuit
+"""The invoicing app's probes (see ``asyncwork.probes``): its emails, and its provider's circuit
 breaker. ``/metrics`` (``invoicing.metrics``), ``/health/`` (``email_breaker_check``) and the
 admin dashboard (the figures below, registered in ``apps.py``) read these same functions."""
 
@@ -13,7 +13,7 @@ from django.db.models import CharField, Count, F, Func, Q, Sum, Value
 from django.urls import reverse
 from django.utils import timezone
 
-from core.probes import BreakerProbe, Figure, breaker_probe
+from asyncwork.probes import BreakerProbe, Figure, breaker_probe
 from invoicing.models import EmailDelivery
 from invoicing.services import email_breaker
 
