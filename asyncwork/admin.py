@@ -386,7 +386,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
 
 
 # django-celery-beat's "Periodic tasks" page, where an operator looks for the jobs, shows what
-# each job last did (core.ScheduledJob, by name) and who holds its lock now.
+# each job last did (asyncwork.ScheduledJob, by name) and who holds its lock now.
 admin.site.unregister(PeriodicTask)
 
 

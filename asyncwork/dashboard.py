@@ -53,7 +53,7 @@ VIEW_PERMISSIONS = (
 
 
 def _changelist(model: str, **query: str) -> str:
-    url = reverse(f"admin:core_{model}_changelist")
+    url = reverse(f"admin:asyncwork_{model}_changelist")
     return f"{url}?{urlencode(query)}" if query else url
 
 

@@ -81,7 +81,7 @@ def outbox_enqueue(
 
 def _publish_committed(message: OutboxMessage) -> None:
     """The on-commit publish of a row this process has just committed: no re-read and no row
-    lock, one UPDATE to mark it (half the cost of a webhook otherwise). The relay leaves rows
+    lock, one UPDATE to mark it: it runs on every request that enqueues. The relay leaves rows
     younger than its grace period alone, and were both to send, the consumers are idempotent."""
     error = _send(message)
     marked = OutboxMessage.objects.filter(pk=message.pk)

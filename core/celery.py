@@ -7,7 +7,7 @@ commented there.
 import os
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery
 
 from asyncwork import logging as log_context
 from asyncwork import metrics, queues
@@ -29,16 +29,9 @@ def _settings_load(**_: Any) -> None:
 
 
 app.conf.task_default_queue = queues.DEFAULT
-# Each task's queue is read from the registry the apps fill (asyncwork.queues) when it is sent.
+# Each task's queue is read from the registry the apps fill (asyncwork.queues) when it is sent;
+# the queues a worker consumes are set once every app has declared its own (CoreConfig.ready).
 app.conf.task_routes = (queues.task_route,)
-
-
-@signals.import_modules.connect
-def _queues_declare(**_: Any) -> None:
-    """Sent when a worker imports the task modules, after Celery's Django fix-up has set Django
-    up (so every app has declared its queues) and before the worker picks what it consumes:
-    without ``-Q``, ``default`` and every declared queue."""
-    app.conf.task_queues = queues.consumed()
 
 
 app.autodiscover_tasks()

@@ -63,13 +63,14 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "axes",
     "django_celery_beat",
-    "core",  # the project: settings, URLs, the Celery app
     # What the domain apps build on, ready() first: the operators' plumbing, and the machinery,
     # whose registries the domain apps fill in their own ready().
     "operators",
     "asyncwork",
     "invoicing",
     "webhooks",
+    # The project (settings, URLs, the Celery app): last, so its ready() sees every app's.
+    "core",
 ]
 
 MIDDLEWARE = [

@@ -25,7 +25,7 @@ WORKER_EMAILS_SENT = Counter(
 def email_delivery_metrics() -> list[Metric]:
     """Emails sent, send attempts (claims taken) and deliveries by state, per key kind
     (``invoice_email_sent``, ``invoice_email_resend``), from ``email_probe``'s one grouped
-    scan; near a million rows it meets the statement timeout and this source drops out of the
+    scan; on a table large enough to meet the statement timeout, this source drops out of the
     scrape (reported, not a failure of the rest)."""
     sent = CounterMetricFamily(
         "invoicing_emails_sent", "Emails sent (EmailDelivery rows marked sent).", labels=["kind"]

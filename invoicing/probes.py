@@ -41,9 +41,9 @@ class EmailProbe:
 
 
 def email_probe() -> EmailProbe:
-    """One grouped scan of ``EmailDelivery`` (about 5 ms per 10,000 rows; near a million rows
-    it meets the statement timeout of its caller's ``bounded()``): rows and attempts per key
-    kind and state, and the emails sent in the last hour and day."""
+    """One grouped scan of ``EmailDelivery`` (its cost grows with the table, bounded by the
+    statement timeout of its caller's ``bounded()``): rows and attempts per key kind and state,
+    and the emails sent in the last hour and day."""
     now = timezone.now()
     kind = Func(F("key"), Value(":"), Value(1), function="split_part", output_field=CharField())
     rows = (

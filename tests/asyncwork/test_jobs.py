@@ -301,8 +301,8 @@ def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist(
         cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
         cursor.execute(f'CREATE DATABASE "{fresh}"')
     try:
-        out = migrate("core")
-        assert "periodic tasks not synced: django_celery_beat or core has unapplied" in out
+        out = migrate("asyncwork")
+        assert "periodic tasks not synced: django_celery_beat or asyncwork has unapplied" in out
         assert fresh_rows("SELECT to_regclass('django_celery_beat_periodictask') IS NULL") == [
             (True,)
         ]
