@@ -49,6 +49,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
 
+from celery.signals import task_postrun, task_prerun, worker_init
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
@@ -320,7 +321,6 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
 
 def celery_signals_connect() -> None:
     """Connect the worker-side receivers (idempotent: each has a ``dispatch_uid``)."""
-    from celery.signals import task_postrun, task_prerun, worker_init
 
     task_prerun.connect(_task_started, weak=False, dispatch_uid="asyncwork.metrics.started")
     task_postrun.connect(_task_finished, weak=False, dispatch_uid="asyncwork.metrics.finished")
