@@ -89,15 +89,3 @@ def queue_keys(queue: str) -> list[str]:
     steps = options.get("priority_steps", PRIORITY_STEPS)
     # As kombu's Channel._q_for_pri: priority 0 is the bare name.
     return [prefix + (f"{queue}{redis.Channel.sep}{step}" if step else queue) for step in steps]
-
-
-def queue_depth(queue: str) -> int:
-    """Messages waiting on a broker queue (not those reserved by a worker). Raises
-    ``redis_py.RedisError`` when the broker does not answer in time."""
-    client = broker_redis()
-    if client is None:
-        raise redis_py.RedisError("the broker is not Redis")
-    with client.pipeline(transaction=False) as pipe:
-        for key in queue_keys(queue):
-            pipe.llen(key)
-        return sum(int(n) for n in pipe.execute())

@@ -321,7 +321,6 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
 
 def celery_signals_connect() -> None:
     """Connect the worker-side receivers (idempotent: each has a ``dispatch_uid``)."""
-
     task_prerun.connect(_task_started, weak=False, dispatch_uid="asyncwork.metrics.started")
     task_postrun.connect(_task_finished, weak=False, dispatch_uid="asyncwork.metrics.finished")
     worker_init.connect(_worker_metrics_serve, weak=False, dispatch_uid="asyncwork.metrics.serve")

@@ -215,6 +215,11 @@ def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
     return QueuesProbe(depths={name: sum(int(next(lengths)) for _ in keys[name]) for name in names})
 
 
+def queue_depth(name: str) -> int:
+    """One queue's depth (``queues_probe`` of that queue alone)."""
+    return queues_probe((name,)).depths[name]
+
+
 @dataclass(frozen=True)
 class BreakerProbe:
     """A circuit breaker's state (``closed``, ``open``, ``half-open``, or ``unknown`` when

@@ -13,8 +13,9 @@ import redis
 from django.conf import settings as django_settings
 from django.test import Client
 
-from asyncwork.broker import queue_depth, queue_keys
+from asyncwork.broker import queue_keys
 from asyncwork.models import OutboxMessage
+from asyncwork.probes import queue_depth
 from core.celery import app
 from invoicing.models import Invoice
 from invoicing.services import EMAIL_QUEUE

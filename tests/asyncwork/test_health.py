@@ -19,8 +19,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from asyncwork import health
-from asyncwork.broker import queue_depth
 from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.probes import queue_depth
 from invoicing.services import EMAIL_QUEUE
 from stack.net import free_port
 

@@ -20,19 +20,25 @@ from operators.models import OperatorAction
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BEFORE = [("core", "0005_lockholder"), ("asyncwork", None), ("operators", None)]
+BEFORE: list[tuple[str, str | None]] = [
+    ("core", "0005_lockholder"),
+    ("asyncwork", None),
+    ("operators", None),
+]
 
 
-def _migrate(targets: list[tuple[str, str | None]]) -> Any:
+def _migrate(targets: list[tuple[str, str | None]]) -> None:
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(targets)
     ContentType.objects.clear_cache()
-    return executor.loader.project_state([t for t in targets if t[1] is not None] or None).apps
 
 
 def test_an_existing_database_keeps_its_rows_permissions_and_groups() -> None:
-    old = _migrate(BEFORE)
+    _migrate(BEFORE)
+    old: Any = (
+        MigrationExecutor(connection).loader.project_state([("core", "0005_lockholder")]).apps
+    )
     now = timezone.now()
     ContentTypes = old.get_model("contenttypes", "ContentType")
     Permissions = old.get_model("auth", "Permission")
@@ -81,7 +87,7 @@ def test_an_existing_database_keeps_its_rows_permissions_and_groups() -> None:
     )
 
     executor = MigrationExecutor(connection)
-    _migrate(executor.loader.graph.leaf_nodes())
+    _migrate(list(executor.loader.graph.leaf_nodes()))
 
     moved = DeadLetter.objects.get(task_id="migration-1")
     assert moved.pk == letter.pk

@@ -16,21 +16,19 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from asyncwork import queues
-from asyncwork.broker import queue_depth
 from asyncwork.health import health_report
 from asyncwork.jobs import jobs_declared
 from asyncwork.locks import Holder, lock_holder
 from asyncwork.models import ScheduledJob
+from asyncwork.probes import queues_probe
 
 
 def _queue_depths() -> dict[str, int | str]:
-    depths: dict[str, int | str] = {}
-    for name in (*(queue.name for queue in queues.consumed()), queues.DLQ):
-        try:
-            depths[name] = queue_depth(name)
-        except redis.RedisError as exc:
-            depths[name] = f"unknown ({type(exc).__name__})"
-    return depths
+    names = (*(queue.name for queue in queues.consumed()), queues.DLQ)
+    try:
+        return dict(queues_probe(names).depths)
+    except (redis.RedisError, ValueError) as exc:
+        return dict.fromkeys(names, f"unknown ({type(exc).__name__})")
 
 
 def _jobs() -> list[dict[str, Any]]:
