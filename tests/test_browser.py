@@ -90,7 +90,7 @@ class Page:
 # The pages docs/screenshots/ shows. Adding one is a line here, then `UPDATE_SCREENSHOTS=1
 # .venv/bin/pytest tests/test_browser.py` and a commit of its PNG.
 DOCS_PAGES = (
-    Page("admin-index", "/admin/", "#content-main .app-core"),
+    Page("admin-index", "/admin/", "#content-main .app-asyncwork"),
     Page("dashboard", "/admin/dashboard/", "#dashboard"),
     Page("dead-letters", "/admin/asyncwork/deadletter/", "#result_list"),
     Page("dead-letter", "/admin/asyncwork/deadletter/{letter}/change/", "#replay-form"),

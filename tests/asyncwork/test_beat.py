@@ -132,7 +132,7 @@ def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
     assert reported["active"] == expected
     assert f"dispatching, pid {beat.pid} on host {socket.gethostname()}" in screen
     [line] = [line for line in beat.log_text().splitlines() if "took the leader lock" in line]
-    assert re.search(r" INFO core\.beat beat took the leader lock: dispatching$", line), line
+    assert re.search(r" INFO asyncwork\.beat beat took the leader lock: dispatching$", line), line
     assert active_beat() is None  # killed: its session, and the lock with it, are gone
 
 
