@@ -4,11 +4,11 @@ Two kinds of figures, kept apart because they live in different places:
 
 **State, computed at scrape time** (``StateCollector``, served only by the web process at
 ``GET /metrics``). Read from PostgreSQL and Redis when Prometheus asks, so they are exact
-whichever process (or host) did the work, and survive every restart: the outbox backlog and
-the age of its oldest unpublished row, the dead-letter depth, the email queue's depth on the
-broker, each scheduled job's runs, skips and last run (``ScheduledJob``), and, registered by
-the ``invoicing`` app, emails sent and send attempts (``EmailDelivery``) and the email
-provider's circuit breaker. Each source runs in its own transaction under a statement timeout
+whichever process (or host) did the work, and survive every restart. The machinery's sources
+(``asyncwork.gauges``): the outbox backlog and the age of its oldest unpublished row, the
+dead-letter depth, the depth of the pressure queues on the broker, each scheduled job's runs,
+skips and last run; an app adds its own with ``register_source`` from its
+``AppConfig.ready()``. Each source runs in its own transaction under a statement timeout
 of ``PROBE_TIMEOUT_SECONDS``; a source that fails or times out is left out of that scrape and
 reported as ``invoicing_metrics_source_up{source} 0`` (after a database error the remaining
 database sources are skipped, so a dead database costs one connect timeout, not one each).
@@ -17,14 +17,15 @@ database sources are skipped, so a dead database costs one connect timeout, not 
 
 **Events, counted where they happen** (prometheus-client counters and a histogram):
 
-* web process: webhook deliveries by outcome, and outbox publishes (latency from the row's
-  creation to its publish, and failures). gunicorn runs several worker processes: with
+* web process: what the apps count as they answer (webhook deliveries by outcome), and outbox
+  publishes (latency from the row's creation to its publish, and failures). gunicorn runs several worker processes: with
   ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus-client keeps every process's values in
   memory-mapped files there and ``/metrics`` sums them (``MultiProcessCollector``); without it
   (``runserver``, tests) the default registry of the one process is served.
 * Celery workers (other processes, possibly other hosts): task starts, attempts by outcome
-  (success, retry, deferred, failure, rejected), emails sent, and the outbox publishes they
-  make (the relay job, dead-letter copies), counted by Celery signal receivers. With
+  (success, retry, deferred, failure, rejected), the runs whose result an app declared worth
+  counting (``register_result_counter``), and the outbox publishes they make (the relay job,
+  dead-letter copies), counted by Celery signal receivers. With
   ``WORKER_METRICS_PORT`` set, the worker's main process serves them over HTTP on that port
   (``start_http_server``). Under the prefork pool the tasks run in child processes, so the
   counts must be shared: the worker then requires ``PROMETHEUS_MULTIPROC_DIR`` (a directory of
