@@ -62,8 +62,8 @@ def fill(invoices: int) -> dict[str, int]:
     from django.db import connection
     from django.utils import timezone
 
-    from core.jobs import SCHEDULES
-    from core.models import DeadLetter, OutboxMessage, ScheduledJob
+    from asyncwork.jobs import jobs_declared
+    from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
     from invoicing.models import EmailDelivery, Invoice
     from invoicing.services import email_breaker
 
@@ -147,7 +147,7 @@ def fill(invoices: int) -> dict[str, int]:
             args=[pk],
             queue="email",
             reason=reasons[n % len(reasons)],
-            exception_class="core.tasks.PermanentError",
+            exception_class="asyncwork.errors.PermanentError",
             exception_message=f"recipient refused: 550 5.1.1 mailbox unavailable (c{n}@x.com)",
             attempts=1,
             first_failed_at=now,
@@ -159,7 +159,7 @@ def fill(invoices: int) -> dict[str, int]:
     )
     ScheduledJob.objects.bulk_create(
         ScheduledJob(name=s.name, runs=100, last_started_at=now, last_finished_at=now)
-        for s in SCHEDULES
+        for s in jobs_declared()
     )
     breaker = email_breaker()
     breaker.reset()

@@ -36,7 +36,7 @@ from stack import launch
 from stack.process import Process, Ready, stop_all
 from stack.smtp import Faults, SmtpServer
 
-# The application's relay schedule (core/jobs.py: every 15 s) and grace period
+# The application's relay schedule (asyncwork/apps.py: every 15 s) and grace period
 # (OUTBOX_RELAY_GRACE_SECONDS, 10 s by default), reproduced while a benchmark waits for emails.
 RELAY_EVERY = 15.0
 RELAY_GRACE = 10
@@ -269,11 +269,11 @@ def stored(database_url: str) -> dict[str, int]:
             """
             SELECT (SELECT count(*) FROM webhooks_webhookevent),
                    (SELECT count(*) FROM invoicing_invoice),
-                   (SELECT count(*) FROM core_outboxmessage),
-                   (SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL),
+                   (SELECT count(*) FROM asyncwork_outboxmessage),
+                   (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL),
                    (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
                    (SELECT count(*) FROM invoicing_emaildelivery WHERE state <> 'sent'),
-                   (SELECT count(*) FROM core_deadletter)
+                   (SELECT count(*) FROM asyncwork_deadletter)
             """
         ).fetchone()
     assert row is not None
@@ -293,7 +293,7 @@ def outbox_stranded(database_url: str, grace: float) -> int:
     """Outbox rows unpublished for longer than ``grace`` seconds."""
     with psycopg.connect(database_url) as connection:
         row = connection.execute(
-            "SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL "
+            "SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL "
             "AND created_at < now() - make_interval(secs => %s)",
             [grace],
         ).fetchone()

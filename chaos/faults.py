@@ -132,7 +132,7 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
         )
         time.sleep(RELAY_STALL_SECONDS + 0.1)
         unpublished_before = ctx.db.value(
-            "SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL"
+            "SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL"
         )
         probe.stdin.write("go\n")
         probe.stdin.flush()
@@ -162,7 +162,7 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
         # Rows the probe published are locked by it until it dies, so a mark on one of them is
         # another relay's, after the kill; no mark (or that one) proves the kill came between.
         rows = ctx.db.rows(
-            "SELECT id FROM core_outboxmessage WHERE id = ANY(%s) "
+            "SELECT id FROM asyncwork_outboxmessage WHERE id = ANY(%s) "
             "AND (published_at IS NULL OR published_at > to_timestamp(%s))",
             [published, killed_at],
         )
@@ -190,7 +190,7 @@ def broker_stall(ctx: Context, step: Step) -> dict[str, Any]:
                 break
         time.sleep(0.05)
     ended = time.time()
-    rows = ctx.db.rows("SELECT id FROM core_outboxmessage WHERE published_at IS NULL")
+    rows = ctx.db.rows("SELECT id FROM asyncwork_outboxmessage WHERE published_at IS NULL")
     return {
         "at": started,
         "ended": ended,

@@ -94,7 +94,7 @@ SELECT i.id FROM invoicing_invoice i
 WHERE i.status = 'paid'
   AND NOT EXISTS (SELECT 1 FROM invoicing_emaildelivery d
                   WHERE d.invoice_id = i.id AND d.state = 'sent')
-  AND NOT EXISTS (SELECT 1 FROM core_deadletter l
+  AND NOT EXISTS (SELECT 1 FROM asyncwork_deadletter l
                   WHERE l.task = 'invoicing.send_invoice_email'
                     AND l.args = jsonb_build_array(i.id))
 """
@@ -103,8 +103,8 @@ _SAMPLE_SQL = """
 SELECT (SELECT count(*) FROM invoicing_invoice WHERE status = 'paid'),
        (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
        (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sending'),
-       (SELECT count(*) FROM core_outboxmessage WHERE published_at IS NULL),
-       (SELECT count(*) FROM core_deadletter)
+       (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL),
+       (SELECT count(*) FROM asyncwork_deadletter)
 """
 
 
@@ -218,26 +218,26 @@ def facts_collect(db: Db, *, outbox_ids: list[int]) -> Facts:
         }
         for pk, task, args, reason, message, attempts, created_at, replayed_at in rows(
             "SELECT id, task, args, reason, exception_message, attempts, created_at, replayed_at "
-            "FROM core_deadletter ORDER BY id"
+            "FROM asyncwork_deadletter ORDER BY id"
         )
     ]
     email_jobs = {
         int(invoice_pk): count
         for invoice_pk, count in rows(
-            "SELECT args->>0, count(*) FROM core_outboxmessage "
+            "SELECT args->>0, count(*) FROM asyncwork_outboxmessage "
             "WHERE task = 'invoicing.send_invoice_email' AND queue <> 'dlq' GROUP BY 1"
         )
     }
     published_at = {
         pk: _epoch(at)
         for pk, at in rows(
-            "SELECT id, published_at FROM core_outboxmessage WHERE id = ANY(%s)", [outbox_ids]
+            "SELECT id, published_at FROM asyncwork_outboxmessage WHERE id = ANY(%s)", [outbox_ids]
         )
     }
     jobs = [
         {"name": name, "runs": runs, "skips": skips, "last_error": last_error[:300]}
         for name, runs, skips, last_error in rows(
-            "SELECT name, runs, skips, last_error FROM core_scheduledjob ORDER BY name"
+            "SELECT name, runs, skips, last_error FROM asyncwork_scheduledjob ORDER BY name"
         )
     ]
     return Facts(invoices, deliveries, dead_letters, email_jobs, published_at, jobs)

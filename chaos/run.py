@@ -36,15 +36,15 @@ from chaos.stack import Stack, WorkerPool
 from stack.smtp import SmtpServer
 
 _DEAD_LETTER_INVOICES_SQL = """
-SELECT i.provider_invoice_id FROM core_deadletter l
+SELECT i.provider_invoice_id FROM asyncwork_deadletter l
 JOIN invoicing_invoice i ON l.args = jsonb_build_array(i.id)
 WHERE l.task = 'invoicing.send_invoice_email'
 """
 _PROGRESS_SQL = """
 SELECT (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
        (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sending'),
-       (SELECT count(*) FROM core_outboxmessage WHERE published_at IS NOT NULL),
-       (SELECT count(*) FROM core_deadletter),
+       (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NOT NULL),
+       (SELECT count(*) FROM asyncwork_deadletter),
        (SELECT array_agg(provider_invoice_id) FROM invoicing_invoice WHERE status = 'paid')
 """
 

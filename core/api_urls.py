@@ -2,7 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from core.api import DeadLetterViewSet
+from asyncwork.api import DeadLetterViewSet
 from invoicing.api import InvoiceViewSet
 
 router = DefaultRouter()

@@ -3,20 +3,17 @@ from django.core import checks
 
 
 class CoreConfig(AppConfig):
+    """The project. Last in ``INSTALLED_APPS``: its ``ready()`` runs once every app has filled
+    the registries in its own, and wires what must be fixed before a worker starts."""
+
     name = "core"
-    verbose_name = "Async machinery"
+    verbose_name = "Project"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_migrate
-
-        from core import dashboard, health
+        from asyncwork import queues
+        from core.celery import app
         from core.checks import https_opt_out_check
-        from core.jobs import schedules_sync_after_migrate
 
-        health.register_check("beat", health.check_beat, critical=False)
-        dashboard.machinery_probes_register()
         checks.register(https_opt_out_check, checks.Tags.security, deploy=True)
-        # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.
-        post_migrate.connect(
-            schedules_sync_after_migrate, sender=self, dispatch_uid="core.schedules_sync"
-        )
+        # What a worker started without -Q consumes: default and every queue an app declared.
+        app.conf.task_queues = queues.consumed()

@@ -9,8 +9,8 @@ from typing import Any
 
 from celery import Celery
 
-from core import logging as log_context
-from core import metrics, queues
+from asyncwork import logging as log_context
+from asyncwork import metrics, queues
 from core.startup import settings_load_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
@@ -29,11 +29,12 @@ def _settings_load(**_: Any) -> None:
 
 
 app.conf.task_default_queue = queues.DEFAULT
-app.conf.task_queues = queues.CONSUMED
-app.conf.task_routes = queues.ROUTES
+# Each task's queue is read from the registry the apps fill (asyncwork.queues) when it is sent;
+# the queues a worker consumes are set once every app has declared its own (CoreConfig.ready).
+app.conf.task_routes = (queues.task_route,)
+
+
 app.autodiscover_tasks()
-# Scheduled jobs live in each app's jobs.py.
-app.autodiscover_tasks(related_name="jobs")
 # Worker-side observability hangs on Celery's signals: the log context every task line carries
 # (and Celery keeping its hands off settings.LOGGING), and the task counters.
 log_context.celery_signals_connect()

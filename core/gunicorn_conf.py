@@ -29,7 +29,7 @@ secure_scheme_headers: dict[str, str] = {}
 def on_starting(server: Any) -> None:
     """In the master, before any worker forks: counts of an earlier run must not be added to
     this one's."""
-    from core.metrics import multiprocess_dir_reset
+    from asyncwork.metrics import multiprocess_dir_reset
 
     multiprocess_dir_reset()
 

@@ -63,9 +63,14 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "axes",
     "django_celery_beat",
-    "core",
+    # What the domain apps build on, ready() first: the operators' plumbing, and the machinery,
+    # whose registries the domain apps fill in their own ready().
+    "operators",
+    "asyncwork",
     "invoicing",
     "webhooks",
+    # The project (settings, URLs, the Celery app): last, so its ready() sees every app's.
+    "core",
 ]
 
 MIDDLEWARE = [
@@ -240,8 +245,8 @@ WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
 WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
 
 # --- Email ------------------------------------------------------------------------------------
-# Django's SMTP backend, plus addresses with a UTF-8 local part sent with SMTPUTF8 (core/smtp.py).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="core.smtp.EmailBackend")
+# Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/smtp.py).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="invoicing.smtp.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
 EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
@@ -274,9 +279,9 @@ for _host in INVOICE_URL_ALLOWED_HOSTS:
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 # kombu's Redis transport, except that an acknowledgement Redis does not answer still releases
 # the worker's prefetch slot (otherwise a broker stall leaves a worker connected and idle;
-# core/broker.py). A rediss:// URL keeps kombu's own: its TLS set-up keys on the scheme.
+# asyncwork/broker.py). A rediss:// URL keeps kombu's own: its TLS set-up keys on the scheme.
 if CELERY_BROKER_URL.startswith("redis://"):
-    CELERY_BROKER_TRANSPORT = "core.broker:Transport"
+    CELERY_BROKER_TRANSPORT = "asyncwork.broker:Transport"
 # Messages carry ids and intent; JSON keeps them readable and refuses pickled code.
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
@@ -325,7 +330,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "global_keyprefix": env.str("CELERY_BROKER_KEY_PREFIX", default=""),
 }
 # django-celery-beat's DatabaseScheduler, dispatching only while it holds the leader lock.
-CELERY_BEAT_SCHEDULER = "core.beat:LeaderDatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "asyncwork.beat:LeaderDatabaseScheduler"
 
 # --- The invoice email task -------------------------------------------------------------------
 # Five attempts in all (Celery counts retries: max_retries = attempts - 1).
@@ -352,7 +357,7 @@ if (
         "time limit, or a delayed task is delivered twice while it waits (kombu #337)."
     )
 
-# --- Circuit breaker on the email provider (core/breaker.py) -------------------------------
+# --- Circuit breaker on the email provider (asyncwork/breaker.py) -------------------------------
 # Consecutive transient SMTP failures, from any worker, that open the breaker.
 EMAIL_BREAKER_FAILURE_THRESHOLD = env.int("EMAIL_BREAKER_FAILURE_THRESHOLD", default=5)
 # Seconds it stays open before one probe may try; a deferred email waits this plus jitter.
@@ -444,7 +449,7 @@ if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
 if HEALTH_CACHE_SECONDS < 0:
     raise ImproperlyConfigured("HEALTH_CACHE_SECONDS must be 0 or more.")
 
-# --- Observability (core/metrics.py, core/logging.py) ---------------------------------------
+# --- Observability (asyncwork/metrics.py, asyncwork/logging.py) -------------------------------
 # GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
 # one, only clients in these networks (the address the webhook throttle uses, see NUM_PROXIES).
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="").strip()
@@ -479,7 +484,7 @@ except ValueError as exc:
 # The apps whose models operators see: "viewers" get each model's view permission, "operators"
 # those and every permission the models declare in their Meta (the powers: replay, resend...).
 # Accounts and API tokens are not among them: managing people is not an operator's job.
-OPERATOR_APPS = ["core", "invoicing", "webhooks", "django_celery_beat"]
+OPERATOR_APPS = ["asyncwork", "operators", "invoicing", "webhooks", "django_celery_beat"]
 # --- API tokens and admin logins ------------------------------------------------------------
 # API tokens (django-rest-knox) are stored as a SHA-512 digest, never the token itself, and
 # expire this many hours after they are issued (`manage.py api_token create USERNAME`).
@@ -496,7 +501,7 @@ REST_KNOX = {
 # Admin login attempts (django-axes): after this many failures for one username from one
 # client address, that pair is refused (429) until no failure has come for the cool-off;
 # a success clears its count. The address is judged like the webhook throttle's: the socket's,
-# or the NUM_PROXIES-th from the right of X-Forwarded-For (core/http.py).
+# or the NUM_PROXIES-th from the right of X-Forwarded-For (operators/http.py).
 ADMIN_LOGIN_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
 ADMIN_LOGIN_COOLOFF_SECONDS = env.int("ADMIN_LOGIN_COOLOFF_SECONDS", default=900)
 if ADMIN_LOGIN_FAILURE_LIMIT < 1 or ADMIN_LOGIN_COOLOFF_SECONDS < 1:
@@ -506,8 +511,8 @@ if ADMIN_LOGIN_FAILURE_LIMIT < 1 or ADMIN_LOGIN_COOLOFF_SECONDS < 1:
 AXES_FAILURE_LIMIT = ADMIN_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(seconds=ADMIN_LOGIN_COOLOFF_SECONDS)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_CLIENT_IP_CALLABLE = "core.http.client_address"
-AXES_USERNAME_CALLABLE = "core.http.login_username"
+AXES_CLIENT_IP_CALLABLE = "operators.http.client_address"
+AXES_USERNAME_CALLABLE = "operators.http.login_username"
 AXES_RESET_ON_SUCCESS = True
 # No "AXES: BEGIN ..." line on every process start (every manage.py command, every worker):
 # a lockout is still logged, with the username and address it locked.
@@ -520,15 +525,15 @@ REST_FRAMEWORK = {
     # Tokens first: the first class names the challenge of a 401 (WWW-Authenticate: Token), so
     # a missing, wrong or expired token is 401; with sessions first it would be 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Hashed, expiring tokens (REST_KNOX above), through knox's class (core/tokens.py).
-        "core.tokens.ApiTokenAuthentication",
+        # Hashed, expiring tokens (REST_KNOX above), through knox's class (operators/tokens.py).
+        "operators.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     # The API is for operators: staff, and then what their permissions allow, as in the admin
-    # (reading needs `view_`; an action needs the power it declares: core/permissions.py).
+    # (reading needs `view_`; an action needs the power it declares: operators/permissions.py).
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAdminUser",
-        "core.permissions.ModelPermissionsWithPowers",
+        "operators.permissions.ModelPermissionsWithPowers",
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
@@ -552,19 +557,19 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         # Both carry event_id, invoice_id, task_id and attempt when the line has them
-        # (core/logging.py): appended to a text line, top-level keys of a JSON object.
+        # (asyncwork/logging.py): appended to a text line, top-level keys of a JSON object.
         "text": {
-            "()": "core.logging.TextFormatter",
+            "()": "asyncwork.logging.TextFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "mask_pii": not LOG_PII,
         },
         "json": {
-            "()": "core.logging.JsonFormatter",
+            "()": "asyncwork.logging.JsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "mask_pii": not LOG_PII,
         },
     },
-    "filters": {"context": {"()": "core.logging.ContextFilter"}},
+    "filters": {"context": {"()": "asyncwork.logging.ContextFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

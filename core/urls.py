@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from core.dashboard import dashboard_view
-from core.health import health_view, live_view
-from core.metrics import metrics_view
+from asyncwork.dashboard import dashboard_view
+from asyncwork.health import health_view, live_view
+from asyncwork.metrics import metrics_view
 
 urlpatterns = [
     # Before the admin's own URLs, which would take "dashboard/" for an app label.

@@ -23,8 +23,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
-from core.deadletters import dead_letter_age, dead_letter_failure, dead_letter_replay_state
+from asyncwork.deadletters import dead_letter_age, dead_letter_failure, dead_letter_replay_state
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
@@ -35,6 +34,7 @@ from invoicing.selectors import (
     invoices_with_email_status,
 )
 from invoicing.services import invoice_email_resend_request, invoice_recipient_correct
+from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
 
 PROVIDER_FIELDS = (
     "provider_invoice_id",
@@ -296,7 +296,7 @@ class InvoiceAdmin(ReadOnlyAdmin):
             '<li><a href="{}">Dead letter {}</a>: {}, {} ago. {}</li>',
             (
                 (
-                    reverse("admin:core_deadletter_change", args=[letter.pk]),
+                    reverse("admin:asyncwork_deadletter_change", args=[letter.pk]),
                     letter.pk,
                     dead_letter_replay_state(letter),
                     dead_letter_age(letter),
@@ -306,7 +306,7 @@ class InvoiceAdmin(ReadOnlyAdmin):
             ),
         )
         listed = (
-            reverse("admin:core_deadletter_changelist")
+            reverse("admin:asyncwork_deadletter_changelist")
             + "?"
             + urlencode({"id__in": ",".join(str(letter.pk) for letter in letters)})
         )

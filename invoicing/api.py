@@ -1,6 +1,6 @@
 """REST API for invoices (staff only): their payment email's status and attempts. Reading
 needs the view permission and a resend the ``invoicing.resend_invoice_email`` power too
-(``core.permissions``)."""
+(``operators.permissions``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.idempotency import IdempotencyKeyReused, idempotency_key_from, request_fingerprint
+from asyncwork.idempotency import IdempotencyKeyReused, idempotency_key_from, request_fingerprint
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
     EMAIL_STATUSES,

@@ -1,6 +1,6 @@
 """What the invoicing app's dead letters are about: the invoice (its number, where its emails
 go, its admin page) and the failure in words. Registered with
-``core.deadletters.register_describer`` in ``apps.py``, so the dead-letter admin, the API and
+``asyncwork.deadletters.register_describer`` in ``apps.py``, so the dead-letter admin, the API and
 ``manage.py dlq`` show them without the machinery knowing what an invoice is.
 
 Each describer takes every dead letter of its task on a page and reads their invoices in one
@@ -14,8 +14,8 @@ from typing import Any
 
 from django.urls import reverse
 
-from core.deadletters import Subject
-from core.models import DeadLetter
+from asyncwork.deadletters import Subject
+from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 
 _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")

@@ -1,4 +1,4 @@
-"""The safety nets of the email guarantee, run on a schedule (``core.jobs.SCHEDULES``).
+"""The safety nets of the email guarantee, scheduled jobs declared in ``InvoicingConfig.ready``.
 
 * ``email_claims_recover``: a claim still ``sending`` after its lease belongs to a worker that
   died (SIGKILL, hard time limit) after claiming; release it and enqueue the email again. A
@@ -17,16 +17,13 @@ afterwards, so the next run leaves it alone.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
-from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from core.jobs import JobTask, job_run
-from core.outbox import outbox_enqueue
+from asyncwork.outbox import outbox_enqueue
 from invoicing.models import EmailDelivery
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK, email_breaker
 
@@ -70,10 +67,10 @@ WHERE i.status = 'paid' AND i.provider_updated_at >= %(since)s
     WHERE d.key = %(prefix)s || i.id::text
       AND (d.state <> 'failed' OR d.updated_at >= %(quiet_since)s))
   AND NOT EXISTS (
-    SELECT 1 FROM core_deadletter l
+    SELECT 1 FROM asyncwork_deadletter l
     WHERE l.task = %(task)s AND l.args = jsonb_build_array(i.id) AND l.replayed_at IS NULL)
   AND NOT EXISTS (
-    SELECT 1 FROM core_outboxmessage o
+    SELECT 1 FROM asyncwork_outboxmessage o
     WHERE o.task = %(task)s AND o.args = jsonb_build_array(i.id) AND o.queue <> 'dlq'
       AND (o.published_at IS NULL OR o.published_at >= %(quiet_since)s))
 ORDER BY i.id
@@ -106,13 +103,3 @@ def invoices_reconcile(*, limit: int = 1000) -> int | str:
         for invoice_id in invoice_ids:
             outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice_id])
     return len(invoice_ids)
-
-
-@shared_task(base=JobTask, name="invoicing.recover_stale_claims")
-def recover_stale_claims() -> Any:
-    return job_run(name="email-claims-recover", body=email_claims_recover).result
-
-
-@shared_task(base=JobTask, name="invoicing.reconcile_paid_invoices")
-def reconcile_paid_invoices() -> Any:
-    return job_run(name="email-reconcile", body=invoices_reconcile).result

@@ -10,7 +10,7 @@ What came in a signed event is authentic, not harmless, so before it reaches the
 
 * the recipient is validated by email-validator: an internationalised domain is sent in its
   ASCII form (IDNA 2008), which every server takes; a UTF-8 local part is kept as it is and
-  needs a server offering SMTPUTF8 (``core.smtp``);
+  needs a server offering SMTPUTF8 (``invoicing.smtp``);
 * the customer's name and the invoice number lose every control character and line or
   paragraph separator (each becomes a space): Python's email package breaks a header line on
   ``\v``, ``\f``, ``\x1c``-``\x1e``, ``\x85``, U+2028 and U+2029 as well as on CR and LF;
@@ -36,8 +36,8 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.template.loader import render_to_string
 
-from core.db import text_storable
-from core.tasks import PermanentError, TransientError
+from asyncwork.db import text_storable
+from asyncwork.errors import PermanentError, TransientError
 from invoicing.models import Invoice
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def recipient_address(*, email: str, name: str) -> str:
         # Any server takes this: the domain as IDNA (xn--...), the local part as given.
         username, domain = valid.ascii_local_part, valid.ascii_domain
     else:
-        # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (core.smtp).
+        # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (invoicing.smtp).
         username, domain = valid.local_part, valid.domain
     # Address quotes a display name where RFC 5322 needs it.
     return str(Address(display_name=header_text(name), username=username, domain=domain))
@@ -245,7 +245,7 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise PermanentError(f"SMTP {reply}") from exc
     except (smtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
         raise TransientError(f"SMTP unavailable: {_words(exc)}") from exc
-    except smtplib.SMTPNotSupportedError as exc:  # core.smtp: a UTF-8 address, no SMTPUTF8
+    except smtplib.SMTPNotSupportedError as exc:  # invoicing.smtp: a UTF-8 address, no SMTPUTF8
         raise PermanentError(f"the mail server cannot take this address: {exc}") from exc
     except smtplib.SMTPException as exc:
         raise PermanentError(f"SMTP error: {_words(exc)}") from exc

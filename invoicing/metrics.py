@@ -1,21 +1,31 @@
-"""The invoicing app's scrape-time figures for ``/metrics`` (registered in ``apps.py``; see
-``core.metrics``): read from ``EmailDelivery`` and the provider's breaker when Prometheus asks,
-through the probes the admin dashboard reads (``invoicing.probes``), so they are exact across
-every worker and survive restarts."""
+"""The invoicing app's figures for ``/metrics`` (registered in ``apps.py``; see
+``asyncwork.metrics``).
+
+Scrape-time state, read from ``EmailDelivery`` and the provider's breaker when Prometheus asks,
+through the probes the admin dashboard reads (``invoicing.probes``), so it is exact across every
+worker and survives restarts; and one event counter in the workers, the emails each handed to
+the SMTP server (a send task's run that returned ``"sent"``)."""
 
 from __future__ import annotations
 
+from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from core.metrics import breaker_metrics
+from asyncwork.gauges import breaker_metrics
 from invoicing.models import EmailDelivery
 from invoicing.probes import email_breaker_probe, email_probe
+
+WORKER_EMAILS_SENT = Counter(
+    "invoicing_worker_emails_sent",
+    "Emails this worker handed to the SMTP server (task runs that returned 'sent').",
+    ["task"],
+)
 
 
 def email_delivery_metrics() -> list[Metric]:
     """Emails sent, send attempts (claims taken) and deliveries by state, per key kind
     (``invoice_email_sent``, ``invoice_email_resend``), from ``email_probe``'s one grouped
-    scan; near a million rows it meets the statement timeout and this source drops out of the
+    scan; on a table large enough to meet the statement timeout, this source drops out of the
     scrape (reported, not a failure of the rest)."""
     sent = CounterMetricFamily(
         "invoicing_emails_sent", "Emails sent (EmailDelivery rows marked sent).", labels=["kind"]

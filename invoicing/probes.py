@@ -1,4 +1,4 @@
-"""The invoicing app's probes (see ``core.probes``): its emails, and its provider's circuit
+"""The invoicing app's probes (see ``asyncwork.probes``): its emails, and its provider's circuit
 breaker. ``/metrics`` (``invoicing.metrics``), ``/health/`` (``email_breaker_check``) and the
 admin dashboard (the figures below, registered in ``apps.py``) read these same functions."""
 
@@ -13,7 +13,7 @@ from django.db.models import CharField, Count, F, Func, Q, Sum, Value
 from django.urls import reverse
 from django.utils import timezone
 
-from core.probes import BreakerProbe, Figure, breaker_probe
+from asyncwork.probes import BreakerProbe, Figure, breaker_probe
 from invoicing.models import EmailDelivery
 from invoicing.services import email_breaker
 
@@ -41,9 +41,9 @@ class EmailProbe:
 
 
 def email_probe() -> EmailProbe:
-    """One grouped scan of ``EmailDelivery`` (about 5 ms per 10,000 rows; near a million rows
-    it meets the statement timeout of its caller's ``bounded()``): rows and attempts per key
-    kind and state, and the emails sent in the last hour and day."""
+    """One grouped scan of ``EmailDelivery`` (its cost grows with the table, bounded by the
+    statement timeout of its caller's ``bounded()``): rows and attempts per key kind and state,
+    and the emails sent in the last hour and day."""
     now = timezone.now()
     kind = Func(F("key"), Value(":"), Value(1), function="split_part", output_field=CharField())
     rows = (

@@ -18,7 +18,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce, Concat, JSONArray
 
-from core.models import DeadLetter
+from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 
 SEND_TASK = "invoicing.send_invoice_email"

@@ -34,18 +34,20 @@ from django.core.mail import EmailMultiAlternatives
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from core.audit import operator_action_record
-from core.breaker import Breaker, Decision
-from core.db import insert_or_skip
-from core.idempotency import idempotent_perform
-from core.logging import log_context_bind
-from core.outbox import outbox_enqueue
-from core.tasks import PermanentError, ProviderUnavailable, TransientError
+from asyncwork.breaker import Breaker, Decision
+from asyncwork.db import insert_or_skip
+from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError
+from asyncwork.idempotency import idempotent_perform
+from asyncwork.logging import log_context_bind
+from asyncwork.outbox import outbox_enqueue
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
+from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
+# The queue the email tasks are routed to (apps.py), a worker's alone if it is started with -Q.
+EMAIL_QUEUE = "email"
 SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"
 
 
@@ -431,7 +433,7 @@ def invoice_email_resend_request_once(
 ) -> ResendRequest:
     """The API's resend: ``invoice_email_resend_request`` done once per (``user``,
     ``idempotency_key``), the key scoped to the user as Stripe scopes keys to an account
-    (``core.idempotency``). The same key and request again returns the first request's
+    (``asyncwork.idempotency``). The same key and request again returns the first request's
     delivery and sends nothing more; the same key for a different request (another invoice)
     raises ``IdempotencyKeyReused``; another user's same key is a request of its own. Raises
     ``Invoice.DoesNotExist`` or ``ValueError`` like ``invoice_email_resend_request`` (the key

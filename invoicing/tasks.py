@@ -5,7 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from core.tasks import Deferred, PermanentError, ReliableTask
+from asyncwork.errors import Deferred, PermanentError
+from asyncwork.tasks import ReliableTask
 from invoicing import services
 from invoicing.models import EmailDelivery
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from core.jobs import JobTask, job_run
-from core.tasks import ReliableTask
+from asyncwork.jobs import JobTask, job_run
+from asyncwork.tasks import ReliableTask
 
 DIVIDE = "tests.divide"
 FAILING_JOB = "tests-failing-job"

@@ -33,8 +33,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from core.models import DeadLetter, OperatorAction
+from asyncwork.models import DeadLetter
 from invoicing.models import Invoice
+from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.process import ROOT, Process
 from stack.smtp import SmtpServer
@@ -89,10 +90,10 @@ class Page:
 # The pages docs/screenshots/ shows. Adding one is a line here, then `UPDATE_SCREENSHOTS=1
 # .venv/bin/pytest tests/test_browser.py` and a commit of its PNG.
 DOCS_PAGES = (
-    Page("admin-index", "/admin/", "#content-main .app-core"),
+    Page("admin-index", "/admin/", "#content-main .app-asyncwork"),
     Page("dashboard", "/admin/dashboard/", "#dashboard"),
-    Page("dead-letters", "/admin/core/deadletter/", "#result_list"),
-    Page("dead-letter", "/admin/core/deadletter/{letter}/change/", "#replay-form"),
+    Page("dead-letters", "/admin/asyncwork/deadletter/", "#result_list"),
+    Page("dead-letter", "/admin/asyncwork/deadletter/{letter}/change/", "#replay-form"),
     Page("invoice", "/admin/invoicing/invoice/{invoice}/change/", ".object-tools"),
 )
 

@@ -174,7 +174,7 @@ def test_healthchecks_probe_the_right_things(services: dict[str, dict[str, Any]]
     # $$ so that the container's $HOSTNAME, not the host's, names the node.
     assert "celery@$$HOSTNAME" in worker_test
     # Liveness, with no I/O: a database or Redis outage must not mark web or the edge
-    # unhealthy (tests/core/test_health.py: /health/live answers with both down).
+    # unhealthy (tests/asyncwork/test_health.py: /health/live answers with both down).
     web_test = " ".join(services["web"]["healthcheck"]["test"])
     assert "http://127.0.0.1:8000/health/live'" in web_test
     edge_test = services["edge"]["healthcheck"]["test"]

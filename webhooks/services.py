@@ -1,13 +1,13 @@
 """The webhook guarantee: a verified delivery is stored once, under the provider's event id,
-together with its effect, in one transaction.
+together with its effect (its type's handler, ``webhooks.events``), in one transaction.
 
 The event row is inserted with ``ON CONFLICT (event_id) DO NOTHING``: a duplicate delivery,
 sequential or concurrent, finds the row (or waits for the transaction inserting it) and
 changes nothing, without an IntegrityError anywhere.
 
 An event outside this endpoint's scope (the other Stripe mode, another Connect account) is
-stored as ``ignored`` with the reason in ``error``, and changes nothing: no invoice, no outbox
-row. It is answered 200 like any stored event: refusing it would only have the provider retry
+stored as ``ignored`` with the reason in ``error``, and changes nothing: its handler is not
+called. It is answered 200 like any stored event: refusing it would only have the provider retry
 it for days.
 
 ``webhook_event_reprocess`` (the admin's "Reprocess") applies stored deliveries again; applying
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
 
-from core.audit import operator_action_record
-from core.db import insert_or_skip
-from invoicing.services import invoice_record_payment
+from asyncwork.db import insert_or_skip
+from operators.audit import operator_action_record
+from webhooks.events import Event, WebhookRejected, event_apply
 from webhooks.models import WebhookEvent
-from webhooks.stripe import Event, WebhookRejected, event_parse
+from webhooks.stripe import event_parse
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +51,13 @@ class Recorded:
 
 def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) -> Recorded:
     """Store a verified event and apply it, or recognise it as a duplicate and do nothing."""
-    acted_on = event.invoice is not None
     row = WebhookEvent(
         event_id=event.id,
         type=event.type,
         livemode=event.livemode,
         body=body,
         headers=headers,
-        state=WebhookEvent.State.PROCESSED if acted_on else WebhookEvent.State.IGNORED,
+        state=WebhookEvent.State.PROCESSED if event.handled else WebhookEvent.State.IGNORED,
         error=event.out_of_scope,
     )
     with transaction.atomic():
@@ -72,17 +71,8 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
                 event.out_of_scope,
                 extra={"event_id": event.id, "event_type": event.type},
             )
-        if event.invoice is not None:
-            invoice = invoice_record_payment(data=event.invoice, provider_time=event.created)
-            logger.info(
-                "payment event applied",
-                extra={
-                    "event_id": event.id,
-                    "event_type": event.type,
-                    "invoice_id": invoice.pk if invoice else None,
-                    "stale": invoice is None,
-                },
-            )
+        # Its handler's effect commits with the row, or neither does.
+        event_apply(event)
     return Recorded(event_id=event.id, duplicate=False, state=row.state)
 
 
@@ -104,9 +94,9 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reproces
     its row's lock, in the order they were received.
 
     The stored body is parsed again, but its signature is not checked again: the row was
-    verified before it was stored. Applying is ``invoice_record_payment``, which is idempotent
-    and never moves an invoice backwards, so an event already applied changes nothing and
-    writes no second outbox row, and one whose earlier processing failed is applied now. Each
+    verified before it was stored. Applying is the handler of its type, which is idempotent
+    (``webhooks.events``), so an event already applied changes nothing and writes no second
+    outbox row, and one whose earlier processing failed is applied now. Each
     row ends ``processed``, ``ignored`` or ``failed``, with the reason in ``error``, and is
     recorded as an operator action of ``actor``.
     """
@@ -175,22 +165,15 @@ def _reapply(row: WebhookEvent) -> tuple[str, str]:
             event = event_parse(payload=row.body.encode(), signed_at=_signed_at(row))
             if event.id != row.event_id:
                 raise WebhookRejected(f"the body is event {event.id}, not {row.event_id}")
-            if event.invoice is None:
+            if not event.handled:
                 return WebhookEvent.State.IGNORED, event.out_of_scope
-            invoice = invoice_record_payment(data=event.invoice, provider_time=event.created)
+            event_apply(event)
     except WebhookRejected as exc:
         error = exc.reason
     except DatabaseError as exc:
         error = repr(exc)
     else:
-        logger.info(
-            "payment event reapplied",
-            extra={
-                "event_id": row.event_id,
-                "invoice_id": invoice.pk if invoice else None,
-                "stale": invoice is None,
-            },
-        )
+        logger.info("webhook event reapplied", extra={"event_id": row.event_id})
         return WebhookEvent.State.PROCESSED, ""
     logger.warning("webhook event reprocessing failed: %s", error, extra={"event_id": row.event_id})
     return WebhookEvent.State.FAILED, error[:2000]

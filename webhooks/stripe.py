@@ -12,15 +12,15 @@ secret so a secret can be rolled. Around it we cover what it does not (PITFALLS.
 A signed event is authentic, not harmless (a leaked secret, a test-mode secret configured
 beside the live one, a customer typing a name). So ``event_parse``:
 
-* refuses (400) an event whose id, type or invoice id is not printable text: no lone
-  surrogates, controls or surrounding spaces; we could not key on it;
-* makes every free-text field we keep (name, number, address, URL) storable rather than
-  refusing it: a lone surrogate (``\\ud800`` is valid JSON) becomes U+FFFD and NUL is dropped,
-  so a customer's typo never costs the payment its record or its receipt. Whether the text is
-  fit for a header or a link is decided where it is used (``invoicing.mail``);
+* refuses (400) an event whose id or type is not printable text: no lone surrogates, controls
+  or surrounding spaces; we could not key on it;
 * marks an event of the other Stripe mode (``STRIPE_LIVEMODE``), or for another Connect
   account (``STRIPE_ACCOUNT``), as out of scope before reading its object: it is stored as
-  ignored with the reason, and changes nothing.
+  ignored with the reason, and changes nothing;
+* reads the object of an event it acts on through its type's handler (``webhooks.events``),
+  which refuses what it cannot key on and makes every free-text field storable rather than
+  refusing it (``field_text``: a lone surrogate, valid in JSON, becomes U+FFFD and NUL is
+  dropped), so a customer's typo never costs the payment its record.
 """
 
 from __future__ import annotations
@@ -29,25 +29,14 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
 import stripe
 from django.conf import settings
 
-from core.db import text_storable
-from invoicing.services import InvoiceData
-
-
-class WebhookRejected(Exception):
-    """A delivery we refuse, with a short reason for the 4xx body."""
-
-    def __init__(self, reason: str, *, status: int = 400) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.status = status
-
+from asyncwork.db import text_storable
+from webhooks.events import Event, WebhookRejected, handler_for
 
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
@@ -91,22 +80,12 @@ def signature_verify(
     raise WebhookRejected("no signature matches")
 
 
-@dataclass(frozen=True)
-class Event:
-    id: str
-    type: str
-    created: datetime
-    livemode: bool
-    invoice: InvoiceData | None  # set for the invoice events we act on
-    # Why this endpoint does not act on it (another mode or account), or "" if it may.
-    out_of_scope: str = ""
+# --- Reading the fields of a Stripe object (the handlers of ``webhooks.events`` use them) ---
 
 
-PAYMENT_EVENT_TYPES = frozenset({"invoice.paid", "invoice.payment_succeeded"})
-
-
-def _text(obj: dict[str, Any], key: str, *, limit: int = 1000) -> str:
-    """A free-text field we keep, made storable (lone surrogates replaced, NUL dropped)."""
+def field_text(obj: dict[str, Any], key: str, *, limit: int = 1000) -> str:
+    """A free-text field of a Stripe object, made storable (lone surrogates replaced, NUL
+    dropped)."""
     value = obj.get(key)
     if value is None:
         return ""
@@ -117,7 +96,7 @@ def _text(obj: dict[str, Any], key: str, *, limit: int = 1000) -> str:
     return text_storable(value)
 
 
-def _int(obj: dict[str, Any], key: str) -> int | None:
+def field_int(obj: dict[str, Any], key: str) -> int | None:
     value = obj.get(key)
     if value is None:
         return None
@@ -129,8 +108,8 @@ def _int(obj: dict[str, Any], key: str) -> int | None:
 _MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
 
 
-def _epoch(obj: dict[str, Any], key: str) -> datetime | None:
-    value = _int(obj, key)
+def field_epoch(obj: dict[str, Any], key: str) -> datetime | None:
+    value = field_int(obj, key)
     if value is None:
         return None
     if value > _MAX_EPOCH:
@@ -138,36 +117,7 @@ def _epoch(obj: dict[str, Any], key: str) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
-def _invoice(obj: Any, event_type: str) -> InvoiceData:
-    if not isinstance(obj, dict):
-        raise WebhookRejected("data.object is missing")
-    invoice_id = obj.get("id")
-    if invoice_id is None or invoice_id == "":
-        raise WebhookRejected("data.object.id is missing")
-    if not _is_name(invoice_id):
-        raise WebhookRejected("data.object.id is malformed")
-    currency = _text(obj, "currency", limit=3).lower()
-    if currency and not re.fullmatch(r"[a-z]{3}", currency):
-        raise WebhookRejected("data.object.currency is not a 3-letter code")
-    transitions = obj.get("status_transitions")
-    paid_at = _epoch(transitions, "paid_at") if isinstance(transitions, dict) else None
-    status = _text(obj, "status", limit=20) or "paid"
-    if status not in {"draft", "open", "paid", "uncollectible", "void"}:
-        raise WebhookRejected("data.object.status is not an invoice status")
-    return InvoiceData(
-        provider_invoice_id=invoice_id,
-        number=_text(obj, "number", limit=255),
-        customer_email=_text(obj, "customer_email", limit=320),
-        customer_name=_text(obj, "customer_name", limit=255),
-        amount_paid=_int(obj, "amount_paid") or 0,
-        currency=currency,
-        status=status,
-        hosted_invoice_url=_text(obj, "hosted_invoice_url", limit=2000),
-        paid_at=paid_at,
-    )
-
-
-def _is_name(value: Any) -> TypeGuard[str]:
+def name_valid(value: Any) -> TypeGuard[str]:
     """An identifier we key on: 1-255 printable characters (no controls, no lone surrogates,
     which ``isprintable`` counts as unprintable), no surrounding spaces."""
     return (
@@ -203,28 +153,30 @@ def event_parse(*, payload: bytes, signed_at: int) -> Event:
     if not isinstance(data, dict):
         raise WebhookRejected("body is not a JSON object")
     event_id, event_type = data.get("id"), data.get("type")
-    if not _is_name(event_id):
+    if not name_valid(event_id):
         raise WebhookRejected(
             "event has no id" if event_id in (None, "") else "event id is malformed"
         )
-    if not _is_name(event_type):
+    if not name_valid(event_type):
         raise WebhookRejected(
             "event has no type" if event_type in (None, "") else "event type is malformed"
         )
-    created = _epoch(data, "created") or datetime.fromtimestamp(signed_at, tz=UTC)
+    created = field_epoch(data, "created") or datetime.fromtimestamp(signed_at, tz=UTC)
     # Only an explicit true is live: with STRIPE_LIVEMODE=live, anything else is ignored.
     livemode = data.get("livemode") is True
     # Decided before the object is read: an event that is not ours is ignored whatever it holds.
     out_of_scope = event_scope_check(livemode=livemode, account=data.get("account"))
-    invoice = None
-    if event_type in PAYMENT_EVENT_TYPES and not out_of_scope:
-        inner = data.get("data")
-        invoice = _invoice(inner.get("object") if isinstance(inner, dict) else None, event_type)
+    handler = handler_for(event_type)
+    if handler is None or out_of_scope:
+        return Event(
+            id=event_id,
+            type=event_type,
+            created=created,
+            livemode=livemode,
+            out_of_scope=out_of_scope,
+        )
+    inner = data.get("data")
+    parsed = handler.parse(inner.get("object") if isinstance(inner, dict) else None)
     return Event(
-        id=event_id,
-        type=event_type,
-        created=created,
-        livemode=livemode,
-        invoice=invoice,
-        out_of_scope=out_of_scope,
+        id=event_id, type=event_type, created=created, livemode=livemode, handled=True, data=parsed
     )

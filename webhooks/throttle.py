@@ -118,8 +118,8 @@ def _redis_client(location: str | list[str]) -> Redis:
     own socket timeout (``WEBHOOK_THROTTLE_TIMEOUT``).
 
     Not Django's: Django builds a new ``redis.Redis`` on every cache call, which on redis-py 8
-    costs about 0.2 ms of Python (it copies ~170 response callbacks), more than the round trip,
-    and the cache's 1 s socket timeout is too long to wait for a check that may be skipped."""
+    copies every response callback and costs more than the round trip itself, and the cache's
+    socket timeout is too long to wait for a check that may be skipped."""
     server, timeout = _primary(location), settings.WEBHOOK_THROTTLE_TIMEOUT
     with _clients_lock:
         client = _clients.get((server, timeout))

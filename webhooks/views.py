@@ -14,12 +14,13 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
-from core.backpressure import backpressure_shed
-from core.db import text_storable
-from core.logging import log_context
-from core.metrics import webhook_delivery_count
+from asyncwork.backpressure import backpressure_shed
+from asyncwork.db import text_storable
+from asyncwork.logging import log_context
+from webhooks.events import Event, WebhookRejected
+from webhooks.metrics import webhook_delivery_count
 from webhooks.services import KEPT_HEADERS, webhook_event_record
-from webhooks.stripe import Event, WebhookRejected, event_parse, signature_verify
+from webhooks.stripe import event_parse, signature_verify
 from webhooks.throttle import webhook_throttle_wait
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class StripeWebhookView(View):
     def _take(self, request: HttpRequest, *, event: Event, payload: bytes) -> JsonResponse:
         """Shed, or store once and acknowledge, a verified event."""
         # Shed under backpressure: only now is the type known, and nothing is stored yet.
-        shed = backpressure_shed(essential=event.invoice is not None)
+        # Essential: a type this endpoint acts on (a registered handler), in its mode and account.
+        shed = backpressure_shed(essential=event.handled)
         if shed is not None:
             webhook_delivery_count("shed", str(shed))
             logger.warning(

@@ -220,8 +220,10 @@ def test_celery_is_configured_for_at_least_once_delivery() -> None:
     assert conf.worker_prefetch_multiplier == 1
     assert conf.task_time_limit
     assert conf.task_soft_time_limit
-    assert [q.name for q in conf.task_queues] == ["default", "email"]  # never the dlq
     app.loader.import_default_modules()  # what a worker does at start
+    assert [q.name for q in conf.task_queues] == ["default", "email"]  # never the dlq
+    routed = app.amqp.router.route({}, "invoicing.send_invoice_email")
+    assert routed["queue"].name == "email"
     email_task = app.tasks["invoicing.send_invoice_email"]
     longest_wait = settings.EMAIL_RETRY_BACKOFF_MAX + email_task.time_limit
     assert conf.broker_transport_options["visibility_timeout"] > longest_wait

@@ -7,7 +7,7 @@ import redis
 from django.conf import settings
 from django.test import Client
 
-from core.models import DeadLetter
+from asyncwork.models import DeadLetter
 from invoicing.models import Invoice
 from stack.net import wait_until
 from stack.smtp import SmtpServer

@@ -17,9 +17,10 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from core.models import OperatorAction, OutboxMessage
+from asyncwork.models import OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, invoice_email_key, invoice_email_send
+from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.admin import EMPTY, action_choices, admin_as, messages, rows, run_action

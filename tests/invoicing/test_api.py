@@ -10,8 +10,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from core.models import DeadLetter, OperatorAction, OutboxMessage
+from asyncwork.models import DeadLetter, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
+from operators.models import OperatorAction
 from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.django_db

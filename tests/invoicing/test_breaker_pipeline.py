@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery.signals import task_postrun
 
-from core.models import DeadLetter
+from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
 from invoicing.tasks import send_invoice_email
@@ -166,7 +166,7 @@ def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavail
     assert [letter.args for letter in letters] == [[i.pk] for i in invoices]
     for letter in letters:
         assert letter.reason == DeadLetter.Reason.PROVIDER_UNAVAILABLE == "provider_unavailable"
-        assert letter.exception_class == "core.tasks.ProviderUnavailable"
+        assert letter.exception_class == "asyncwork.errors.ProviderUnavailable"
         assert "circuit open" in letter.exception_message
         # Deferred for the whole deadline, counted from the first deferral across many
         # re-publications, yet at most the one attempt made before the breaker opened.

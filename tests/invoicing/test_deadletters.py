@@ -12,8 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from core.deadletters import Subject, dead_letter_failure, dead_letter_subjects
-from core.models import DeadLetter
+from asyncwork.deadletters import Subject, dead_letter_failure, dead_letter_subjects
+from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
 from tests.helpers.factories import paid_invoice
@@ -30,7 +30,7 @@ def letter(task: str, args: Any, message: str = "", exception_class: str = "") -
         args=args,
         queue="email",
         reason="permanent",
-        exception_class=exception_class or "core.tasks.PermanentError",
+        exception_class=exception_class or "asyncwork.errors.PermanentError",
         exception_message=message,
         attempts=1,
         first_failed_at=timezone.now(),

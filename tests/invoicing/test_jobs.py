@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from core.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, OutboxMessage
 from invoicing.jobs import email_claims_recover, invoices_reconcile
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from core.models import DeadLetter
+from asyncwork.models import DeadLetter
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 from stack.net import wait_until
@@ -124,7 +124,7 @@ def test_a_utf8_local_part_is_a_dead_letter_when_the_server_lacks_smtputf8(
 
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("permanent", 1)
-    assert letter.exception_class == "core.tasks.PermanentError"
+    assert letter.exception_class == "asyncwork.errors.PermanentError"
     assert "the mail server cannot take this address" in letter.exception_message
     assert "does not offer SMTPUTF8, which the address 'jénny@example.com' needs" in (
         letter.exception_message
@@ -246,7 +246,7 @@ def test_only_an_https_link_to_an_allowed_host_is_put_in_the_email(
                 assert "View or download the invoice" not in part
                 assert "evil" not in part
                 assert "script" not in part
-    # invoice_id: a field the log context puts on each record (core/logging.py).
+    # invoice_id: a field the log context puts on each record (asyncwork/logging.py).
     warnings = {r.invoice_id: r for r in caplog.records if r.name == "invoicing.mail"}  # type: ignore[attr-defined]
     invoices = dict(Invoice.objects.values_list("provider_invoice_id", "pk"))
     assert sorted(warnings) == sorted(invoices[f"in_url{i:02d}"] for i in range(1, len(urls)))

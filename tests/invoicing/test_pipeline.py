@@ -8,7 +8,7 @@ import time
 import pytest
 from django.test import Client
 
-from core.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from stack.net import wait_until
 from stack.smtp import SmtpServer
@@ -102,7 +102,7 @@ def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> 
         "permanent",
     )
     assert letter.attempts == 1
-    assert letter.exception_class == "core.tasks.PermanentError"
+    assert letter.exception_class == "asyncwork.errors.PermanentError"
     # In words, as the server said it; smtplib's own exception stays in the traceback.
     assert letter.exception_message == "SMTP 550 5.7.1 message rejected"
     assert "Traceback" in letter.traceback
@@ -163,7 +163,7 @@ def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
         assert wait_until(DeadLetter.objects.exists, timeout=30)
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("exhausted", 5)
-    assert letter.exception_class == "core.tasks.TransientError"
+    assert letter.exception_class == "asyncwork.errors.TransientError"
     assert letter.first_failed_at < letter.last_failed_at
     delivery = EmailDelivery.objects.get()
     assert (delivery.state, delivery.attempts) == ("failed", 5)

@@ -15,7 +15,7 @@ from django.db import connection, connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from core.models import DeadLetter, IdempotencyRecord
+from asyncwork.models import DeadLetter, IdempotencyRecord
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_email_key, invoice_email_send
 from stack.net import wait_until
@@ -218,7 +218,7 @@ def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> 
     try:
         with holder.cursor() as cursor:
             cursor.execute("BEGIN")
-            cursor.execute("LOCK TABLE core_outboxmessage IN SHARE MODE")
+            cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
             for thread in threads:
                 thread.start()
             assert wait_until(lambda: waiting() == 2, timeout=20)

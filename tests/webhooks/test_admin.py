@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from core.models import OperatorAction, OutboxMessage
+from asyncwork.models import OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
+from operators.models import OperatorAction
 from stack.smtp import SmtpServer
 from tests.helpers.admin import action_choices, admin_as, messages, rows, run_action
 from tests.helpers.factories import staff_user

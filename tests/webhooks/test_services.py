@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from core.models import OutboxMessage
+from asyncwork.models import OutboxMessage
 from invoicing.models import Invoice
 from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing

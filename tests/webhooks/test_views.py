@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from core.models import OutboxMessage
+from asyncwork.models import OutboxMessage
 from invoicing.models import Invoice
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
 from webhooks import testing as stripe_testing

@@ -1,0 +1,443 @@
+"""Admin for the async machinery: rows that record what happened are read-only; operators act
+through named actions that call the same services as the commands. Each action declares the
+permission it needs (``@admin.action(permissions=...)``), so a staff user without it sees the
+rows and no action; each action is recorded by its service as an ``OperatorAction``, listed
+read-only here and beside the row it acted on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
+from django_celery_beat.models import PeriodicTask
+
+from asyncwork.deadletters import (
+    Subject,
+    dead_letter_age,
+    dead_letter_failure,
+    dead_letter_replay,
+    dead_letter_replay_state,
+    dead_letter_subjects,
+)
+from asyncwork.locks import lock_holder
+from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
+from asyncwork.outbox import outbox_republish
+from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
+
+# The admin's index links the operator's dashboard (asyncwork.dashboard).
+admin.site.index_template = "admin/asyncwork/site_index.html"
+
+
+class ReplayStateFilter(admin.SimpleListFilter):
+    title = "replay state"
+    parameter_name = "replayed"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "Waiting"), ("yes", "Replayed")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "no":
+            return queryset.filter(replayed_at__isnull=True)
+        if self.value() == "yes":
+            return queryset.filter(replayed_at__isnull=False)
+        return queryset
+
+
+# Set on each dead letter of a change list page by ``DeadLetterChangeList``.
+_SUBJECT = "_described_subject"
+
+
+class DeadLetterChangeList(ChangeList):
+    """Describes the page's dead letters in one go: one query per kind of job on the page
+    (``dead_letter_subjects``), not one per row."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        subjects = dead_letter_subjects(self.result_list)
+        for letter in self.result_list:
+            setattr(letter, _SUBJECT, subjects.get(letter.pk))
+
+
+def _subject(letter: DeadLetter) -> Subject | None:
+    if not hasattr(letter, _SUBJECT):  # a single dead letter's page
+        setattr(letter, _SUBJECT, dead_letter_subjects([letter]).get(letter.pk))
+    subject: Subject | None = getattr(letter, _SUBJECT)
+    return subject
+
+
+@admin.display(description="Replay", ordering="replayed_at")
+def replayed_at(letter: DeadLetter) -> str:
+    """The change list's replay column, in words: waiting, or replayed by whom and when. A
+    function named after the field it shows, so its column keeps the class
+    ``field-replayed_at`` (a method of that name would lose to the model's field)."""
+    return dead_letter_replay_state(letter)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    """Each row says what failed (the subject its app describes, e.g. an invoice and its
+    recipient, linked to its page), why in words, how often it was tried, how long ago, and
+    whether it was replayed. The page of one dead letter has a Replay button for those with
+    the power, the traceback folded away, and the history of what operators did to it."""
+
+    list_display = (
+        "id",
+        "subject_link",
+        "recipient",
+        "failure",
+        "reason",
+        "attempts",
+        "age",
+        replayed_at,
+    )
+    list_display_links = ("id",)
+    list_filter = ("reason", ReplayStateFilter, "task")
+    search_fields = ("task_id", "exception_message", "replayed_by")
+    date_hierarchy = "created_at"
+    actions = ["replay_selected"]
+    inlines = [OperatorActionInline]
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "subject_link",
+                    "recipient",
+                    "failure",
+                    "reason",
+                    "attempts",
+                    "age",
+                    "replay_state",
+                )
+            },
+        ),
+        (
+            "The job",
+            {
+                "fields": (
+                    "task",
+                    "task_id",
+                    "args",
+                    "kwargs",
+                    "queue",
+                    "first_failed_at",
+                    "last_failed_at",
+                    "created_at",
+                    "replay_outbox",
+                )
+            },
+        ),
+        (
+            "The exception",
+            {"fields": ("exception_class", "exception_message", "traceback_display")},
+        ),
+    )
+    readonly_fields = (
+        "subject_link",
+        "recipient",
+        "failure",
+        "reason",
+        "attempts",
+        "age",
+        "replay_state",
+        "task",
+        "task_id",
+        "args",
+        "kwargs",
+        "queue",
+        "first_failed_at",
+        "last_failed_at",
+        "created_at",
+        "replay_outbox",
+        "exception_class",
+        "exception_message",
+        "traceback_display",
+    )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeadLetterChangeList
+
+    @admin.display(description="Subject")
+    def subject_link(self, obj: DeadLetter) -> str:
+        subject = _subject(obj)
+        if subject is None:
+            return f"{obj.task}({', '.join(json.dumps(arg) for arg in obj.args)})"
+        if subject.url:
+            return format_html('<a href="{}">{}</a>', subject.url, str(subject))
+        return str(subject)
+
+    @admin.display(description="Recipient")
+    def recipient(self, obj: DeadLetter) -> str:
+        subject = _subject(obj)
+        return (subject.recipient if subject else "") or "-"
+
+    @admin.display(description="Failure")
+    def failure(self, obj: DeadLetter) -> str:
+        return dead_letter_failure(obj)
+
+    @admin.display(description="Age", ordering="created_at")
+    def age(self, obj: DeadLetter) -> str:
+        return dead_letter_age(obj)
+
+    @admin.display(description="Replay")
+    def replay_state(self, obj: DeadLetter) -> str:
+        return dead_letter_replay_state(obj)
+
+    @admin.display(description="Traceback")
+    def traceback_display(self, obj: DeadLetter) -> str:
+        if not obj.traceback:
+            return "-"
+        # Folded: the failure in words above is what an operator reads first.
+        return format_html(
+            '<details class="traceback"><summary>Traceback ({} lines)</summary>'
+            '<pre style="white-space: pre-wrap">{}</pre></details>',
+            len(obj.traceback.splitlines()),
+            obj.traceback,
+        )
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, DeadLetter, "replay_deadletter")
+
+    def get_urls(self) -> list[URLPattern]:
+        # Before the model's own URLs, whose "<object_id>/" would otherwise take it.
+        return [
+            path(
+                "<path:object_id>/replay/",
+                self.admin_site.admin_view(self.replay_view),
+                name="asyncwork_deadletter_replay",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        letter = self.get_object(request, unquote(object_id))
+        extra = {
+            "can_replay": letter is not None
+            and letter.replayed_at is None
+            and self.has_replay_permission(request)
+        }
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The page's Replay button: the same service as the action, the API and the
+        command, for this one dead letter."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
+            raise PermissionDenied
+        letter = self.get_object(request, unquote(object_id))
+        if letter is None:
+            raise Http404(f"no dead letter with id {object_id}")
+        result = dead_letter_replay(ids=[letter.pk], actor=admin_actor(request))
+        if letter.pk in result.replayed:
+            self.message_user(
+                request,
+                f"Replayed dead letter {letter.pk}: its job is queued again.",
+                messages.SUCCESS,
+            )
+        else:
+            letter.refresh_from_db()
+            self.message_user(
+                request,
+                f"Dead letter {letter.pk} was already {dead_letter_replay_state(letter)}; "
+                "nothing done.",
+                messages.WARNING,
+            )
+        return HttpResponseRedirect(reverse("admin:asyncwork_deadletter_change", args=[letter.pk]))
+
+    @admin.action(description="Replay selected dead letters", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        result = dead_letter_replay(
+            ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request)
+        )
+        self.message_user(
+            request, f"Replayed {len(result.replayed)} dead letter(s).", messages.SUCCESS
+        )
+        if result.skipped:
+            self.message_user(
+                request, f"Skipped {len(result.skipped)} already replayed.", messages.WARNING
+            )
+
+
+class PublishedFilter(admin.SimpleListFilter):
+    title = "published"
+    parameter_name = "published"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "Unpublished"), ("yes", "Published")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "no":
+            return queryset.filter(published_at__isnull=True)
+        if self.value() == "yes":
+            return queryset.filter(published_at__isnull=False)
+        return queryset
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "task",
+        "args",
+        "queue",
+        "created_at",
+        "published",
+        "published_at",
+        "publish_attempts",
+        "last_error_short",
+    )
+    list_filter = (PublishedFilter, "queue", "task")
+    search_fields = ("task",)
+    actions = ["republish_selected"]
+    inlines = [OperatorActionInline]
+    readonly_fields = (
+        "task",
+        "args",
+        "kwargs",
+        "queue",
+        "created_at",
+        "published_at",
+        "publish_attempts",
+        "last_error",
+    )
+
+    @admin.display(description="Published", boolean=True, ordering="published_at")
+    def published(self, obj: OutboxMessage) -> bool:
+        return obj.published_at is not None
+
+    @admin.display(description="Last error")
+    def last_error_short(self, obj: OutboxMessage) -> str:
+        return obj.last_error[:80]
+
+    def has_republish_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, OutboxMessage, "republish_outboxmessage")
+
+    @admin.action(description="Republish selected outbox messages", permissions=["republish"])
+    def republish_selected(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        count = outbox_republish(ids=ids, actor=admin_actor(request))
+        self.message_user(request, f"Republished {count} outbox message(s).", messages.SUCCESS)
+        if count < len(ids):
+            self.message_user(
+                request,
+                f"Not republished: {len(ids) - count} (another publisher holds them, or the "
+                "broker failed; see Last error: the relay publishes those).",
+                messages.WARNING,
+            )
+
+
+@admin.register(ScheduledJob)
+class ScheduledJobAdmin(ReadOnlyAdmin):
+    """Beside django-celery-beat's "Periodic tasks": what each job did, and who runs it now."""
+
+    list_display = (
+        "name",
+        "last_started_at",
+        "last_finished_at",
+        "last_skipped_at",
+        "runs",
+        "skips",
+        "running_now",
+        "last_holder",
+        "last_error_short",
+    )
+    readonly_fields = (
+        "name",
+        "runs",
+        "skips",
+        "last_started_at",
+        "last_finished_at",
+        "last_skipped_at",
+        "last_holder",
+        "running_now",
+        "last_result",
+        "last_error",
+    )
+
+    @admin.display(description="Lock held by")
+    def running_now(self, obj: ScheduledJob) -> str:
+        return str(lock_holder(f"job:{obj.name}") or "-")
+
+    @admin.display(description="Last error")
+    def last_error_short(self, obj: ScheduledJob) -> str:
+        return obj.last_error[:80]
+
+
+# django-celery-beat's "Periodic tasks" page, where an operator looks for the jobs, shows what
+# each job last did (asyncwork.ScheduledJob, by name) and who holds its lock now.
+admin.site.unregister(PeriodicTask)
+
+
+@admin.register(PeriodicTask)
+class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
+    job_fields = ("job_last_run", "job_last_skip", "job_lock_holder", "job_last_error")
+    list_display = (*BeatPeriodicTaskAdmin.list_display, *job_fields[:3])
+    readonly_fields = (*BeatPeriodicTaskAdmin.readonly_fields, *job_fields)
+    fieldsets = (
+        *BeatPeriodicTaskAdmin.fieldsets,
+        ("Runs (scheduled jobs)", {"fields": job_fields, "classes": ("extrapretty", "wide")}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        job = ScheduledJob.objects.filter(name=OuterRef("name"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                job_started_at=Subquery(job.values("last_started_at")[:1]),
+                job_skipped_at=Subquery(job.values("last_skipped_at")[:1]),
+                job_error=Subquery(job.values("last_error")[:1]),
+            )
+        )
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # django-celery-beat's own actions (enable, disable, toggle, run) declare no
+        # permission, so Django would offer them to anyone who may view the schedules. They
+        # change a schedule or start its job: an action that declares nothing needs the change
+        # permission here.
+        actions = super().get_actions(request)
+        if self.has_change_permission(request):
+            return actions
+        return {
+            name: action
+            for name, action in actions.items()
+            if hasattr(action[0], "allowed_permissions")
+        }
+
+    @admin.display(description="Job last ran", ordering="job_started_at")
+    def job_last_run(self, obj: PeriodicTask) -> Any:
+        return getattr(obj, "job_started_at", None)
+
+    @admin.display(description="Job last skipped", ordering="job_skipped_at")
+    def job_last_skip(self, obj: PeriodicTask) -> Any:
+        return getattr(obj, "job_skipped_at", None)
+
+    @admin.display(description="Lock held by")
+    def job_lock_holder(self, obj: PeriodicTask) -> str:
+        return str(lock_holder(f"job:{obj.name}") or "-")
+
+    @admin.display(description="Job's last error")
+    def job_last_error(self, obj: PeriodicTask) -> str:
+        return getattr(obj, "job_error", None) or "-"

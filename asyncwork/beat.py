@@ -1,0 +1,143 @@
+"""One active beat: django-celery-beat's DatabaseScheduler, dispatching only while it holds
+the PostgreSQL advisory lock ``beat-leader``.
+
+Start as many ``celery -A core beat`` as you like (a deploy overlap starts two anyway): the
+first to take the lock dispatches; the others stay on standby, dispatch nothing, and try the
+lock every ``BEAT_STANDBY_POLL_SECONDS``. The lock is held on a connection of its own (with
+TCP keepalives), so it is released the moment the leader's process dies and PostgreSQL sees
+its socket close; a standby takes over at its next poll: **within BEAT_STANDBY_POLL_SECONDS
+(5 s) of the leader's death**, or within about 20 s more if the leader's host vanished
+without closing the connection (keepalive: 5 s idle + 3 probes 5 s apart). A leader that
+loses its connection stops dispatching at its next tick. The new leader re-reads every
+entry's last run from the database (saved after every dispatch, ``CELERY_BEAT_SYNC_EVERY=1``),
+so a takeover does not replay the slots the old leader already dispatched. Every job is also
+guarded by its own lock (``asyncwork.jobs``), so even a split brain runs each job once at a time.
+
+``active_beat`` (``/health/``'s ``beat`` check, ``pipeline_status``) names the leader by the
+host and pid of the beat process itself, which it records on taking the lock
+(``asyncwork.locks.lock_holder_record``). At start-up every beat warns, by name, about each job
+declared (``asyncwork.jobs``) it has no enabled schedule for: such a job never runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import DatabaseError, connection, connections
+from django_celery_beat.schedulers import DatabaseScheduler
+
+from asyncwork.jobs import schedules_missing
+from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, lock_key
+
+logger = logging.getLogger(__name__)
+
+LEADER_LOCK = "beat-leader"
+
+
+def _connect() -> psycopg.Connection[Any]:
+    # Where Django connects (host or socket directory, port, user, options), on a plain
+    # psycopg connection: Django's cursor class and adapters are for Django's connections.
+    params = connections["default"].get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return psycopg.connect(
+        **params,
+        autocommit=True,
+        application_name=f"beat-leader {socket.gethostname()}:{os.getpid()}",
+        keepalives=1,
+        keepalives_idle=5,
+        keepalives_interval=5,
+        keepalives_count=3,
+    )
+
+
+class LeaderLock:
+    """The leader lock on a connection of its own."""
+
+    def __init__(self) -> None:
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def held(self) -> bool:
+        """True while this process holds the lock; tries to take it when it does not."""
+        try:
+            if self._conn is not None:
+                self._conn.execute("SELECT 1")  # still ours while the session lives
+                return True
+            conn = _connect()
+            row = conn.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", [NAMESPACE, lock_key(LEADER_LOCK)]
+            ).fetchone()
+            if row and row[0]:
+                self._conn = conn
+                lock_holder_record(name=LEADER_LOCK, execute=conn.execute)
+                return True
+            conn.close()
+        except psycopg.Error as exc:
+            logger.warning("beat leader lock unavailable: %s", exc)
+            self.release()
+        return False
+
+    def release(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                logger.debug("closing the leader connection failed", exc_info=True)
+            self._conn = None
+
+
+class LeaderDatabaseScheduler(DatabaseScheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._leader = LeaderLock()
+        self._leading = False
+        super().__init__(*args, **kwargs)
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        # A declared job with no enabled schedule is never dispatched, and nothing else says so.
+        for schedule in schedules_missing():
+            logger.warning(
+                "scheduled job %s (task %s) has no enabled periodic task: it will not run. "
+                "manage.py migrate (or manage.py setup_periodic_tasks) creates it",
+                schedule.name,
+                schedule.task,
+                extra={"job": schedule.name},
+            )
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self._leader.held():
+            if self._leading:
+                logger.warning("beat lost the leader lock: standing by")
+                self._leading = False
+            return float(settings.BEAT_STANDBY_POLL_SECONDS)
+        try:
+            if not self._leading:
+                # A fresh connection: the old one may have died with a PostgreSQL restart.
+                connection.close()
+                # Start from the database's last-run times, not this process's stale copy.
+                self._schedule = self.all_as_schedule()
+                self._heap: list[Any] = []
+                self._heap_invalidated = True
+                logger.info("beat took the leader lock: dispatching")
+                self._leading = True
+            return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
+        except DatabaseError as exc:
+            # PostgreSQL restarting: do not die (nothing would run the jobs); try again soon.
+            logger.warning("beat could not reach the database (%s); retrying", exc)
+            connection.close()
+            return float(settings.BEAT_STANDBY_POLL_SECONDS)
+
+    def close(self) -> None:
+        super().close()
+        self._leader.release()
+
+
+def active_beat() -> Holder | None:
+    """The beat process dispatching now (its host and pid), or None."""
+    connection.ensure_connection()
+    return lock_holder(LEADER_LOCK)

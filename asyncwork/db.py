@@ -1,0 +1,73 @@
+"""Database helpers: an insert whose guarantee is a constraint, not a check in Python, text
+that PostgreSQL can always store, and a transaction whose statements give up in time (what
+every probe of the health check, the metrics and the dashboard runs in)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+
+from django.conf import settings
+from django.db import connection, models, transaction
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_storable(value: str) -> str:
+    """``value`` as PostgreSQL can store it, in a text column or inside JSON: each lone
+    surrogate becomes U+FFFD and NUL is dropped. JSON's ``\\ud800`` escape puts a lone
+    surrogate in perfectly valid (ASCII) JSON; UTF-8 cannot encode one, so psycopg would raise
+    at the INSERT, and PostgreSQL refuses NUL in text and ``\\u0000`` in jsonb."""
+    return _LONE_SURROGATE.sub("\ufffd", value).replace("\x00", "")
+
+
+def _column(field: object) -> str:
+    column = getattr(field, "column", None)
+    assert isinstance(column, str), field
+    return connection.ops.quote_name(column)
+
+
+def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
+    """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance.
+
+    Returns True and sets ``instance.pk`` when the row was inserted, False when a row with the
+    same unique key already existed (or was being inserted by a concurrent transaction, which
+    PostgreSQL waits for). Unlike check-then-insert or catching IntegrityError, a concurrent
+    duplicate never raises and never logs an error, in the application or in PostgreSQL.
+    """
+    meta = instance._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key or instance.pk is not None]
+    columns = ", ".join(_column(f) for f in fields)
+    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
+    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    placeholders = ", ".join(["%s"] * len(fields))
+    assert meta.pk is not None
+    pk_column = _column(meta.pk)
+    sql = (
+        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
+        f"VALUES ({placeholders}) ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk_column}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    instance.pk = row[0]
+    instance._state.adding = False
+    return True
+
+
+def statement_timeout() -> None:
+    """Bound every statement of the current transaction by ``PROBE_TIMEOUT_SECONDS``."""
+    ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
+
+
+@contextlib.contextmanager
+def bounded() -> Iterator[None]:
+    """A transaction whose statements time out after ``PROBE_TIMEOUT_SECONDS``."""
+    with transaction.atomic():
+        statement_timeout()
+        yield

@@ -1,0 +1,331 @@
+"""The dead-letter queue: jobs that will not be retried any more, kept with their reason.
+
+A dead letter is a ``DeadLetter`` row (the record an operator reads and replays) plus a copy
+of the job on the ``dlq`` Celery queue, which no worker consumes, so the broker shows its
+depth. Both are written in one transaction through the outbox, so neither is lost when a
+worker dies half-way. Replay re-enqueues the original job through the outbox; the job itself
+is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
+
+What a dead letter is *about* belongs to the app that owns its job, which this module does not
+name: an app registers a describer per task (``register_describer``, from its
+``AppConfig.ready()``) that turns the dead letters of that task into ``Subject``s (a label such
+as an invoice number, a recipient, the subject's admin page) and the stored error message into
+words. ``dead_letter_subjects`` asks each describer once for all the letters it is given, so a
+page of dead letters costs one query per kind of job on it, not one per row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.core.cache import cache
+from django.core.mail import mail_admins
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from asyncwork import queues
+from asyncwork.db import insert_or_skip, text_storable
+from asyncwork.models import DeadLetter
+from asyncwork.outbox import outbox_enqueue, outbox_task_id
+from operators.audit import operator_action_record
+
+logger = logging.getLogger(__name__)
+
+
+def dead_letter_record(
+    *,
+    task: str,
+    task_id: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    queue: str,
+    reason: str,
+    exc: BaseException,
+    traceback: str,
+    attempts: int,
+    first_failed_at: datetime | None = None,
+    log_traceback: bool = False,
+) -> DeadLetter | None:
+    """Record a dead letter once per task id, mirror it onto the ``dlq`` queue, and log it:
+    one ERROR line with the dead letter's id, the task, its id, its args and the reason, and
+    ``exc``'s traceback only with ``log_traceback`` (the row keeps it in any case).
+
+    Returns the new row, or None when this task id was already dead-lettered (a redelivery
+    after the worker died between recording and acknowledging).
+    """
+    now = timezone.now()
+    job_kwargs = {k: v for k, v in kwargs.items() if k != "outbox_id"}
+    letter = DeadLetter(
+        task=task,
+        task_id=task_id,
+        args=args,
+        kwargs=job_kwargs,
+        queue=queue,
+        reason=reason,
+        exception_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        exception_message=text_storable(str(exc))[:10_000],
+        traceback=traceback[:50_000],
+        attempts=attempts,
+        first_failed_at=first_failed_at or now,
+        last_failed_at=now,
+    )
+    with transaction.atomic():
+        if not insert_or_skip(letter, conflict_fields=["task_id"]):
+            return None
+        letter.broker_copy = outbox_enqueue(
+            task=task, args=args, kwargs=job_kwargs, queue=queues.DLQ
+        )
+        letter.save(update_fields=["broker_copy"])
+    logger.error(
+        "job dead-lettered: dead letter #%d, %s[%s] args=%s reason=%s after %d attempt(s): %s",
+        letter.pk,
+        task,
+        task_id,
+        json.dumps(args),
+        reason,
+        attempts,
+        _one_line(f"{type(exc).__name__}: {exc}"),
+        exc_info=exc if log_traceback else None,
+        extra={
+            "dead_letter_id": letter.pk,
+            "task_name": task,
+            "task_id": task_id,
+            "job_args": args,
+            "reason": reason,
+            "attempts": attempts,
+            "exception_class": letter.exception_class,
+        },
+    )
+    return letter
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """An exception message on one log line (an SMTP reply can span several), bounded."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    replayed: list[int]
+    skipped: list[int]  # already replayed
+
+
+DEAD_LETTER_REPLAY = "dead_letter.replay"
+
+
+def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
+    """Re-enqueue the original jobs of the given dead letters (all waiting ones if ``ids`` is
+    None). A dead letter is replayed at most once; replaying it again is reported as skipped.
+    Each one asked for is recorded as an operator action of ``actor``, replayed or skipped."""
+    replayed: list[int] = []
+    with transaction.atomic():
+        letters = DeadLetter.objects.select_for_update().order_by("pk")
+        letters = (
+            letters.filter(pk__in=ids)
+            if ids is not None
+            else letters.filter(replayed_at__isnull=True)
+        )
+        found = list(letters)
+        skipped = [letter.pk for letter in found if letter.replayed_at is not None]
+        for letter in found:
+            if letter.replayed_at is not None:
+                operator_action_record(
+                    action=DEAD_LETTER_REPLAY,
+                    actor=actor,
+                    target=letter,
+                    detail=f"skipped: already replayed by {letter.replayed_by or '?'}",
+                )
+                continue
+            letter.replay_outbox = outbox_enqueue(
+                task=letter.task, args=letter.args, kwargs=letter.kwargs
+            )
+            letter.replayed_at = timezone.now()
+            letter.replayed_by = actor[:150]
+            letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
+            replayed.append(letter.pk)
+            operator_action_record(
+                action=DEAD_LETTER_REPLAY,
+                actor=actor,
+                target=letter,
+                detail=f"replayed: the job is outbox message {letter.replay_outbox.pk}",
+            )
+    if replayed:
+        transaction.on_commit(lambda: dlq_broker_remove(dead_letter_ids=replayed), robust=True)
+        logger.info(
+            "replayed %d dead letter(s)",
+            len(replayed),
+            extra={"dead_letter_ids": replayed, "actor": actor},
+        )
+    return ReplayResult(replayed=replayed, skipped=skipped)
+
+
+def dead_letter_purge(*, older_than: timedelta) -> int:
+    """Delete dead letters created before ``now - older_than``; returns how many."""
+    doomed = DeadLetter.objects.filter(created_at__lt=timezone.now() - older_than)
+    ids = list(doomed.values_list("pk", flat=True))
+    dlq_broker_remove(dead_letter_ids=ids)
+    deleted, _ = DeadLetter.objects.filter(pk__in=ids).delete()
+    return deleted
+
+
+def dead_letters_waiting() -> QuerySet[DeadLetter]:
+    return DeadLetter.objects.filter(replayed_at__isnull=True)
+
+
+def dlq_broker_remove(*, dead_letter_ids: list[int]) -> int:
+    """Take the broker copies of these dead letters off the ``dlq`` queue (best effort: the
+    rows are the record; the copies only make the depth visible in the broker)."""
+    task_ids = {
+        outbox_task_id(pk)
+        for pk in DeadLetter.objects.filter(
+            pk__in=dead_letter_ids, broker_copy__isnull=False
+        ).values_list("broker_copy_id", flat=True)
+    }
+    if not task_ids:
+        return 0
+    removed = 0
+    try:
+        with current_app.connection_for_write() as conn:
+            channel: Any = conn.default_channel
+            client = channel.client  # the Redis transport's client
+            key = (conn.transport_options or {}).get("global_keyprefix", "") + queues.DLQ
+            for raw in client.lrange(key, 0, -1):
+                try:
+                    task_id = json.loads(raw)["headers"]["id"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if task_id in task_ids:
+                    removed += client.lrem(key, 1, raw)
+    except Exception as exc:  # noqa: BLE001 - the DB rows stay right; the mirror catches up
+        logger.warning("could not remove dead letters from the dlq queue: %r", exc)
+    return removed
+
+
+def dlq_depth() -> int:
+    return dead_letters_waiting().count()
+
+
+def dlq_alert() -> int:
+    """Alert (ERROR log line and mail to ADMINS) when waiting dead letters reach the threshold,
+    at most once per period. Returns the depth."""
+    depth = dlq_depth()
+    if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
+        "dlq-alert-sent", depth, timeout=settings.DLQ_ALERT_PERIOD_SECONDS
+    ):
+        logger.error(
+            "DLQ depth %d has reached the alert threshold %d",
+            depth,
+            settings.DLQ_ALERT_THRESHOLD,
+            extra={"dlq_depth": depth},
+        )
+        mail_admins(
+            f"Dead-letter queue depth {depth}",
+            f"{depth} job(s) wait in the dead-letter queue.\n"
+            "Inspect: python manage.py dlq list\nReplay: python manage.py dlq replay ID",
+            fail_silently=True,
+        )
+    return depth
+
+
+# --- What a dead letter is about, in words -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a dead letter's job was about, as the app owning the job describes it."""
+
+    kind: str  # what it is, e.g. "invoice"
+    label: str  # which one, e.g. its number
+    recipient: str = ""  # who it was for, if anyone
+    url: str = ""  # its admin page
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.label}".strip()
+
+
+SubjectsFn = Callable[[Sequence[DeadLetter]], Mapping[int, Subject]]
+FailureFn = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Describer:
+    subjects: SubjectsFn  # the dead letters of one task -> their subjects, by dead letter pk
+    failure: FailureFn | None  # the stored message -> the failure in words
+
+
+_describers: dict[str, Describer] = {}
+
+
+def register_describer(
+    task: str, subjects: SubjectsFn, *, failure: FailureFn | None = None
+) -> None:
+    """Describe the dead letters of ``task`` (or replace its describer): ``subjects`` is given
+    every dead letter of that task being shown at once and returns, by dead letter pk, what
+    each one is about (one query for all of them: it is called once per page); ``failure``
+    turns the error message the job stored into words, for rows stored in an older wording."""
+    _describers[task] = Describer(subjects=subjects, failure=failure)
+
+
+def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
+    """What each of ``letters`` is about, by pk, for those whose task has a describer that
+    knows: each describer is asked once, with all of its task's letters. A describer that
+    fails is logged and leaves its letters undescribed: the dead letters must stay readable
+    when a domain's lookup breaks."""
+    by_task: dict[str, list[DeadLetter]] = {}
+    for letter in letters:
+        by_task.setdefault(letter.task, []).append(letter)
+    subjects: dict[int, Subject] = {}
+    for task, group in by_task.items():
+        describer = _describers.get(task)
+        if describer is None:
+            continue
+        try:
+            subjects.update(describer.subjects(group))
+        except Exception:
+            logger.exception("describing the dead letters of %s failed", task)
+    return subjects
+
+
+def dead_letter_failure(letter: DeadLetter) -> str:
+    """Why the job failed, in words: the message it stored (through its task's ``failure``
+    reader, for older wordings), on one line; the exception's class when it left no message."""
+    message = letter.exception_message
+    describer = _describers.get(letter.task)
+    if describer is not None and describer.failure is not None:
+        try:
+            message = describer.failure(message)
+        except Exception:
+            logger.exception("reading the failure of dead letter %s failed", letter.pk)
+    words = " ".join(message.split())
+    return words or letter.exception_class.rpartition(".")[2] or letter.get_reason_display()
+
+
+def duration_short(seconds: float) -> str:
+    """``12 s``, ``5 m``, ``3 h``, ``4 d``: an age at a glance (rounded down)."""
+    seconds = max(0, int(seconds))
+    for unit, size, below in (("s", 1, 60), ("m", 60, 3600), ("h", 3600, 48 * 3600)):
+        if seconds < below:
+            return f"{seconds // size} {unit}"
+    return f"{seconds // 86400} d"
+
+
+def dead_letter_age(letter: DeadLetter, *, now: datetime | None = None) -> str:
+    """How long ago the job was dead-lettered, e.g. ``3 h``."""
+    return duration_short(((now or timezone.now()) - letter.created_at).total_seconds())
+
+
+def dead_letter_replay_state(letter: DeadLetter) -> str:
+    """``waiting``, or ``replayed by <actor> at <time>``."""
+    if letter.replayed_at is None:
+        return "waiting"
+    when = timezone.localtime(letter.replayed_at).strftime("%Y-%m-%d %H:%M %Z")
+    return f"replayed by {letter.replayed_by or '?'} at {when}"

@@ -1,0 +1,122 @@
+"""The machinery's scrape-time metrics: each of its probes (``asyncwork.probes``) as Prometheus
+families, served by ``/metrics`` through the source registry of ``asyncwork.metrics``.
+
+The figures are the ones ``/health/`` and the dashboard read, measured by the same probe
+functions, so the three cannot drift apart. A circuit breaker's families are here too, for an
+app to register for its own breaker.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from asyncwork import queues
+from asyncwork.metrics import register_source
+from asyncwork.probes import (
+    BreakerProbe,
+    dlq_probe,
+    outbox_probe,
+    queues_probe,
+    scheduled_jobs_probe,
+)
+
+
+def outbox_metrics() -> list[Metric]:
+    outbox = outbox_probe()
+    return [
+        GaugeMetricFamily(
+            "invoicing_outbox_backlog",
+            f"Unpublished outbox rows (counted up to BACKPRESSURE_HARD_MARK, {outbox.cap}).",
+            value=outbox.unpublished,
+        ),
+        GaugeMetricFamily(
+            "invoicing_outbox_oldest_unpublished_age_seconds",
+            "Age of the oldest unpublished outbox row (0 when there is none).",
+            value=outbox.oldest_age_seconds or 0.0,
+        ),
+    ]
+
+
+def dlq_metrics() -> list[Metric]:
+    return [
+        GaugeMetricFamily(
+            "invoicing_dlq_depth", "Dead letters waiting (not replayed).", value=dlq_probe().waiting
+        )
+    ]
+
+
+def scheduled_job_metrics() -> list[Metric]:
+    runs = CounterMetricFamily(
+        "invoicing_scheduled_job_runs",
+        "Runs of each scheduled job (it held the lock).",
+        labels=["job"],
+    )
+    skips = CounterMetricFamily(
+        "invoicing_scheduled_job_skips",
+        "Skipped runs of each scheduled job (another run held the lock).",
+        labels=["job"],
+    )
+    last_run = GaugeMetricFamily(
+        "invoicing_scheduled_job_last_run_timestamp_seconds",
+        "Unix time the job's last run started (absent before its first run).",
+        labels=["job"],
+    )
+    failed = GaugeMetricFamily(
+        "invoicing_scheduled_job_last_run_failed",
+        "1 when the job's last finished run raised.",
+        labels=["job"],
+    )
+    for job in scheduled_jobs_probe().jobs:
+        runs.add_metric([job.name], job.runs)
+        skips.add_metric([job.name], job.skips)
+        failed.add_metric([job.name], 1.0 if job.last_error else 0.0)
+        if job.last_started_at is not None:
+            last_run.add_metric([job.name], job.last_started_at.timestamp())
+    return [runs, skips, last_run, failed]
+
+
+def queue_metrics() -> list[Metric]:
+    family = GaugeMetricFamily(
+        "invoicing_broker_queue_depth",
+        "Messages waiting on a broker queue (not those a worker holds).",
+        labels=["queue"],
+    )
+    names = queues.pressure_queues()
+    if names:
+        for name, depth in queues_probe(names).depths.items():
+            family.add_metric([name], depth)
+    return [family]
+
+
+BREAKER_STATES = ("closed", "open", "half-open", "unknown")
+
+
+def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
+    """A circuit breaker's state (one series per state, 1 for the current one; ``unknown``
+    when Redis does not answer) and its consecutive failures."""
+    states = GaugeMetricFamily(
+        "invoicing_breaker_state",
+        "Circuit breaker state: 1 for the current state, 0 for the others.",
+        labels=["breaker", "state"],
+    )
+    for name in BREAKER_STATES:
+        states.add_metric([breaker.name, name], 1.0 if breaker.state == name else 0.0)
+    families: list[Metric] = [states]
+    if breaker.failures is not None:
+        failures = GaugeMetricFamily(
+            "invoicing_breaker_consecutive_failures",
+            "Consecutive failures the breaker has counted.",
+            labels=["breaker"],
+        )
+        failures.add_metric([breaker.name], breaker.failures)
+        families.append(failures)
+    return families
+
+
+def machinery_sources_register() -> None:
+    """The machinery's sources, first in the exposition (``AsyncWorkConfig.ready``; apps
+    register theirs after)."""
+    register_source("outbox", outbox_metrics, database=True)
+    register_source("dlq", dlq_metrics, database=True)
+    register_source("scheduled_jobs", scheduled_job_metrics, database=True)
+    register_source("broker_queues", queue_metrics, database=False)

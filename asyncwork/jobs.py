@@ -1,0 +1,257 @@
+"""Scheduled jobs: declared by the app that owns them, synced into django-celery-beat, and
+each run under its own PostgreSQL lock.
+
+An app declares its jobs with ``job_register`` from its ``AppConfig.ready()``; a job's one name
+is its task's, its lock's and its status row's. The declared jobs become django-celery-beat
+periodic tasks by ``schedules_sync``, which runs after every ``manage.py migrate`` (a
+``post_migrate`` receiver, once django-celery-beat's and asyncwork's migrations are all
+applied) and from ``manage.py setup_periodic_tasks``. It is idempotent (a second run changes
+nothing) and two runs at once take turns (a transaction-scoped advisory lock), so two deploys
+migrating at the same time neither fail nor duplicate a schedule. It sets each declared task to
+its declared schedule, enabled, and disables tasks it created whose job is no longer declared.
+
+Every job is single-owner and safe to run twice:
+
+* ``job_run`` takes the job's advisory lock (``asyncwork.locks``) without waiting; a second run
+  while the first holds it skips, logs that it skipped, and counts the skip. A run whose
+  process dies releases the lock with its database session.
+* each job body must be idempotent by construction (the outbox relay publishes only unpublished
+  rows under SKIP LOCKED; the alert deduplicates per period; a purge deletes by age).
+* beat dispatches each job with an expiry of one interval, so ticks that piled up while no
+  worker ran are dropped rather than run back to back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TextIO
+
+from celery import Task, shared_task
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.migrations.loader import MigrationLoader
+from django.db.models import F
+from django.utils import timezone
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+from asyncwork.db import insert_or_skip
+from asyncwork.locks import Holder, advisory_lock, advisory_xact_lock
+from asyncwork.models import ScheduledJob
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One scheduled job. Its one ``name`` is its Celery task's name, its lock's (``job:<name>``)
+    and its ``ScheduledJob`` row's; ``run`` is its body."""
+
+    name: str
+    run: Callable[[], Any]
+    every: timedelta | None = None
+    # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
+    cron: dict[str, str] | None = None
+
+    @property
+    def task(self) -> str:
+        return self.name
+
+    @property
+    def expires(self) -> int:
+        """Seconds after which an undelivered tick is dropped."""
+        return int(self.every.total_seconds()) if self.every else 3600
+
+
+_jobs: dict[str, Job] = {}
+_tasks: dict[str, Task] = {}
+
+
+def job_register(
+    name: str,
+    run: Callable[[], Any],
+    *,
+    every: timedelta | None = None,
+    cron: dict[str, str] | None = None,
+) -> Task:
+    """Declare the scheduled job ``name`` (from an ``AppConfig.ready()``): ``run`` every
+    ``every``, or on the ``cron`` schedule, under the job's lock. Returns its Celery task."""
+    if (every is None) == (cron is None):
+        raise ValueError("a job runs either every interval or on a crontab")
+    _jobs[name] = Job(name=name, run=run, every=every, cron=cron)
+
+    def job() -> Any:
+        return job_run(name=name, body=run).result
+
+    job.__name__ = job.__qualname__ = run.__name__
+    job.__module__ = run.__module__
+    task = _tasks[name] = shared_task(base=JobTask, name=name)(job)
+    return task
+
+
+def job_task(name: str) -> Task:
+    """The Celery task of the declared job ``name``."""
+    return _tasks[name]
+
+
+def jobs_declared() -> tuple[Job, ...]:
+    """Every declared job, in the order declared."""
+    return tuple(_jobs.values())
+
+
+# The description of every periodic task schedules_sync manages: it finds its own by it, so
+# the text stays as first written (it names the module the jobs were once declared in).
+MANAGED = "Managed by manage.py setup_periodic_tasks (core/jobs.py)."
+SYNC_LOCK = "schedules-sync"
+
+
+def schedules_sync() -> dict[str, int]:
+    """Create or update the periodic task of every declared schedule, disable the managed ones
+    no longer declared, and give each job its ScheduledJob row. Returns how many periodic
+    tasks were created, updated, unchanged and disabled."""
+    counts = {"created": 0, "updated": 0, "unchanged": 0, "disabled": 0}
+    with transaction.atomic():
+        # A second sync waits for the first, then finds nothing to do: IntervalSchedule has
+        # no unique constraint for get_or_create to lean on.
+        advisory_xact_lock(SYNC_LOCK)
+        for schedule in jobs_declared():
+            fields: dict[str, Any] = {
+                "task": schedule.task,
+                "enabled": True,
+                "description": MANAGED,
+                "expire_seconds": schedule.expires,
+                "args": json.dumps([]),
+                "interval": None,
+                "crontab": None,
+            }
+            if schedule.every is not None:
+                fields["interval"], _ = IntervalSchedule.objects.get_or_create(
+                    every=int(schedule.every.total_seconds()), period=IntervalSchedule.SECONDS
+                )
+            elif schedule.cron is not None:
+                fields["crontab"], _ = CrontabSchedule.objects.get_or_create(
+                    timezone="UTC", **schedule.cron
+                )
+            task = PeriodicTask.objects.filter(name=schedule.name).first()
+            if task is None:
+                PeriodicTask.objects.create(name=schedule.name, **fields)
+                counts["created"] += 1
+            elif any(getattr(task, k) != v for k, v in fields.items()):
+                for key, value in fields.items():
+                    setattr(task, key, value)
+                task.save()  # through the model: beat notices the change
+                counts["updated"] += 1
+            else:
+                counts["unchanged"] += 1
+            insert_or_skip(ScheduledJob(name=schedule.name), conflict_fields=["name"])
+        stale = PeriodicTask.objects.filter(description=MANAGED, enabled=True).exclude(
+            name__in=[s.name for s in jobs_declared()]
+        )
+        for task in stale:
+            task.enabled = False
+            task.save()
+            counts["disabled"] += 1
+    return counts
+
+
+def schedules_sync_summary(*, counts: dict[str, int]) -> str:
+    return "periodic tasks: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def schedules_missing() -> list[Job]:
+    """The declared schedules with no enabled periodic task running their task: beat never
+    dispatches them."""
+    scheduled = set(PeriodicTask.objects.filter(enabled=True).values_list("name", "task"))
+    return [s for s in jobs_declared() if (s.name, s.task) not in scheduled]
+
+
+def _migrations_applied(using: str, app_labels: Iterable[str]) -> bool:
+    loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+    labels = set(app_labels)
+    wanted = {node for node in loader.graph.nodes if node[0] in labels}
+    return wanted <= set(loader.applied_migrations)
+
+
+def schedules_sync_after_migrate(
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    verbosity: int = 1,
+    stdout: TextIO | None = None,
+    **_: Any,
+) -> None:
+    """``post_migrate`` receiver (sender: asyncwork's app config, so once per ``migrate``, and per
+    ``flush``): sync the declared schedules, so that beat has them after ``migrate`` alone.
+
+    Only on the database beat reads, and only once every migration of django-celery-beat and
+    of asyncwork is applied: ``migrate asyncwork``, or ``migrate django_celery_beat zero``, leaves
+    tables the sync needs missing or behind the models."""
+    if using != DEFAULT_DB_ALIAS:
+        return
+    if not _migrations_applied(using, ("django_celery_beat", "asyncwork")):
+        if verbosity >= 1 and stdout is not None:
+            stdout.write(
+                "periodic tasks not synced: django_celery_beat or asyncwork has unapplied "
+                "migrations (manage.py migrate, or manage.py setup_periodic_tasks after it)\n"
+            )
+        return
+    counts = schedules_sync()
+    if verbosity >= 1 and stdout is not None:
+        stdout.write(schedules_sync_summary(counts=counts) + "\n")
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    ran: bool
+    result: Any = None
+
+
+def _holder() -> str:
+    # Worded as the lock's current holder is (asyncwork.locks.Holder), so both columns read alike.
+    return str(Holder(host=socket.gethostname(), pid=os.getpid()))
+
+
+def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
+    """Run ``body`` as the job ``name`` if no other run holds the job's lock; else skip."""
+    insert_or_skip(ScheduledJob(name=name), conflict_fields=["name"])
+    jobs = ScheduledJob.objects.filter(name=name)
+    with advisory_lock(f"job:{name}") as held:
+        if not held:
+            jobs.update(skips=F("skips") + 1, last_skipped_at=timezone.now())
+            logger.info(
+                "job %s skipped: another run holds its lock",
+                name,
+                extra={"job": name, "outcome": "skipped"},
+            )
+            return JobOutcome(ran=False)
+        jobs.update(runs=F("runs") + 1, last_started_at=timezone.now(), last_holder=_holder())
+        try:
+            result = body()
+        except Exception as exc:
+            jobs.update(last_finished_at=timezone.now(), last_error=repr(exc)[:5000])
+            logger.exception("job %s failed", name, extra={"job": name, "outcome": "failed"})
+            raise
+        jobs.update(last_finished_at=timezone.now(), last_result=str(result)[:500], last_error="")
+        logger.info(
+            "job %s ran: %s",
+            name,
+            result,
+            extra={"job": name, "outcome": "ran", "result": str(result)},
+        )
+        return JobOutcome(ran=True, result=result)
+
+
+class JobTask(Task):
+    """Scheduled jobs: at-least-once like every task, but not dead-lettered or retried:
+    the next tick is the retry, and ``ScheduledJob.last_error`` plus the ERROR log line are
+    the record."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    max_retries = 0
+    # ``job_run`` logs a failed run once, at ERROR with its traceback; Celery's own "raised
+    # unexpected" line would repeat both. Listed here, it is one INFO line without them.
+    throws = (Exception,)

@@ -1,0 +1,218 @@
+"""Log lines that say which event, invoice, task and attempt they belong to, without threading
+those through every call.
+
+What it guarantees:
+
+* Inside a **log context** (``log_context``: the webhook view opens one per delivery, and the
+  Celery signals below one per task run), every record that reaches the console handler
+  carries the context's ``event_id`` and ``invoice_id``; ``log_context_bind`` adds a field to
+  the open context (the invoicing service binds ``invoice_id`` once it knows it). Leaving the
+  context restores the one before it, so nothing leaks into the next request or task run.
+  Outside any context ``log_context_bind`` does nothing: a field bound by, say, an admin
+  action would otherwise stay on every later line of that thread.
+* Inside a **Celery task** every record also carries ``task_id`` (the request id, which an
+  outbox-published job shares with its outbox row, ``outbox-<id>``, across all its retries)
+  and ``attempt`` (``retries + 1``; a deferral spends no attempt, so it keeps the number).
+* The context crosses the broker: a task published inside a context carries its fields in a
+  ``log_context`` message header, and the task's own context starts from them. An event's
+  ``event_id`` therefore reaches the worker that sends its email, and every retry of it. (A
+  job the relay publishes later, outside the request, has ``invoice_id`` only.)
+* A field a call passes itself (``extra={"invoice_id": ...}``) wins over the context's.
+
+``ContextFilter`` is installed on the console handler in ``settings.LOGGING``: with
+``LOG_FORMAT=json`` the fields are top-level keys of each JSON object (python-json-logger
+emits every non-standard record attribute); ``TextFormatter`` appends them as
+``event_id=evt_... invoice_id=12 task_id=outbox-7 attempt=2``, only those present.
+
+Celery is told to leave logging alone (``celery_logging_keep``): ``django.setup()``, which
+Celery's Django fix-up runs in every worker and beat process before it would configure its
+own, has already applied ``settings.LOGGING``; without the receiver Celery would replace the
+root handlers with its own, and the worker's lines would carry neither the JSON format nor
+these fields. A worker or beat logs at the more verbose of ``LOG_LEVEL`` and its
+``--loglevel``.
+
+Personal data: unless ``LOG_PII=1``, both formatters mask every email address in the finished
+line (``jenny@example.com`` -> ``j***@example.com``), wherever it came from: a message, an
+``extra`` field, an exception's text (an SMTP server's "550 <jenny@...> unknown"), a
+traceback, or Celery's own lines about a task. The domain stays, as operators need it to tell a
+mail provider's trouble from one mailbox's. The database keeps the full address: the admin
+and the API, not the logs, are where an operator reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from typing import Any
+
+from celery import current_task
+from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
+from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
+
+# The fields a log context may hold, and their order on a text line.
+CONTEXT_FIELDS = ("event_id", "invoice_id")
+FIELDS = (*CONTEXT_FIELDS, "task_id", "attempt")
+HEADER = "log_context"
+
+_context: ContextVar[dict[str, Any] | None] = ContextVar("log_context", default=None)
+
+
+@contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Open a log context holding ``fields`` (and the enclosing context's) until the block
+    ends."""
+    token = _context.set({**(_context.get() or {}), **_known(fields)})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def log_context_bind(**fields: Any) -> None:
+    """Add ``fields`` to the open log context; outside one, do nothing."""
+    current = _context.get()
+    if current is not None:
+        _context.set({**current, **_known(fields)})
+
+
+def log_context_fields() -> dict[str, Any]:
+    """The open context's fields (empty outside one)."""
+    return dict(_context.get() or {})
+
+
+def _known(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if k in CONTEXT_FIELDS and v is not None}
+
+
+class ContextFilter(logging.Filter):
+    """Adds the log context's fields, and the current task's ``task_id`` and ``attempt``, to
+    every record that passes (it never drops one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = _context.get()
+        if fields:
+            for name, value in fields.items():
+                if getattr(record, name, None) is None:
+                    setattr(record, name, value)
+        if current_task:
+            request = current_task.request
+            if getattr(record, "task_id", None) is None and request.id:
+                record.task_id = request.id
+            if getattr(record, "attempt", None) is None:
+                record.attempt = (request.retries or 0) + 1
+        return True
+
+
+# An address as it appears in log text: a local part of anything but separators, "@", and a
+# domain with at least one dot. Deliberately generous (quoted local parts, non-ASCII letters,
+# JSON's \\u escapes of them, "<...>" around it): masking a false positive costs a little
+# readability, missing one costs a customer's address in a log store.
+_PART = r"""[^\s@<>()\[\],;:"'`=/]+"""
+_EMAIL = re.compile(rf"({_PART})@({_PART}\.{_PART})")
+
+
+def _masked(match: re.Match[str]) -> str:
+    local = match.group(1)
+    # Keep the first letter, not a backslash: "\\***" would break a JSON escape.
+    keep = local[0] if local[0].isalnum() else ""
+    return f"{keep}***@{match.group(2)}"
+
+
+def pii_mask(text: str) -> str:
+    """``jenny.rosen@example.com`` -> ``j***@example.com``, for every address in ``text``."""
+    if "@" not in text:  # the common case costs one scan
+        return text
+    return _EMAIL.sub(_masked, text)
+
+
+class TextFormatter(logging.Formatter):
+    """The standard format, then `` name=value`` for each context field the record has; email
+    addresses masked unless ``mask_pii`` is False (``LOG_PII=1``)."""
+
+    def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mask_pii = mask_pii
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        suffix = " ".join(
+            f"{name}={value}"
+            for name in FIELDS
+            if (value := getattr(record, name, None)) is not None
+        )
+        if suffix:
+            # Before a traceback, if any: the fields belong to the line, not to its last frame.
+            first, newline, rest = line.partition("\n")
+            line = f"{first} {suffix}{newline}{rest}"
+        return pii_mask(line) if self.mask_pii else line
+
+
+class JsonFormatter(JsonFormatterBase):
+    """python-json-logger's formatter (every field a top-level key), with email addresses
+    masked in the finished object unless ``mask_pii`` is False (``LOG_PII=1``). Masking the
+    serialised text keeps it valid JSON: the replacement holds no quote or backslash."""
+
+    def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mask_pii = mask_pii
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return pii_mask(line) if self.mask_pii else line
+
+
+# --- Celery --------------------------------------------------------------------------------------
+
+# A run's token, by task id and thread: a redelivered message can run twice at once.
+_tokens: dict[tuple[str, int], Token[dict[str, Any] | None]] = {}
+
+
+def _context_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """``before_task_publish``: the publishing context's fields travel with the message; a
+    retry or deferral re-publishes the header it arrived with."""
+    fields = _context.get()
+    if fields and headers is not None and HEADER not in headers:
+        headers[HEADER] = dict(fields)
+
+
+def _context_task_start(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    """``task_prerun``: a task run opens a log context, seeded from its message header (and,
+    for a task applied eagerly inside a context, from that context)."""
+    carried = getattr(getattr(task, "request", None), HEADER, None)
+    fields = {**(_context.get() or {}), **(_known(carried) if isinstance(carried, dict) else {})}
+    _tokens[(task_id or "", threading.get_ident())] = _context.set(fields)
+
+
+def _context_task_end(task_id: str | None = None, **_: Any) -> None:
+    """``task_postrun``: close the task run's context."""
+    token = _tokens.pop((task_id or "", threading.get_ident()), None)
+    if token is None:
+        return
+    try:
+        _context.reset(token)
+    except ValueError:  # set in another context (not expected): leave none open
+        _context.set(None)
+
+
+def celery_logging_keep(loglevel: int | str | None = None, **_: Any) -> None:
+    """``setup_logging``: a receiver means Celery configures no logging of its own. Its
+    ``--loglevel`` still counts where it asks for more than ``LOG_LEVEL`` (the demo runs with
+    ``LOG_LEVEL=WARNING`` and a worker at ``-l INFO``, whose "ready." line it waits for)."""
+    level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
+    root = logging.getLogger()
+    if isinstance(level, int) and level and level < root.getEffectiveLevel():
+        root.setLevel(level)
+
+
+def celery_signals_connect() -> None:
+    """Connect the receivers above (idempotent: each has a ``dispatch_uid``)."""
+    setup_logging.connect(celery_logging_keep, weak=False, dispatch_uid="asyncwork.logging.keep")
+    before_task_publish.connect(
+        _context_publish, weak=False, dispatch_uid="asyncwork.logging.publish"
+    )
+    task_prerun.connect(_context_task_start, weak=False, dispatch_uid="asyncwork.logging.start")
+    task_postrun.connect(_context_task_end, weak=False, dispatch_uid="asyncwork.logging.end")

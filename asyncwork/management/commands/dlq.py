@@ -1,0 +1,209 @@
+"""``manage.py dlq list|replay|purge``: the dead-letter queue from the command line.
+
+``list`` prints one line per dead letter, within 100 columns (longer values end in "…"): what
+it was about and for whom (as its app describes it, e.g. an invoice's number and recipient),
+why it failed in words, how often it was tried, and whether it was replayed. ``--json`` prints
+every stored field, the same keys as ever, plus ``subject``, ``failure``, ``age_seconds`` and
+``replay_state``.
+
+Replay calls the same service as the admin action and the API, so every replay is one code
+path, and replaying a dead letter twice replays it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from asyncwork.deadletters import (
+    Subject,
+    dead_letter_age,
+    dead_letter_failure,
+    dead_letter_purge,
+    dead_letter_replay,
+    dead_letter_replay_state,
+    dead_letter_subjects,
+    duration_short,
+)
+from asyncwork.models import DeadLetter
+from operators.audit import cli_actor
+
+WIDTH = 100  # the whole line, in characters
+
+REPLAY_FORMS = """say which dead letters to replay, in one of two forms:
+  manage.py dlq replay ID [ID ...]   replay these (their ids are in `manage.py dlq list`)
+  manage.py dlq replay --all         replay every dead letter still waiting
+A dead letter is replayed at most once: replaying it again does nothing."""
+
+# The table's reason column; --json keeps the stored value.
+_REASONS: dict[str, str] = {
+    DeadLetter.Reason.PERMANENT: "permanent",
+    DeadLetter.Reason.EXHAUSTED: "exhausted",
+    DeadLetter.Reason.PROVIDER_UNAVAILABLE: "provider",
+    DeadLetter.Reason.REDELIVERY_LIMIT: "redelivery",
+}
+
+# Stored text can hold anything a sender put in it; a terminal must not take any of it as a
+# control sequence.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _cell(value: str, width: int) -> str:
+    text = " ".join(_CONTROLS.sub(" ", value).split()) or "-"
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def dead_letter_json(letter: DeadLetter, subject: Subject | None = None) -> dict[str, Any]:
+    return {
+        "id": letter.pk,
+        "task": letter.task,
+        "task_id": letter.task_id,
+        "args": letter.args,
+        "kwargs": letter.kwargs,
+        "reason": letter.reason,
+        "exception_class": letter.exception_class,
+        "exception_message": letter.exception_message,
+        "attempts": letter.attempts,
+        "first_failed_at": letter.first_failed_at.isoformat(),
+        "last_failed_at": letter.last_failed_at.isoformat(),
+        "created_at": letter.created_at.isoformat(),
+        "replayed_at": letter.replayed_at.isoformat() if letter.replayed_at else None,
+        "replayed_by": letter.replayed_by,
+        "replay_state": dead_letter_replay_state(letter),
+        "age_seconds": round((timezone.now() - letter.created_at).total_seconds(), 1),
+        "subject": None if subject is None else dataclasses.asdict(subject),
+        "failure": dead_letter_failure(letter),
+    }
+
+
+def dead_letters_table(letters: Sequence[DeadLetter], subjects: dict[int, Subject]) -> list[str]:
+    """One line per dead letter, each within ``WIDTH`` characters; the failure takes what the
+    other columns leave."""
+    id_width = max(2, *(len(str(letter.pk)) for letter in letters))
+    fixed = [
+        ("ID", id_width, ">"),
+        ("AGE", 5, "<"),
+        ("REASON", 10, "<"),
+        ("SUBJECT", 12, "<"),
+        ("RECIPIENT", 16, "<"),
+        ("TRIES", 5, ">"),
+        ("REPLAYED", 8, "<"),
+    ]
+    failure_width = WIDTH - sum(width + 1 for _, width, _ in fixed)
+
+    def line(cells: list[str]) -> str:
+        *columns, failure = cells
+        text = " ".join(
+            f"{_cell(cell, width):{align}{width}}"
+            for cell, (_, width, align) in zip(columns, fixed, strict=True)
+        )
+        return f"{text} {_cell(failure, failure_width)}".rstrip()
+
+    lines = [line([name for name, _, _ in fixed] + ["FAILURE"])]
+    now = timezone.now()
+    for letter in letters:
+        subject = subjects.get(letter.pk)
+        replayed = (
+            "waiting"
+            if letter.replayed_at is None
+            else f"{duration_short((now - letter.replayed_at).total_seconds())} ago"
+        )
+        lines.append(
+            line(
+                [
+                    str(letter.pk),
+                    dead_letter_age(letter, now=now),
+                    _REASONS.get(letter.reason, letter.reason),
+                    subject.label if subject else f"{letter.task}{letter.args}",
+                    subject.recipient if subject else "",
+                    str(letter.attempts),
+                    replayed,
+                    dead_letter_failure(letter),
+                ]
+            )
+        )
+    return lines
+
+
+class Command(BaseCommand):
+    help = "List, replay or purge dead letters."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, title="actions")
+        listing = sub.add_parser("list", help="List dead letters, newest first.")
+        listing.add_argument("--json", action="store_true", help="Print a JSON list.")
+        listing.add_argument(
+            "--waiting", action="store_true", help="Only dead letters not yet replayed."
+        )
+        replay = sub.add_parser(
+            "replay",
+            help="Re-enqueue the original jobs.",
+            description="Re-enqueue the original jobs of dead letters: the ones given by ID, "
+            "or with --all every one still waiting. A dead letter is replayed at most once.",
+        )
+        replay.add_argument("ids", nargs="*", type=int, metavar="ID")
+        replay.add_argument(
+            "--all", action="store_true", help="Replay every dead letter not yet replayed."
+        )
+        purge = sub.add_parser("purge", help="Delete old dead letters.")
+        purge.add_argument(
+            "--older-than",
+            type=int,
+            required=True,
+            metavar="DAYS",
+            help="Delete dead letters created more than DAYS days ago.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        getattr(self, f"_{options['action']}")(options)
+
+    def _list(self, options: dict[str, Any]) -> None:
+        letters = DeadLetter.objects.order_by("-created_at", "-pk")
+        if options["waiting"]:
+            letters = letters.filter(replayed_at__isnull=True)
+        rows = list(letters)
+        subjects = dead_letter_subjects(rows)
+        if options["json"]:
+            listed = [dead_letter_json(x, subjects.get(x.pk)) for x in rows]
+            self.stdout.write(json.dumps(listed, indent=2))
+            return
+        if not rows:
+            self.stdout.write("No dead letters.")
+            return
+        for line in dead_letters_table(rows, subjects):
+            self.stdout.write(line)
+
+    def _replay(self, options: dict[str, Any]) -> None:
+        ids: list[int] = options["ids"]
+        if not ids and not options["all"]:
+            raise CommandError(REPLAY_FORMS)
+        if ids and options["all"]:
+            raise CommandError("give dead letter IDs, or --all (not both)")
+        if ids:
+            unknown = sorted(
+                set(ids) - set(DeadLetter.objects.filter(pk__in=ids).values_list("pk", flat=True))
+            )
+            if unknown:
+                raise CommandError(f"no dead letter with id {', '.join(map(str, unknown))}")
+        result = dead_letter_replay(ids=ids or None, actor=cli_actor())
+        for pk in result.replayed:
+            self.stdout.write(f"replayed dead letter {pk}")
+        for pk in result.skipped:
+            self.stdout.write(f"dead letter {pk} was already replayed; skipped")
+        self.stdout.write(
+            self.style.SUCCESS(f"{len(result.replayed)} replayed, {len(result.skipped)} skipped")
+        )
+
+    def _purge(self, options: dict[str, Any]) -> None:
+        days = options["older_than"]
+        if days < 0:
+            raise CommandError("--older-than must be zero or more days")
+        deleted = dead_letter_purge(older_than=timedelta(days=days))
+        self.stdout.write(self.style.SUCCESS(f"purged {deleted} dead letter(s)"))

@@ -1,0 +1,153 @@
+"""Rows the async machinery keeps: outbox messages, dead letters, scheduled jobs' runs, what
+operators did, and the idempotency keys of API requests.
+
+PostgreSQL is the source of truth for every job: Redis keeps nothing across a restart here,
+so whatever must not be lost is a row before it is a message.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
+from django.db import models
+from django.db.models import Q
+
+
+class OutboxMessage(models.Model):
+    """An intent to publish one Celery task, committed with the state change that caused it."""
+
+    task = models.CharField(max_length=200)
+    args = models.JSONField(default=list, help_text="Ids only, never a snapshot of state.")
+    kwargs = models.JSONField(default=dict)
+    queue = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    publish_attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            # "Is a job for this invoice pending?" (the reconcile job) without a scan.
+            models.Index(fields=["task", "args"], name="outbox_task_args_idx"),
+            # The relay's scan and the backlog gauge read only unpublished rows.
+            models.Index(
+                fields=["created_at"],
+                name="outbox_unpublished_idx",
+                condition=Q(published_at__isnull=True),
+            ),
+        ]
+        permissions = [("republish_outboxmessage", "Can republish outbox message")]
+
+    def __str__(self) -> str:
+        return f"outbox #{self.pk} {self.task}{tuple(self.args)}"
+
+
+class DeadLetter(models.Model):
+    """A job that will not be retried any more: exhausted, or failed permanently."""
+
+    class Reason(models.TextChoices):
+        PERMANENT = "permanent", "Permanent failure"
+        EXHAUSTED = "exhausted", "Retries exhausted"
+        PROVIDER_UNAVAILABLE = "provider_unavailable", "Provider unavailable"
+        REDELIVERY_LIMIT = "redelivery_limit", "Redelivered too often"
+
+    task = models.CharField(max_length=200)
+    # The Celery task id of the failed job; a worker that dies while dead-lettering and runs
+    # the job again writes the same row, not a second one.
+    task_id = models.CharField(max_length=255, unique=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    queue = models.CharField(max_length=100)
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    exception_class = models.CharField(max_length=255, blank=True)
+    exception_message = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField()
+    first_failed_at = models.DateTimeField()
+    last_failed_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=150, blank=True)
+    # The copy of the job on the ``dlq`` queue, published through the outbox.
+    broker_copy = models.ForeignKey(
+        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    replay_outbox = models.ForeignKey(
+        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="deadletter_waiting_idx",
+                condition=Q(replayed_at__isnull=True),
+            ),
+        ]
+        permissions = [("replay_deadletter", "Can replay dead letter")]
+
+    def __str__(self) -> str:
+        return f"dead letter #{self.pk} {self.task}{tuple(self.args)} ({self.reason})"
+
+
+class ScheduledJob(models.Model):
+    """What each scheduled job last did, for operators: the lock itself is a PostgreSQL
+    advisory lock (``asyncwork.locks``); this row only records runs, skips and the holder."""
+
+    name = models.CharField(max_length=100, unique=True)
+    runs = models.PositiveIntegerField(default=0)
+    skips = models.PositiveIntegerField(default=0)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_skipped_at = models.DateTimeField(null=True, blank=True)
+    last_holder = models.CharField(max_length=255, blank=True)
+    last_result = models.CharField(max_length=500, blank=True)
+    last_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class IdempotencyRecord(models.Model):
+    """One API request made under an ``Idempotency-Key`` (``asyncwork.idempotency``).
+
+    The key is its user's own, as Stripe scopes keys to an account: UNIQUE per (user, key), so
+    a key names at most one request. ``fingerprint`` tells a retry of that request from a
+    different one; ``target`` is what the request created, which a retry answers with."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request.")
+    request = models.CharField(max_length=300, help_text="Method and path, for people.")
+    target_type = models.ForeignKey(
+        ContentType, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    target_id = models.PositiveBigIntegerField(null=True, blank=True)
+    target = GenericForeignKey("target_type", "target_id")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.request})"
+
+
+class LockHolder(models.Model):
+    """The process that took each named advisory lock (``asyncwork.locks``) last: its host and pid,
+    tied to the PostgreSQL session that took the lock (backend pid and start time). A row
+    says who holds a lock only while that very session still holds it; the lock itself lives
+    in ``pg_locks``, and this row is written by its holder right after taking it."""
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    backend_pid = models.IntegerField()
+    backend_start = models.DateTimeField()
+    taken_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: pid {self.pid} on host {self.host}"

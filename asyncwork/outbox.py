@@ -1,0 +1,250 @@
+"""The transactional outbox: nothing is published before the state change that caused it commits.
+
+``outbox_enqueue`` writes the intent in the caller's transaction and publishes it from
+``transaction.on_commit``. A publish that fails (broker down, stalled past the socket timeout)
+leaves the row unpublished and the request unharmed; ``outbox_relay`` publishes such rows later.
+The relay and the admin's republish take rows under ``SELECT ... FOR UPDATE SKIP LOCKED``, so
+two of them never publish the same row at once; the on-commit publish sends the row it just
+wrote without a lock (the relay leaves rows younger than its grace period alone). A crash
+between publishing and marking published publishes the row again: consumers are idempotent,
+so twice is harmless; never is what this prevents.
+``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
+for a message the broker lost after it was marked published, and records what became of each
+as an operator action.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+from prometheus_client import Counter, Histogram
+
+from asyncwork import queues
+from asyncwork.models import OutboxMessage
+from operators.audit import operator_action_record
+
+logger = logging.getLogger(__name__)
+
+# Counted where the publish happens (the web process, the workers); served by /metrics and the
+# workers' metrics port (asyncwork.metrics). Labelled: importing this writes nothing.
+OUTBOX_PUBLISH_LATENCY = Histogram(
+    "invoicing_outbox_publish_latency_seconds",
+    "Seconds from an outbox row's creation to its publish to the broker.",
+    ["queue"],
+    # On-commit publishes take milliseconds; the relay's come after its grace period.
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
+)
+OUTBOX_PUBLISH_FAILURES = Counter(
+    "invoicing_outbox_publish_failures",
+    "Outbox publishes that failed (broker down or stalled); the relay retries the row.",
+    ["queue"],
+)
+
+
+def _published(*, queue: str, created_at: Any) -> None:
+    OUTBOX_PUBLISH_LATENCY.labels(queue=queue).observe(
+        max(0.0, (timezone.now() - created_at).total_seconds())
+    )
+
+
+def _publish_failed(*, queue: str) -> None:
+    OUTBOX_PUBLISH_FAILURES.labels(queue=queue).inc()
+
+
+def outbox_task_id(message_id: int) -> str:
+    """The Celery task id of an outbox row's message: every publish of the row shares it."""
+    return f"outbox-{message_id}"
+
+
+def outbox_enqueue(
+    *, task: str, args: list[Any], kwargs: dict[str, Any] | None = None, queue: str | None = None
+) -> OutboxMessage:
+    """Record the intent to run ``task`` in the current transaction; publish once it commits.
+
+    ``queue`` defaults to the task's route (``asyncwork.queues``)."""
+    message = OutboxMessage.objects.create(
+        task=task, args=args, kwargs=kwargs or {}, queue=queue or queues.queue_for(task)
+    )
+    transaction.on_commit(lambda: _publish_committed(message), robust=True)
+    return message
+
+
+def _publish_committed(message: OutboxMessage) -> None:
+    """The on-commit publish of a row this process has just committed: no re-read and no row
+    lock, one UPDATE to mark it: it runs on every request that enqueues. The relay leaves rows
+    younger than its grace period alone, and were both to send, the consumers are idempotent."""
+    error = _send(message)
+    marked = OutboxMessage.objects.filter(pk=message.pk)
+    if error is None:
+        marked.filter(published_at__isnull=True).update(
+            published_at=timezone.now(), publish_attempts=F("publish_attempts") + 1
+        )
+        _published(queue=message.queue, created_at=message.created_at)
+    else:
+        marked.update(publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000])
+
+
+_local = threading.local()
+
+
+def _connection() -> Any:
+    """This thread's broker connection for publishing, with a short socket timeout of its own:
+    a stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
+    timeout (kombu's publish otherwise blocks, celery #4296)."""
+    connection = getattr(_local, "connection", None)
+    if connection is None:
+        timeout = settings.OUTBOX_PUBLISH_TIMEOUT
+        options = {
+            **current_app.conf.broker_transport_options,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            # One connection attempt, no waiting between retries: a broker that refuses
+            # connections fails the publish at once (kombu would otherwise retry for seconds).
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0,
+            "interval_max": 0,
+            "connect_retries_timeout": timeout,
+        }
+        connection = _local.connection = current_app.connection_for_write(transport_options=options)
+    return connection
+
+
+def _connection_drop() -> None:
+    connection = _local.__dict__.pop("connection", None)
+    if connection is not None:
+        with contextlib.suppress(Exception):
+            connection.release()
+
+
+def outbox_publish(
+    *,
+    ids: Iterable[int] | None = None,
+    older_than: timedelta | None = None,
+    limit: int | None = None,
+) -> int:
+    """Publish unpublished rows (those in ``ids``, or those older than ``older_than``).
+
+    Returns how many were published. Stops at the first broker failure: the broker is down or
+    stalled, and every further row would wait out the same timeout.
+    """
+    rows = OutboxMessage.objects.filter(published_at__isnull=True)
+    if ids is not None:
+        rows = rows.filter(pk__in=list(ids))
+    if older_than is not None:
+        rows = rows.filter(created_at__lt=timezone.now() - older_than)
+    return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
+
+
+OUTBOX_REPUBLISH = "outbox.republish"
+
+
+def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
+    """Publish the given rows again, published or not: for a message the broker lost after
+    taking it (a Redis restart without persistence). Same path as every publish, so a row
+    another publisher holds is skipped, and the message keeps its task id; consumers are
+    idempotent, so a message that was not lost after all runs as a no-op. Returns how many
+    were published; a row the broker refuses is marked unpublished, for the relay. What
+    became of each row is recorded as an operator action of ``actor``."""
+    ids = list(ids)
+    if not ids:
+        return 0
+    return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids), actor=actor)
+
+
+def _send(message: OutboxMessage) -> Exception | None:
+    """Publish one row's message; return the error instead of raising it (and drop this
+    thread's broker connection, which may be half-broken)."""
+    try:
+        current_app.send_task(
+            message.task,
+            args=message.args,
+            kwargs={**message.kwargs, "outbox_id": message.pk},
+            queue=message.queue,
+            task_id=outbox_task_id(message.pk),
+            connection=_connection(),
+            # No blocking retry loop here: the row is the retry (celery #4296).
+            retry=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
+        _connection_drop()
+        _publish_failed(queue=message.queue)
+        logger.warning(
+            "outbox publish failed; the relay will retry",
+            extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},
+        )
+        return exc
+    return None
+
+
+def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = None) -> int:
+    """Send up to ``limit`` of ``rows`` that no other publisher holds, in id order, and mark
+    those sent published, in one transaction; stop at the first broker failure. With an
+    ``actor`` (an operator's republish), what became of each row is recorded."""
+    published: list[int] = []
+    outcomes: dict[int, str] = {}
+    with transaction.atomic():
+        batch = list(rows.select_for_update(skip_locked=True).order_by("pk")[:limit])
+        for message in batch:
+            error = _send(message)
+            if error is not None:
+                # Unpublished again (a failed republish, too), so the relay takes it over.
+                OutboxMessage.objects.filter(pk=message.pk).update(
+                    published_at=None,
+                    publish_attempts=F("publish_attempts") + 1,
+                    last_error=repr(error)[:2000],
+                )
+                outcomes[message.pk] = f"broker refused, left to the relay: {error!r}"
+                break
+            published.append(message.pk)
+            outcomes[message.pk] = "published"
+            if message.published_at is None:  # a republish is not a publish's latency
+                _published(queue=message.queue, created_at=message.created_at)
+        if actor is not None:
+            # Every row asked for, including those another publisher held (a plain read does
+            # not wait for their locks) and those after a broker failure.
+            for message in rows.order_by("pk"):
+                operator_action_record(
+                    action=OUTBOX_REPUBLISH,
+                    actor=actor,
+                    target=message,
+                    detail=outcomes.get(message.pk)
+                    or (
+                        "not sent: the broker failed on an earlier message"
+                        if message in batch
+                        else "skipped: another publisher holds it"
+                    ),
+                )
+        if published:
+            OutboxMessage.objects.filter(pk__in=published).update(
+                published_at=timezone.now(), publish_attempts=F("publish_attempts") + 1
+            )
+    return len(published)
+
+
+def outbox_relay(
+    *, grace: timedelta | None = None, batch_size: int | None = None, max_batches: int = 50
+) -> int:
+    """Publish rows left unpublished past the grace period, batch by batch. Safe to run twice,
+    and concurrently: each batch takes only rows no other relay holds."""
+    grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
+    batch_size = batch_size or settings.OUTBOX_RELAY_BATCH_SIZE
+    total = 0
+    for _ in range(max_batches):
+        count = outbox_publish(older_than=grace, limit=batch_size)
+        total += count
+        if count < batch_size:
+            break
+    if total:
+        logger.info("outbox relay published %d message(s)", total, extra={"published": total})
+    return total

@@ -1,0 +1,67 @@
+"""Retention: rows past their age are purged by one scheduled job, by rules their apps declare.
+
+An app declares what it keeps and for how long with ``retention_register`` from its
+``AppConfig.ready()``: a name and a function that purges what is past its age (deleting rows, or
+clearing the part of them that must not be kept) and returns how many rows it touched. The
+``retention-purge`` job runs every rule in the order declared. Each rule works batch by batch
+(``batched_delete``, ``batched_update``), so no statement holds many rows, and is safe to run
+twice: a second run finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from asyncwork.models import OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+# now, batch size -> rows purged
+Rule = Callable[[datetime, int], int]
+
+_rules: dict[str, Rule] = {}
+
+
+def retention_register(name: str, rule: Rule) -> None:
+    """Declare (or replace) the retention rule ``name``: ``rule(now, batch)`` purges what is
+    past its age and returns how many rows it touched."""
+    _rules[name] = rule
+
+
+def batched_delete(queryset: QuerySet[Any], *, batch: int) -> int:
+    """Delete the rows of ``queryset``, ``batch`` at a time; returns how many."""
+    deleted = 0
+    while ids := list(queryset.values_list("pk", flat=True)[:batch]):
+        count, _ = queryset.model.objects.filter(pk__in=ids).delete()
+        deleted += count
+    return deleted
+
+
+def batched_update(queryset: QuerySet[Any], *, batch: int, **values: Any) -> int:
+    """Set ``values`` on the rows of ``queryset``, ``batch`` at a time; the queryset must no
+    longer match a row once updated. Returns how many."""
+    updated = 0
+    while ids := list(queryset.values_list("pk", flat=True)[:batch]):
+        updated += queryset.model.objects.filter(pk__in=ids).update(**values)
+    return updated
+
+
+def retention_purge(*, batch: int = 5000) -> dict[str, int]:
+    """Run every declared rule; returns how many rows each touched, by rule name."""
+    now = timezone.now()
+    return {name: rule(now, batch) for name, rule in _rules.items()}
+
+
+def outbox_messages_purge(now: datetime, batch: int) -> int:
+    """Published outbox rows older than ``OUTBOX_RETENTION_DAYS``."""
+    published = OutboxMessage.objects.filter(
+        published_at__lt=now - timedelta(days=settings.OUTBOX_RETENTION_DAYS)
+    )
+    return batched_delete(published, batch=batch)

@@ -1,0 +1,150 @@
+"""The task base every job shares (scheduled jobs have their own, in ``asyncwork.jobs``).
+
+``ReliableTask`` encodes the retry doctrine once:
+
+* ``TransientError`` (and a lost database connection or a soft time limit) is retried with
+  exponential backoff and full jitter, by Celery's own ``autoretry_for`` machinery, at most
+  ``max_retries`` times;
+* anything else, or a transient failure on its last attempt, is dead-lettered at once with
+  the reason, the exception and the traceback (``asyncwork.deadletters``);
+* ``acks_late`` + ``reject_on_worker_lost``: a worker that dies mid-task leaves the message to
+  be redelivered, and the dead letter is written before the message is acknowledged, so a
+  worker dying while it dead-letters runs the job again rather than losing it.
+* ``Deferred`` (a dependency known to be down, e.g. an open circuit breaker) is not a
+  failure: ``defer()`` re-publishes the job after the dependency's cool-down plus jitter with
+  its retry count unchanged, so no attempt is spent, until a deadline counted from the first
+  deferral; then it is dead-lettered with the exception's reason.
+* a dead letter is logged once: one ERROR line (``asyncwork.deadletters``) naming the dead letter,
+  the task, its id, its args and the reason. A failure the task declares (permanent,
+  transient, deferred) logs no traceback: it is kept on the ``DeadLetter`` row. Any other
+  exception is a bug, and its line carries the traceback, which is what whoever fixes it
+  needs first. Celery's own failure line says the same thing a second time, so it is kept at
+  INFO without a traceback (``throws``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+from django.db import InterfaceError, OperationalError
+from django.utils import timezone
+
+from asyncwork import queues
+from asyncwork.deadletters import dead_letter_record
+from asyncwork.errors import Deferred, PermanentError, TransientError
+from asyncwork.models import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+
+class ReliableTask(Task):
+    autoretry_for = (TransientError, SoftTimeLimitExceeded, OperationalError, InterfaceError)
+    retry_jitter = True  # full jitter: randrange(countdown + 1)
+    acks_late = True
+    reject_on_worker_lost = True
+    # Every failure that reaches Celery's failure handler is dead-lettered by on_failure, and
+    # the dead letter's ERROR line is the record. Celery logs a failure whose exception is in
+    # ``throws`` as "raised expected" at INFO without a traceback, instead of "raised
+    # unexpected" at ERROR with one: without this, each dead letter is logged twice.
+    throws = (Exception,)
+
+    def retry(self, *args: Any, **options: Any) -> Any:
+        # Carry the time of the first failure across retries, for the dead letter, and keep
+        # the job's other headers (first_deferred_at: a retry must not restart the deadline).
+        headers = {**(self.request.headers or {}), **(options.pop("headers", None) or {})}
+        headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
+        return super().retry(*args, headers=headers, **options)
+
+    def defer(self, exc: Deferred) -> Retry:
+        """Re-publish this job to run after ``exc.retry_in`` plus full jitter, with the same
+        retry count, and return the ``Retry`` to raise so this message is acknowledged.
+
+        Custom headers surface on ``self.request`` as attributes and in ``request.headers``,
+        and ``signature_from_request`` copies the latter: ``first_deferred_at`` survives every
+        deferral and retry. Past ``exc.deadline`` seconds since then, ``exc`` itself is raised
+        and ``on_failure`` dead-letters the job with ``exc.dead_letter_reason``."""
+        request = self.request
+        if request.called_directly or request.is_eager:
+            raise exc  # nothing to wait on outside a worker; eager would spin until the deadline
+        now = timezone.now()
+        first = _header_time(request, "first_deferred_at") or now
+        if (now - first).total_seconds() >= exc.deadline:
+            logger.warning(
+                "job deferred for %.0f s, past its deadline of %.0f s: %s",
+                (now - first).total_seconds(),
+                exc.deadline,
+                exc,
+                extra={"task_name": self.name, "task_id": request.id},
+            )
+            raise exc
+        deferrals = int(getattr(request, "deferrals", 0) or 0) + 1
+        countdown = exc.retry_in + random.uniform(0, exc.jitter)  # noqa: S311 - jitter
+        headers = {
+            **(request.headers or {}),
+            "first_deferred_at": first.isoformat(),
+            "deferrals": deferrals,
+        }
+        signature = self.signature_from_request(
+            request, countdown=countdown, retries=request.retries, headers=headers
+        )
+        try:
+            signature.apply_async()
+        except Exception as publish_error:
+            # Unlike Celery's retry (which drops the message), put it back: if the broker is
+            # gone the reject fails too and the visibility timeout redelivers the message.
+            raise Reject(publish_error, requeue=True) from publish_error
+        logger.info(
+            "job deferred %.1f s (deferral %d): %s",
+            countdown,
+            deferrals,
+            exc,
+            extra={"task_name": self.name, "task_id": request.id, "deferrals": deferrals},
+        )
+        return Retry(str(exc), exc=exc, when=now + timedelta(seconds=countdown), sig=signature)
+
+    def _first_failed_at(self) -> datetime:
+        # A job that was deferred before it ever failed dates its trouble from the deferral.
+        times = [
+            t
+            for t in (
+                _header_time(self.request, "first_failed_at"),
+                _header_time(self.request, "first_deferred_at"),
+            )
+            if t is not None
+        ]
+        return min(times, default=None) or timezone.now()
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        transient = isinstance(exc, self.autoretry_for)
+        reason = DeadLetter.Reason.EXHAUSTED if transient else DeadLetter.Reason.PERMANENT
+        reason = getattr(exc, "dead_letter_reason", reason)
+        declared = transient or isinstance(exc, (PermanentError, Deferred))
+        delivery = self.request.delivery_info or {}
+        dead_letter_record(
+            task=self.name,
+            task_id=task_id,
+            args=list(args or ()),
+            kwargs=dict(kwargs or {}),
+            queue=delivery.get("routing_key") or queues.queue_for(self.name),
+            reason=reason,
+            exc=exc,
+            traceback=str(einfo) if einfo else "",
+            attempts=self.request.retries + 1,
+            first_failed_at=self._first_failed_at(),
+            log_traceback=not declared,
+        )
+
+
+def _header_time(request: Any, name: str) -> datetime | None:
+    value = getattr(request, name, None)
+    try:
+        return datetime.fromisoformat(value) if value else None
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,68 @@
+"""The webhook events invoicing acts on: ``invoice.paid`` and ``invoice.payment_succeeded``
+(registered in ``InvoicingConfig.ready``; see ``webhooks.events``).
+
+``invoice_parse`` reads the invoice object of such an event before anything is stored: an id
+that is not printable text is refused (400), since we could not key on it; every free-text
+field is made storable rather than refused, so a customer's typo never costs the payment its
+record or its receipt. ``invoice_payment_apply`` records the payment inside the transaction that
+stores the event; it is idempotent and never moves an invoice backwards, so a duplicate or a
+reprocess changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from invoicing.services import InvoiceData, invoice_record_payment
+from webhooks.events import Event, WebhookRejected
+from webhooks.stripe import field_epoch, field_int, field_text, name_valid
+
+logger = logging.getLogger(__name__)
+
+PAYMENT_EVENT_TYPES = ("invoice.paid", "invoice.payment_succeeded")
+
+
+def invoice_parse(obj: Any) -> InvoiceData:
+    """A Stripe invoice object (``data.object``) as the invoice we keep; ``WebhookRejected`` for
+    one we cannot key on or store."""
+    if not isinstance(obj, dict):
+        raise WebhookRejected("data.object is missing")
+    invoice_id = obj.get("id")
+    if invoice_id is None or invoice_id == "":
+        raise WebhookRejected("data.object.id is missing")
+    if not name_valid(invoice_id):
+        raise WebhookRejected("data.object.id is malformed")
+    currency = field_text(obj, "currency", limit=3).lower()
+    if currency and not re.fullmatch(r"[a-z]{3}", currency):
+        raise WebhookRejected("data.object.currency is not a 3-letter code")
+    transitions = obj.get("status_transitions")
+    paid_at = field_epoch(transitions, "paid_at") if isinstance(transitions, dict) else None
+    status = field_text(obj, "status", limit=20) or "paid"
+    if status not in {"draft", "open", "paid", "uncollectible", "void"}:
+        raise WebhookRejected("data.object.status is not an invoice status")
+    return InvoiceData(
+        provider_invoice_id=invoice_id,
+        number=field_text(obj, "number", limit=255),
+        customer_email=field_text(obj, "customer_email", limit=320),
+        customer_name=field_text(obj, "customer_name", limit=255),
+        amount_paid=field_int(obj, "amount_paid") or 0,
+        currency=currency,
+        status=status,
+        hosted_invoice_url=field_text(obj, "hosted_invoice_url", limit=2000),
+        paid_at=paid_at,
+    )
+
+
+def invoice_payment_apply(data: InvoiceData, event: Event) -> None:
+    invoice = invoice_record_payment(data=data, provider_time=event.created)
+    logger.info(
+        "payment event applied",
+        extra={
+            "event_id": event.id,
+            "event_type": event.type,
+            "invoice_id": invoice.pk if invoice else None,
+            "stale": invoice is None,
+        },
+    )

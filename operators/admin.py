@@ -1,0 +1,159 @@
+"""The operator's side of the admin: the audit trail (``OperatorAction``, read-only, listed
+on its own and beside each row it names), API tokens (listed and revoked, never issued here),
+and the helpers every app's admin builds on: read-only lists, the actor an admin action is
+recorded under, and the powers a model declares.
+
+Rows that record what happened are read-only everywhere, so the audit trail is written by the
+services that act and by nothing else."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.contrib.contenttypes.admin import GenericTabularInline
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from knox.models import AuthToken
+
+from operators.models import OperatorAction
+
+
+def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
+    """Whether the user holds ``codename``, a permission ``model`` declares in its Meta."""
+    return request.user.has_perm(f"{model._meta.app_label}.{codename}")
+
+
+def admin_actor(request: HttpRequest) -> str:
+    """The actor an admin action is recorded under."""
+    return f"admin:{request.user.get_username()}"
+
+
+def _json(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OperatorActionInline(GenericTabularInline):
+    """The operator actions taken on the row the page shows, newest first."""
+
+    model = OperatorAction
+    ct_field = "target_type"
+    ct_fk_field = "target_id"
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "operator actions"
+    fields = ("created_at", "action", "actor", "detail", "before_json", "after_json")
+    readonly_fields = fields
+
+    @admin.display(description="Before")
+    def before_json(self, obj: OperatorAction) -> str:
+        return _json(obj.before)
+
+    @admin.display(description="After")
+    def after_json(self, obj: OperatorAction) -> str:
+        return _json(obj.after)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OperatorAction]:
+        return super().get_queryset(request).order_by("-created_at", "-pk")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ViaFilter(admin.SimpleListFilter):
+    title = "via"
+    parameter_name = "via"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("admin", "Admin"), ("api", "API"), ("cli", "Command line")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(actor__startswith=f"{value}:") if value else queryset
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "action", "actor", "target_link", "detail")
+    list_filter = ("action", ViaFilter, ("target_type", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("actor", "target_label", "target_id", "detail")
+    date_hierarchy = "created_at"
+    fields = (
+        "created_at",
+        "action",
+        "actor",
+        "target_type",
+        "target_id",
+        "target_link",
+        "detail",
+        "before_pretty",
+        "after_pretty",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OperatorAction]:
+        return super().get_queryset(request).select_related("target_type")
+
+    @admin.display(description="Target", ordering="target_label")
+    def target_link(self, obj: OperatorAction) -> str:
+        label = obj.target_label or obj.target_id
+        if obj.target_type is None:
+            return label
+        try:
+            url = reverse(
+                f"admin:{obj.target_type.app_label}_{obj.target_type.model}_change",
+                args=[quote(obj.target_id)],
+            )
+        except NoReverseMatch:
+            return label
+        return format_html('<a href="{}">{}</a>', url, label)
+
+    @admin.display(description="Before")
+    def before_pretty(self, obj: OperatorAction) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.before, indent=2, ensure_ascii=False))
+
+    @admin.display(description="After")
+    def after_pretty(self, obj: OperatorAction) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.after, indent=2, ensure_ascii=False))
+
+
+# knox's own admin can add a token, and one with no expiry if the field is left empty; here
+# tokens are only listed and revoked (deleted). They are issued by `manage.py api_token create`,
+# which always sets an expiry (operators/tokens.py).
+admin.site.unregister(AuthToken)
+
+
+@admin.register(AuthToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("token_key", "user", "created", "expiry")
+    search_fields = ("token_key", "user__username")
+    fields = ("token_key", "user", "created", "expiry")
+    readonly_fields = fields
+    ordering = ("-created",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

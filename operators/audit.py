@@ -1,0 +1,55 @@
+"""The operator audit trail: every operator action is one ``OperatorAction`` row per row it
+acted on, written by the service that acted, inside that service's transaction.
+
+So the admin, the API and the command line are recorded by one code path (the service each
+calls), an action that rolled back leaves no row, and one that committed always has one.
+``operator_action_record`` refuses to run outside a transaction, and refuses an action with no
+actor: an audit row that says nobody did it is worth nothing.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection, models
+
+from operators.models import OperatorAction
+
+
+def operator_action_record(
+    *,
+    action: str,
+    actor: str,
+    target: models.Model,
+    detail: str = "",
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> OperatorAction:
+    """Record that ``actor`` did ``action`` to ``target``, with what it came to (``detail``)
+    and, for a change of a value, the value ``before`` and ``after``."""
+    if not actor:
+        raise ValueError("an operator action needs an actor")
+    if not connection.in_atomic_block:
+        raise RuntimeError("record an operator action inside the transaction that performs it")
+    return OperatorAction.objects.create(
+        action=action,
+        actor=actor[:150],
+        target_type=ContentType.objects.get_for_model(target),
+        target_id=str(target.pk),
+        target_label=str(target)[:255],
+        before=before,
+        after=after,
+        detail=detail[:500],
+    )
+
+
+def cli_actor() -> str:
+    """``cli:<os user>``, the actor of an action taken from a management command."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry and no $USER
+        user = f"uid {os.getuid()}"
+    return f"cli:{user}"

@@ -1,0 +1,213 @@
+"""Dead letters over the API: reading needs the view permission and replaying the replay
+permission too, and a replay is recorded as an operator action; the OpenAPI schema, and
+schemathesis against it: no request the schema allows (or that it does not) gives a 5xx."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
+from hypothesis import HealthCheck, settings
+from knox.models import AuthToken
+from rest_framework.test import APIClient
+
+from asyncwork.models import DeadLetter
+from operators.models import OperatorAction
+from tests.helpers.factories import paid_invoice, staff_user
+
+pytestmark = pytest.mark.django_db
+
+
+def api_as(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def staff() -> APIClient:
+    return api_as(staff_user("op", groups=["operators"]))
+
+
+def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
+    values: dict[str, Any] = {
+        "task": "invoicing.send_invoice_email",
+        "args": [1],
+        "queue": "email",
+        "reason": "permanent",
+        "attempts": 1,
+        "first_failed_at": timezone.now(),
+        "last_failed_at": timezone.now(),
+        **fields,
+    }
+    return DeadLetter.objects.create(task_id=task_id, **values)
+
+
+def test_dead_letters_list_filter_and_replay_once(staff: APIClient) -> None:
+    first = letter("t1")
+    letter("t2", reason="exhausted")
+    assert staff.get("/api/dead-letters/").json()["count"] == 2
+    rows = staff.get("/api/dead-letters/?reason=exhausted").json()["results"]
+    assert [row["task_id"] for row in rows] == ["t2"]
+
+    replay = staff.post(f"/api/dead-letters/{first.pk}/replay/")
+    assert replay.status_code == 200
+    assert replay.json() == {"id": first.pk, "replayed": True, "detail": "replayed"}
+    again = staff.post(f"/api/dead-letters/{first.pk}/replay/").json()
+    assert again["replayed"] is False
+    first.refresh_from_db()
+    assert first.replayed_by == "api:op"
+    recorded = list(OperatorAction.objects.order_by("pk"))
+    assert [(a.action, a.actor, a.target, a.detail.split(":")[0]) for a in recorded] == [
+        ("dead_letter.replay", "api:op", first, "replayed"),
+        ("dead_letter.replay", "api:op", first, "skipped"),
+    ]
+    waiting = staff.get("/api/dead-letters/?replayed=false").json()["results"]
+    assert [row["task_id"] for row in waiting] == ["t2"]
+
+
+def test_a_viewer_reads_and_gets_403_on_replay() -> None:
+    waiting = letter("t1")
+    viewer = api_as(staff_user("watcher", groups=["viewers"]))
+
+    assert viewer.get("/api/dead-letters/").json()["count"] == 1
+    assert viewer.get(f"/api/dead-letters/{waiting.pk}/").status_code == 200
+    refused = viewer.post(f"/api/dead-letters/{waiting.pk}/replay/")
+
+    assert refused.status_code == 403
+    assert "permission" in refused.json()["detail"]
+    waiting.refresh_from_db()
+    assert (waiting.replayed_at, waiting.replay_outbox) == (None, None)
+    assert not OperatorAction.objects.exists()
+
+
+def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClient) -> None:
+    invoice = paid_invoice(number="INV-77", customer_email="typo@exmaple.com")
+    old = letter(
+        "t1",
+        args=[invoice.pk],
+        exception_message="recipient refused: {'typo@exmaple.com': (550, b'5.1.1 no such user')}",
+    )
+    unknown = letter("t2", task="core.gone", args=[3], exception_message="it broke")
+
+    listed = {row["id"]: row for row in staff.get("/api/dead-letters/").json()["results"]}
+    one = staff.get(f"/api/dead-letters/{old.pk}/").json()
+
+    expected = {
+        "kind": "invoice",
+        "label": "INV-77",
+        "recipient": "typo@exmaple.com",
+        "url": f"/admin/invoicing/invoice/{invoice.pk}/change/",
+    }
+    failure = "recipient refused: 550 5.1.1 no such user (typo@exmaple.com)"
+    assert (listed[old.pk]["subject"], listed[old.pk]["failure"]) == (expected, failure)
+    assert (one["subject"], one["failure"]) == (expected, failure)
+    assert one["exception_message"] == old.exception_message  # as stored
+    assert (listed[unknown.pk]["subject"], listed[unknown.pk]["failure"]) == (None, "it broke")
+
+
+def test_a_page_of_dead_letters_costs_the_same_queries_whatever_its_size(
+    staff: APIClient,
+) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            response = staff.get("/api/dead-letters/")
+        assert response.status_code == 200
+        assert all(row["subject"] for row in response.json()["results"])
+        return len(captured)
+
+    letter("t0", args=[paid_invoice().pk])
+    queries()  # the first request also reads the user's permissions
+    one = queries()
+    for n in range(1, 30):
+        letter(f"t{n}", args=[paid_invoice().pk])
+    assert queries() == one
+
+
+def test_the_schema_describes_subject_and_failure(staff: APIClient) -> None:
+    components = staff.get("/api/schema/?format=json").json()["components"]["schemas"]
+    properties = components["DeadLetter"]["properties"]
+    assert properties["failure"]["type"] == "string"
+    assert set(components["Subject"]["properties"]) == {"kind", "label", "recipient", "url"}
+    assert {"subject", "failure"} <= set(components["DeadLetter"]["required"])
+
+
+@pytest.mark.parametrize(
+    ("perms", "read", "replay"),
+    [
+        ([], 403, 403),  # staff alone reads nothing: DRF's model permissions would let it
+        (["asyncwork.replay_deadletter"], 403, 403),  # a power without the view
+        (["asyncwork.view_deadletter"], 200, 403),
+        (["asyncwork.view_deadletter", "asyncwork.replay_deadletter"], 200, 200),
+    ],
+)
+def test_each_permission_opens_exactly_its_part(perms: list[str], read: int, replay: int) -> None:
+    waiting = letter("t1")
+    client = api_as(staff_user("someone", perms=perms))
+
+    assert client.get("/api/dead-letters/").status_code == read
+    assert client.get(f"/api/dead-letters/{waiting.pk}/").status_code == read
+    assert client.post(f"/api/dead-letters/{waiting.pk}/replay/").status_code == replay
+
+    waiting.refresh_from_db()
+    assert (waiting.replayed_at is not None) == (replay == 200)
+    assert OperatorAction.objects.count() == (1 if replay == 200 else 0)
+
+
+def test_no_staff_no_api_whatever_the_permissions() -> None:
+    waiting = letter("t1")
+    assert APIClient().get("/api/dead-letters/").status_code in (401, 403)
+    assert APIClient().post(f"/api/dead-letters/{waiting.pk}/replay/").status_code in (401, 403)
+    customer = api_as(staff_user("customer", groups=["operators"], is_staff=False))
+    assert customer.get("/api/dead-letters/").status_code == 403
+    assert customer.post(f"/api/dead-letters/{waiting.pk}/replay/").status_code == 403
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
+
+
+def test_bad_filters_and_unknown_ids(staff: APIClient) -> None:
+    assert staff.get("/api/dead-letters/?reason=nope").status_code == 400
+    assert staff.get("/api/dead-letters/?replayed=maybe").status_code == 400
+    assert staff.post("/api/dead-letters/424242/replay/").status_code == 404
+    assert staff.get("/api/dead-letters/1/replay/").status_code == 405
+
+
+def test_schema_is_served_to_staff_and_valid(staff: APIClient) -> None:
+    response = staff.get("/api/schema/?format=json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    assert {
+        "/api/invoices/",
+        "/api/invoices/{id}/",
+        "/api/dead-letters/",
+        "/api/dead-letters/{id}/replay/",
+    } <= set(paths)
+    assert APIClient().get("/api/schema/").status_code in (401, 403)
+
+
+schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
+
+
+@pytest.fixture
+def token_header(db: Any) -> dict[str, str]:
+    user = staff_user("fuzzer", groups=["operators"])
+    letter("fuzz-1")
+    _, token = AuthToken.objects.create(user=user)
+    return {"Authorization": f"Token {token}"}
+
+
+@pytest.mark.django_db(transaction=True)
+@schema.parametrize()
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_schemathesis_no_5xx(case: Any, live_server: Any, token_header: dict[str, str]) -> None:
+    response = case.call(base_url=live_server.url, headers=token_header)
+    assert response.status_code < 500, (case.path, case.method, response.text[:500])

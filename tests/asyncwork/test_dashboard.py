@@ -1,0 +1,322 @@
+"""The operator's dashboard in the admin, read after real rows were stored and the real breaker
+opened: each figure is right, links to the list that holds exactly what it counts, and agrees
+with /health/ and /metrics (the same probes); a probe that fails is shown failing and hides
+nothing else; only staff who may view the lists see it, and the admin's index links it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import DatabaseError, connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from asyncwork import jobs, probes, queues
+from asyncwork.deadletters import dead_letter_record, dead_letter_replay
+from asyncwork.errors import PermanentError, TransientError
+from asyncwork.models import DeadLetter, OutboxMessage
+from invoicing.models import EmailDelivery
+from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
+from tests.helpers.admin import rows
+from tests.helpers.factories import paid_invoice, staff_user
+from tests.helpers.metrics import scrape, value
+
+pytestmark = pytest.mark.django_db(transaction=True)  # probes run on the real connections
+
+DASHBOARD = "/admin/dashboard/"
+
+Figures = dict[str, dict[str, dict[str, str]]]
+
+
+class _Dashboard(HTMLParser):
+    """``{probe name: {figure label: {"label", "value", "href", "status"}}}``, plus each
+    probe's error and cost, as the page shows them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.figures: Figures = {}
+        self.errors: dict[str, str] = {}
+        self.ms: dict[str, float] = {}
+        self._probe = ""
+        self._row: dict[str, str] | None = None
+        self._capture = ""  # what the text being read is: label, value, error or ms
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        classes = (attributes.get("class") or "").split()
+        if tag == "div" and (attributes.get("id") or "").startswith("probe-"):
+            self._probe = (attributes.get("id") or "").removeprefix("probe-")
+            self.figures[self._probe] = {}
+        elif tag == "tr" and "figure" in classes:
+            status = [c.removeprefix("status-") for c in classes if c.startswith("status-")]
+            self._row = {"status": status[0], "href": ""}
+        elif tag == "th" and self._row is not None:
+            self._capture, self._text = "label", []
+        elif tag == "td" and "error" in classes:
+            self._capture, self._text = "error", []
+        elif tag == "td" and self._row is not None:
+            self._capture, self._text = "value", []
+        elif tag == "a" and self._capture == "label" and self._row is not None:
+            self._row["href"] = attributes.get("href") or ""
+        elif tag == "span" and "ms" in classes:
+            self._capture, self._text = "ms", []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in {"th", "td", "span"} or not self._capture:
+            if tag == "tr" and self._row is not None:
+                self.figures[self._probe][self._row["label"]] = self._row
+                self._row = None
+            return
+        text = " ".join("".join(self._text).split())
+        if self._capture == "ms":
+            self.ms[self._probe] = float(text.removesuffix(" ms"))
+        elif self._capture == "error":
+            self.errors[self._probe] = text
+        elif self._row is not None:
+            self._row[self._capture] = text
+        self._capture = ""
+
+    def handle_data(self, data: str) -> None:
+        self._text.append(data)
+
+
+def dashboard(client: Client) -> _Dashboard:
+    response = client.get(DASHBOARD)
+    assert response.status_code == 200, response.status_code
+    assert response["Cache-Control"].startswith("max-age=0")
+    page = _Dashboard()
+    page.feed(response.content.decode())
+    return page
+
+
+@pytest.fixture
+def viewer() -> Client:
+    """A staff user in the "viewers" group: sees every list, acts on nothing."""
+    client = Client()
+    client.force_login(staff_user("watcher", groups=["viewers"]))
+    return client
+
+
+def letter(n: int, *, reason: str, replayed: bool = False) -> DeadLetter:
+    exc = TransientError("SMTP unavailable") if reason == "exhausted" else PermanentError("no")
+    stored = dead_letter_record(
+        task=SEND_INVOICE_EMAIL_TASK,
+        task_id=f"dashboard-{n}",
+        args=[n],
+        kwargs={},
+        queue=EMAIL_QUEUE,
+        reason=reason,
+        exc=exc,
+        traceback="",
+        attempts=5 if reason == "exhausted" else 1,
+    )
+    assert stored is not None
+    if replayed:
+        assert dead_letter_replay(ids=[stored.pk], actor="test").replayed == [stored.pk]
+    return stored
+
+
+def delivery(key: str, *, state: str, sent_ago: timedelta | None = None) -> EmailDelivery:
+    invoice = paid_invoice()
+    return EmailDelivery.objects.create(
+        key=f"{key}:{invoice.pk}",
+        invoice=invoice,
+        state=state,
+        attempts=1,
+        message_id=f"<{key}.{invoice.pk}@example.com>",
+        sent_at=None if sent_ago is None else timezone.now() - sent_ago,
+    )
+
+
+def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and_metrics(
+    viewer: Client, settings: Any
+) -> None:
+    settings.METRICS_TOKEN = "dashboard-test-token"
+    monitor = Client(HTTP_AUTHORIZATION="Bearer dashboard-test-token")
+    recent = [
+        delivery("invoice_email_sent", state="sent", sent_ago=timedelta(minutes=m)) for m in (5, 50)
+    ]
+    earlier = delivery("invoice_email_sent", state="sent", sent_ago=timedelta(hours=5))
+    delivery("invoice_email_sent", state="sent", sent_ago=timedelta(days=3))
+    failed = delivery("invoice_email_sent", state="failed")
+    permanent = [letter(1, reason="permanent"), letter(2, reason="permanent")]
+    exhausted = letter(3, reason="exhausted")
+    letter(4, reason="permanent", replayed=True)
+    stuck = OutboxMessage.objects.bulk_create(
+        OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(3)
+    )
+    OutboxMessage.objects.filter(pk=stuck[0].pk).update(
+        created_at=timezone.now() - timedelta(minutes=10)
+    )
+    breaker = email_breaker()
+    for _ in range(breaker.threshold):
+        breaker.record_failure()
+    jobs.job_task("dlq-alert").apply().get()
+
+    page = dashboard(viewer)
+
+    assert list(page.figures) == [
+        "dlq",
+        "outbox",
+        "queues",
+        "beat",
+        "scheduled_jobs",
+        "emails",
+        "email_breaker",
+    ]
+    assert page.errors == {}
+    assert set(page.ms) == set(page.figures)
+    assert all(ms >= 0 for ms in page.ms.values())
+    emails = page.figures["emails"]
+    assert emails["sent in the last hour"]["value"] == "2"
+    assert emails["sent in the last day"]["value"] == "3"
+    assert emails["failed (retrying, or dead-lettered)"]["value"] == "1"
+    listed = rows(viewer.get(emails["sent in the last hour"]["href"]))
+    assert sorted(row["key"] for row in listed) == sorted(d.key for d in recent)
+    listed = rows(viewer.get(emails["sent in the last day"]["href"]))
+    assert sorted(row["key"] for row in listed) == sorted(d.key for d in [*recent, earlier])
+    listed = rows(viewer.get(emails["failed (retrying, or dead-lettered)"]["href"]))
+    assert [row["key"] for row in listed] == [failed.key]
+
+    dlq = page.figures["dlq"]
+    assert dlq["waiting"]["value"] == "3"
+    assert dlq["waiting: Permanent failure"]["value"] == "2"
+    assert dlq["waiting: Retries exhausted"]["value"] == "1"
+    assert "waiting: Provider unavailable" not in dlq
+    assert dlq["waiting"]["status"] == "degraded"  # past DLQ_ALERT_THRESHOLD (1)
+    listed = rows(viewer.get(dlq["waiting: Permanent failure"]["href"]))
+    assert sorted(row["id"] for row in listed) == sorted(str(x.pk) for x in permanent)
+    listed = rows(viewer.get(dlq["waiting: Retries exhausted"]["href"]))
+    assert [row["id"] for row in listed] == [str(exhausted.pk)]
+    assert len(rows(viewer.get(dlq["waiting"]["href"]))) == 3
+
+    outbox = page.figures["outbox"]
+    assert outbox["unpublished"]["value"] == "3"
+    assert outbox["oldest unpublished"]["value"] == "10 m"
+    listed = rows(viewer.get(outbox["unpublished"]["href"]))
+    assert sorted(row["id"] for row in listed) == sorted(str(row.pk) for row in stuck)
+    # The dead letters' copies wait on the dlq queue, the replayed job on the email queue.
+    queue_figures = page.figures["queues"]
+    assert queue_figures["waiting on dlq"]["value"] == "3"
+    assert queue_figures["waiting on email"]["value"] == "1"
+
+    breaker_figures = page.figures["email_breaker"]
+    assert breaker_figures["state"]["value"] == "open"
+    assert breaker_figures["state"]["status"] == "degraded"
+    assert breaker_figures["consecutive failures"]["value"] == "5"
+    assert breaker_figures["next probe in"]["value"].endswith(" s")
+    beat = page.figures["beat"]["leader"]
+    assert beat["value"] == "none: scheduled jobs are not dispatched"
+    assert beat["status"] == "degraded"
+    # The schedules (every declared job's, synced by migrate).
+    assert {row["name"] for row in rows(viewer.get(beat["href"]))} == {
+        schedule.name for schedule in jobs.jobs_declared()
+    }
+    scheduled = page.figures["scheduled_jobs"]
+    assert scheduled["dlq-alert"]["value"] == "last ran 0 s ago"
+    assert scheduled["outbox-relay"]["value"] == "never ran"
+    assert viewer.get(scheduled["dlq-alert"]["href"]).status_code == 200
+
+    # /health/ and /metrics read the same probes: the same figures.
+    report = monitor.get("/health/").json()["checks"]
+    assert report["outbox"]["unpublished"] == 3
+    assert report["dlq"]["waiting"] == 3
+    assert (report["breaker"]["state"], report["breaker"]["failures"]) == ("open", 5)
+    assert report["beat"]["active"] is None
+    samples = scrape(monitor)
+    assert value(samples, "invoicing_outbox_backlog") == 3
+    assert value(samples, "invoicing_dlq_depth") == 3
+    assert value(samples, "invoicing_broker_queue_depth", queue="email") == 1
+
+
+def test_the_outbox_backlog_is_counted_up_to_the_hard_mark_everywhere(
+    viewer: Client, settings: Any
+) -> None:
+    settings.BACKPRESSURE_HARD_MARK = 5
+    settings.BACKPRESSURE_SOFT_MARK = 4
+    settings.METRICS_TOKEN = "dashboard-test-token"
+    monitor = Client(HTTP_AUTHORIZATION="Bearer dashboard-test-token")
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(7)
+    )
+
+    assert dashboard(viewer).figures["outbox"]["unpublished"]["value"] == "5+"
+    report = monitor.get("/health/").json()["checks"]["outbox"]
+    assert (report["unpublished"], report["unpublished_capped"]) == (5, True)
+    assert value(scrape(monitor), "invoicing_outbox_backlog") == 5
+
+
+def test_a_failing_probe_is_shown_failing_and_the_others_are_still_read(
+    viewer: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("host db-7.internal:5432 is on fire")
+
+    def database_down() -> None:
+        raise DatabaseError("connection refused")
+
+    monkeypatch.setattr(
+        probes,
+        "_probes",
+        {
+            "broken": probes.Probe("broken", "Broken", broken, lambda _: [], database=False),
+            **probes._probes,
+        },
+    )
+    page = dashboard(viewer)
+    assert page.errors == {"broken": "RuntimeError"}  # the class only: no host names
+    assert page.figures["dlq"]["waiting"]["value"] == "0"
+    assert page.figures["email_breaker"]["state"]["value"] == "closed"
+
+    # After a database error, the other database probes are skipped (one timeout, not one
+    # each), and the rest are still read.
+    monkeypatch.setattr(
+        probes,
+        "_probes",
+        {
+            "down": probes.Probe("down", "Down", database_down, lambda _: [], database=True),
+            **{name: p for name, p in probes._probes.items() if name != "broken"},
+        },
+    )
+    page = dashboard(viewer)
+    assert page.errors["down"] == "DatabaseError"
+    for name in ("outbox", "dlq", "beat", "scheduled_jobs", "emails"):
+        assert page.errors[name] == "skipped: the database failed", name
+    assert "queues" not in page.errors
+    assert page.figures["email_breaker"]["state"]["value"] == "closed"
+
+
+def test_what_a_render_costs_does_not_grow_with_the_rows(viewer: Client) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            dashboard(viewer)
+        return len(captured)
+
+    letter(1, reason="permanent")
+    delivery("invoice_email_sent", state="sent", sent_ago=timedelta(minutes=1))
+    few = queries()
+    for n in range(2, 40):
+        letter(n, reason="exhausted" if n % 2 else "permanent")
+        delivery("invoice_email_sent", state="sent", sent_ago=timedelta(minutes=n))
+    assert queries() == few
+
+
+def test_only_staff_who_may_view_the_lists_see_it_and_the_index_links_it(viewer: Client) -> None:
+    index = viewer.get("/admin/").content.decode()
+    assert f'href="{DASHBOARD}"' in index
+
+    nobody = Client()
+    nobody.force_login(staff_user("nobody"))  # staff, no permission
+    assert nobody.get(DASHBOARD).status_code == 403
+    assert f'href="{DASHBOARD}"' not in nobody.get("/admin/").content.decode()
+    customer = Client()
+    customer.force_login(get_user_model().objects.create_user("customer"))  # not staff
+    assert customer.get(DASHBOARD)["Location"].startswith("/admin/login/")
+    assert Client().get(DASHBOARD)["Location"].startswith("/admin/login/")
+    assert viewer.post(DASHBOARD).status_code == 405

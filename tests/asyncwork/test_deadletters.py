@@ -1,0 +1,475 @@
+"""The dead-letter queue: recorded once, mirrored on the dlq queue, listed, replayed once
+(from the command and the admin), purged, and alerted on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.core.cache import cache
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+from django.utils import timezone
+
+from asyncwork.deadletters import dead_letter_record, dlq_alert
+from asyncwork.errors import PermanentError
+from asyncwork.models import DeadLetter
+from core.celery import app
+from invoicing.models import Invoice
+from invoicing.services import invoice_recipient_correct
+from operators.audit import cli_actor
+from operators.models import OperatorAction
+from stack import launch
+from stack.net import wait_until
+from stack.process import ROOT
+from stack.smtp import SmtpServer
+from tests import tasks as test_tasks
+from tests.helpers.admin import messages as changelist_messages
+from tests.helpers.admin import rows
+from tests.helpers.deadletters import dlq_broker_depth, refused_invoice_dead_letter
+from tests.helpers.factories import paid_invoice, staff_user
+from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.stripe import paid_event, post_event
+from webhooks import testing as stripe_testing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def dlq(*args: str) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command("dlq", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_replay_after_the_recipient_is_fixed_sends_one_email_and_twice_is_once(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+        listed = json.loads(dlq("list", "--json"))
+        assert [x["id"] for x in listed] == [letter.pk]
+        assert {"id", "task", "args", "reason", "attempts", "created_at", "replayed_at"} <= set(
+            listed[0]
+        )
+        assert (listed[0]["args"], listed[0]["replayed_at"]) == ([invoice.pk], None)
+
+        Invoice.objects.filter(pk=invoice.pk).update(customer_email="fixed@example.com")
+        assert "1 replayed, 0 skipped" in dlq("replay", str(letter.pk))
+        smtp.handler.wait_for(1, timeout=20)
+        assert "0 replayed, 1 skipped" in dlq("replay", str(letter.pk))
+        assert "0 replayed, 0 skipped" in dlq("replay", "--all")
+        time.sleep(2)
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
+    letter.refresh_from_db()
+    assert letter.replayed_at is not None
+    assert letter.replayed_by == cli_actor()
+    # Each replay asked for is recorded, under the OS user, by the one service.
+    recorded = OperatorAction.objects.order_by("pk")
+    assert [(a.actor, a.target, a.detail.split(":")[0]) for a in recorded] == [
+        (cli_actor(), letter, "replayed"),
+        (cli_actor(), letter, "skipped"),
+    ]
+    assert dlq_broker_depth() == 0  # the broker copy left the dlq queue with the replay
+    assert json.loads(dlq("list", "--json"))[0]["replayed_at"] is not None
+
+
+def test_replay_of_a_dead_letter_whose_email_was_meanwhile_sent_sends_nothing(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, _letter = refused_invoice_dead_letter(client, smtp)
+        smtp.handler.faults.refuse = set()
+        from invoicing.services import invoice_email_send
+
+        assert invoice_email_send(invoice_id=invoice.pk, owner="operator") == "sent"
+        dlq("replay", "--all")
+        time.sleep(3)
+    assert len(smtp.messages) == 1
+
+
+def test_replay_from_the_admin_action(client: Client, smtp: SmtpServer) -> None:
+    admin = get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345-long")
+    with worker_thread():
+        _invoice, letter = refused_invoice_dead_letter(client, smtp)
+        smtp.handler.faults.refuse = set()
+        staff = Client()
+        staff.force_login(admin)
+        page = staff.get(f"/admin/asyncwork/deadletter/{letter.pk}/change/")
+        assert page.status_code == 200
+        assert b"Traceback" in page.content
+        response = staff.post(
+            "/admin/asyncwork/deadletter/",
+            {"action": "replay_selected", "_selected_action": [letter.pk]},
+            follow=True,
+        )
+        assert b"Replayed 1 dead letter(s)." in response.content
+        response = staff.post(
+            "/admin/asyncwork/deadletter/",
+            {"action": "replay_selected", "_selected_action": [letter.pk]},
+            follow=True,
+        )
+        assert b"Replayed 0 dead letter(s)." in response.content
+        assert b"Skipped 1 already replayed." in response.content
+        smtp.handler.wait_for(1, timeout=20)
+        time.sleep(2)
+    assert len(smtp.messages) == 1
+    letter.refresh_from_db()
+    assert letter.replayed_by == "admin:op"
+
+
+def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
+    with pytest.raises(CommandError, match="no dead letter with id 424242"):
+        dlq("replay", "424242")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "dlq", "replay", "424242"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
+    )
+    assert result.returncode == 1
+    assert "no dead letter with id 424242" in result.stderr
+    assert "Traceback" not in result.stderr
+    with pytest.raises(CommandError, match="not both"):
+        dlq("replay", "1", "--all")
+
+
+def record(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
+    return dead_letter_record(
+        task="invoicing.send_invoice_email",
+        task_id=task_id,
+        args=[1],
+        kwargs={"outbox_id": 9},
+        queue="email",
+        reason="permanent",
+        exc=PermanentError("nope"),
+        traceback="tb",
+        attempts=1,
+        **extra,
+    )
+
+
+def test_recording_the_same_task_twice_keeps_one_dead_letter_and_one_broker_copy() -> None:
+    first = record()
+    second = record()  # the worker died after recording and ran the job again
+    assert first is not None
+    assert second is None
+    letter = DeadLetter.objects.get()
+    assert letter.kwargs == {}  # ids of the job only, not the outbox trace
+    assert wait_until(lambda: dlq_broker_depth() == 1, timeout=5)
+    assert dlq_broker_depth() == 1
+
+
+def test_purge_older_than_days() -> None:
+    record("old")
+    record("new")
+    DeadLetter.objects.filter(task_id="old").update(created_at=timezone.now() - timedelta(days=40))
+    assert "purged 1 dead letter(s)" in dlq("purge", "--older-than", "30")
+    assert list(DeadLetter.objects.values_list("task_id", flat=True)) == ["new"]
+    with pytest.raises(CommandError):
+        dlq("purge", "--older-than", "-1")
+
+
+def test_dlq_alert_logs_and_mails_once_per_period(
+    caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    settings.ADMINS = [("Ops", "ops@example.com")]
+    settings.DLQ_ALERT_THRESHOLD = 2
+    cache.delete("dlq-alert-sent")
+    record("a")
+    with caplog.at_level(logging.ERROR, logger="asyncwork.deadletters"):
+        assert dlq_alert() == 1  # below the threshold
+        record("b")
+        assert dlq_alert() == 2
+        assert dlq_alert() == 2  # within the period: no second alert
+    alerts = [r for r in caplog.records if "alert threshold" in r.getMessage()]
+    assert len(alerts) == 1
+    assert [m.subject for m in mail.outbox] == ["[Django] Dead-letter queue depth 2"]
+    cache.delete("dlq-alert-sent")
+
+
+# A record of the text format ("%(asctime)s %(levelname)s %(name)s %(message)s"); the lines
+# after it that do not start like one (a traceback) belong to it.
+RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ([A-Z]+) (\S+) (.*)$")
+
+
+def log_records(output: str) -> list[tuple[str, str, str]]:
+    """(level, logger, the record's text including any traceback) for each record."""
+    records: list[tuple[str, str, str]] = []
+    for line in output.splitlines():
+        match = RECORD.match(line)
+        if match:
+            records.append((match[1], match[2], match[3]))
+        elif records:
+            level, name, text = records[-1]
+            records[-1] = (level, name, f"{text}\n{line}")
+    return records
+
+
+@pytest.mark.slow
+def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
+    client: Client, smtp: SmtpServer
+) -> None:
+    """A real worker process dead-letters a refused recipient (permanent), a mail server that
+    answers 451 to all five attempts (exhausted) and a bug (ZeroDivisionError): one ERROR
+    line each, naming the dead letter, the task, its id, its args and the reason. Expected
+    failures log no traceback (it is on the row); the bug's line carries its traceback."""
+    smtp.handler.faults.refuse = {"typo@exmaple.com"}
+    worker = launch.celery_worker(
+        # The breaker stays out of it: five transient failures would open it otherwise.
+        worker_env(smtp.port, EMAIL_BREAKER_FAILURE_THRESHOLD="100"),
+        name="dead-letter-logs",
+        include=("tests.tasks",),
+    )
+
+    def failed(count: int) -> bool:
+        # Celery's own line for a failed task comes after the dead letter is recorded.
+        return DeadLetter.objects.count() == count and worker.log_text().count("] raised ") == count
+
+    try:
+        worker.wait_ready()
+        post_event(client, stripe_testing.encode(paid_event(customer_email="typo@exmaple.com")))
+        assert wait_until(lambda: failed(1), timeout=30)
+        smtp.handler.faults.always = "451 4.3.0 try again later"
+        post_event(client, stripe_testing.encode(paid_event(customer_email="busy@example.com")))
+        assert wait_until(lambda: failed(2), timeout=60)
+        app.send_task(test_tasks.DIVIDE, args=[1, 0])
+        assert wait_until(lambda: failed(3), timeout=30)
+    finally:
+        worker.stop()
+
+    output = worker.log_text()
+    errors = [(name, text) for level, name, text in log_records(output) if level != "INFO"]
+    assert sorted(DeadLetter.objects.values_list("reason", flat=True)) == [
+        "exhausted",
+        "permanent",
+        "permanent",
+    ]
+    [bug] = DeadLetter.objects.filter(task=test_tasks.DIVIDE)
+    assert bug.exception_class == "builtins.ZeroDivisionError"
+    # Every traceback is kept where the operator replays from.
+    for letter in DeadLetter.objects.all():
+        assert letter.traceback.startswith("Traceback (most recent call last)"), letter
+
+    assert len(errors) == 3, errors
+    for letter in DeadLetter.objects.all():
+        [(name, text)] = [e for e in errors if f"dead letter #{letter.pk}," in e[1]]
+        assert name == "asyncwork.deadletters"
+        first = text.splitlines()[0]
+        for part in (letter.task, f"[{letter.task_id}]", json.dumps(letter.args), letter.reason):
+            assert part in first, (part, first)
+    assert "raised unexpected" not in output
+    # One traceback in the whole output: the bug's, on its dead-letter line.
+    assert output.count("Traceback (most recent call last)") == 1
+    [(_, bug_line)] = [e for e in errors if f"dead letter #{bug.pk}," in e[1]]
+    assert "Traceback (most recent call last)" in bug_line
+    assert bug_line.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+# --- What an operator reads: the failure in words, and what it was about -----------------------
+
+DEAD_LETTERS = "/admin/asyncwork/deadletter/"
+REFUSAL = "recipient refused: 550 5.1.1 mailbox unavailable (typo@exmaple.com)"
+
+
+def operator() -> Client:
+    staff = Client()
+    staff.force_login(staff_user("op", groups=["operators"]))
+    return staff
+
+
+def test_the_list_says_which_invoice_for_whom_and_why_in_words(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+    staff = operator()
+
+    [row] = rows(staff.get(DEAD_LETTERS))
+
+    assert row["pk"] == str(letter.pk)
+    assert row["subject_link"] == f"invoice {invoice.number}"
+    assert row["recipient"] == "typo@exmaple.com"
+    assert row["failure"] == REFUSAL
+    assert (row["reason"], row["attempts"]) == ("Permanent failure", "1")
+    assert re.fullmatch(r"\d+ s", row["age"])
+    assert row["replayed_at"] == "waiting"
+    page = staff.get(DEAD_LETTERS).content.decode()
+    assert f'href="/admin/invoicing/invoice/{invoice.pk}/change/"' in page
+    # Not the exception class alone, nor a bare argument list.
+    assert "asyncwork.errors.PermanentError" not in page
+    assert f"[{invoice.pk}]" not in page
+    # The stored message is the words; smtplib's raw reply stays in the traceback.
+    assert letter.exception_message == REFUSAL
+    assert "SMTPRecipientsRefused" in letter.traceback
+    assert "(550, b'5.1.1 mailbox unavailable')" in letter.traceback
+
+    dlq("replay", str(letter.pk))
+    [row] = rows(staff.get(DEAD_LETTERS))
+    assert re.fullmatch(
+        rf"replayed by {re.escape(cli_actor())} at \d{{4}}-\d\d-\d\d \d\d:\d\d UTC",
+        row["replayed_at"],
+    )
+
+
+def test_the_page_replays_with_its_button_folds_the_traceback_and_keeps_the_history(
+    client: Client, smtp: SmtpServer
+) -> None:
+    viewer = Client()
+    viewer.force_login(staff_user("watcher", groups=["viewers"]))
+    staff = Client(enforce_csrf_checks=True)
+    staff.force_login(staff_user("op", groups=["operators"]))
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+        page_url = f"{DEAD_LETTERS}{letter.pk}/change/"
+        replay_url = f"{DEAD_LETTERS}{letter.pk}/replay/"
+
+        page = staff.get(page_url).content.decode()
+        assert f'action="{replay_url}"' in page  # the Replay button, a POST form
+        assert REFUSAL in page
+        folded = re.search(r"<details class=\"traceback\"><summary>Traceback \(\d+ lines\)", page)
+        assert folded is not None
+        assert page.index("SMTPRecipientsRefused") > folded.start()
+        assert f'href="/admin/invoicing/invoice/{invoice.pk}/change/"' in page
+        # A viewer sees the page without the button, and cannot replay by posting.
+        assert f'action="{replay_url}"' not in viewer.get(page_url).content.decode()
+        assert viewer.post(replay_url).status_code == 403
+        assert staff.get(replay_url).status_code == 405
+        assert staff.post(replay_url).status_code == 403  # no CSRF token
+        letter.refresh_from_db()
+        assert letter.replayed_at is None
+
+        invoice_recipient_correct(
+            invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="admin:op"
+        )
+        token = staff.cookies["csrftoken"].value
+        replayed = staff.post(replay_url, {"csrfmiddlewaretoken": token}, follow=True)
+        assert replayed.redirect_chain == [(page_url, 302)]
+        assert changelist_messages(replayed) == [
+            ("success", f"Replayed dead letter {letter.pk}: its job is queued again.")
+        ]
+        smtp.handler.wait_for(1, timeout=20)
+        again = staff.post(replay_url, {"csrfmiddlewaretoken": token}, follow=True)
+        [(level, text)] = changelist_messages(again)
+        assert level == "warning"
+        assert text.startswith(f"Dead letter {letter.pk} was already replayed by admin:op at ")
+        time.sleep(1)
+
+    assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
+    page = staff.get(page_url).content.decode()
+    assert f'action="{replay_url}"' not in page  # replayed: nothing left to replay
+    assert "replayed by admin:op at " in page
+    # The history: each replay asked for, by whom, and what it came to.
+    history = OperatorAction.objects.filter(action="dead_letter.replay").order_by("pk")
+    assert [(a.actor, a.detail.split(":")[0]) for a in history] == [
+        ("admin:op", "replayed"),
+        ("admin:op", "skipped"),
+    ]
+    for action in history:
+        assert action.detail in page
+
+
+def test_dlq_list_prints_the_reason_in_words_and_the_invoice_within_100_columns(
+    client: Client, smtp: SmtpServer
+) -> None:
+    with worker_thread():
+        invoice, letter = refused_invoice_dead_letter(client, smtp)
+    long = paid_invoice(number="INV-" + "9" * 40, customer_email="a" * 60 + "@example.com")
+    other = record("t-long")
+    assert other is not None
+    DeadLetter.objects.filter(pk=other.pk).update(args=[long.pk], exception_message="x" * 300)
+    unknown = record("t-unknown")
+    assert unknown is not None
+    DeadLetter.objects.filter(pk=unknown.pk).update(task="core.gone", args=[7])
+
+    lines = dlq("list").splitlines()
+
+    assert all(len(line) <= 100 for line in lines), [len(line) for line in lines]
+    assert re.fullmatch(
+        r" *ID AGE +REASON +SUBJECT +RECIPIENT +TRIES REPLAYED FAILURE", lines[0]
+    ), lines[0]
+    by_id = {line.split()[0]: line for line in lines[1:]}
+    refused = re.fullmatch(
+        rf" *{letter.pk} \d+ s +permanent +{re.escape(invoice.number)} +typo@exmaple\.com +1 "
+        r"waiting +(?P<failure>.+)",
+        by_id[str(letter.pk)],
+    )
+    assert refused is not None, by_id[str(letter.pk)]
+    failure = refused["failure"]
+    assert failure.endswith("\u2026")  # cut to what the line leaves, and says so
+    assert REFUSAL.startswith(failure[:-1])
+    assert failure.startswith("recipient refused: 550 5.1.1 mail")
+    assert len(by_id[str(letter.pk)]) == 100
+    cut = re.fullmatch(
+        rf" *{other.pk} \d+ s +permanent +INV-9{{7}}\u2026 +a{{15}}\u2026 +1 waiting +x+\u2026",
+        by_id[str(other.pk)],
+    )
+    assert cut is not None, by_id[str(other.pk)]
+    assert re.fullmatch(
+        rf" *{unknown.pk} \d+ s +permanent +core\.gone\[7\] +- +1 waiting +nope",
+        by_id[str(unknown.pk)],
+    ), by_id[str(unknown.pk)]
+
+    listed = {row["id"]: row for row in json.loads(dlq("list", "--json"))}
+    row = listed[letter.pk]
+    assert {
+        "id",
+        "task",
+        "task_id",
+        "args",
+        "kwargs",
+        "reason",
+        "exception_class",
+        "exception_message",
+        "attempts",
+        "first_failed_at",
+        "last_failed_at",
+        "created_at",
+        "replayed_at",
+        "replayed_by",
+    } <= set(row)
+    assert row["subject"] == {
+        "kind": "invoice",
+        "label": invoice.number,
+        "recipient": "typo@exmaple.com",
+        "url": f"/admin/invoicing/invoice/{invoice.pk}/change/",
+    }
+    assert row["failure"] == REFUSAL
+    assert row["replay_state"] == "waiting"
+    assert row["age_seconds"] >= 0
+    assert listed[unknown.pk]["subject"] is None
+
+
+def test_dlq_replay_with_no_arguments_explains_its_two_forms() -> None:
+    with pytest.raises(CommandError) as refused:
+        dlq("replay")
+    assert "dlq replay ID [ID ...]" in str(refused.value)
+    assert "dlq replay --all" in str(refused.value)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "dlq", "replay"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
+    )
+    assert result.returncode == 1
+    assert "manage.py dlq replay ID [ID ...]" in result.stderr
+    assert "manage.py dlq replay --all" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not OperatorAction.objects.exists()

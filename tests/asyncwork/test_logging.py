@@ -1,0 +1,210 @@
+"""Log lines carry event_id, invoice_id, task_id and attempt (asyncwork/logging.py), in the formats
+settings.LOGGING configures: checked on lines the real pipeline writes, in this process and in
+a real worker process running with LOG_FORMAT=json."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import logging
+import logging.config
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from asyncwork.logging import log_context, log_context_bind, log_context_fields, pii_mask
+from asyncwork.models import OutboxMessage
+from invoicing.models import EmailDelivery, Invoice
+from stack import launch
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests.helpers.processes import worker_env
+from tests.helpers.stripe import paid_event, post_event
+from webhooks import testing as stripe_testing
+
+
+def console_handler(log_format: str, stream: io.StringIO) -> logging.Handler:
+    """The console handler as settings.LOGGING builds it (its formatter and filters, resolved
+    by logging's own dictConfig machinery), writing to ``stream``."""
+    config = logging.config.DictConfigurator(copy.deepcopy(settings.LOGGING))
+    spec = config.config["handlers"]["console"]
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(config.configure_formatter(config.config["formatters"][log_format]))
+    for name in spec["filters"]:
+        handler.addFilter(config.configure_filter(config.config["filters"][name]))
+    return handler
+
+
+@pytest.fixture
+def captured() -> Iterator[Any]:
+    """Lines the root logger writes through a JSON console handler, as parsed objects."""
+    stream = io.StringIO()
+    handler = console_handler("json", stream)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+    def records() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+    try:
+        yield records
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def test_text_lines_append_the_fields_present_and_only_those() -> None:
+    stream = io.StringIO()
+    handler = console_handler("text", stream)
+    logger = logging.getLogger("tests.logging.text")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("outside")
+        log_context_bind(invoice_id=99)  # no context open: nothing to bind to
+        logger.info("still outside")
+        with log_context(event_id="evt_text"):
+            log_context_bind(invoice_id=12)
+            logger.info("inside")
+            logger.info("explicit", extra={"invoice_id": 13})
+            with log_context(event_id="evt_nested"):
+                logger.info("nested")
+            logger.info("back")
+        logger.info("after")
+    finally:
+        logger.removeHandler(handler)
+
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith(" outside")
+    assert lines[1].endswith(" still outside")
+    assert lines[2].endswith(" inside event_id=evt_text invoice_id=12")
+    assert lines[3].endswith(" explicit event_id=evt_text invoice_id=13")  # the call's own wins
+    assert lines[4].endswith(" nested event_id=evt_nested invoice_id=12")
+    assert lines[5].endswith(" back event_id=evt_text invoice_id=12")
+    assert lines[6].endswith(" after")
+    assert log_context_fields() == {}
+
+
+@pytest.mark.django_db
+def test_a_stale_event_line_carries_the_event_and_invoice_it_belongs_to(
+    client: Client, captured: Any
+) -> None:
+    """The service logs a stale event with the invoice id only; the event id comes from the
+    context the view opened, and leaves with the request."""
+    invoice_id = stripe_testing.new_id("in")
+    newer = paid_event(invoice_id, created=1_900_000_000)
+    older = paid_event(invoice_id, event_type="invoice.payment_succeeded", created=1_800_000_000)
+    assert post_event(client, stripe_testing.encode(newer)).status_code == 200
+    assert post_event(client, stripe_testing.encode(older)).status_code == 200
+    logging.getLogger("tests.logging").info("after the requests")
+
+    invoice = Invoice.objects.get(provider_invoice_id=invoice_id)
+    records = captured()
+    [stale] = [r for r in records if r["message"] == "stale invoice event ignored"]
+    assert stale["event_id"] == older["id"]
+    assert stale["invoice_id"] == invoice.pk
+    assert stale["levelname"] == "INFO"
+    [applied] = [
+        r
+        for r in records
+        if r["message"] == "payment event applied" and r["event_id"] == newer["id"]
+    ]
+    assert applied["invoice_id"] == invoice.pk
+    [after] = [r for r in records if r["message"] == "after the requests"]
+    assert "event_id" not in after
+    assert "invoice_id" not in after
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_json_lines_of_a_worker_process_carry_event_invoice_task_and_attempt(
+    client: Client, smtp: SmtpServer
+) -> None:
+    """Webhook here, email job in a real worker process logging JSON: every line the job
+    writes names the event, the invoice, the task and the attempt, across a retry."""
+    smtp.handler.faults.replies = ["451 4.3.0 try again later"]  # attempt 1 fails, 2 sends
+    worker = launch.celery_worker(worker_env(smtp.port, LOG_FORMAT="json"), name="json-logs")
+    try:
+        worker.wait_ready()
+        event = paid_event()
+        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        smtp.handler.wait_for(1, timeout=30)
+        assert wait_until(lambda: "succeeded in" in worker.log_text(), timeout=10)
+    finally:
+        worker.stop()
+
+    invoice = Invoice.objects.get()
+    task_id = f"outbox-{OutboxMessage.objects.get().pk}"
+    assert EmailDelivery.objects.get().attempts == 2
+    records = [json.loads(line) for line in worker.log_text().splitlines() if line.startswith("{")]
+    job_lines = [r for r in records if r.get("task_id") == task_id]
+
+    [sent] = [r for r in job_lines if r["message"] == "invoice email sent"]
+    assert (sent["event_id"], sent["invoice_id"], sent["attempt"]) == (event["id"], invoice.pk, 2)
+    # Celery's own lines, which pass none of these fields: the filter and the context add them.
+    [retry] = [r for r in job_lines if " retry: " in r["message"]]
+    assert (retry["event_id"], retry["invoice_id"], retry["attempt"]) == (
+        event["id"],
+        invoice.pk,
+        1,
+    )
+    [succeeded] = [r for r in job_lines if "succeeded in" in r["message"]]
+    assert (succeeded["event_id"], succeeded["attempt"]) == (event["id"], 2)
+    # Every line of the job, both attempts, names the event and the invoice.
+    assert len(job_lines) >= 4
+    assert all(r["event_id"] == event["id"] for r in job_lines)
+    assert all(r["invoice_id"] == invoice.pk for r in job_lines)
+    assert {r["attempt"] for r in job_lines} == {1, 2}
+
+
+def test_pii_mask_keeps_the_domain_and_valid_json() -> None:
+    assert pii_mask("to jenny.rosen@example.com now") == "to j***@example.com now"
+    assert pii_mask("<a@b.co>, {'x.y@z.example.org': (550, b'5.1.1')}") == (
+        "<a***@b.co>, {'x***@z.example.org': (550, b'5.1.1')}"
+    )
+    assert pii_mask("no address @ all, user@localhost") == "no address @ all, user@localhost"
+    # JSON escapes of a non-ASCII address stay valid JSON once masked.
+    line = json.dumps({"message": 'refused "\u00e9lise@ex\u00e4mple.com"'})
+    assert json.loads(pii_mask(line)) == {"message": 'refused "***@ex\u00e4mple.com"'}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("log_format", "log_pii"), [("text", "0"), ("json", "0"), ("text", "1")])
+def test_a_refused_recipient_never_reaches_the_logs_unless_log_pii_is_on(
+    client: Client, smtp: SmtpServer, log_format: str, log_pii: str
+) -> None:
+    """The address is in the SMTP error, the dead letter's reason, and Celery's own line about
+    the failed task: a real worker process writes none of them in full by default."""
+    address = "jenny.rosen@example.com"
+    smtp.handler.faults.refuse = {address}
+    worker = launch.celery_worker(
+        worker_env(smtp.port, LOG_FORMAT=log_format, LOG_PII=log_pii), name=f"pii-{log_format}"
+    )
+    try:
+        worker.wait_ready()
+        event = paid_event(customer_email=address)
+        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        assert wait_until(lambda: "dead-lettered" in worker.log_text(), timeout=30)
+        # Celery's own line about the failed task ("raised expected": ReliableTask.throws).
+        assert wait_until(lambda: "] raised " in worker.log_text(), timeout=10)
+    finally:
+        worker.stop()
+
+    output = worker.log_text()
+    if log_pii == "1":
+        assert address in output
+        return
+    assert address not in output
+    assert "jenny.rosen" not in output
+    assert "j***@example.com" in output  # the domain stays: a provider's trouble shows
+    if log_format == "json":
+        for line in output.splitlines():
+            if line.startswith("{"):
+                json.loads(line)  # masking kept every line valid JSON

@@ -1,0 +1,110 @@
+"""The machinery's models moved out of ``core`` (into ``asyncwork`` and ``operators``) by state,
+not by copying: an existing database keeps every row, every content type with the permissions
+hanging on it, and every group holding one. Migrated here from the state before the move, as
+Django's own migration tests do, with rows in each moved table."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, Permission, User
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+from asyncwork.models import DeadLetter, IdempotencyRecord, LockHolder, OutboxMessage, ScheduledJob
+from operators.models import OperatorAction
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BEFORE: list[tuple[str, str | None]] = [
+    ("core", "0005_lockholder"),
+    ("asyncwork", None),
+    ("operators", None),
+]
+
+
+def _migrate(targets: list[tuple[str, str | None]]) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+    ContentType.objects.clear_cache()
+
+
+def test_an_existing_database_keeps_its_rows_permissions_and_groups() -> None:
+    _migrate(BEFORE)
+    old: Any = (
+        MigrationExecutor(connection).loader.project_state([("core", "0005_lockholder")]).apps
+    )
+    now = timezone.now()
+    ContentTypes = old.get_model("contenttypes", "ContentType")
+    Permissions = old.get_model("auth", "Permission")
+    Groups = old.get_model("auth", "Group")
+    Users = old.get_model("auth", "User")
+    letter_type, _ = ContentTypes.objects.get_or_create(app_label="core", model="deadletter")
+    replay, _ = Permissions.objects.get_or_create(
+        content_type=letter_type, codename="replay_deadletter", defaults={"name": "Can replay"}
+    )
+    group = Groups.objects.create(name="migration-operators")
+    group.permissions.add(replay)
+    user = Users.objects.create(username="migration-operator")
+    user.groups.add(group)
+
+    outbox = old.get_model("core", "OutboxMessage").objects.create(
+        task="some.task", args=[1], queue="default"
+    )
+    letter = old.get_model("core", "DeadLetter").objects.create(
+        task="some.task",
+        task_id="migration-1",
+        args=[1],
+        queue="default",
+        reason="permanent",
+        attempts=1,
+        first_failed_at=now,
+        last_failed_at=now,
+        broker_copy=outbox,
+    )
+    old.get_model("core", "ScheduledJob").objects.create(name="migration-job", runs=3)
+    old.get_model("core", "LockHolder").objects.create(
+        name="migration-lock", host="h", pid=1, backend_pid=2, backend_start=now, taken_at=now
+    )
+    old.get_model("core", "IdempotencyRecord").objects.create(
+        user=user,
+        key="k-1",
+        fingerprint="f",
+        request="POST /",
+        target_type=letter_type,
+        target_id=letter.pk,
+    )
+    old.get_model("core", "OperatorAction").objects.create(
+        action="dead_letter.replay",
+        actor="cli:test",
+        target_type=letter_type,
+        target_id=str(letter.pk),
+    )
+
+    executor = MigrationExecutor(connection)
+    _migrate(list(executor.loader.graph.leaf_nodes()))
+
+    moved = DeadLetter.objects.get(task_id="migration-1")
+    assert moved.pk == letter.pk
+    assert moved.broker_copy == OutboxMessage.objects.get(pk=outbox.pk)
+    assert ScheduledJob.objects.get(name="migration-job").runs == 3
+    assert LockHolder.objects.filter(name="migration-lock").exists()
+    # The content type moved with its model: no second one, and what named it still does.
+    assert not ContentType.objects.filter(app_label="core").exists()
+    assert ContentType.objects.get_for_model(DeadLetter).pk == letter_type.pk
+    assert OperatorAction.objects.get(actor="cli:test").target == moved
+    assert IdempotencyRecord.objects.get(key="k-1").target == moved
+    # The group still holds the permission, now under the new label, and so its member.
+    assert Permission.objects.get(pk=replay.pk).content_type.app_label == "asyncwork"
+    assert list(Group.objects.get(name="migration-operators").permissions.all()) == [
+        Permission.objects.get(codename="replay_deadletter")
+    ]
+    assert User.objects.get(username="migration-operator").has_perm("asyncwork.replay_deadletter")
+    # And the tables are the new apps': a new row goes where the old ones are.
+    assert OutboxMessage.objects.create(task="t", queue="default").pk > outbox.pk
+    assert now - timedelta(minutes=5) < moved.created_at

@@ -1,0 +1,130 @@
+"""The outbox: a stalled broker never fails or hangs the request, the relay publishes what was
+left behind, and concurrent relays never publish one row twice."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+
+from asyncwork.models import OutboxMessage
+from asyncwork.outbox import outbox_relay, outbox_task_id
+from stack.smtp import SmtpServer
+from tests.helpers.processes import worker_thread
+from tests.helpers.stripe import paid_event, post_event
+from webhooks import testing as stripe_testing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def broker() -> redis.Redis:
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+
+def queued(queue: str) -> list[dict[str, object]]:
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + queue
+    return [json.loads(raw) for raw in broker().lrange(key, 0, -1)]
+
+
+def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
+    client: Client, smtp: SmtpServer
+) -> None:
+    body = stripe_testing.encode(paid_event())
+    broker().execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # the broker stalls
+    started = time.monotonic()
+    response = post_event(client, body)
+    elapsed = time.monotonic() - started
+
+    assert response.status_code == 200
+    assert elapsed < settings.OUTBOX_PUBLISH_TIMEOUT + 1.0
+    row = OutboxMessage.objects.get()
+    assert row.published_at is None
+    assert row.publish_attempts == 1
+    assert "imeout" in row.last_error
+
+    time.sleep(2.6)  # the stall ends
+    with worker_thread():
+        call_command("outbox", "relay", "--grace", "0")
+        smtp.handler.wait_for(1, timeout=20)
+        time.sleep(1)
+    row.refresh_from_db()
+    assert row.published_at is not None
+    assert len(smtp.messages) == 1
+
+
+def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_is_sent(
+    client: Client, smtp: SmtpServer
+) -> None:
+    from core.celery import app
+
+    with worker_thread():
+        post_event(client, stripe_testing.encode(paid_event()))
+        smtp.handler.wait_for(1, timeout=20)
+        # The state a crash after publishing but before committing "published" leaves behind:
+        # the message went out, the row is still unpublished.
+        row = OutboxMessage.objects.get()
+        OutboxMessage.objects.filter(pk=row.pk).update(published_at=None)
+        app.send_task(
+            row.task,
+            args=row.args,
+            kwargs={"outbox_id": row.pk},
+            task_id=outbox_task_id(row.pk),
+            queue=row.queue,
+        )
+        assert outbox_relay() == 1
+        time.sleep(2)
+    assert len(smtp.messages) == 1
+
+
+def test_concurrent_relays_publish_each_row_exactly_once() -> None:
+    queue = f"relaytest-{uuid.uuid4().hex[:8]}"
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(task="core.does_not_exist", args=[i], queue=queue) for i in range(300)
+    )
+    barrier = threading.Barrier(4)
+    totals: list[int] = []
+
+    def relay() -> None:
+        try:
+            barrier.wait()
+            totals.append(outbox_relay(batch_size=25))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=relay) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    messages = queued(queue)
+    task_ids = [m["headers"]["id"] for m in messages]  # type: ignore[index]
+    broker().delete(settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + queue)
+    assert sum(totals) == 300
+    assert len(task_ids) == 300
+    assert len(set(task_ids)) == 300
+    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
+
+
+def test_relay_leaves_young_rows_to_their_own_publish() -> None:
+    OutboxMessage.objects.create(task="core.does_not_exist", args=[1], queue="relaytest-young")
+    assert outbox_relay(grace=timedelta(seconds=60)) == 0
+    assert OutboxMessage.objects.get().published_at is None
+
+
+def test_outbox_command_reports_and_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    from django.core.management.base import CommandError
+
+    call_command("outbox", "status")
+    assert "unpublished: 0" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
+        call_command("outbox", "relay", "--batch-size", "0")

@@ -1,0 +1,97 @@
+"""``manage.py pipeline_status``: one screen with what the operator needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from asyncwork.jobs import job_run
+from core.celery import app
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def status(*args: str) -> str:
+    out = StringIO()
+    call_command("pipeline_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_json_has_health_queue_depths_and_jobs() -> None:
+    job_run(name="outbox-relay", body=lambda: 0)
+    app.send_task("invoicing.send_invoice_email", args=[1], queue="email")
+
+    report = json.loads(status("--json"))
+
+    assert set(report["health"]["checks"]) >= {
+        "database",
+        "broker",
+        "outbox",
+        "backpressure",
+        "dlq",
+        "breaker",
+        "beat",
+    }
+    assert report["queues"]["email"] == 1
+    assert report["queues"]["dlq"] == 0
+    relay = next(job for job in report["jobs"] if job["job"] == "outbox-relay")
+    assert (relay["runs"], relay["skips"], relay["running_now"]) == (1, 0, None)
+    assert relay["last_run"] is not None
+
+
+def test_screen_names_every_part() -> None:
+    screen = status()
+    for part in (
+        "pipeline:",
+        "database",
+        "broker",
+        "outbox",
+        "dlq",
+        "breaker",
+        "beat",
+        "queues: default=0, email=0, dlq=0",
+        "outbox-relay",
+        "email-reconcile",
+    ):
+        assert part in screen
+
+
+def test_a_running_job_is_shown_with_the_process_running_it() -> None:
+    """Not the PostgreSQL backend's pid: the host and pid of the process whose job holds the
+    lock (here this test process, whose thread runs the job)."""
+    inside, release = threading.Event(), threading.Event()
+
+    def running_job() -> None:
+        def body() -> str:
+            inside.set()
+            release.wait(20)
+            return "done"
+
+        try:
+            job_run(name="outbox-relay", body=body)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=running_job)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        report = json.loads(status("--json"))
+        screen = status()
+    finally:
+        release.set()
+        thread.join(20)
+
+    relay = next(job for job in report["jobs"] if job["job"] == "outbox-relay")
+    assert relay["running_now"] == {"host": socket.gethostname(), "pid": os.getpid()}
+    [line] = [line for line in screen.splitlines() if line.startswith("outbox-relay ")]
+    assert line.endswith(f"  pid {os.getpid()} on host {socket.gethostname()}")
+    assert report["health"]["checks"]["beat"]["active"] is None
+    assert "no beat is dispatching" in screen

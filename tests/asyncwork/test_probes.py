@@ -1,0 +1,187 @@
+"""The probes /health/, /metrics and the dashboard read, against real rows in PostgreSQL and
+real queues and breaker state in Redis: what each measures, its bound, and the registry that
+reads them one by one without letting one failure hide the rest."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.utils import OperationalError
+from django.utils import timezone
+
+from asyncwork import jobs, probes, queues
+from asyncwork.deadletters import dead_letter_record, dead_letter_replay
+from asyncwork.errors import PermanentError
+from asyncwork.models import OutboxMessage, ScheduledJob
+from asyncwork.probes import (
+    BreakerProbe,
+    Figure,
+    bounded,
+    breaker_probe,
+    dlq_probe,
+    outbox_probe,
+    probes_read,
+    queues_probe,
+    register_probe,
+    scheduled_jobs_probe,
+)
+from core.celery import app
+from invoicing.services import EMAIL_QUEUE, email_breaker
+from stack.net import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def unpublished(count: int, *, age: timedelta = timedelta(0)) -> list[OutboxMessage]:
+    rows = OutboxMessage.objects.bulk_create(
+        OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(count)
+    )
+    OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
+        created_at=timezone.now() - age
+    )
+    return rows
+
+
+def test_the_outbox_probe_counts_up_to_the_hard_mark_and_dates_the_oldest(settings: Any) -> None:
+    settings.BACKPRESSURE_HARD_MARK = 4
+    settings.OUTBOX_STALE_SECONDS = 300
+    assert outbox_probe().unpublished == 0
+    assert outbox_probe().oldest_age_seconds is None
+    unpublished(2, age=timedelta(minutes=10))
+    published = unpublished(4)
+    OutboxMessage.objects.filter(pk__in=[r.pk for r in published[:3]]).update(
+        published_at=timezone.now()
+    )
+
+    with bounded():
+        probe = outbox_probe()
+
+    assert (probe.unpublished, probe.capped) == (3, False)
+    assert probe.oldest_age_seconds is not None
+    assert 600 <= probe.oldest_age_seconds < 660
+    assert probe.stale
+    unpublished(5)
+    assert (outbox_probe().unpublished, outbox_probe().capped) == (4, True)
+
+
+def test_the_dlq_probe_counts_the_waiting_by_reason() -> None:
+    letters = [
+        dead_letter_record(
+            task="core.nothing",
+            task_id=f"probe-{n}",
+            args=[n],
+            kwargs={},
+            queue=queues.DEFAULT,
+            reason=reason,
+            exc=PermanentError("no"),
+            traceback="",
+            attempts=1,
+        )
+        for n, reason in enumerate(["permanent", "permanent", "exhausted", "permanent"])
+    ]
+    assert all(letters)
+    first = letters[0]
+    assert first is not None
+    assert dead_letter_replay(ids=[first.pk], actor="test").replayed == [first.pk]
+
+    probe = dlq_probe()
+
+    assert probe.waiting_by_reason == {"exhausted": 1, "permanent": 2}
+    assert probe.waiting == 3
+    assert probe.oldest_age_seconds is not None
+    assert 0 <= probe.oldest_age_seconds < 60
+
+
+def test_the_scheduled_jobs_probe_lists_every_declared_job_and_any_other_that_ran() -> None:
+    jobs.job_task("dlq-alert").apply().get()
+    ScheduledJob.objects.create(name="retired-job", runs=3, last_error="boom")
+
+    states = {job.name: job for job in scheduled_jobs_probe().jobs}
+
+    assert set(states) == {schedule.name for schedule in jobs.jobs_declared()} | {"retired-job"}
+    assert states["dlq-alert"].runs == 1
+    assert states["dlq-alert"].last_started_at is not None
+    # Declared, never run: its row exists from migrate on (asyncwork.jobs.schedules_sync).
+    assert states["outbox-relay"].runs == 0
+    assert states["outbox-relay"].last_started_at is None
+    assert states["retired-job"].last_error == "boom"
+
+
+def test_the_queues_probe_counts_each_queue_in_one_round_trip() -> None:
+    for _ in range(3):
+        app.send_task("core.nothing", queue=EMAIL_QUEUE)
+    app.send_task("core.nothing", queue=queues.DEFAULT, priority=9)  # another priority list
+
+    assert queues_probe().depths == {queues.DEFAULT: 1, EMAIL_QUEUE: 3, queues.DLQ: 0}
+    assert queues_probe((EMAIL_QUEUE,)).depths == {EMAIL_QUEUE: 3}
+
+
+def test_the_breaker_probe_reads_the_shared_state_and_says_unknown_without_redis(
+    settings: Any,
+) -> None:
+    breaker = email_breaker()
+    assert breaker_probe(breaker).state == "closed"
+    for _ in range(breaker.threshold):
+        breaker.record_failure()
+
+    probe = breaker_probe(breaker)
+
+    assert (probe.name, probe.state, probe.failures) == ("email", "open", breaker.threshold)
+    assert 0 < probe.retry_in <= breaker.reset_seconds
+    assert probe.as_dict()["state"] == "open"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    assert breaker_probe(email_breaker()).state == "unknown"
+
+
+def test_a_bounded_probe_gives_up_at_the_probe_timeout(settings: Any) -> None:
+    settings.PROBE_TIMEOUT_SECONDS = 0.2
+    with pytest.raises(OperationalError, match="statement timeout"), bounded():
+        connection.cursor().execute("SELECT pg_sleep(2)")
+
+
+def test_registered_probes_are_read_in_order_each_bounded_and_a_failure_hides_nothing(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.PROBE_TIMEOUT_SECONDS = 0.2
+    monkeypatch.setattr(probes, "_probes", {})
+
+    def slow() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(2)")
+        return 1
+
+    def breaker() -> BreakerProbe:
+        return breaker_probe(email_breaker())
+
+    def counted(n: int) -> list[Figure]:
+        return [Figure("n", str(n))]
+
+    register_probe("outbox", outbox_probe, title="Outbox", figures=counted_outbox, database=True)
+    register_probe("slow", slow, title="Slow", figures=counted, database=True)
+    register_probe("dlq", dlq_probe, title="DLQ", figures=counted_dlq, database=True)
+    register_probe("breaker", breaker, title="Breaker", figures=breaker_state, database=False)
+
+    readings = {reading.name: reading for reading in probes_read()}
+
+    assert list(readings) == ["outbox", "slow", "dlq", "breaker"]
+    assert readings["outbox"].figures == [Figure("unpublished", "0")]
+    assert readings["slow"].error == "OperationalError"  # the statement timed out
+    assert readings["slow"].ms < 1500
+    assert readings["dlq"].error == "skipped: the database failed"
+    assert readings["breaker"].figures == [Figure("state", "closed")]
+    assert all(reading.ms >= 0 for reading in readings.values())
+
+
+def counted_outbox(probe: probes.OutboxProbe) -> list[Figure]:
+    return [Figure("unpublished", str(probe.unpublished))]
+
+
+def counted_dlq(probe: probes.DlqProbe) -> list[Figure]:
+    return [Figure("waiting", str(probe.waiting))]
+
+
+def breaker_state(probe: BreakerProbe) -> list[Figure]:
+    return [Figure("state", probe.state)]

@@ -1,0 +1,30 @@
+"""What the webhook endpoint counts as it answers: deliveries by outcome, in the web process
+(summed over gunicorn's workers through ``PROMETHEUS_MULTIPROC_DIR``, as every event counter of
+``asyncwork.metrics``). The metric is labelled, so importing this module writes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import Counter
+
+WEBHOOK_DELIVERIES = Counter(
+    "invoicing_webhook_deliveries",
+    "Webhook deliveries by outcome: accepted, duplicate, rejected (reason: why), throttled, "
+    "shed (reason: backpressure level), unavailable (database down).",
+    ["outcome", "reason"],
+)
+
+# Each series' child, looked up once (``labels()`` costs more than the increment). Filled on
+# first use, not at import: a child is a value, and in multiprocess mode a file.
+_webhook_series: dict[tuple[str, str], Any] = {}
+
+
+def webhook_delivery_count(outcome: str, reason: str = "") -> None:
+    """One webhook delivery answered with ``outcome`` (reasons are fixed strings)."""
+    child = _webhook_series.get((outcome, reason))
+    if child is None:
+        child = _webhook_series.setdefault(
+            (outcome, reason), WEBHOOK_DELIVERIES.labels(outcome=outcome, reason=reason)
+        )
+    child.inc()

@@ -1,0 +1,33 @@
+"""How long webhook deliveries are kept (rules of ``asyncwork.retention``, declared in
+``WebhooksConfig.ready``).
+
+The raw body and headers of every event go after ``WEBHOOK_BODY_RETENTION_DAYS``, whatever its
+state: they hold personal data, and the row without them still answers for deduplication. A
+processed or ignored event goes after ``WEBHOOK_RETENTION_DAYS``; a failed one stays until an
+operator deals with it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from asyncwork.retention import batched_delete, batched_update
+from webhooks.models import WebhookEvent
+
+
+def webhook_bodies_clear(now: datetime, batch: int) -> int:
+    uncleared = WebhookEvent.objects.filter(
+        received_at__lt=now - timedelta(days=settings.WEBHOOK_BODY_RETENTION_DAYS),
+        body_cleared_at__isnull=True,
+    )
+    return batched_update(uncleared, batch=batch, body="", headers={}, body_cleared_at=now)
+
+
+def webhook_events_purge(now: datetime, batch: int) -> int:
+    done = WebhookEvent.objects.filter(
+        received_at__lt=now - timedelta(days=settings.WEBHOOK_RETENTION_DAYS),
+        state__in=[WebhookEvent.State.PROCESSED, WebhookEvent.State.IGNORED],
+    )
+    return batched_delete(done, batch=batch)
