@@ -18,10 +18,11 @@ database sources are skipped, so a dead database costs one connect timeout, not 
 **Events, counted where they happen** (prometheus-client counters and a histogram):
 
 * web process: what the apps count as they answer (webhook deliveries by outcome), and outbox
-  publishes (latency from the row's creation to its publish, and failures). gunicorn runs several worker processes: with
-  ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus-client keeps every process's values in
-  memory-mapped files there and ``/metrics`` sums them (``MultiProcessCollector``); without it
-  (``runserver``, tests) the default registry of the one process is served.
+  publishes (latency from the row's creation to its publish, and failures). gunicorn runs
+  several worker processes: with ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus-client keeps
+  every process's values in memory-mapped files there and ``/metrics`` sums them
+  (``MultiProcessCollector``); without it (``runserver``, tests) the default registry of the
+  one process is served.
 * Celery workers (other processes, possibly other hosts): task starts, attempts by outcome
   (success, retry, deferred, failure, rejected), the runs whose result an app declared worth
   counting (``register_result_counter``), and the outbox publishes they make (the relay job,
