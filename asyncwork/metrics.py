@@ -217,6 +217,8 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     forbidden = HttpResponse("forbidden\n", status=403, content_type="text/plain")
     if settings.NUM_PROXIES == 0 and "HTTP_X_FORWARDED_FOR" in request.META:
         return forbidden
+    # Imported here, not at the top: core/__init__ loads the Celery app, and with it this
+    # module, while core.settings is still loading, and DRF reads the settings on import.
     from rest_framework.request import Request
     from rest_framework.throttling import BaseThrottle
 
