@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from stack.machine import describe
 from stack.process import ROOT
 
 
@@ -101,36 +100,9 @@ def table(goals: Iterable[Goal]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
-    """CPU count and model, memory, kernel and Python, read from ``/proc`` (Linux)."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    memory_kib = 0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory_kib = int(line.split()[1])
-                break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (math.nan, math.nan, math.nan)
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "memory_gib": round(memory_kib / 1024 / 1024, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "loadavg_at_start": [round(x, 2) for x in load],
-    }
+def machine(*, postgres_url: str | None = None, redis_url: str | None = None) -> dict[str, Any]:
+    """The machine, as ``stack.machine`` describes it for every result file."""
+    return describe(postgres_url=postgres_url, redis_url=redis_url)
 
 
 def utc(timestamp: float) -> str:
@@ -163,13 +135,17 @@ def results_write(
     started: float,
     config: Mapping[str, Any],
     results: dict[str, Any],
+    host: dict[str, Any],
 ) -> None:
-    """Write a benchmark's JSON document: what ran, where, when, with which configuration."""
+    """Write a benchmark's JSON document: what ran, where (``host``, taken with ``machine()``
+    before the run, so its load average is the neighbours', not the run's), when, with which
+    configuration."""
     document = {
         "benchmark": benchmark,
         "started_at": utc(started),
+        "finished_at": utc(time.time()),
         "revision": revision(),
-        "machine": machine(),
+        "machine": host,
         "config": config,
         **results,
     }

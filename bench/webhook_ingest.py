@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from bench.fullstack import stored
 from bench.harness import WEBHOOK_PATH, LoadResult, load, paid_event, percentile, signed_requests
+from bench.report import Goal
 from bench.run import (
     DATABASE_URL,
     NO_LIMITS,
@@ -199,6 +200,30 @@ def goals(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summary_goals(arms: dict[str, dict[str, Any]], ratios: dict[str, float]) -> list[Goal]:
+    """The goal rows of ``python -m bench``'s table and of the docs: ingest against the no-op
+    POST, duplicates against unique events."""
+    noop, unique, duplicate = (arms[arm]["rate"] for arm in ("noop", "unique", "duplicate"))
+    return [
+        Goal(
+            source="webhook_ingest",
+            metric="webhook ingest/s ÷ no-op Django POST/s",
+            value=f"{unique:.0f} / {noop:.0f} per s",
+            measured=ratios["unique_over_noop_rate"],
+            op=">=",
+            limit=INGEST_GOAL,
+        ),
+        Goal(
+            source="webhook_ingest",
+            metric="ingest of 100% duplicates ÷ unique",
+            value=f"{duplicate:.0f} / {unique:.0f} per s",
+            measured=ratios["duplicate_over_unique_rate"],
+            op=">=",
+            limit=1.0,
+        ),
+    ]
+
+
 def report(options: Options, arms: dict[str, dict[str, Any]], verdict: dict[str, Any]) -> str:
     lines = [
         f"gunicorn {options.gunicorn.describe()}; {options.concurrency} concurrent senders; "
@@ -281,7 +306,9 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
                 )
     stored_checks = checks(options, prefix, bench.stored)
     arms = {arm: summarize([run for run in runs if run.arm == arm]) for arm in ARMS}
-    return {"arms": arms, **goals(arms), "checks": stored_checks}
+    verdicts = goals(arms)
+    summary = [goal.as_dict() for goal in summary_goals(arms, verdicts["ratios"])]
+    return {"arms": arms, **verdicts, "summary": summary, "checks": stored_checks}
 
 
 def parse(argv: Sequence[str] | None) -> Options:

@@ -1,8 +1,10 @@
 """Run the chaos suite (both arms by default) and report: ``python -m chaos``.
 
-Writes ``<results>/<arm>.json`` and ``<results>/<arm>.txt`` (the human summary, also printed)
-and the processes' logs under ``<results>/logs/<arm>/``. Exits non-zero if the safe arm misses
-a goal, or if the control arm shows no loss (then the suite could not see one).
+Writes ``<results>/<arm>.json`` and ``<results>/<arm>.txt`` (the human summary, also printed),
+the processes' logs under ``<results>/logs/<arm>/``, and the run's result file
+``<results>/<profile>.json`` (date, machine, every arm's report), kept in the repository and
+rendered into docs/chaos.md by ``python -m scripts.docs_tables``. Exits non-zero if the safe
+arm misses a goal, or if the control arm shows no loss (then the suite could not see one).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import secrets
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     arms = [config.SAFE, config.CONTROL] if args.arm == "both" else [args.arm]
     failed = []
+    reports = []
+    started = time.time()
     for arm in arms:
         if arm == config.SAFE:
             invoices = args.invoices or profile.invoices
@@ -64,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             log_dir=args.results / "logs" / arm,
         )
         path = report.write(result, args.results)
+        reports.append(result)
         print(report.summary(result), flush=True)
         print(f"report: {path}\n", flush=True)
         if not result["passed"]:
             failed.append(arm)
+    path = report.profile_write(reports, args.results, profile=profile.name, started=started)
+    print(f"result file: {path}", flush=True)
     if failed:
         print(f"chaos: goals missed in the {' and '.join(failed)} arm(s)", file=sys.stderr)
         return 1
