@@ -1,5 +1,5 @@
 """Webhook ingest against its own maximum: acknowledgement latency at 70% of it, and overload at
-twice it (issue 6), with the whole stack running (gunicorn, Celery workers, an SMTP sink).
+twice it, with the whole stack running (gunicorn, Celery workers, an SMTP sink).
 
 Phases, in one run:
 

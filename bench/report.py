@@ -25,7 +25,7 @@ from stack.process import ROOT
 class Goal:
     source: str  # the benchmark that measured it
     metric: str
-    value: str  # the raw figures, e.g. "63.1 / 301.5 per s" or "183 ms"
+    value: str  # the raw figures: "<emails> / <no-ops> per s", or "<p99.9> ms"
     measured: float  # the figure compared with the limit
     op: str  # ">=" or "<="
     limit: float

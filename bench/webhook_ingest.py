@@ -11,7 +11,7 @@ for three arms, all served by one gunicorn in one run, through the same middlewa
   ``INSERT ... ON CONFLICT DO NOTHING`` that finds the row.
 
 Every request is a real Stripe delivery, signed as Stripe signs it, built before timing.
-Arms are interleaved over several rounds, each after a warm-up. Goals (issue): ingest rate at
+Arms are interleaved over several rounds, each after a warm-up. Goals: ingest rate at
 least 0.6 of the no-op rate; duplicates no slower than unique events. A missed goal prints MISS
 and still exits 0; a failed request, a failed check of what the run stored, or a crash exits 1.
 

@@ -95,7 +95,8 @@ def describe(*, postgres_url: str | None = None, redis_url: str | None = None) -
 
 
 def summary(machine: dict[str, Any]) -> str:
-    """One line for a table's caption: ``2 CPUs (AMD EPYC 7B13), 23.5 GiB, Python 3.11.7, ...``."""
+    """One line for a table's caption: ``<n> CPUs (<model>), <memory> GiB, Python <version>,
+    PostgreSQL <version>, Redis <version>, load average at start <1-minute load>``."""
     return (
         f"{machine['nproc']} CPUs ({machine['cpu_model']}), {machine['memory_gib']} GiB, "
         f"Python {machine['python']}, PostgreSQL {machine.get('postgres', UNKNOWN)}, "

@@ -1,0 +1,252 @@
+"""The tables of docs/performance.md and docs/chaos.md, generated from the result files.
+
+A figure copied into prose by hand goes stale the day the code changes; a table generated
+from the result file of a run carries that run's date and machine and changes only with a new
+run. ``python -m bench`` writes ``bench/results/<benchmark>.json``, ``python -m chaos`` writes
+``chaos/results/<profile>.json``; this module renders them between the docs' marker comments
+(``<!-- results:bench:begin -->`` ... ``<!-- results:bench:end -->``, the same for chaos) and
+leaves the prose around them alone. ``tests/test_docs.py`` fails when the docs and the files
+disagree.
+
+    .venv/bin/python -m scripts.docs_tables          # rewrite the tables
+    .venv/bin/python -m scripts.docs_tables --check  # exit 1 if a doc is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from bench.report import Goal, ratio_text
+from stack.machine import summary as machine_summary
+from stack.process import ROOT
+
+BENCH_RESULTS = ROOT / "bench" / "results"
+CHAOS_RESULTS = ROOT / "chaos" / "results"
+CHAOS_PROFILES = ("full", "short", "broker-stall")  # the order of their tables
+
+
+def bench_files() -> list[Path]:
+    """Every benchmark result file with goal rows, in the order the runs started."""
+    files = [p for p in BENCH_RESULTS.glob("*.json") if "summary" in _load(p)]
+    return sorted(files, key=lambda p: (_load(p)["started_at"], p.name))
+
+
+def chaos_files() -> list[Path]:
+    return [p for name in CHAOS_PROFILES if (p := CHAOS_RESULTS / f"{name}.json").exists()]
+
+
+def result_files() -> list[Path]:
+    """Every result file the docs are generated from."""
+    return [*sorted(BENCH_RESULTS.glob("*.json")), *chaos_files()]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _when(stamp: str) -> str:
+    return stamp.replace("T", " ")[:16] + " UTC"  # "2026-11-30T18:17:21Z" -> minutes, UTC
+
+
+def _caption(path: Path, document: dict[str, Any], what: str) -> str:
+    source = path.relative_to(ROOT)
+    return (
+        f"{what}: `{source}`, {_when(document['started_at'])}; "
+        f"{machine_summary(document['machine'])}."
+    )
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[str]], align: str) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def _number(value: float) -> str:
+    return f"{value:,}"
+
+
+def bench_section(path: Path) -> list[str]:
+    document = _load(path)
+    config = ", ".join(
+        f"{key} {value}"
+        for key, value in document["config"].items()
+        if isinstance(value, str | int | float)
+    )
+    checks = document.get("checks", {}).get("ok")
+    state = {True: "stored state as expected", False: "stored state WRONG", None: ""}[checks]
+    incidents = len(document.get("incidents", []))
+    lines = [
+        _caption(path, document, f"`python -m bench.{document['benchmark']}`"),
+        f"Configuration: {config}; {state}; {incidents} broker incident(s).",
+        "",
+    ]
+    goals = [Goal.from_dict(goal) for goal in document["summary"]]
+    rows = [
+        (
+            goal.metric,
+            goal.value,
+            goal.goal_text(),
+            ratio_text(goal),
+            goal.verdict if goal.passed else f"**{goal.verdict}**",
+        )
+        for goal in goals
+    ]
+    return [*lines, *_table(("metric", "value", "goal", "ratio", ""), rows, "lllrl")]
+
+
+def _responses(load: dict[str, Any]) -> str:
+    statuses = load["responses_by_status"].items()
+    return ", ".join(f"{status} x {_number(n)}" for status, n in statuses)
+
+
+def _recovery(faults: list[dict[str, Any]]) -> str:
+    by_kind: dict[str, list[str]] = {}
+    for fault in faults:
+        if "skipped" in fault:
+            by_kind.setdefault(fault["kind"], []).append("skipped")
+        else:
+            seconds = fault.get("recovery_seconds")
+            by_kind.setdefault(fault["kind"], []).append(
+                "not recovered" if seconds is None else f"{seconds}"
+            )
+    return "; ".join(f"{kind} {', '.join(values)}" for kind, values in by_kind.items())
+
+
+def _flow(faults: list[dict[str, Any]]) -> str:
+    resumed = [f.get("email_flow_resumed") for f in faults if "skipped" not in f]
+    seconds = [value for value in resumed if value is not None]
+    if not resumed:
+        return "-"
+    if len(seconds) < len(resumed):
+        return "not after every fault"
+    return f"within {max(seconds)} s of every fault"
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def chaos_rows(arm: dict[str, Any]) -> list[tuple[str, str]]:
+    """One arm's column of the chaos table: (label, figure) per row."""
+    load, r = arm["load"], arm["results"]
+    kills, dup, letters = r["kills"], r["duplicates"], r["dead_letters"]
+    exits = r["unexpected_process_exits"]
+    died = ", ".join(f"{e['process']} (exit {e['exit_code']})" for e in exits)
+    missed = [name for name, ok in arm["goals"].items() if not ok]
+    return [
+        ("invoices, seed", f"{load['invoices']}, seed {arm['seed']}"),
+        ("seconds", f"{arm['duration_seconds']}"),
+        (
+            "invoices paid (refused recipient)",
+            f"{r['invoices_paid']} ({r['invoices_paid_refused_recipient']})",
+        ),
+        (
+            "deliveries (duplicate share), senders",
+            f"{_number(load['deliveries'])} ({load['duplicate_share']:.0%}), {load['senders']}; "
+            f"{load['invoices_with_both_event_types']} invoices with both event types",
+        ),
+        ("webhook responses", _responses(load)),
+        (
+            "emails delivered: invoices / messages",
+            f"{r['emails_delivered']['invoices']} / {r['emails_delivered']['messages']}",
+        ),
+        ("**lost**", f"**{r['lost']}**"),
+        (
+            "duplicates: extra messages (same Message-ID; all cut by a kill)",
+            f"{dup['extra_messages']} ({_yes(dup['all_same_message_id'])}; "
+            f"{_yes(dup['all_cut_by_a_kill'])})",
+        ),
+        (
+            "worker kills / inside the window / sends cut",
+            f"{kills['worker_kills']} / {kills['worker_kills_inside_crash_window']} / "
+            f"{kills['sends_cut_in_window_by_kills']}",
+        ),
+        (
+            "relay kills between publish and mark (rows left unmarked)",
+            f"{kills['relay_kills_between_publish_and_mark']} "
+            f"({kills['relay_rows_published_unmarked']})",
+        ),
+        (
+            "dead letters (all permanent refusals; refused recipients without one)",
+            f"{letters['total']} ({_yes(letters['all_permanent_refusals'])}; "
+            f"{len(letters['refused_without_dead_letter'])})",
+        ),
+        (
+            "workers stalled with emails waiting; failed acks",
+            f"{len(r['workers_stalled_with_work_waiting'])}; "
+            f"{sum(r['worker_failed_acks'].values())}",
+        ),
+        ("processes that died by themselves", died or "none"),
+        ("recovery, seconds", _recovery(arm["faults"])),
+        ("email flowing again", _flow(arm["faults"])),
+        ("goals", "all met" if not missed else "missed: " + ", ".join(missed)),
+    ]
+
+
+def chaos_section(path: Path) -> list[str]:
+    document = _load(path)
+    arms = document["arms"]
+    lines = [_caption(path, document, f"Profile `{document['profile']}`"), ""]
+    columns = [chaos_rows(arm) for arm in arms.values()]
+    labels = [label for label, _ in columns[0]]
+    rows = [(label, *(column[i][1] for column in columns)) for i, label in enumerate(labels)]
+    return [*lines, *_table(("", *arms), rows, "l" * (1 + len(arms)))]
+
+
+GENERATED = "<!-- generated by `python -m scripts.docs_tables` from the result files -->"
+
+
+def block(sections: list[list[str]]) -> str:
+    body = "\n\n".join("\n".join(section) for section in sections)
+    return f"{GENERATED}\n\n{body or '(no result file yet)'}\n"
+
+
+BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
+    "bench": (
+        ROOT / "docs" / "performance.md",
+        lambda: block([bench_section(p) for p in bench_files()]),
+    ),
+    "chaos": (ROOT / "docs" / "chaos.md", lambda: block([chaos_section(p) for p in chaos_files()])),
+}
+
+
+def rendered(name: str, text: str) -> str:
+    """``text`` with the block ``name`` between its markers generated anew."""
+    pattern = re.compile(
+        rf"(<!-- results:{name}:begin -->\n).*?(<!-- results:{name}:end -->)", re.DOTALL
+    )
+    if not pattern.search(text):
+        raise ValueError(f"no <!-- results:{name}:begin/end --> markers")
+    generated = BLOCKS[name][1]()
+    return pattern.sub(lambda m: m.group(1) + generated + m.group(2), text, count=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.docs_tables")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a doc is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, (doc, _) in BLOCKS.items():
+        text = doc.read_text()
+        new = rendered(name, text)
+        if new != text:
+            stale.append(str(doc.relative_to(ROOT)))
+            if not args.check:
+                doc.write_text(new)
+    verb = "out of date" if args.check else "rewritten"
+    print(f"{verb}: {', '.join(stale)}" if stale else "docs in sync with the result files")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
