@@ -1,5 +1,7 @@
 """End-to-end pipeline throughput: paid invoices pushed through webhook -> outbox -> Celery worker
--> SMTP, beside a no-op Celery task on the same broker, pool and worker count, in one run.
+-> SMTP, beside a no-op Celery task on the same broker, pool and worker count, in one run, so
+the ratio is what the guarantees (store once, publish on commit, claim, send, mark) cost per
+email over Celery's own floor.
 
 Two arms, interleaved over rounds, against one running stack (gunicorn, Celery workers started
 as ``celery -A core worker``, an SMTP sink in this process):

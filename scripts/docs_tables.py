@@ -28,13 +28,16 @@ from stack.process import ROOT
 
 BENCH_RESULTS = ROOT / "bench" / "results"
 CHAOS_RESULTS = ROOT / "chaos" / "results"
-CHAOS_PROFILES = ("full", "short", "broker-stall")  # the order of their tables
+# The order of the tables: python -m bench's, then any other benchmark by name.
+BENCHMARKS = ("webhook_ingest", "pipeline", "ack_latency", "ingest_load", "worker_rss")
+CHAOS_PROFILES = ("full", "short", "broker-stall")
 
 
-def bench_files() -> list[Path]:
-    """Every benchmark result file with goal rows, in the order the runs started."""
-    files = [p for p in BENCH_RESULTS.glob("*.json") if "summary" in _load(p)]
-    return sorted(files, key=lambda p: (_load(p)["started_at"], p.name))
+def bench_files(key: str = "summary") -> list[Path]:
+    """The benchmark result files holding ``key`` (goal rows by default)."""
+    files = [p for p in BENCH_RESULTS.glob("*.json") if key in _load(p)]
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    return sorted(files, key=lambda p: (order.get(p.stem, len(order)), p.name))
 
 
 def chaos_files() -> list[Path]:
@@ -102,6 +105,26 @@ def bench_section(path: Path) -> list[str]:
         for goal in goals
     ]
     return [*lines, *_table(("metric", "value", "goal", "ratio", ""), rows, "lllrl")]
+
+
+def dashboard_section(path: Path) -> list[str]:
+    """What one render of the operator's dashboard cost, and each probe in it (ms)."""
+    document = _load(path)
+    rows = document["rows"]
+    lines = [
+        _caption(path, document, "`python -m bench.dashboard_cost`"),
+        f"{_number(rows['invoices'])} invoices, {_number(rows['email_deliveries'])} emails, "
+        f"{_number(rows['outbox_messages'])} outbox rows, {_number(rows['dead_letters'])} dead "
+        f"letters; {document['config']['renders']} renders.",
+        "",
+    ]
+    measured = [
+        ("whole render (HTTP)", document["render_ms"]),
+        ("probes, in all", document["probes_ms"]),
+        *((f"probe: {name}", figures) for name, figures in document["per_probe_ms"].items()),
+    ]
+    table = [(label, *(f"{f[q]:.1f}" for q in ("median", "p95", "max"))) for label, f in measured]
+    return [*lines, *_table(("ms", "median", "p95", "max"), table, "lrrr")]
 
 
 def _responses(load: dict[str, Any]) -> str:
@@ -215,6 +238,10 @@ BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
     "bench": (
         ROOT / "docs" / "performance.md",
         lambda: block([bench_section(p) for p in bench_files()]),
+    ),
+    "dashboard": (
+        ROOT / "docs" / "performance.md",
+        lambda: block([dashboard_section(p) for p in bench_files("render_ms")]),
     ),
     "chaos": (ROOT / "docs" / "chaos.md", lambda: block([chaos_section(p) for p in chaos_files()])),
 }
