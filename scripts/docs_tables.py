@@ -142,7 +142,13 @@ def _recovery(faults: list[dict[str, Any]]) -> str:
             by_kind.setdefault(fault["kind"], []).append(
                 "not recovered" if seconds is None else f"{seconds}"
             )
-    return "; ".join(f"{kind} {', '.join(values)}" for kind, values in by_kind.items())
+
+    def said(values: list[str]) -> str:
+        if len(values) > 1 and len(set(values)) == 1:
+            return f"{values[0]} ({len(values)})"
+        return ", ".join(values)
+
+    return "; ".join(f"{kind} {said(values)}" for kind, values in by_kind.items())
 
 
 def _flow(faults: list[dict[str, Any]]) -> str:
@@ -166,6 +172,9 @@ def chaos_rows(arm: dict[str, Any]) -> list[tuple[str, str]]:
     exits = r["unexpected_process_exits"]
     died = ", ".join(f"{e['process']} (exit {e['exit_code']})" for e in exits)
     missed = [name for name, ok in arm["goals"].items() if not ok]
+    stalls = r["workers_stalled_with_work_waiting"]
+    stalled = ", ".join(f"{s['worker']} for {s['seconds']} s" for s in stalls) or "none"
+    acks = sum(r["worker_failed_acks"].values())
     return [
         ("invoices, seed", f"{load['invoices']}, seed {arm['seed']}"),
         ("seconds", f"{arm['duration_seconds']}"),
@@ -204,15 +213,11 @@ def chaos_rows(arm: dict[str, Any]) -> list[tuple[str, str]]:
             f"{letters['total']} ({_yes(letters['all_permanent_refusals'])}; "
             f"{len(letters['refused_without_dead_letter'])})",
         ),
-        (
-            "workers stalled with emails waiting; failed acks",
-            f"{len(r['workers_stalled_with_work_waiting'])}; "
-            f"{sum(r['worker_failed_acks'].values())}",
-        ),
+        ("workers stalled with emails waiting; failed acks", f"{stalled}; {acks}"),
         ("processes that died by themselves", died or "none"),
         ("recovery, seconds", _recovery(arm["faults"])),
         ("email flowing again", _flow(arm["faults"])),
-        ("goals", "all met" if not missed else "missed: " + ", ".join(missed)),
+        ("goals", f"all met ({', '.join(arm['goals'])})" if not missed else f"missed: {missed}"),
     ]
 
 
