@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stack.machine import describe
-from stack.process import ROOT
+from stack.machine import describe, revision
 
 
 @dataclass(frozen=True)
@@ -108,23 +107,6 @@ def machine(*, postgres_url: str | None = None, redis_url: str | None = None) ->
 def utc(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
-
-def revision() -> str | None:
-    """The checked-out commit, read from ``.git`` without running git (uncommitted changes in the
-    working tree are not visible here); None when it cannot be read."""
-    git = ROOT / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head
-        ref = head.removeprefix("ref: ")
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(f" {ref}"):
-                return line.split()[0]
-    except OSError:
-        return None
     return None
 
 

@@ -35,7 +35,7 @@ from chaos.faults import (
 from chaos.load import Plan, Sender
 from chaos.observe import Facts
 from chaos.stack import Exit
-from stack.machine import describe
+from stack.machine import describe, revision
 from stack.smtp import Received, SmtpServer
 
 DEFINITIONS = {
@@ -570,6 +570,7 @@ def profile_write(
         "profile": profile,
         "started_at": utc(started),
         "finished_at": utc(time.time()),
+        "revision": revision(),
         "machine": describe(),  # the servers are stopped: their binaries' versions
         "arms": {
             report["arm"]: {k: v for k, v in report.items() if k not in ("timeline", "logs")}

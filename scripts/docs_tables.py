@@ -60,8 +60,10 @@ def _when(stamp: str) -> str:
 
 def _caption(path: Path, document: dict[str, Any], what: str) -> str:
     source = path.relative_to(ROOT)
+    commit = document.get("revision")
+    at = f" at revision `{commit[:7]}`" if commit else ""
     return (
-        f"{what}: `{source}`, {_when(document['started_at'])}; "
+        f"{what}: `{source}`, {_when(document['started_at'])}{at}; "
         f"{machine_summary(document['machine'])}."
     )
 

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import redis
 
+from stack.process import ROOT
+
 UNKNOWN = "unknown"
 
 
@@ -103,3 +105,29 @@ def summary(machine: dict[str, Any]) -> str:
         f"Redis {machine.get('redis', UNKNOWN)}, load average at start "
         f"{machine['loadavg_at_start'][0]}"
     )
+
+
+def revision(root: Path = ROOT) -> str | None:
+    """The checked-out commit, read from ``.git`` without running git (in a worktree too, where
+    ``.git`` is a file naming its git directory); uncommitted changes are not visible here.
+    None when it cannot be read."""
+    try:
+        git = root / ".git"
+        if git.is_file():
+            git = (root / git.read_text().strip().removeprefix("gitdir: ")).resolve()
+        common = git
+        if (git / "commondir").is_file():
+            common = (git / (git / "commondir").read_text().strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head.removeprefix("ref: ")
+        for place in (git, common):
+            if (place / ref).is_file():
+                return (place / ref).read_text().strip()
+        for line in (common / "packed-refs").read_text().splitlines():
+            if line.endswith(f" {ref}"):
+                return line.split()[0]
+    except OSError:
+        return None
+    return None

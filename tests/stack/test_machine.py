@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 
 import psycopg
 import redis
 
 from stack import machine
 from stack.net import HOST, free_port
+from stack.process import ROOT
 
 POSTGRES = "postgres://postgres@127.0.0.1:5432/a_database_that_need_not_exist"
 REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -46,3 +48,10 @@ def test_the_description_names_every_part_a_result_file_needs() -> None:
     assert VERSION.fullmatch(described["redis"])
     assert len(described["loadavg_at_start"]) == 3
     assert described["redis"] in machine.summary(described)
+
+
+def test_the_revision_is_the_checked_out_commit() -> None:
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert machine.revision() == head.stdout.strip()
