@@ -157,9 +157,14 @@ def fill(invoices: int) -> dict[str, int]:
         )
         for n, pk in enumerate(ids[::100])
     )
-    ScheduledJob.objects.bulk_create(
-        ScheduledJob(name=s.name, runs=100, last_started_at=now, last_finished_at=now)
-        for s in SCHEDULES
+    ScheduledJob.objects.bulk_create(  # migrate gives each job its row already
+        (
+            ScheduledJob(name=s.name, runs=100, last_started_at=now, last_finished_at=now)
+            for s in SCHEDULES
+        ),
+        update_conflicts=True,
+        unique_fields=["name"],
+        update_fields=["runs", "last_started_at", "last_finished_at"],
     )
     breaker = email_breaker()
     breaker.reset()

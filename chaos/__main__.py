@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -61,13 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             invoices = args.control_invoices or args.invoices or profile.control_invoices
         print(f"chaos: {arm} arm, {invoices} invoices, seed {seed} ...", flush=True)
-        result = run_arm(
-            arm=arm,
-            profile=profile,
-            invoices=invoices,
-            seed=seed,
-            log_dir=args.results / "logs" / arm,
-        )
+        log_dir = args.results / "logs" / arm
+        # The report reads every worker log in it: an earlier run's would count as this one's.
+        shutil.rmtree(log_dir, ignore_errors=True)
+        result = run_arm(arm=arm, profile=profile, invoices=invoices, seed=seed, log_dir=log_dir)
         path = report.write(result, args.results)
         reports.append(result)
         print(report.summary(result), flush=True)
