@@ -44,14 +44,8 @@ def chaos_files() -> list[Path]:
     return [p for name in CHAOS_PROFILES if (p := CHAOS_RESULTS / f"{name}.json").exists()]
 
 
-def result_files() -> list[Path]:
-    """Every result file the docs are generated from."""
-    return [*sorted(BENCH_RESULTS.glob("*.json")), *chaos_files()]
-
-
-def _load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
 
 
 def _when(stamp: str) -> str:
@@ -241,28 +235,28 @@ def block(sections: list[list[str]]) -> str:
     return f"{GENERATED}\n\n{body or '(no result file yet)'}\n"
 
 
-BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
-    "bench": (
-        ROOT / "docs" / "performance.md",
-        lambda: block([bench_section(p) for p in bench_files()]),
-    ),
-    "dashboard": (
-        ROOT / "docs" / "performance.md",
-        lambda: block([dashboard_section(p) for p in bench_files("render_ms")]),
-    ),
-    "chaos": (ROOT / "docs" / "chaos.md", lambda: block([chaos_section(p) for p in chaos_files()])),
+PERFORMANCE, CHAOS = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
+# Each doc's blocks: the name in its markers, and what renders it.
+DOCS: dict[Path, dict[str, Callable[[], str]]] = {
+    PERFORMANCE: {
+        "bench": lambda: block([bench_section(p) for p in bench_files()]),
+        "dashboard": lambda: block([dashboard_section(p) for p in bench_files("render_ms")]),
+    },
+    CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
 }
 
 
-def rendered(name: str, text: str) -> str:
-    """``text`` with the block ``name`` between its markers generated anew."""
-    pattern = re.compile(
-        rf"(<!-- results:{name}:begin -->\n).*?(<!-- results:{name}:end -->)", re.DOTALL
-    )
-    if not pattern.search(text):
-        raise ValueError(f"no <!-- results:{name}:begin/end --> markers")
-    generated = BLOCKS[name][1]()
-    return pattern.sub(lambda m: m.group(1) + generated + m.group(2), text, count=1)
+def rendered(text: str, blocks: dict[str, Callable[[], str]]) -> str:
+    """``text`` with each block between its markers generated anew."""
+    for name, render in blocks.items():
+        pattern = re.compile(
+            rf"(<!-- results:{name}:begin -->\n).*?(<!-- results:{name}:end -->)", re.DOTALL
+        )
+        found = pattern.search(text)
+        if found is None:
+            raise ValueError(f"no <!-- results:{name}:begin/end --> markers")
+        text = text[: found.end(1)] + render() + text[found.start(2) :]
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a doc is out of date")
     args = parser.parse_args(argv)
     stale = []
-    for name, (doc, _) in BLOCKS.items():
+    for doc, blocks in DOCS.items():
         text = doc.read_text()
-        new = rendered(name, text)
+        new = rendered(text, blocks)
         if new != text:
             stale.append(str(doc.relative_to(ROOT)))
             if not args.check:
