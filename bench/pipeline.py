@@ -1,5 +1,7 @@
 """End-to-end pipeline throughput: paid invoices pushed through webhook -> outbox -> Celery worker
--> SMTP, beside a no-op Celery task on the same broker, pool and worker count, in one run.
+-> SMTP, beside a no-op Celery task on the same broker, pool and worker count, in one run, so
+the ratio is what the guarantees (store once, publish on commit, claim, send, mark) cost per
+email over Celery's own floor.
 
 Two arms, interleaved over rounds, against one running stack (gunicorn, Celery workers started
 as ``celery -A core worker``, an SMTP sink in this process):
@@ -12,7 +14,7 @@ as ``celery -A core worker``, an SMTP sink in this process):
   process to the ``default`` queue as fast as one connection allows; the clock runs from the
   first publish to the N-th completion.
 
-Goals: pipeline emails/s at least 0.3 of the no-op task rate (issue 3), 0.4 (issue 6). At the
+Goals: pipeline emails/s at least 0.3 of the no-op task rate, then 0.4 (the raised goal). At the
 end: one invoice and one sent email per event, exactly one email per invoice in the sink, no
 dead letter, no unpublished outbox row, nothing left in the broker's queues.
 
@@ -60,7 +62,7 @@ from bench.run import (
 from bench.tasks import NOOP_TASK
 from stack.process import Process
 
-GOALS = {"issue 3": 0.3, "issue 6": 0.4}  # pipeline emails/s over no-op tasks/s
+GOALS = (0.3, 0.4)  # pipeline emails/s over no-op tasks/s: the goal, then the raised one
 ARMS = ("emails", "noop")
 
 
@@ -209,13 +211,13 @@ def goals(arms: dict[str, dict[str, Any]]) -> list[Goal]:
     return [
         Goal(
             source="pipeline",
-            metric=f"pipeline emails/s ÷ no-op tasks/s ({issue})",
+            metric="pipeline emails/s ÷ no-op tasks/s",
             value=f"{emails['rate']:.1f} / {noop['rate']:.1f} per s",
             measured=ratio,
             op=">=",
             limit=limit,
         )
-        for issue, limit in GOALS.items()
+        for limit in GOALS
     ]
 
 
