@@ -7,7 +7,8 @@ checks of what the pipeline stored and emailed.
   each session awaits on its own: a slow provider answers many sessions slowly, it does not
   serialise them. Each message's Message-ID names its invoice, so emails are counted per
   invoice without parsing them.
-* The workers are ``celery -A core worker --include bench.tasks`` (``stack.launch``), logging
+* The workers are ``celery -A core worker --include bench.tasks,bench.floor_sender``
+  (``stack.launch``; the second is the floor sender, a reference arm), logging
   at WARNING as production does, each ready once it has set its key in Redis
   (``bench.tasks``); stopped together with a warm shutdown, then SIGKILL of each group, on the
   way out, on error or Ctrl-C too.
@@ -125,7 +126,8 @@ def celery_workers(
     run: RunConfig, *, env: Mapping[str, str], startup_timeout: float = 90.0
 ) -> Iterator[Workers]:
     """``run.workers.processes`` workers named ``<run>-w<i>@<host>``, consuming the queues
-    every ``celery -A core worker`` consumes, with ``bench.tasks`` loaded; each logs to
+    every ``celery -A core worker`` consumes, with ``bench.tasks`` and the floor sender
+    (``bench.floor_sender``) loaded; each logs to
     ``bench/results/<run>.worker<i>.log``."""
     client = redis.Redis.from_url(run.redis_url)
     processes: list[Process] = []
@@ -143,7 +145,7 @@ def celery_workers(
                     name=name,
                     pool=run.workers.pool,
                     concurrency=run.workers.concurrency,
-                    include=("bench.tasks",),
+                    include=("bench.tasks", "bench.floor_sender"),
                     loglevel="WARNING",
                     ready=marked_ready(name),
                     log=RESULTS / f"{run.name}.worker{index}.log",

@@ -36,7 +36,7 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from bench.run import (
     StackOptions,
     cpu_snapshot,
     cpu_spent,
+    floor_web,
     owned_measure,
     redis_queued,
     stack_env,
@@ -61,7 +62,6 @@ from bench.run import (
     verdict,
     web,
 )
-from stack import launch
 from stack.launch import GunicornConfig
 from stack.process import Process
 
@@ -74,7 +74,6 @@ EXPECTED_BODY = {
     "duplicate": b'"duplicate": true',
 }
 INGEST_GOAL = 0.6  # ingest rate / floor receiver rate (issue 13)
-FLOOR_APP = "bench.floor_receiver"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,20 +166,6 @@ class IngestBenchmark:
         elif arm == "floor":
             self.floor_rate = max(self.floor_rate, result.rate)
         return ArmRun(arm=arm, round=round_, result=result, cpu=cpu)
-
-
-def floor_web(env: Mapping[str, str], run: RunConfig) -> Process:
-    """The floor receiver under gunicorn with the application's configuration and shape; ready
-    once an unsigned POST is refused (400)."""
-    return launch.gunicorn(
-        env,
-        args=(FLOOR_APP,),
-        config=run.gunicorn,
-        ready_path=WEBHOOK_PATH,
-        ready_status=400,
-        log=RESULTS / f"{run.name}.floor.gunicorn.log",
-        name="gunicorn-floor",
-    )
 
 
 def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
@@ -302,7 +287,10 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
     )
     runs: list[ArmRun] = []
     env = stack_env(run, settings=NO_LIMITS)
-    with web(env, run.gunicorn, log=run.name) as server, floor_web(env, run) as floor:
+    with (
+        web(env, run.gunicorn, log=run.name) as server,
+        floor_web(env, run.gunicorn, log=run.name) as floor,
+    ):
         bench = IngestBenchmark(server=server, floor=floor, options=options, secret=run.secret)
         stored_first = bench.store_duplicates()
         print(
