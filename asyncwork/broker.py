@@ -3,9 +3,8 @@
 kombu's Redis ``QoS.ack`` removes the message from the unacknowledged index and only then
 releases the worker's prefetch slot. When Redis does not answer in time (a stall, a failover),
 the removal raises, kombu logs the error and swallows it, and the slot is never released: a
-worker with prefetch 1 stays connected and fetches nothing, for good (PITFALLS: celery #8030,
-#9054; the chaos suite's broker stall shows it, ``tests/invoicing/test_broker_stall.py``
-proves the fix).
+worker with prefetch 1 stays connected and fetches nothing, for good (the chaos suite's
+broker stall shows it; ``tests/invoicing/test_broker_stall.py`` proves the fix).
 
 Here the slot is released whatever the removal did. Nothing is lost or doubled by it: a
 message whose removal failed stays in the unacknowledged index, comes back after the

@@ -100,7 +100,7 @@ _local = threading.local()
 def _connection() -> Any:
     """This thread's broker connection for publishing, with a short socket timeout of its own:
     a stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
-    timeout (kombu's publish otherwise blocks, celery #4296)."""
+    timeout (kombu's publish otherwise blocks while it retries the connection)."""
     connection = getattr(_local, "connection", None)
     if connection is None:
         timeout = settings.OUTBOX_PUBLISH_TIMEOUT
@@ -173,7 +173,7 @@ def _send(message: OutboxMessage) -> Exception | None:
             queue=message.queue,
             task_id=outbox_task_id(message.pk),
             connection=_connection(),
-            # No blocking retry loop here: the row is the retry (celery #4296).
+            # No blocking retry loop here: the row is the retry.
             retry=False,
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay

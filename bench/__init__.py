@@ -6,6 +6,7 @@ theirs: ``bench.harness`` loads the application over HTTP (closed and open loop)
 deliveries; ``bench.run`` is what a run owns (a database of its own, Redis keys under a prefix of
 its own), the environment its processes get, and CPU per process group; ``bench.fullstack`` adds
 the SMTP server and the Celery workers for the end-to-end benchmarks, and checks what they
-stored and sent; ``bench.report`` holds the goal rows every benchmark reports. Results go to
-``bench/results/`` (ignored).
+stored and sent; ``bench.report`` holds the goal rows every benchmark reports. Each benchmark
+writes its result file, ``bench/results/<name>.json`` (date, machine, figures, goal verdicts),
+kept in the repository: docs/performance.md's tables are generated from it.
 """

@@ -11,7 +11,7 @@ arms interleaved over rounds:
   SMTP and the email queue grows.
 
 A latency runs from when the request was due (open loop: a server that falls behind is charged
-for it) to the end of the response. Goal (issue 3): p99 with the slow server at most 1.2 x the
+for it) to the end of the response. Goal: p99 with the slow server at most 1.2 x the
 p99 with the instant one: the acknowledgement never waits on email. After each arm the sink is
 made instant and the backlog drained, so the next arm starts from empty queues; at the end every
 event must have produced exactly one email and no dead letter.

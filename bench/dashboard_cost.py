@@ -20,7 +20,6 @@ The database (``invoicing_bench_dashboard``, dropped and recreated) and the Redi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import secrets
@@ -33,6 +32,7 @@ from typing import Any
 
 import requests
 
+from bench.report import machine, results_write
 from bench.run import database_exclusive, database_recreate, redis_prefix_delete
 from stack import launch
 from stack.process import ROOT
@@ -157,9 +157,14 @@ def fill(invoices: int) -> dict[str, int]:
         )
         for n, pk in enumerate(ids[::100])
     )
-    ScheduledJob.objects.bulk_create(
-        ScheduledJob(name=s.name, runs=100, last_started_at=now, last_finished_at=now)
-        for s in jobs_declared()
+    ScheduledJob.objects.bulk_create(  # migrate gives each job its row already
+        (
+            ScheduledJob(name=s.name, runs=100, last_started_at=now, last_finished_at=now)
+            for s in jobs_declared()
+        ),
+        update_conflicts=True,
+        unique_fields=["name"],
+        update_fields=["runs", "last_started_at", "last_finished_at"],
     )
     breaker = email_breaker()
     breaker.reset()
@@ -238,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     os.environ.update(ENV)
+    begun = time.time()
+    host = machine(postgres_url=DATABASE_URL, redis_url=REDIS_URL)
     with database_exclusive(url=DATABASE_URL):
         print(f"recreating {DATABASE_URL} ...", flush=True)
         database_recreate(url=DATABASE_URL)
@@ -262,10 +269,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         finally:
             redis_prefix_delete(url=REDIS_URL, prefix=PREFIX)
-    report = {"rows": rows, "renders": options.renders, **result}
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"dashboard_cost_{options.invoices}.json"
-    out.write_text(json.dumps(report, indent=2))
+    results_write(
+        out,
+        benchmark="dashboard_cost",
+        started=begun,
+        config={"invoices": options.invoices, "renders": options.renders, "gunicorn": "sync x 1"},
+        results={"rows": rows, **result},
+        host=host,
+    )
     print(f"\n{'':<22}{'median':>9}{'p95':>9}{'max':>9}  (ms, {options.renders} renders)")
     lines = [("whole render (HTTP)", result["render_ms"]), ("probes, in all", result["probes_ms"])]
     lines += [(f"  {name}", figures) for name, figures in result["per_probe_ms"].items()]

@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stack.process import ROOT
+from stack.machine import describe, revision
 
 
 @dataclass(frozen=True)
 class Goal:
     source: str  # the benchmark that measured it
     metric: str
-    value: str  # the raw figures, e.g. "63.1 / 301.5 per s" or "183 ms"
+    value: str  # the raw figures: "<emails> / <no-ops> per s", or "<p99.9> ms"
     measured: float  # the figure compared with the limit
     op: str  # ">=" or "<="
     limit: float
@@ -101,58 +99,14 @@ def table(goals: Iterable[Goal]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
-    """CPU count and model, memory, kernel and Python, read from ``/proc`` (Linux)."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    memory_kib = 0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory_kib = int(line.split()[1])
-                break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (math.nan, math.nan, math.nan)
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "memory_gib": round(memory_kib / 1024 / 1024, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "loadavg_at_start": [round(x, 2) for x in load],
-    }
+def machine(*, postgres_url: str | None = None, redis_url: str | None = None) -> dict[str, Any]:
+    """The machine, as ``stack.machine`` describes it for every result file."""
+    return describe(postgres_url=postgres_url, redis_url=redis_url)
 
 
 def utc(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
-
-def revision() -> str | None:
-    """The checked-out commit, read from ``.git`` without running git (uncommitted changes in the
-    working tree are not visible here); None when it cannot be read."""
-    git = ROOT / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head
-        ref = head.removeprefix("ref: ")
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(f" {ref}"):
-                return line.split()[0]
-    except OSError:
-        return None
     return None
 
 
@@ -163,13 +117,17 @@ def results_write(
     started: float,
     config: Mapping[str, Any],
     results: dict[str, Any],
+    host: dict[str, Any],
 ) -> None:
-    """Write a benchmark's JSON document: what ran, where, when, with which configuration."""
+    """Write a benchmark's JSON document: what ran, where (``host``, taken with ``machine()``
+    before the run, so its load average is the neighbours', not the run's), when, with which
+    configuration."""
     document = {
         "benchmark": benchmark,
         "started_at": utc(started),
+        "finished_at": utc(time.time()),
         "revision": revision(),
-        "machine": machine(),
+        "machine": host,
         "config": config,
         **results,
     }

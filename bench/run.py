@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import redis
 
-from bench.report import results_write
+from bench.report import machine, results_write
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST
@@ -421,6 +421,7 @@ def owned_measure(
     ``options.output`` with ``config`` (after gunicorn's shape); an exit status instead of
     results when it was interrupted (130) or another run holds the benchmark database (1)."""
     started = time.time()
+    host = machine(postgres_url=options.database_url, redis_url=options.redis_url)
     try:
         with owned_run(database_url=options.database_url, redis_url=options.redis_url) as prefix:
             results = measure(options, prefix)
@@ -436,6 +437,7 @@ def owned_measure(
         started=started,
         results=results,
         config={"gunicorn": options.gunicorn.describe(), **config},
+        host=host,
     )
     return results
 

@@ -1,16 +1,20 @@
 """Run the chaos suite (both arms by default) and report: ``python -m chaos``.
 
-Writes ``<results>/<arm>.json`` and ``<results>/<arm>.txt`` (the human summary, also printed)
-and the processes' logs under ``<results>/logs/<arm>/``. Exits non-zero if the safe arm misses
-a goal, or if the control arm shows no loss (then the suite could not see one).
+Writes ``<results>/<arm>.json`` and ``<results>/<arm>.txt`` (the human summary, also printed),
+the processes' logs under ``<results>/logs/<arm>/``, and the run's result file
+``<results>/<profile>.json`` (date, machine, every arm's report), kept in the repository and
+rendered into docs/chaos.md by ``python -m scripts.docs_tables``. Exits non-zero if the safe
+arm misses a goal, or if the control arm shows no loss (then the suite could not see one).
 """
 
 from __future__ import annotations
 
 import argparse
 import secrets
+import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -50,24 +54,26 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     arms = [config.SAFE, config.CONTROL] if args.arm == "both" else [args.arm]
     failed = []
+    reports = []
+    started = time.time()
     for arm in arms:
         if arm == config.SAFE:
             invoices = args.invoices or profile.invoices
         else:
             invoices = args.control_invoices or args.invoices or profile.control_invoices
         print(f"chaos: {arm} arm, {invoices} invoices, seed {seed} ...", flush=True)
-        result = run_arm(
-            arm=arm,
-            profile=profile,
-            invoices=invoices,
-            seed=seed,
-            log_dir=args.results / "logs" / arm,
-        )
+        log_dir = args.results / "logs" / arm
+        # The report reads every worker log in it: an earlier run's would count as this one's.
+        shutil.rmtree(log_dir, ignore_errors=True)
+        result = run_arm(arm=arm, profile=profile, invoices=invoices, seed=seed, log_dir=log_dir)
         path = report.write(result, args.results)
+        reports.append(result)
         print(report.summary(result), flush=True)
         print(f"report: {path}\n", flush=True)
         if not result["passed"]:
             failed.append(arm)
+    path = report.profile_write(reports, args.results, profile=profile.name, started=started)
+    print(f"result file: {path}", flush=True)
     if failed:
         print(f"chaos: goals missed in the {' and '.join(failed)} arm(s)", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ from chaos.faults import (
 from chaos.load import Plan, Sender
 from chaos.observe import Facts
 from chaos.stack import Exit
+from stack.machine import describe, revision
 from stack.smtp import Received, SmtpServer
 
 DEFINITIONS = {
@@ -417,6 +419,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
         "arm": inputs.arm,
         "profile": profile.name,
         "seed": inputs.seed,
+        "started_at": utc(inputs.started),
         "duration_seconds": round(inputs.ended - inputs.started, 1),
         "passed": all(goals.values()),
         "goals": goals,
@@ -546,9 +549,35 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def utc(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
 def write(report: dict[str, Any], results_dir: Path) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{report['arm']}.json"
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     (results_dir / f"{report['arm']}.txt").write_text(summary(report) + "\n")
+    return path
+
+
+def profile_write(
+    reports: list[dict[str, Any]], results_dir: Path, *, profile: str, started: float
+) -> Path:
+    """The run's result file, ``<profile>.json``: when, on which machine, and each arm's
+    report without its timeline (in ``<arm>.json``), from which the docs' table is generated."""
+    document = {
+        "profile": profile,
+        "started_at": utc(started),
+        "finished_at": utc(time.time()),
+        "revision": revision(),
+        "machine": describe(),  # the servers are stopped: their binaries' versions
+        "arms": {
+            report["arm"]: {k: v for k, v in report.items() if k not in ("timeline", "logs")}
+            for report in reports
+        },
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{profile}.json"
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
     return path

@@ -312,7 +312,7 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int(
 
 # An unacknowledged message is redelivered after this many seconds (the worker that held it
 # is presumed dead). It must outlive every countdown plus the task's time limit, or a delayed
-# task is delivered again while it waits (kombu #337); it also bounds how long a message held
+# task is delivered again while it waits; it also bounds how long a message held
 # by a SIGKILLed worker waits before redelivery.
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=180)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -322,7 +322,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_throttle": 1,
     # A restore that died holding the mutex blocks others for this long, not 5 minutes.
     "unacked_mutex_expire": 30,
-    # Publishing must not hang on a stalled broker (celery #4296): fail fast instead; the
+    # Publishing must not hang on a stalled broker: fail fast instead; the
     # outbox keeps the message.
     "socket_timeout": env.float("CELERY_BROKER_SOCKET_TIMEOUT", default=2.0),
     "socket_connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
@@ -354,7 +354,7 @@ if (
 ):
     raise ImproperlyConfigured(
         "CELERY_VISIBILITY_TIMEOUT must outlive the longest retry countdown plus the task "
-        "time limit, or a delayed task is delivered twice while it waits (kombu #337)."
+        "time limit, or a delayed task is delivered twice while it waits."
     )
 
 # --- Circuit breaker on the email provider (asyncwork/breaker.py) -------------------------------
@@ -378,7 +378,7 @@ if 2 * EMAIL_BREAKER_RESET_SECONDS + EMAIL_TASK_TIME_LIMIT >= CELERY_VISIBILITY_
     raise ImproperlyConfigured(
         "CELERY_VISIBILITY_TIMEOUT must outlive the longest deferral (twice "
         "EMAIL_BREAKER_RESET_SECONDS: cool-down plus jitter) plus the task time limit, or a "
-        "deferred task is delivered twice while it waits (kombu #337)."
+        "deferred task is delivered twice while it waits."
     )
 
 # --- Outbox -----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def login_username(request: HttpRequest, credentials: dict[str, Any] | None = No
     """The username a login attempt names, as django-axes files it (``AXES_USERNAME_CALLABLE``):
     axes' own rule, cut to its 255-character column and without NUL. Django's login form does
     not bound the username it authenticates, so a scanner's longer one reached PostgreSQL and
-    was a 500 (jazzband/django-axes#1381)."""
+    was a 500."""
     field = get_user_model().USERNAME_FIELD
     source = credentials if credentials else getattr(request, "data", request.POST)
     username = source.get(field)

@@ -26,9 +26,9 @@ from rest_framework.exceptions import AuthenticationFailed
 class ApiTokenAuthentication(TokenAuthentication):
     """knox's token authentication, except that a token that is not printable ASCII is a 401
     before it reaches knox: knox decodes the header's bytes as UTF-8 unguarded, so
-    ``Authorization: Token \\xe9`` was a 500 (DRF's own TokenAuthentication catches it since
-    encode/django-rest-framework#2928), and a NUL reached PostgreSQL, which refuses it in text
-    (another 500). A real token is hexadecimal."""
+    ``Authorization: Token \\xe9`` was a 500 (DRF's own TokenAuthentication catches it), and a
+    NUL reached PostgreSQL, which refuses it in text (another 500). A real token is
+    hexadecimal."""
 
     def authenticate_credentials(self, token: bytes) -> tuple[AbstractBaseUser, AuthToken]:
         if not all(0x21 <= byte <= 0x7E for byte in token):

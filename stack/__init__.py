@@ -8,6 +8,7 @@ application's real processes and the services around them, one way each.
   nginx edge, each one function returning a ``Process``;
 * ``stack.nginx``: the edge's configuration, rendered from ``deploy/nginx`` as compose does;
 * ``stack.smtp``: one SMTP server with one fault model, recording every message.
+* ``stack.machine``: the machine, servers and revision a benchmark or chaos result was made on.
 
 Not shipped with the application (``pyproject.toml`` packages only the apps).
 """

@@ -2,7 +2,7 @@
 
 Signature checking is stripe-python's ``WebhookSignature.verify_header`` (HMAC-SHA256 over
 ``"{t}.{body}"``, constant-time comparison, any ``v1`` may match), called once per configured
-secret so a secret can be rolled. Around it we cover what it does not (PITFALLS.md):
+secret so a secret can be rolled. Around it we cover what it does not:
 
 * a timestamp too far in the *future* (stripe-python rejects only stale ones);
 * a body that is not UTF-8 (stripe-python raises ``UnicodeDecodeError``, which would be a 500);
