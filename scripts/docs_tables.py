@@ -29,7 +29,14 @@ from stack.process import ROOT
 BENCH_RESULTS = ROOT / "bench" / "results"
 CHAOS_RESULTS = ROOT / "chaos" / "results"
 # The order of the tables: python -m bench's, then any other benchmark by name.
-BENCHMARKS = ("webhook_ingest", "pipeline", "ack_latency", "ingest_load", "worker_rss")
+BENCHMARKS = (
+    "webhook_ingest",
+    "pipeline",
+    "e2e_latency",
+    "ack_latency",
+    "ingest_load",
+    "worker_rss",
+)
 CHAOS_PROFILES = ("full", "short", "broker-stall")
 
 
@@ -280,7 +287,9 @@ def _floor_figures(ingest: dict[str, Any], pipeline: dict[str, Any]) -> list[tup
     return rows
 
 
+E2E = "webhook 200 -> SMTP 250, p50 / p99, at 50% of the maximum ingest"
 FLOOR_GOALS = {
+    E2E: "≤ 100 / ≤ 1,000 ms",
     "webhook ingest/s ÷ floor receiver/s": "≥ 0.6",
     "100% duplicate deliveries/s ÷ unique/s": "≥ 1",
     "emails/s ÷ floor emails/s": "≥ 0.6",
@@ -303,8 +312,27 @@ def floor_section() -> list[str]:
         for path, document in zip(paths, documents, strict=True)
     ]
     figures = [dict(_floor_figures(*documents)) for documents in runs]
+    # The end-to-end latency, when both runs of bench.e2e_latency are there.
+    e2e = [BENCH_RESULTS / f"e2e_latency.{FLOOR_BEFORE}.json", BENCH_RESULTS / "e2e_latency.json"]
+    if all(p.exists() for p in e2e):
+        for path, figure in zip(e2e, figures, strict=True):
+            document = _load(path)
+            latency = document["e2e_latency"]
+            figure[E2E] = (
+                f"{latency['p50_ms']:,.0f} / {latency['p99_ms']:,.0f} ms "
+                f"(at {document['rate']:.0f}/s)"
+            )
+            captions.append(
+                f"- {'before' if path.name != 'e2e_latency.json' else 'after'}: "
+                + _caption(path, document, f"`{path.name}`")
+            )
     rows = [
-        (figure, FLOOR_GOALS.get(figure, "reported"), figures[0][figure], figures[1][figure])
+        (
+            figure,
+            FLOOR_GOALS.get(figure, "reported"),
+            figures[0][figure],
+            figures[1].get(figure, "-"),
+        )
         for figure in figures[0]
     ]
     return [*captions, "", *_table(("figure", "goal", "before", "after"), rows, "llrr")]
