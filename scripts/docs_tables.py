@@ -307,7 +307,7 @@ def floor_section() -> list[str]:
     if not all("floor" in document["arms"] for documents in runs for document in documents):
         return []
     captions = [
-        f"- {when}: " + _caption(path, document, f"`{path.name}`")
+        f"- {when}: " + _caption(path, document, f"`python -m bench.{document['benchmark']}`")
         for when, paths, documents in (("before", before, runs[0]), ("after", after, runs[1]))
         for path, document in zip(paths, documents, strict=True)
     ]
@@ -324,7 +324,7 @@ def floor_section() -> list[str]:
             )
             captions.append(
                 f"- {'before' if path.name != 'e2e_latency.json' else 'after'}: "
-                + _caption(path, document, f"`{path.name}`")
+                + _caption(path, document, "`python -m bench.e2e_latency`")
             )
     rows = [
         (
