@@ -27,6 +27,7 @@ from bench.run import NO_LIMITS, owned_measure, run_config, verdict
 
 P50_GOAL_MS = 100.0
 P99_GOAL_MS = 1000.0
+RATE: dict[str, float] = {}  # "fixed": --rate, a rate given instead of a share of the maximum
 
 
 def measure(options: ingest_load.Options, prefix: str) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def measure(options: ingest_load.Options, prefix: str) -> dict[str, Any]:
         bench.closed(server, count=50, duration=60, warmup=True)
         bench.drain()
         top = bench.maximum(server)
-        rate = options.fraction * top["rate"]
+        rate = RATE.get("fixed") or options.fraction * top["rate"]
         count = max(1, round(rate * options.duration))
         batch = paid_batch(count, port=server.port, secret=stack.run.secret)
         result = pace(
@@ -64,10 +65,11 @@ def measure(options: ingest_load.Options, prefix: str) -> dict[str, Any]:
         f"p99 {e2e['p99_ms']:.1f} ms over {len(latencies)} emails",
         flush=True,
     )
+    where = f"{rate:.0f}/s" if RATE else f"{options.fraction:.0%} of max ingest"
     goals = [
         Goal(
             source="e2e_latency",
-            metric=f"webhook 200 -> SMTP 250 p50 at {options.fraction:.0%} of max ingest",
+            metric=f"webhook 200 -> SMTP 250 p50 at {where}",
             value=f"{e2e['p50_ms']:.1f} ms at {rate:.0f}/s",
             measured=e2e["p50_ms"],
             op="<=",
@@ -76,7 +78,7 @@ def measure(options: ingest_load.Options, prefix: str) -> dict[str, Any]:
         ),
         Goal(
             source="e2e_latency",
-            metric=f"webhook 200 -> SMTP 250 p99 at {options.fraction:.0%} of max ingest",
+            metric=f"webhook 200 -> SMTP 250 p99 at {where}",
             value=f"{e2e['p99_ms']:.1f} ms at {rate:.0f}/s",
             measured=e2e["p99_ms"],
             op="<=",
@@ -103,8 +105,16 @@ def parse(argv: Sequence[str] | None) -> ingest_load.Options:
     parser.add_argument("--fraction", type=float, default=0.5, help="of max")
     parser.add_argument("--duration", type=float, default=20, help="seconds paced")
     parser.add_argument("--max-duration", type=float, default=10, help="seconds at maximum")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0,
+        help="deliveries/s instead of --fraction x max, to compare runs at one rate",
+    )
     parser.add_argument("--output", default="")
     args, rest = parser.parse_known_args(argv)
+    if args.rate > 0:
+        RATE["fixed"] = args.rate
     output = ["--output", args.output] if args.output else []
     options = ingest_load.parse(
         [
