@@ -1,9 +1,9 @@
 """Every benchmark in sequence, then one table of every goal: ``.venv/bin/python -m bench``.
 
-Runs ``webhook_ingest`` (shorter than its own defaults), ``pipeline``, ``ack_latency``,
-``ingest_load`` and ``worker_rss``, each as its own ``main()`` with the profile's arguments and
-its usual JSON result under ``bench/results/``; then prints metric, value, goal, ratio and
-PASS/MISS for every goal, with the date and the machine, and writes
+Runs ``webhook_ingest`` (shorter than its own defaults), ``pipeline``, ``e2e_latency``,
+``ack_latency``, ``ingest_load`` and ``worker_rss``, each as its own ``main()`` with the
+profile's arguments and its usual JSON result under ``bench/results/``; then prints metric,
+value, goal, ratio and PASS/MISS for every goal, with the date and the machine, and writes
 ``bench/results/summary.json``.
 
 Profiles: ``full`` (default; about 15 minutes on 2 vCPUs) and ``--quick`` (about 5). A missed
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import ack_latency, ingest_load, pipeline, webhook_ingest, worker_rss
+from bench import ack_latency, e2e_latency, ingest_load, pipeline, webhook_ingest, worker_rss
 from bench.report import Goal, machine, revision, table, utc
 from bench.run import DATABASE_URL, REDIS_URL, RESULTS, ROOT, sigterm_as_interrupt
 
@@ -32,6 +32,7 @@ Main = Callable[[Sequence[str] | None], int]
 BENCHMARKS: dict[str, Main] = {
     "webhook_ingest": webhook_ingest.main,
     "pipeline": pipeline.main,
+    "e2e_latency": e2e_latency.main,
     "ack_latency": ack_latency.main,
     "ingest_load": ingest_load.main,
     "worker_rss": worker_rss.main,
@@ -40,6 +41,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
     "full": {
         "webhook_ingest": ["--rounds", "2", "--duration", "5", "--warmup", "1"],
         "pipeline": ["--emails", "2000", "--rounds", "2"],
+        "e2e_latency": ["--duration", "20", "--max-duration", "10"],
         "ack_latency": ["--duration", "20", "--rounds", "2"],
         "ingest_load": ["--max-duration", "10", "--duration", "20", "--throttle", "1.0,0.6"],
         "worker_rss": ["--emails", "10000", "--baseline", "1000"],
@@ -49,6 +51,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
             *("--rounds", "1", "--duration", "3", "--warmup", "1", "--duplicates", "500"),
         ],
         "pipeline": ["--emails", "2000", "--rounds", "1"],
+        "e2e_latency": ["--duration", "8", "--max-duration", "5"],
         "ack_latency": ["--duration", "8", "--rounds", "1"],
         "ingest_load": ["--max-duration", "5", "--duration", "8"],
         "worker_rss": ["--emails", "3000", "--baseline", "1000"],

@@ -7,7 +7,8 @@ checks of what the pipeline stored and emailed.
   each session awaits on its own: a slow provider answers many sessions slowly, it does not
   serialise them. Each message's Message-ID names its invoice, so emails are counted per
   invoice without parsing them.
-* The workers are ``celery -A core worker --include bench.tasks`` (``stack.launch``), logging
+* The workers are ``celery -A core worker --include bench.tasks,bench.floor_sender``
+  (``stack.launch``; the second is the floor sender, a reference arm), logging
   at WARNING as production does, each ready once it has set its key in Redis
   (``bench.tasks``); stopped together with a warm shutdown, then SIGKILL of each group, on the
   way out, on error or Ctrl-C too.
@@ -30,6 +31,7 @@ from typing import Any
 import psycopg
 import redis
 
+from bench.floor_receiver import FLOOR_TASK
 from bench.run import RESULTS, ROOT, RunConfig, stack_env, stack_pids, web
 from bench.tasks import NOOP_COUNTER, READY_KEY
 from stack import launch
@@ -124,7 +126,8 @@ def celery_workers(
     run: RunConfig, *, env: Mapping[str, str], startup_timeout: float = 90.0
 ) -> Iterator[Workers]:
     """``run.workers.processes`` workers named ``<run>-w<i>@<host>``, consuming the queues
-    every ``celery -A core worker`` consumes, with ``bench.tasks`` loaded; each logs to
+    every ``celery -A core worker`` consumes, with ``bench.tasks`` and the floor sender
+    (``bench.floor_sender``) loaded; each logs to
     ``bench/results/<run>.worker<i>.log``."""
     client = redis.Redis.from_url(run.redis_url)
     processes: list[Process] = []
@@ -142,7 +145,7 @@ def celery_workers(
                     name=name,
                     pool=run.workers.pool,
                     concurrency=run.workers.concurrency,
-                    include=("bench.tasks",),
+                    include=("bench.tasks", "bench.floor_sender"),
                     loglevel="WARNING",
                     ready=marked_ready(name),
                     log=RESULTS / f"{run.name}.worker{index}.log",
@@ -263,18 +266,21 @@ def serving(
 
 
 def stored(database_url: str) -> dict[str, int]:
-    """What the pipeline left in PostgreSQL."""
+    """What the pipeline left in PostgreSQL. The floor receiver's outbox rows are never marked
+    published (``bench.floor_receiver``): they are not counted as unpublished."""
     with psycopg.connect(database_url) as connection:
         row = connection.execute(
             """
             SELECT (SELECT count(*) FROM webhooks_webhookevent),
                    (SELECT count(*) FROM invoicing_invoice),
                    (SELECT count(*) FROM asyncwork_outboxmessage),
-                   (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL),
+                   (SELECT count(*) FROM asyncwork_outboxmessage
+                    WHERE published_at IS NULL AND task <> %(floor)s),
                    (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
                    (SELECT count(*) FROM invoicing_emaildelivery WHERE state <> 'sent'),
                    (SELECT count(*) FROM asyncwork_deadletter)
-            """
+            """,
+            {"floor": FLOOR_TASK},
         ).fetchone()
     assert row is not None
     names = (
@@ -290,12 +296,13 @@ def stored(database_url: str) -> dict[str, int]:
 
 
 def outbox_stranded(database_url: str, grace: float) -> int:
-    """Outbox rows unpublished for longer than ``grace`` seconds."""
+    """Outbox rows unpublished for longer than ``grace`` seconds (the floor receiver's left
+    out: they are never marked published)."""
     with psycopg.connect(database_url) as connection:
         row = connection.execute(
             "SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL "
-            "AND created_at < now() - make_interval(secs => %s)",
-            [grace],
+            "AND created_at < now() - make_interval(secs => %s) AND task <> %s",
+            [grace, FLOOR_TASK],
         ).fetchone()
     return int(row[0]) if row else 0
 

@@ -286,6 +286,7 @@ class PacedResult:
     rate: float  # requests per second offered
     outcomes: list[Paced | None]  # by request index; None: never sent (stopped)
     elapsed: float  # from the start to the last response
+    started_at: float = 0.0  # the start as time.time(), to compare with other clocks
 
     def sent(self) -> list[Paced]:
         return [outcome for outcome in self.outcomes if outcome is not None]
@@ -361,6 +362,7 @@ def pace(
     stop = threading.Event()
     # Every thread started before the first request is due.
     start = time.perf_counter() + 0.05 + 0.001 * senders
+    started_at = time.time() + (start - time.perf_counter())
     # One counter shared by every thread: itertools.count's next() is atomic under the GIL.
     shared = itertools.count()
     threads = [
@@ -394,7 +396,9 @@ def pace(
     if crash:
         raise RuntimeError("a pacing thread failed") from crash[0]
     done = [outcome.done for outcome in outcomes if outcome is not None]
-    return PacedResult(rate=rate, outcomes=outcomes, elapsed=max(done, default=0.0))
+    return PacedResult(
+        rate=rate, outcomes=outcomes, elapsed=max(done, default=0.0), started_at=started_at
+    )
 
 
 # --- Stripe deliveries --------------------------------------------------------------------------

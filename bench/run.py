@@ -370,6 +370,20 @@ def web(env: Mapping[str, str], config: GunicornConfig, *, log: str) -> Process:
     )
 
 
+def floor_web(env: Mapping[str, str], config: GunicornConfig, *, log: str) -> Process:
+    """The floor receiver under gunicorn with the application's configuration and shape; ready
+    once an unsigned POST is refused (400)."""
+    return launch.gunicorn(
+        env,
+        args=("bench.floor_receiver",),
+        config=config,
+        ready_path=launch.WEBHOOK_PATH,
+        ready_status=400,
+        log=RESULTS / f"{log}.floor.gunicorn.log",
+        name="gunicorn-floor",
+    )
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     # Unwind through every ``finally`` (processes stopped, keys deleted), as Ctrl-C does.
     raise KeyboardInterrupt

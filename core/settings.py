@@ -255,6 +255,10 @@ EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
 # Seconds for every blocking SMTP socket operation: a hung server must not hold a worker.
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+# A worker thread keeps its SMTP connection across messages (invoicing/mail.py), up to this many
+# messages and seconds, then opens a new one; one the server dropped is replaced before use.
+EMAIL_CONNECTION_MAX_MESSAGES = env.int("EMAIL_CONNECTION_MAX_MESSAGES", default=100)
+EMAIL_CONNECTION_MAX_AGE_SECONDS = env.int("EMAIL_CONNECTION_MAX_AGE_SECONDS", default=60)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Billing <billing@example.com>")
 SERVER_EMAIL = env.str("SERVER_EMAIL", default=DEFAULT_FROM_EMAIL)
 ADMINS = [("Operator", a) for a in env.list("DJANGO_ADMINS", default=[])]

@@ -1,5 +1,6 @@
 from datetime import timedelta
 
+from celery.signals import worker_process_shutdown
 from django.apps import AppConfig
 
 
@@ -17,7 +18,7 @@ class InvoicingConfig(AppConfig):
         from asyncwork.jobs import job_register
         from invoicing.deadletters import resend_dead_letter_subjects, send_dead_letter_subjects
         from invoicing.jobs import email_claims_recover, invoices_reconcile
-        from invoicing.mail import failure_in_words
+        from invoicing.mail import failure_in_words, smtp_connection_close
         from invoicing.metrics import (
             WORKER_EMAILS_SENT,
             email_breaker_metrics,
@@ -69,4 +70,8 @@ class InvoicingConfig(AppConfig):
         )
         register_describer(
             RESEND_INVOICE_EMAIL_TASK, resend_dead_letter_subjects, failure=failure_in_words
+        )
+        # A worker process closes the SMTP connection it kept with QUIT on its way out.
+        worker_process_shutdown.connect(
+            smtp_connection_close, weak=False, dispatch_uid="invoicing.mail.close"
         )

@@ -22,18 +22,26 @@ What came in a signed event is authentic, not harmless, so before it reaches the
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
+import os
 import re
+import select
 import smtplib
+import threading
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from email.headerregistry import Address
 from email.utils import parseaddr
+from typing import Any
 from urllib.parse import urlsplit
 
 import email_validator
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
+from django.core.mail.backends import smtp
 from django.template.loader import render_to_string
 
 from asyncwork.db import text_storable
@@ -221,17 +229,129 @@ def _words(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+@dataclass
+class _Kept:
+    """An SMTP connection this thread keeps open across messages."""
+
+    key: tuple[Any, ...]  # the process and the settings it was opened with
+    connection: Any
+    opened_at: float
+    sent: int = 0
+
+    def __del__(self) -> None:
+        # Its thread has ended (a pool thread, a test's worker) or a forked child let it go:
+        # close this process's socket without a word (no QUIT from a finalizer, which could
+        # wait on a dead server). Every message on it has ended with RSET already.
+        with contextlib.suppress(Exception):
+            self.connection.connection.close()
+
+
+_local = threading.local()
+
+
+def _connection_key() -> tuple[Any, ...]:
+    return (
+        os.getpid(),
+        settings.EMAIL_BACKEND,
+        settings.EMAIL_HOST,
+        settings.EMAIL_PORT,
+        settings.EMAIL_HOST_USER,
+        settings.EMAIL_HOST_PASSWORD,
+        settings.EMAIL_USE_TLS,
+        settings.EMAIL_USE_SSL,
+        settings.EMAIL_TIMEOUT,
+    )
+
+
+def _dropped(connection: Any) -> bool:
+    """Whether the server has closed the kept connection (or said something unasked, such as
+    a 421 before closing): its socket is gone or readable while no command is pending. A
+    local check, no round trip."""
+    sock = getattr(getattr(connection, "connection", None), "sock", None)
+    if sock is None:
+        return True
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def _connection_discard() -> None:
+    """Close this thread's kept connection, quietly; one inherited from the parent of a forked
+    process is let go without a word on its socket, which the parent still owns."""
+    kept: _Kept | None = _local.__dict__.pop("kept", None)
+    if kept is not None and kept.key[0] == os.getpid():
+        with contextlib.suppress(Exception):
+            kept.connection.close()
+
+
+def _connection_kept() -> Any:
+    """This thread's SMTP connection, opened on first use and kept across messages, up to
+    ``EMAIL_CONNECTION_MAX_MESSAGES`` messages and ``EMAIL_CONNECTION_MAX_AGE_SECONDS``; a new
+    one once the server has dropped it or the settings have changed. Only a backend with a
+    connection of its own (SMTP) is kept; any other is returned fresh."""
+    kept: _Kept | None = getattr(_local, "kept", None)
+    key = _connection_key()
+    if kept is not None and (
+        kept.key != key
+        or kept.sent >= settings.EMAIL_CONNECTION_MAX_MESSAGES
+        or time.monotonic() - kept.opened_at > settings.EMAIL_CONNECTION_MAX_AGE_SECONDS
+        or _dropped(kept.connection)
+    ):
+        _connection_discard()
+        kept = None
+    if kept is None:
+        connection = get_connection(timeout=settings.EMAIL_TIMEOUT)
+        if not isinstance(connection, smtp.EmailBackend):
+            return connection
+        connection.open()
+        kept = _local.kept = _Kept(key=key, connection=connection, opened_at=time.monotonic())
+    return kept.connection
+
+
+def _send(message: EmailMultiAlternatives) -> None:
+    """Send ``message`` over the kept connection; after any failure the connection is closed,
+    and the next message opens a new one. A message is never sent twice here: a connection
+    found dropped is replaced before anything of the message is written; one that fails
+    mid-message raises, as a new connection would, for the task's retry.
+
+    After the server's 250 the message is ended with RSET, which tells the server (and the
+    test server's record of crash windows) that its reply was read; an RSET that fails only
+    closes the connection: the message is delivered, and raising would send it again."""
+    try:
+        message.connection = _connection_kept()
+        message.send()
+    except BaseException:
+        _connection_discard()
+        raise
+    kept: _Kept | None = getattr(_local, "kept", None)
+    if kept is None:
+        return
+    kept.sent += 1
+    try:
+        code, _ = kept.connection.connection.rset()
+    except (smtplib.SMTPException, OSError):
+        code = 0
+    if code != 250:
+        _connection_discard()
+
+
+def smtp_connection_close(**_: Any) -> None:
+    """Close this thread's kept SMTP connection with QUIT (a worker process on its way out:
+    Celery's ``worker_process_shutdown``)."""
+    _connection_discard()
+
+
 def deliver(message: EmailMultiAlternatives) -> None:
-    """Send through Django's email backend, bounded by ``EMAIL_TIMEOUT`` on every socket
-    operation, and classify what went wrong.
+    """Send through Django's email backend over a connection kept per worker thread
+    (``_connection_kept``), bounded by ``EMAIL_TIMEOUT`` on every socket operation, and
+    classify what went wrong.
 
     Each error says what happened in words an operator can act on (``recipient refused: 550
     5.1.1 mailbox unavailable (x@y)``), which the dead letter keeps as its message; smtplib's
     own exception, with its raw reply, stays chained to it and so in the traceback."""
-    connection = get_connection(timeout=settings.EMAIL_TIMEOUT)
     try:
-        message.connection = connection
-        message.send()
+        _send(message)
     except smtplib.SMTPRecipientsRefused as exc:
         codes = [code for code, _ in exc.recipients.values()]
         refused = refused_recipients_text(exc.recipients)

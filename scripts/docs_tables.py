@@ -29,13 +29,23 @@ from stack.process import ROOT
 BENCH_RESULTS = ROOT / "bench" / "results"
 CHAOS_RESULTS = ROOT / "chaos" / "results"
 # The order of the tables: python -m bench's, then any other benchmark by name.
-BENCHMARKS = ("webhook_ingest", "pipeline", "ack_latency", "ingest_load", "worker_rss")
+BENCHMARKS = (
+    "webhook_ingest",
+    "pipeline",
+    "e2e_latency",
+    "ack_latency",
+    "ingest_load",
+    "worker_rss",
+)
 CHAOS_PROFILES = ("full", "short", "broker-stall")
 
 
 def bench_files(key: str = "summary") -> list[Path]:
-    """The benchmark result files holding ``key`` (goal rows by default)."""
-    files = [p for p in BENCH_RESULTS.glob("*.json") if key in _load(p)]
+    """The benchmark result files holding ``key`` (goal rows by default); not the earlier runs
+    kept for a before/after comparison (``<benchmark>.before-<issue>.json``)."""
+    files = [
+        p for p in BENCH_RESULTS.glob("*.json") if ".before-" not in p.name and key in _load(p)
+    ]
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     return sorted(files, key=lambda p: (order.get(p.stem, len(order)), p.name))
 
@@ -227,6 +237,107 @@ def chaos_section(path: Path) -> list[str]:
     return [*lines, *_table(("", *arms), rows, "l" * (1 + len(arms)))]
 
 
+# The before/after comparison of issue 13 (the floor arms): each benchmark's run before the
+# change (``<benchmark>.before-13.json``) and its current result file.
+FLOOR_BEFORE = "before-13"
+
+
+def _arm_cpu(document: dict[str, Any], arm: str, group: str) -> float:
+    figures = document["arms"][arm]
+    per_item = figures.get("cpu_ms_per_delivery") or figures["cpu_ms_per_item"]
+    return float(per_item[group])
+
+
+def _floor_figures(ingest: dict[str, Any], pipeline: dict[str, Any]) -> list[tuple[str, str]]:
+    """(figure, its text) for one run of each benchmark."""
+    arms, flow = ingest["arms"], pipeline["arms"]
+    rows = [
+        (
+            "webhook ingest/s ÷ floor receiver/s",
+            f"{arms['unique']['rate'] / arms['floor']['rate']:.2f} "
+            f"({arms['unique']['rate']:.0f} / {arms['floor']['rate']:.0f} per s)",
+        ),
+        (
+            "100% duplicate deliveries/s ÷ unique/s",
+            f"{arms['duplicate']['rate'] / arms['unique']['rate']:.2f} "
+            f"({arms['duplicate']['rate']:.0f} / {arms['unique']['rate']:.0f} per s)",
+        ),
+        (
+            "emails/s ÷ floor emails/s",
+            f"{flow['emails']['rate'] / flow['floor']['rate']:.2f} "
+            f"({flow['emails']['rate']:.1f} / {flow['floor']['rate']:.1f} per s)",
+        ),
+    ]
+    for group in ("gunicorn", "postgres", "redis"):
+        rows.append(
+            (
+                f"CPU ms per webhook, {group} (application / floor)",
+                f"{_arm_cpu(ingest, 'unique', group):.2f} / {_arm_cpu(ingest, 'floor', group):.2f}",
+            )
+        )
+    for group in ("celery", "gunicorn", "postgres", "redis"):
+        kind = "worker" if group == "celery" else group
+        rows.append(
+            (
+                f"CPU ms per email end to end, {kind} (application / floor)",
+                f"{_arm_cpu(pipeline, 'emails', group):.2f} / "
+                f"{_arm_cpu(pipeline, 'floor', group):.2f}",
+            )
+        )
+    return rows
+
+
+E2E = "webhook 200 -> SMTP 250, p50 / p99, at 50% of the maximum ingest"
+FLOOR_GOALS = {
+    E2E: "≤ 100 / ≤ 1,000 ms",
+    "webhook ingest/s ÷ floor receiver/s": "≥ 0.6",
+    "100% duplicate deliveries/s ÷ unique/s": "≥ 1",
+    "emails/s ÷ floor emails/s": "≥ 0.6",
+}
+
+
+def floor_section() -> list[str]:
+    """Before and after, side by side, for ``webhook_ingest`` and ``pipeline``."""
+    names = ("webhook_ingest", "pipeline")
+    before = [BENCH_RESULTS / f"{name}.{FLOOR_BEFORE}.json" for name in names]
+    after = [BENCH_RESULTS / f"{name}.json" for name in names]
+    if not all(p.exists() for p in [*before, *after]):
+        return []
+    runs = [[_load(p) for p in paths] for paths in (before, after)]
+    if not all("floor" in document["arms"] for documents in runs for document in documents):
+        return []
+    captions = [
+        f"- {when}: " + _caption(path, document, f"`python -m bench.{document['benchmark']}`")
+        for when, paths, documents in (("before", before, runs[0]), ("after", after, runs[1]))
+        for path, document in zip(paths, documents, strict=True)
+    ]
+    figures = [dict(_floor_figures(*documents)) for documents in runs]
+    # The end-to-end latency, when both runs of bench.e2e_latency are there.
+    e2e = [BENCH_RESULTS / f"e2e_latency.{FLOOR_BEFORE}.json", BENCH_RESULTS / "e2e_latency.json"]
+    if all(p.exists() for p in e2e):
+        for path, figure in zip(e2e, figures, strict=True):
+            document = _load(path)
+            latency = document["e2e_latency"]
+            figure[E2E] = (
+                f"{latency['p50_ms']:,.0f} / {latency['p99_ms']:,.0f} ms "
+                f"(at {document['rate']:.0f}/s)"
+            )
+            captions.append(
+                f"- {'before' if path.name != 'e2e_latency.json' else 'after'}: "
+                + _caption(path, document, "`python -m bench.e2e_latency`")
+            )
+    rows = [
+        (
+            figure,
+            FLOOR_GOALS.get(figure, "reported"),
+            figures[0][figure],
+            figures[1].get(figure, "-"),
+        )
+        for figure in figures[0]
+    ]
+    return [*captions, "", *_table(("figure", "goal", "before", "after"), rows, "llrr")]
+
+
 GENERATED = "<!-- generated by `python -m scripts.docs_tables` from the result files -->"
 
 
@@ -241,6 +352,7 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     PERFORMANCE: {
         "bench": lambda: block([bench_section(p) for p in bench_files()]),
         "dashboard": lambda: block([dashboard_section(p) for p in bench_files("render_ms")]),
+        "floor": lambda: block([floor_section()]),
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
 }

@@ -20,9 +20,11 @@ The faults (``Faults``, read at each command, so they can change while it runs):
 
 The record. A message is committed (``Handler.envelopes``) once the server decides to take
 it, before its reply is delayed or sent, as a real MTA queues a message before it says 250:
-a client that dies before it reads the 250 has still delivered it. Sessions that end without
-QUIT after a commit are recorded as ``cuts``. Every count (``Handler.counts``) and the record
-are kept under one lock; ``wait_for`` blocks until a number of messages is in.
+a client that dies before it reads the 250 has still delivered it. A client that keeps its
+connection for the next message ends the message with RSET (or its next MAIL); sessions that
+end without QUIT, RSET or MAIL after a commit are recorded as ``cuts``. Every count
+(``Handler.counts``) and the record are kept under one lock; ``wait_for`` blocks until a
+number of messages is in.
 
 With ``smtputf8`` the server offers SMTPUTF8 (RFC 6531); without it, aiosmtpd refuses the
 parameter and any non-ASCII byte in a command.
@@ -152,7 +154,7 @@ class Handler:
         self.deferrals: Counter[str] = Counter()  # by Message-ID, from defer_rate
         self.down_connections: list[float] = []  # time.time() of each connection cut by down
         self.cuts: list[tuple[float, InData]] = []  # sessions lost after their commit
-        self.endings: dict[int, str] = {}  # index in envelopes -> "quit" or "cut"
+        self.endings: dict[int, str] = {}  # index in envelopes -> "quit", "rset" or "cut"
         self.in_data: dict[int, InData] = {}  # client port -> its session inside DATA
         self.serving = False  # start()'s own check connection is never cut
         self._hold: Hold | None = None
@@ -264,12 +266,28 @@ class Handler:
             return self.rng.uniform(faults.delay, faults.delay_max)
         return faults.delay
 
-    async def handle_QUIT(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+    def _ended(self, session: Session, how: str) -> None:
+        """The client has read the reply to its last DATA: that message is out of the window."""
         with self.lock:
             ended = self.in_data.pop(_client_port(session), None)
             if ended is not None and ended.state == "committed":
-                self.endings[ended.accepted] = "quit"
+                self.endings[ended.accepted] = how
+
+    async def handle_QUIT(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        self._ended(session, "quit")
         return "221 Bye"
+
+    async def handle_RSET(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        self._ended(session, "rset")
+        return "250 OK"
+
+    async def handle_MAIL(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
+        self._ended(session, "rset")
+        envelope.mail_from = address
+        envelope.mail_options.extend(options)
+        return "250 OK"
 
     # --- connections ----------------------------------------------------------------------------
 
@@ -302,6 +320,9 @@ class _SMTP(SMTP):
             self._cut = True
             transport.close()
             return
+        if isinstance(handler, Handler) and handler.serving:  # not start()'s own check
+            with handler.lock:
+                handler.counts["sessions"] += 1
         super().connection_made(transport)
 
     def connection_lost(self, error: Exception | None) -> None:

@@ -47,7 +47,7 @@ def test_every_variable_read_is_documented_and_every_documented_one_is_read() ->
 CHAOS = [ROOT / "chaos" / "results" / f"{name}.json" for name in ("full", "short", "broker-stall")]
 RESULT_FILES = [*(ROOT / "bench" / "results").glob("*.json"), *(p for p in CHAOS if p.exists())]
 PERFORMANCE, CHAOS_DOC = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
-BLOCKS = {"bench": PERFORMANCE, "dashboard": PERFORMANCE, "chaos": CHAOS_DOC}
+BLOCKS = {"bench": PERFORMANCE, "dashboard": PERFORMANCE, "floor": PERFORMANCE, "chaos": CHAOS_DOC}
 
 
 def test_generated_tables_in_the_docs_are_what_the_result_files_make() -> None:

@@ -13,8 +13,10 @@ from email.message import EmailMessage
 from typing import Any
 
 import pytest
+from django.core.mail import EmailMultiAlternatives
 from django.test import Client
 
+from asyncwork.errors import TransientError
 from asyncwork.models import DeadLetter
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
@@ -300,3 +302,76 @@ def test_an_smtp_reply_in_words_is_one_line_of_storable_text(
     reply: bytes | str, words: str
 ) -> None:
     assert mail.smtp_reply_text(550, reply) == words
+
+
+# --- The SMTP connection kept across messages --------------------------------------------------
+
+
+def plain_message(number: int) -> EmailMultiAlternatives:
+    return EmailMultiAlternatives(
+        subject=f"Invoice {number}",
+        body="Paid, thank you.",
+        from_email="billing@example.com",
+        to=[f"customer{number}@example.com"],
+        headers={"Message-ID": f"<kept.{number}@example.com>"},
+    )
+
+
+def received_ids(server: SmtpServer) -> list[str]:
+    return [received.message_id for received in server.handler.received()]
+
+
+def test_messages_share_one_connection_up_to_its_bound(settings: Any, smtp: SmtpServer) -> None:
+    settings.EMAIL_CONNECTION_MAX_MESSAGES = 3
+    for number in range(5):
+        mail.deliver(plain_message(number))
+
+    assert received_ids(smtp) == [f"<kept.{n}@example.com>" for n in range(5)]
+    assert smtp.handler.counts["sessions"] == 2  # 3 messages, then a new connection for 2
+    # Each message ended with RSET: none of them is left looking cut in the server's record.
+    assert set(smtp.handler.endings.values()) == {"rset"}
+
+
+def test_a_connection_the_server_dropped_is_replaced_without_a_loss_or_a_duplicate(
+    settings: Any,
+) -> None:
+    first = SmtpServer().start()
+    use_smtp(settings, first.port)
+    try:
+        mail.deliver(plain_message(1))
+    finally:
+        first.stop()  # the kept connection is closed by the server
+    second = SmtpServer(port=first.port).start()
+    try:
+        mail.deliver(plain_message(2))
+        mail.deliver(plain_message(3))
+    finally:
+        second.stop()
+
+    assert received_ids(first) == ["<kept.1@example.com>"]
+    assert received_ids(second) == ["<kept.2@example.com>", "<kept.3@example.com>"]
+    assert second.handler.counts["sessions"] == 1
+
+
+def test_a_failed_message_closes_the_connection_and_the_next_opens_a_new_one(
+    smtp: SmtpServer,
+) -> None:
+    smtp.handler.faults.replies.append("451 4.3.0 try again later")
+    with pytest.raises(TransientError):
+        mail.deliver(plain_message(1))
+    mail.deliver(plain_message(1))
+    mail.deliver(plain_message(2))
+
+    assert received_ids(smtp) == ["<kept.1@example.com>", "<kept.2@example.com>"]
+    assert smtp.handler.counts["sessions"] == 2
+
+
+def test_a_changed_setting_opens_a_connection_to_the_new_server(
+    settings: Any, smtp: SmtpServer
+) -> None:
+    mail.deliver(plain_message(1))
+    with SmtpServer() as other:
+        use_smtp(settings, other.port)
+        mail.deliver(plain_message(2))
+        assert received_ids(other) == ["<kept.2@example.com>"]
+    assert received_ids(smtp) == ["<kept.1@example.com>"]
