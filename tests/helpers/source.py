@@ -59,14 +59,18 @@ def string_constants(node: ast.AST) -> set[str]:
 
 
 def command_lines(path: str) -> Iterator[tuple[int, set[str]]]:
-    """(line, words) of every list or tuple display in the file, and of every program looked
-    up on the PATH (``shutil.which(...)``), the words being the string literals inside it:
-    where a command line is written down."""
+    """(line, words) of every list or tuple display that holds an option (a word starting with
+    ``-``: every command line that starts a daemon has one, a tuple of names does not), and of
+    every program looked up on the PATH (``shutil.which(...)``), the words being the string
+    literals inside it: where a command line is written down."""
     for node in ast.walk(parsed(path)):
-        if isinstance(node, ast.List | ast.Tuple | ast.Call) and (
-            not isinstance(node, ast.Call) or _called(node) == "which"
-        ):
-            yield node.lineno, string_constants(node)
+        if isinstance(node, ast.Call):
+            if _called(node) == "which":
+                yield node.lineno, string_constants(node)
+        elif isinstance(node, ast.List | ast.Tuple):
+            words = string_constants(node)
+            if any(word.startswith("-") for word in words):
+                yield node.lineno, words
 
 
 def _called(call: ast.Call) -> str:
