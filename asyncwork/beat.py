@@ -30,9 +30,11 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
+from kombu.exceptions import OperationalError
 
-from asyncwork.jobs import schedules_missing
+from asyncwork.jobs import jobs_recover, schedules_missing
 from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, lock_key
+from asyncwork.recovery import BrokerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,11 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._leader = LeaderLock()
         self._leading = False
+        # Set once this process has led and then lost the database: taking the lock again
+        # is a database reconnect, and the recovery jobs run at once (asyncwork.recovery).
+        self._database_lost = False
+        self._broker = BrokerWatch()
+        self._broker_restarted = False
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -114,6 +121,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             if self._leading:
                 logger.warning("beat lost the leader lock: standing by")
                 self._leading = False
+                self._database_lost = True
             return float(settings.BEAT_STANDBY_POLL_SECONDS)
         try:
             if not self._leading:
@@ -125,16 +133,32 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 self._heap_invalidated = True
                 logger.info("beat took the leader lock: dispatching")
                 self._leading = True
+            self._broker_restarted = self._broker_restarted or self._broker.restarted()
+            if self._database_lost and _recover("database_reconnected"):
+                self._database_lost = False
+            if self._broker_restarted and _recover("broker_restarted"):
+                self._broker_restarted = False
             return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
         except DatabaseError as exc:
             # PostgreSQL restarting: do not die (nothing would run the jobs); try again soon.
             logger.warning("beat could not reach the database (%s); retrying", exc)
             connection.close()
+            self._database_lost = True
             return float(settings.BEAT_STANDBY_POLL_SECONDS)
 
     def close(self) -> None:
         super().close()
         self._leader.release()
+
+
+def _recover(reason: str) -> bool:
+    """Dispatch the recovery jobs; False (asked again next tick) when they could not be."""
+    try:
+        jobs_recover(reason=reason)
+    except (OperationalError, OSError) as exc:  # the broker may still be coming back
+        logger.warning("recovery jobs not dispatched (%s): %s; retrying", reason, exc)
+        return False
+    return True
 
 
 def active_beat() -> Holder | None:

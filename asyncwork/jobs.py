@@ -19,6 +19,12 @@ Every job is single-owner and safe to run twice:
   rows under SKIP LOCKED; the alert deduplicates per period; a purge deletes by age).
 * beat dispatches each job with an expiry of one interval, so ticks that piled up while no
   worker ran are dropped rather than run back to back.
+
+A job may also run *on recovery* (``job_register(..., on_recovery=...)``): when the beat
+leader sees the broker restarted (its run id changed: the queues are gone) or its database
+connection come back, it dispatches those jobs at once (``jobs_recover``), each under its
+own lock as ever, instead of leaving the loss to the next period (``asyncwork.recovery``).
+The periodic run stays as the safety net.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class Job:
     every: timedelta | None = None
     # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
     cron: dict[str, str] | None = None
+    # The body run when the machinery dispatches the job on recovery; None: not on recovery.
+    recover: Callable[[], Any] | None = None
 
     @property
     def task(self) -> str:
@@ -77,15 +85,29 @@ def job_register(
     *,
     every: timedelta | None = None,
     cron: dict[str, str] | None = None,
+    on_recovery: bool | Callable[[], Any] = False,
 ) -> Task:
     """Declare the scheduled job ``name`` (from an ``AppConfig.ready()``): ``run`` every
-    ``every``, or on the ``cron`` schedule, under the job's lock. Returns its Celery task."""
+    ``every``, or on the ``cron`` schedule, under the job's lock. Returns its Celery task.
+
+    ``on_recovery``: True runs ``run`` at once after a broker restart or a database reconnect
+    too (``jobs_recover``); a callable runs that body instead on those occasions (a job that
+    must not wait out a quiet period for work the restart provably dropped)."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
-    _jobs[name] = Job(name=name, run=run, every=every, cron=cron)
+    recover = (run if on_recovery else None) if isinstance(on_recovery, bool) else on_recovery
+    _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
 
-    def job() -> Any:
-        return job_run(name=name, body=run).result
+    def job(recovery: bool = False, attempt: int = 0) -> Any:
+        if not recovery or recover is None:
+            return job_run(name=name, body=run).result
+        outcome = job_run(name=name, body=recover)
+        if not outcome.ran and attempt < RECOVERY_ATTEMPTS:
+            # A periodic run holds the lock; it may predate the restart, so try again soon.
+            _tasks[name].apply_async(
+                kwargs={"recovery": True, "attempt": attempt + 1}, countdown=RECOVERY_RETRY_SECONDS
+            )
+        return outcome.result
 
     job.__name__ = job.__qualname__ = run.__name__
     job.__module__ = run.__module__
@@ -101,6 +123,28 @@ def job_task(name: str) -> Task:
 def jobs_declared() -> tuple[Job, ...]:
     """Every declared job, in the order declared."""
     return tuple(_jobs.values())
+
+
+RECOVERY_ATTEMPTS = 5
+RECOVERY_RETRY_SECONDS = 5
+
+
+def jobs_recover(*, reason: str) -> list[str]:
+    """Dispatch every job declared to run on recovery, now (each runs under its lock, in its
+    recovery body); returns their names. ``reason`` is for the log and the metric."""
+    from asyncwork.metrics import RECOVERY_TRIGGERS
+
+    names = [job.name for job in jobs_declared() if job.recover is not None]
+    for name in names:
+        _tasks[name].apply_async(kwargs={"recovery": True})
+    RECOVERY_TRIGGERS.labels(reason=reason).inc()
+    logger.warning(
+        "recovery: %s; dispatched the recovery jobs now: %s",
+        reason,
+        ", ".join(names) or "none declared",
+        extra={"reason": reason, "jobs": names},
+    )
+    return names
 
 
 # The description of every periodic task schedules_sync manages: it finds its own by it, so

@@ -17,7 +17,11 @@ class InvoicingConfig(AppConfig):
         from asyncwork.deadletters import register_describer
         from asyncwork.jobs import job_register
         from invoicing.deadletters import resend_dead_letter_subjects, send_dead_letter_subjects
-        from invoicing.jobs import email_claims_recover, invoices_reconcile
+        from invoicing.jobs import (
+            email_claims_recover,
+            invoices_reconcile,
+            invoices_reconcile_now,
+        )
         from invoicing.mail import failure_in_words, smtp_connection_close
         from invoicing.metrics import (
             WORKER_EMAILS_SENT,
@@ -49,7 +53,13 @@ class InvoicingConfig(AppConfig):
 
         # The safety nets of the email guarantee.
         job_register("email-claims-recover", email_claims_recover, every=timedelta(seconds=60))
-        job_register("email-reconcile", invoices_reconcile, every=timedelta(seconds=120))
+        # At once, too, after a broker restart or a database reconnect (asyncwork.recovery).
+        job_register(
+            "email-reconcile",
+            invoices_reconcile,
+            every=timedelta(seconds=120),
+            on_recovery=invoices_reconcile_now,
+        )
 
         health.register_check("breaker", email_breaker_check, critical=False)
         metrics.register_source("emails", email_delivery_metrics, database=True)

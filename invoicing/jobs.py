@@ -8,7 +8,11 @@
 * ``invoices_reconcile``: a paid invoice with no email sent and nothing pending for
   ``RECONCILE_QUIET_SECONDS`` (no live claim, no recent or unpublished outbox row, no dead
   letter waiting for a human) gets its email enqueued again. This is what recovers the jobs a
-  Redis restart dropped (Redis keeps nothing on disk here).
+  Redis restart dropped (Redis keeps nothing on disk here). It also runs at once when the
+  beat leader sees the broker restart or the database come back (``asyncwork.recovery``), as
+  ``invoices_reconcile_now``: without the quiet period, since the restart provably dropped
+  what was queued before it. Re-enqueueing an email that is still queued or being sent is
+  harmless: its claim is the fence, so the second message finds it sent or claimed and skips.
 
 Both enqueue through the outbox, and both are safe to run twice: what they enqueue is pending
 afterwards, so the next run leaves it alone.
@@ -78,8 +82,11 @@ LIMIT %(limit)s
 """
 
 
-def invoices_reconcile(*, limit: int = 1000) -> int | str:
+def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -> int | str:
     """Enqueue the email of every paid invoice that has none and nothing pending.
+
+    ``quiet_seconds`` (``RECONCILE_QUIET_SECONDS`` unless given): how long a published
+    message, or a failed attempt, counts as pending.
 
     Stands aside while the provider's breaker is not closed: jobs deferred by an open breaker
     hold no claim and would look lost, and enqueueing more of them only grows the queue."""
@@ -87,13 +94,14 @@ def invoices_reconcile(*, limit: int = 1000) -> int | str:
     if breaker != "closed":
         return f"skipped: email provider breaker {breaker}"
     now = timezone.now()
+    quiet = settings.RECONCILE_QUIET_SECONDS if quiet_seconds is None else quiet_seconds
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
                 _RECONCILE_SQL,
                 {
                     "since": now - timedelta(days=settings.RECONCILE_WINDOW_DAYS),
-                    "quiet_since": now - timedelta(seconds=settings.RECONCILE_QUIET_SECONDS),
+                    "quiet_since": now - timedelta(seconds=quiet),
                     "prefix": EMAIL_KEY_PREFIX,
                     "task": SEND_INVOICE_EMAIL_TASK,
                     "limit": limit,
@@ -103,3 +111,10 @@ def invoices_reconcile(*, limit: int = 1000) -> int | str:
         for invoice_id in invoice_ids:
             outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice_id])
     return len(invoice_ids)
+
+
+def invoices_reconcile_now() -> int | str:
+    """The reconcile after a restart (the broker's or the database's): every paid invoice with
+    no email sent, no live claim, no unpublished outbox row and no dead letter waiting gets its
+    email enqueued, however recently its message was published or its attempt failed."""
+    return invoices_reconcile(quiet_seconds=0)
