@@ -11,6 +11,7 @@ from celery import Celery
 
 from asyncwork import logging as log_context
 from asyncwork import metrics, queues
+from asyncwork.watchdog import WorkerWatchdog
 from core.startup import settings_load_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
@@ -33,6 +34,9 @@ app.conf.task_default_queue = queues.DEFAULT
 # the queues a worker consumes are set once every app has declared its own (CoreConfig.ready).
 app.conf.task_routes = (queues.task_route,)
 
+
+# A worker idle while its queues hold work exits for its supervisor to restart it.
+app.steps["worker"].add(WorkerWatchdog)
 
 app.autodiscover_tasks()
 # Worker-side observability hangs on Celery's signals: the log context every task line carries

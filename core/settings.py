@@ -472,6 +472,9 @@ METRICS_ALLOWED_NETWORKS = env.list(
 # Under the prefork pool that needs PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself,
 # in the environment of the web and the worker processes alike): a directory of its own per
 # process group, emptied at start, where every process of the group keeps its counts.
+# A worker with a free slot, messages waiting in its queues and no task taken for this long
+# exits (asyncwork.watchdog) for its supervisor to restart it; 0 turns the watchdog off.
+WORKER_WATCHDOG_SECONDS = env.int("WORKER_WATCHDOG_SECONDS", default=10)
 WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
 # Nothing authenticates that port: loopback unless told otherwise. A deployment where
 # Prometheus scrapes from another host sets the interface (compose.yaml: 0.0.0.0 inside its

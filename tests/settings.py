@@ -48,6 +48,9 @@ os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{_RUN}")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
 os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
+# Off here: a worker thread inside pytest must never exit the test run; the watchdog's own
+# test (tests/asyncwork/test_watchdog.py) turns it on for a worker process of its own.
+os.environ.setdefault("WORKER_WATCHDOG_SECONDS", "0")
 # The events the tests sign are test-mode events (livemode false, as webhooks/testing.py makes
 # them), whatever DJANGO_DEBUG is: the endpoint under test acts on test mode.
 os.environ.setdefault("STRIPE_LIVEMODE", "test")

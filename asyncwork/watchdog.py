@@ -1,0 +1,129 @@
+"""The worker's watchdog: no worker stays idle while its queues hold work.
+
+A worker can stay alive and consume nothing: its event loop died on an unrecoverable error
+(docs/chaos.md, "Open"), or its consumer lost its prefetch slots or its connection for good.
+Its supervisor sees a live process and restarts nothing, while emails wait.
+
+A thread in the worker's main process (a worker bootstep, added in ``core.celery``) looks once
+a second: when the worker has a free slot (fewer requests reserved than its concurrency), the
+queues it was started on hold messages, and it has accepted no task, all for
+``WORKER_WATCHDOG_SECONDS`` on end, its consumer is stuck. Re-establishing a consumer from
+outside its event loop is not safe, so the watchdog logs one CRITICAL line, counts it
+(``asyncwork_worker_watchdog_actions``) and exits the process with ``EXIT_CODE``: the
+supervisor starts a fresh worker. Nothing is lost by the exit: every task is ``acks_late``
+with ``reject_on_worker_lost``, so the messages the worker held come back to the queue.
+
+A broker the watchdog cannot read is no evidence against the worker (the broker is down for
+everyone): the watch starts over. ``WORKER_WATCHDOG_SECONDS=0`` turns it off; a broker that
+is not Redis has no queue depth to read here, and no watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import redis as redis_py
+from celery import bootsteps
+from celery.worker import state
+from django.conf import settings
+
+from asyncwork.broker import broker_redis, queue_keys
+from asyncwork.metrics import WATCHDOG_ACTIONS
+
+logger = logging.getLogger(__name__)
+
+EXIT_CODE = 70  # EX_SOFTWARE: the worker gave up on itself
+INTERVAL_SECONDS = 1.0
+
+
+def queued(queues: list[str]) -> int | None:
+    """Messages waiting in ``queues`` (every priority list), or None if the broker does not
+    answer."""
+    client = broker_redis()
+    if client is None:
+        return None
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        for key in queue_keys(queue):
+            pipe.llen(key)
+    try:
+        return sum(int(n) for n in pipe.execute())
+    except redis_py.RedisError:
+        return None
+
+
+class Watch:
+    """The watchdog's state: since when the worker has been idle with work waiting."""
+
+    def __init__(self, *, concurrency: int, queues: list[str], seconds: float) -> None:
+        self.concurrency = concurrency
+        self.queues = queues
+        self.seconds = seconds
+        self.since: float | None = None
+        self.accepted = -1
+        self.waiting = 0
+
+    def stuck(self, now: float) -> bool:
+        """One look; True once the worker has been idle with work waiting for ``seconds``."""
+        accepted = state.all_total_count[0]
+        free = len(state.reserved_requests) < self.concurrency
+        waiting = queued(self.queues) if free else None
+        if not waiting or accepted != self.accepted:
+            self.since, self.accepted = None, accepted
+            return False
+        self.waiting = waiting
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.seconds
+
+
+class WorkerWatchdog(bootsteps.StartStopStep):
+    """Starts the watchdog thread with the worker, stops it with the worker."""
+
+    label = "Watchdog"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.stopping = threading.Event()
+
+    def start(self, parent: Any) -> None:
+        seconds = settings.WORKER_WATCHDOG_SECONDS
+        if seconds <= 0 or broker_redis() is None:
+            return
+        # The queues it was started on: a consumer cancelled since is a stuck consumer too.
+        queues = sorted(parent.app.amqp.queues.consume_from)
+        watch = Watch(concurrency=parent.concurrency, queues=queues, seconds=seconds)
+        threading.Thread(
+            target=self.run, args=(watch,), name="asyncwork-watchdog", daemon=True
+        ).start()
+
+    def stop(self, parent: Any) -> None:
+        self.stopping.set()
+
+    def run(self, watch: Watch) -> None:
+        while not self.stopping.wait(INTERVAL_SECONDS):
+            if watch.stuck(time.monotonic()):
+                self.give_up(watch)
+                return
+
+    def give_up(self, watch: Watch) -> None:
+        WATCHDOG_ACTIONS.labels(action="exit").inc()
+        logger.critical(
+            "worker watchdog: a free slot while %d message(s) waited in %s and no task was "
+            "taken for %.0f s: the consumer is stuck; exiting (%d) for the supervisor to "
+            "restart the worker",
+            watch.waiting,
+            ", ".join(watch.queues),
+            watch.seconds,
+            EXIT_CODE,
+            extra={"queues": watch.queues, "waiting": watch.waiting},
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        # Not sys.exit (this is not the main thread) nor a warm shutdown (a stuck worker may
+        # not finish one): the held messages are redelivered (acks_late, reject_on_worker_lost).
+        os._exit(EXIT_CODE)
