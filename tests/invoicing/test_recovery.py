@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.db import connection
 from django.utils import timezone
 
 from asyncwork.models import OutboxMessage, ScheduledJob
@@ -128,3 +129,45 @@ def test_a_broker_restart_is_reconciled_within_seconds(
     # No email twice: each message carries its invoice's one Message-ID.
     ids = [message["Message-ID"] for message in smtp.messages]
     assert len(ids) == len(set(ids)) == INVOICES
+
+
+def test_a_database_reconnect_is_reconciled_within_seconds(smtp: SmtpServer) -> None:
+    """What a PostgreSQL restart does to beat: every connection terminated by the server. An
+    invoice whose message was published (the row says so) but never reached a worker, as a
+    restart in the middle leaves it, is emailed at once, not after the quiet period."""
+    env = worker_env(smtp.port)
+    beat = launch.celery_beat(env, name="reconnect-beat")
+    worker = launch.celery_worker(env, name="reconnect-worker")
+    try:
+        assert wait_until(lambda: "took the leader lock" in beat.log_text(), timeout=30)
+        worker.wait_ready()
+        invoice = paid_invoice()
+        OutboxMessage.objects.create(
+            task=SEND_INVOICE_EMAIL_TASK,
+            args=[invoice.pk],
+            queue=EMAIL_QUEUE,
+            published_at=timezone.now(),
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (terminated,) = cursor.fetchone()
+        cut = time.monotonic()
+        done = wait_until(
+            lambda: EmailDelivery.objects.filter(invoice=invoice, state="sent").exists(),
+            GOAL_SECONDS + 30,
+            interval=0.2,
+        )
+        seconds = time.monotonic() - cut
+        print(f"\ndatabase connections cut: the lost invoice emailed {seconds:.1f} s later")
+        beat_log = beat.log_text()
+    finally:
+        worker.stop()
+        beat.stop()
+    assert terminated >= 1
+    assert "recovery: database_reconnected" in beat_log, beat_log[-3000:]
+    assert done
+    assert seconds <= GOAL_SECONDS
+    assert len(smtp.messages) == 1
