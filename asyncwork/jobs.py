@@ -131,10 +131,16 @@ RECOVERY_RETRY_SECONDS = 5
 
 def jobs_recover(*, reason: str) -> list[str]:
     """Dispatch every job declared to run on recovery, now (each runs under its lock, in its
-    recovery body); returns their names. ``reason`` is for the log and the metric."""
+    recovery body); returns their names. ``reason`` is for the log and the metric. A job whose
+    periodic task is disabled (in the admin, or by the chaos suite's control arm) is not run
+    on recovery either."""
     from asyncwork.metrics import RECOVERY_TRIGGERS
 
-    names = [job.name for job in jobs_declared() if job.recover is not None]
+    declared = [job.name for job in jobs_declared() if job.recover is not None]
+    enabled = set(
+        PeriodicTask.objects.filter(name__in=declared, enabled=True).values_list("name", flat=True)
+    )
+    names = [name for name in declared if name in enabled]
     for name in names:
         _tasks[name].apply_async(kwargs={"recovery": True})
     RECOVERY_TRIGGERS.labels(reason=reason).inc()
