@@ -44,6 +44,7 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.models import F
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+from prometheus_client import Counter
 
 from asyncwork.db import insert_or_skip
 from asyncwork.locks import Holder, advisory_lock, advisory_xact_lock
@@ -125,6 +126,12 @@ def jobs_declared() -> tuple[Job, ...]:
     return tuple(_jobs.values())
 
 
+RECOVERY_TRIGGERS = Counter(
+    "asyncwork_recovery_triggers",
+    "Times the beat leader dispatched the recovery jobs at once, by reason: broker_restarted "
+    "(the broker's run id changed), database_reconnected.",
+    ["reason"],
+)
 RECOVERY_ATTEMPTS = 5
 RECOVERY_RETRY_SECONDS = 5
 
@@ -134,8 +141,6 @@ def jobs_recover(*, reason: str) -> list[str]:
     recovery body); returns their names. ``reason`` is for the log and the metric. A job whose
     periodic task is disabled (in the admin, or by the chaos suite's control arm) is not run
     on recovery either."""
-    from asyncwork.metrics import RECOVERY_TRIGGERS
-
     declared = [job.name for job in jobs_declared() if job.recover is not None]
     enabled = set(
         PeriodicTask.objects.filter(name__in=declared, enabled=True).values_list("name", flat=True)

@@ -87,18 +87,6 @@ TASK_ATTEMPTS = Counter(
     "(dead-lettered), rejected (requeued).",
     ["task", "outcome"],
 )
-RECOVERY_TRIGGERS = Counter(
-    "asyncwork_recovery_triggers",
-    "Times the beat leader dispatched the recovery jobs at once, by reason: broker_restarted "
-    "(the broker's run id changed), database_reconnected.",
-    ["reason"],
-)
-WATCHDOG_ACTIONS = Counter(
-    "asyncwork_worker_watchdog_actions",
-    "Times a worker's watchdog found it idle with work waiting (or its consumer dead), by "
-    "action: exit (the worker exited for its supervisor to restart it).",
-    ["action"],
-)
 
 
 @dataclass(frozen=True)

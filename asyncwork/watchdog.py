@@ -30,12 +30,18 @@ import redis as redis_py
 from celery import bootsteps
 from celery.worker import state
 from django.conf import settings
+from prometheus_client import Counter
 
 from asyncwork.broker import broker_redis, queue_keys
-from asyncwork.metrics import WATCHDOG_ACTIONS
 
 logger = logging.getLogger(__name__)
 
+WATCHDOG_ACTIONS = Counter(
+    "asyncwork_worker_watchdog_actions",
+    "Times a worker's watchdog found it idle with work waiting (or its consumer dead), by "
+    "action: exit (the worker exited for its supervisor to restart it).",
+    ["action"],
+)
 EXIT_CODE = 70  # EX_SOFTWARE: the worker gave up on itself
 INTERVAL_SECONDS = 1.0
 
