@@ -32,7 +32,7 @@ from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError
 
-from asyncwork.jobs import jobs_recover, schedules_missing
+from asyncwork.jobs import BROKER_RESTARTED, DATABASE_RECONNECTED, jobs_recover, schedules_missing
 from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, lock_key
 from asyncwork.recovery import BrokerWatch
 
@@ -134,9 +134,9 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 logger.info("beat took the leader lock: dispatching")
                 self._leading = True
             self._broker_restarted = self._broker_restarted or self._broker.restarted()
-            if self._database_lost and _recover("database_reconnected"):
+            if self._database_lost and _recover(DATABASE_RECONNECTED):
                 self._database_lost = False
-            if self._broker_restarted and _recover("broker_restarted"):
+            if self._broker_restarted and _recover(BROKER_RESTARTED):
                 self._broker_restarted = False
             return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
         except DatabaseError as exc:

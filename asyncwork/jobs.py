@@ -53,6 +53,12 @@ from asyncwork.models import ScheduledJob
 logger = logging.getLogger(__name__)
 
 
+# Why the recovery jobs run: the broker lost its queues (every message queued before is gone),
+# or the database came back (no queued message was lost with it).
+BROKER_RESTARTED = "broker_restarted"
+DATABASE_RECONNECTED = "database_reconnected"
+
+
 @dataclass(frozen=True)
 class Job:
     """One scheduled job. Its one ``name`` is its Celery task's name, its lock's (``job:<name>``)
@@ -63,8 +69,9 @@ class Job:
     every: timedelta | None = None
     # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
     cron: dict[str, str] | None = None
-    # The body run when the machinery dispatches the job on recovery; None: not on recovery.
-    recover: Callable[[], Any] | None = None
+    # The body run when the machinery dispatches the job on recovery, given the reason
+    # (BROKER_RESTARTED or DATABASE_RECONNECTED); None: not on recovery.
+    recover: Callable[[str], Any] | None = None
 
     @property
     def task(self) -> str:
@@ -86,27 +93,34 @@ def job_register(
     *,
     every: timedelta | None = None,
     cron: dict[str, str] | None = None,
-    on_recovery: bool | Callable[[], Any] = False,
+    on_recovery: bool | Callable[[str], Any] = False,
 ) -> Task:
     """Declare the scheduled job ``name`` (from an ``AppConfig.ready()``): ``run`` every
     ``every``, or on the ``cron`` schedule, under the job's lock. Returns its Celery task.
 
     ``on_recovery``: True runs ``run`` at once after a broker restart or a database reconnect
-    too (``jobs_recover``); a callable runs that body instead on those occasions (a job that
-    must not wait out a quiet period for work the restart provably dropped)."""
+    too (``jobs_recover``); a callable runs that body instead on those occasions, given the
+    reason (``BROKER_RESTARTED``, ``DATABASE_RECONNECTED``): a job may act differently on
+    work the restart provably dropped (the broker's queues) and on work it did not."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
-    recover = (run if on_recovery else None) if isinstance(on_recovery, bool) else on_recovery
+    recover: Callable[[str], Any] | None
+    if isinstance(on_recovery, bool):
+        recover = (lambda reason: run()) if on_recovery else None
+    else:
+        recover = on_recovery
     _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
 
-    def job(recovery: bool = False, attempt: int = 0) -> Any:
+    # ``reason`` defaults to the cautious one: a message from before reasons were passed.
+    def job(recovery: bool = False, attempt: int = 0, reason: str = DATABASE_RECONNECTED) -> Any:
         if not recovery or recover is None:
             return job_run(name=name, body=run).result
-        outcome = job_run(name=name, body=recover)
+        outcome = job_run(name=name, body=lambda: recover(reason))
         if not outcome.ran and attempt < RECOVERY_ATTEMPTS:
             # A periodic run holds the lock; it may predate the restart, so try again soon.
             _tasks[name].apply_async(
-                kwargs={"recovery": True, "attempt": attempt + 1}, countdown=RECOVERY_RETRY_SECONDS
+                kwargs={"recovery": True, "attempt": attempt + 1, "reason": reason},
+                countdown=RECOVERY_RETRY_SECONDS,
             )
         return outcome.result
 
@@ -138,7 +152,8 @@ RECOVERY_RETRY_SECONDS = 5
 
 def jobs_recover(*, reason: str) -> list[str]:
     """Dispatch every job declared to run on recovery, now (each runs under its lock, in its
-    recovery body); returns their names. ``reason`` is for the log and the metric. A job whose
+    recovery body, which is given ``reason``); returns their names. ``reason`` is also the
+    log's and the metric's. A job whose
     periodic task is disabled (in the admin, or by the chaos suite's control arm) is not run
     on recovery either."""
     declared = [job.name for job in jobs_declared() if job.recover is not None]
@@ -147,7 +162,7 @@ def jobs_recover(*, reason: str) -> list[str]:
     )
     names = [name for name in declared if name in enabled]
     for name in names:
-        _tasks[name].apply_async(kwargs={"recovery": True})
+        _tasks[name].apply_async(kwargs={"recovery": True, "reason": reason})
     RECOVERY_TRIGGERS.labels(reason=reason).inc()
     logger.warning(
         "recovery: %s; dispatched the recovery jobs now: %s",

@@ -10,9 +10,11 @@
   letter waiting for a human) gets its email enqueued again. This is what recovers the jobs a
   Redis restart dropped (Redis keeps nothing on disk here). It also runs at once when the
   beat leader sees the broker restart or the database come back (``asyncwork.recovery``), as
-  ``invoices_reconcile_now``: without the quiet period, since the restart provably dropped
-  what was queued before it. Re-enqueueing an email that is still queued or being sent is
-  harmless: its claim is the fence, so the second message finds it sent or claimed and skips.
+  ``invoices_reconcile_now``: after a broker restart without the quiet period, since the
+  restart provably dropped what was queued before it; after a database reconnect with it,
+  since the broker lost nothing. Re-enqueueing an email that is still queued or being sent is
+  harmless to the guarantee (its claim is the fence: the second message finds it sent or
+  claimed and skips), but it is one more message in the queue.
 
 Both enqueue through the outbox, and both are safe to run twice: what they enqueue is pending
 afterwards, so the next run leaves it alone.
@@ -27,6 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from asyncwork.jobs import BROKER_RESTARTED
 from asyncwork.outbox import outbox_enqueue
 from invoicing.models import EmailDelivery
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK, email_breaker
@@ -113,8 +116,11 @@ def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -
     return len(invoice_ids)
 
 
-def invoices_reconcile_now() -> int | str:
-    """The reconcile after a restart (the broker's or the database's): every paid invoice with
-    no email sent, no live claim, no unpublished outbox row and no dead letter waiting gets its
-    email enqueued, however recently its message was published or its attempt failed."""
-    return invoices_reconcile(quiet_seconds=0)
+def invoices_reconcile_now(reason: str) -> int | str:
+    """The reconcile at once after a restart. After a broker restart (``reason``
+    ``BROKER_RESTARTED``), every paid invoice with no email sent, no live claim, no unpublished
+    outbox row and no dead letter waiting gets its email enqueued, however recently its message
+    was published or its attempt failed: the restart dropped every queued message. After a
+    database reconnect, the quiet period holds as in the periodic run: the broker still holds
+    every message queued before, and re-enqueueing those would double the queue."""
+    return invoices_reconcile(quiet_seconds=0 if reason == BROKER_RESTARTED else None)
