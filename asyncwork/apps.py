@@ -10,7 +10,7 @@ class AsyncWorkConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from asyncwork import dashboard, gauges, retention
+        from asyncwork import dashboard, gauges, rescue, retention
         from asyncwork.deadletters import dlq_alert
         from asyncwork.jobs import job_register, schedules_sync_after_migrate
         from asyncwork.outbox import outbox_relay
@@ -24,6 +24,8 @@ class AsyncWorkConfig(AppConfig):
         job_register(
             "retention-purge", retention.retention_purge, cron={"minute": "17", "hour": "3"}
         )
+        # The rescue of claims whose owner's heartbeat lapsed; each app registers its own.
+        job_register("workers-rescue", rescue.workers_rescue, every=rescue.RESCUE_EVERY)
         retention.retention_register("outbox_messages", retention.outbox_messages_purge)
         # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.
         post_migrate.connect(

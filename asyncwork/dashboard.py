@@ -2,7 +2,8 @@
 linking to the list it counts.
 
 It reads the probes ``/health/`` and ``/metrics`` read (``asyncwork.probes``): the machinery's,
-registered here (outbox and broker queues, dead letters by reason, beat, scheduled jobs), and
+registered here (outbox and broker queues, dead letters by reason, beat, worker processes by
+heartbeat, scheduled jobs), and
 those the apps register for their own subsystems (invoicing: emails sent in the last hour and
 day, its provider's circuit breaker). Each probe runs bounded like a health check; one that
 fails shows its error and leaves the others shown. The page says what each probe cost.
@@ -43,6 +44,7 @@ from asyncwork.probes import (
     register_probe,
     scheduled_jobs_probe,
 )
+from asyncwork.rescue import WorkersProbe, workers_probe
 
 # What a staff user needs to see the dashboard: the lists it summarises.
 VIEW_PERMISSIONS = (
@@ -132,6 +134,27 @@ def scheduled_jobs_figures(probe: ScheduledJobsProbe) -> list[Figure]:
     return figures
 
 
+def workers_figures(probe: WorkersProbe) -> list[Figure]:
+    """Worker processes by their heartbeat: live ones (per host), and lapsed ones, whose
+    claims the ``workers-rescue`` job takes over."""
+    figures = [
+        Figure(
+            "live worker processes",
+            str(probe.live),
+            status="ok" if probe.live else "degraded",
+        )
+    ]
+    figures += [Figure(f"live on {host}", str(n)) for host, n in probe.live_by_host.items()]
+    figures.append(
+        Figure(
+            f"lapsed (no heartbeat for {_age(probe.lapse_seconds)})",
+            str(probe.lapsed),
+            status="degraded" if probe.lapsed else "ok",
+        )
+    )
+    return figures
+
+
 def breaker_figures(probe: BreakerProbe) -> list[Figure]:
     """Any circuit breaker's figures; an app registers its breaker's probe with these."""
     status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
@@ -156,6 +179,9 @@ def machinery_probes_register() -> None:
         "queues", queues_probe, title="Broker queues", figures=queues_figures, database=False
     )
     register_probe("beat", beat_probe, title="Beat", figures=beat_figures, database=True)
+    register_probe(
+        "workers", workers_probe, title="Workers", figures=workers_figures, database=True
+    )
     register_probe(
         "scheduled_jobs",
         scheduled_jobs_probe,

@@ -151,3 +151,19 @@ class LockHolder(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: pid {self.pid} on host {self.host}"
+
+
+class WorkerHeartbeat(models.Model):
+    """One worker process's heartbeat (``asyncwork.heartbeat``): the process that runs tasks
+    writes ``beat_at`` with the database's clock every ``WORKER_HEARTBEAT_SECONDS``. ``owner``
+    names the process (host, pid and a token of its own, so a reused pid is another owner); a
+    claim a task makes records it, and the claim's owner is gone once its heartbeat lapsed."""
+
+    owner = models.CharField(max_length=255, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.owner

@@ -9,8 +9,9 @@ from typing import Any
 
 from celery import Celery
 
+from asyncwork import heartbeat, metrics, queues
 from asyncwork import logging as log_context
-from asyncwork import metrics, queues
+from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.watchdog import WorkerWatchdog
 from core.startup import settings_load_or_exit
 
@@ -37,9 +38,12 @@ app.conf.task_routes = (queues.task_route,)
 
 # A worker idle while its queues hold work exits for its supervisor to restart it.
 app.steps["worker"].add(WorkerWatchdog)
+# Each process that runs tasks beats, so the claims it holds can be rescued once it is gone.
+app.steps["worker"].add(WorkerHeartbeatStep)
 
 app.autodiscover_tasks()
 # Worker-side observability hangs on Celery's signals: the log context every task line carries
 # (and Celery keeping its hands off settings.LOGGING), and the task counters.
 log_context.celery_signals_connect()
 metrics.celery_signals_connect()
+heartbeat.celery_signals_connect()

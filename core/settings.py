@@ -475,6 +475,18 @@ METRICS_ALLOWED_NETWORKS = env.list(
 # A worker with a free slot, messages waiting in its queues and no task taken for this long
 # exits (asyncwork.watchdog) for its supervisor to restart it; 0 turns the watchdog off.
 WORKER_WATCHDOG_SECONDS = env.int("WORKER_WATCHDOG_SECONDS", default=10)
+# Each process that runs tasks writes a heartbeat row this often (asyncwork.heartbeat)...
+WORKER_HEARTBEAT_SECONDS = env.float("WORKER_HEARTBEAT_SECONDS", default=2.0)
+# ...and a claim whose owner has written none for this long (by the database's clock) is taken
+# over at once, its work re-enqueued by the workers-rescue job; 0: only the lease decides.
+WORKER_HEARTBEAT_LAPSE_SECONDS = env.float("WORKER_HEARTBEAT_LAPSE_SECONDS", default=10.0)
+if WORKER_HEARTBEAT_SECONDS <= 0:
+    raise ImproperlyConfigured("WORKER_HEARTBEAT_SECONDS must be more than 0.")
+if WORKER_HEARTBEAT_LAPSE_SECONDS and WORKER_HEARTBEAT_LAPSE_SECONDS < 3 * WORKER_HEARTBEAT_SECONDS:
+    raise ImproperlyConfigured(
+        "WORKER_HEARTBEAT_LAPSE_SECONDS must be 0 (off) or at least three heartbeats "
+        "(3 x WORKER_HEARTBEAT_SECONDS): one late heartbeat must not make a live worker look dead."
+    )
 WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
 # Nothing authenticates that port: loopback unless told otherwise. A deployment where
 # Prometheus scrapes from another host sets the interface (compose.yaml: 0.0.0.0 inside its

@@ -12,13 +12,14 @@ class InvoicingConfig(AppConfig):
     name = "invoicing"
 
     def ready(self) -> None:
-        from asyncwork import health, metrics, probes, queues
+        from asyncwork import health, metrics, probes, queues, rescue
         from asyncwork.dashboard import breaker_figures
         from asyncwork.deadletters import register_describer
         from asyncwork.jobs import job_register
         from invoicing.deadletters import resend_dead_letter_subjects, send_dead_letter_subjects
         from invoicing.jobs import (
             email_claims_recover,
+            email_claims_rescue,
             invoices_reconcile,
             invoices_reconcile_now,
         )
@@ -53,6 +54,8 @@ class InvoicingConfig(AppConfig):
 
         # The safety nets of the email guarantee.
         job_register("email-claims-recover", email_claims_recover, every=timedelta(seconds=60))
+        # At once, once the claim's owner is gone (its heartbeat lapsed): the workers-rescue job.
+        rescue.rescue_register("email-claims", email_claims_rescue)
         # At once, too, after a broker restart or a database reconnect (asyncwork.recovery).
         job_register(
             "email-reconcile",

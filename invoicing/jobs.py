@@ -16,7 +16,12 @@
   harmless to the guarantee (its claim is the fence: the second message finds it sent or
   claimed and skips), but it is one more message in the queue.
 
-Both enqueue through the outbox, and both are safe to run twice: what they enqueue is pending
+* ``email_claims_rescue`` (registered with ``asyncwork.heartbeat.rescue_register``, run by the
+  machinery's ``workers-rescue`` job every few seconds): a claim still ``sending`` whose owner's
+  heartbeat lapsed belongs to a process that is gone (SIGKILL, a host lost, a pause past the
+  lapse); release it and enqueue the email again at once, without waiting for its lease.
+
+All enqueue through the outbox, and all are safe to run twice: what they enqueue is pending
 afterwards, so the next run leaves it alone.
 """
 
@@ -29,6 +34,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.jobs import BROKER_RESTARTED
 from asyncwork.outbox import outbox_enqueue
 from invoicing.models import EmailDelivery
@@ -59,11 +65,52 @@ def email_claims_recover(*, limit: int = 500) -> int:
                     f"claim by {delivery.claimed_by} expired unfinished; re-enqueued by recovery"
                 )
             delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
-            if delivery.key.startswith(EMAIL_KEY_PREFIX):
-                outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id])
-            else:
-                outbox_enqueue(task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk])
+            _enqueue_again(delivery)
     return len(stale)
+
+
+def _enqueue_again(delivery: EmailDelivery) -> None:
+    if delivery.key.startswith(EMAIL_KEY_PREFIX):
+        outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id])
+    else:
+        outbox_enqueue(task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk])
+
+
+# A claim in ``sending`` is as old as its ``updated_at``: nothing else writes a claimed row.
+_RESCUE_SQL = f"""
+SELECT d.id FROM invoicing_emaildelivery d
+WHERE d.state = 'sending'
+  AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")}
+ORDER BY d.id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
+
+
+def email_claims_rescue(*, limit: int = 500) -> int:
+    """Release the claims whose owner is gone (its heartbeat lapsed: ``asyncwork.heartbeat``)
+    and re-enqueue their emails at once, without waiting for their lease; returns how many.
+
+    The row keeps its owner and token: a claim nobody has taken since may still be marked sent
+    by its owner, if it was only paused and its send went through; the re-enqueued message
+    then finds the email sent. Once another worker claims it, the old owner's writes match
+    nothing (``invoicing.services.Claim.held``)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_RESCUE_SQL, {"limit": limit, "heartbeat_lapse": lapse_seconds()})
+            ids = [row[0] for row in cursor.fetchall()]
+        # Locked above: no claim can change these rows before this transaction ends.
+        rescued = list(EmailDelivery.objects.filter(pk__in=ids).order_by("pk"))
+        for delivery in rescued:
+            delivery.state = EmailDelivery.State.FAILED
+            delivery.lease_expires_at = None
+            delivery.last_error = (
+                f"the heartbeat of {delivery.claimed_by}, which claimed it, lapsed; "
+                "re-enqueued by rescue"
+            )
+            delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
+            _enqueue_again(delivery)
+    return len(rescued)
 
 
 _RECONCILE_SQL = """

@@ -3,16 +3,24 @@
 The key ``invoice_email_sent:<invoice pk>`` is an ``EmailDelivery`` row under a UNIQUE
 constraint. A worker sends only after it has *claimed* that row with one atomic
 ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: the claim succeeds for a new key, a
-key whose last attempt failed, or a claim whose lease has expired; it fails for a key already
-sent or claimed by a live worker. So two workers racing for one invoice send one email, and a
-run after success is a no-op.
+key whose last attempt failed, or a claim whose lease has expired or whose owner is gone; it
+fails for a key already sent or claimed by a live worker. So two workers racing for one invoice
+send one email, and a run after success is a no-op.
+
+A claim records its owner, the worker process (``asyncwork.heartbeat.heartbeat_owner``), and a
+token (``attempts``, raised by every claim). Every later write of the owner (the check before
+SMTP, the release, the mark sent) is fenced on both (``Claim.held``): once the claim is taken
+over, a late owner (a process paused past the lapse, then resumed) changes nothing and starts
+no send.
 
 The crash window: a worker that dies after the SMTP server accepted the message but before it
-marked the key sent leaves a claim in ``sending``. The claim blocks every other worker for
-``EMAIL_CLAIM_LEASE_SECONDS`` (longer than the task's hard time limit, so a live owner is never
-overtaken). After that, the redelivered message (or the recovery job) takes the claim over and
-sends again: at most one duplicate per crash, carrying the same deterministic Message-ID so the
-receiving side can collapse it.
+marked the key sent leaves a claim in ``sending``. The claim blocks every other worker while
+its owner lives: for ``EMAIL_CLAIM_LEASE_SECONDS`` (longer than the task's hard time limit, so
+a live owner is never overtaken) unless the owner's heartbeat lapses first
+(``WORKER_HEARTBEAT_LAPSE_SECONDS``, by the database's clock). Then a redelivered message takes
+the claim over, or the ``workers-rescue`` job releases it and re-enqueues the email
+(``invoicing.jobs.email_claims_rescue``), and it is sent again: at most one duplicate per crash,
+carrying the same deterministic Message-ID so the receiving side can collapse it.
 
 The provider's circuit breaker (``email_breaker``) is asked before the claim, so a job it
 defers holds no claim: while it is open no worker touches SMTP, and the job is re-published
@@ -32,11 +40,13 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.mail import EmailMultiAlternatives
 from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.breaker import Breaker, Decision
 from asyncwork.db import insert_or_skip
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError
+from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import idempotent_perform
 from asyncwork.logging import log_context_bind
 from asyncwork.outbox import outbox_enqueue
@@ -125,7 +135,7 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
 
 
-_CLAIM_SQL = """
+_CLAIM_SQL = f"""
 INSERT INTO invoicing_emaildelivery AS d
     (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
      last_error, requested_by, created_at, updated_at)
@@ -137,15 +147,29 @@ ON CONFLICT (key) DO UPDATE
         lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
     WHERE d.state IN ('pending', 'failed')
        OR (d.state = 'sending' AND d.lease_expires_at < now())
+       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
 RETURNING id, attempts, (xmax <> 0) AS reclaimed, lease_expires_at
-"""
+"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
 
 
 @dataclass(frozen=True)
 class Claim:
+    """A claim held: its row, its token (``attempts``, which every claim of the row raises),
+    the Message-ID to send, and its owner (``claimed_by``)."""
+
     delivery_id: int
     attempts: int
     message_id: str
+    owner: str
+
+    def held(self) -> QuerySet[EmailDelivery]:
+        """The row while this very claim is on it: the fence of every write its owner makes
+        after the claim. A claim taken over since (by a redelivered message or a rescue, once
+        the owner's lease expired or its heartbeat lapsed) has another token, so the owner's
+        late writes match nothing."""
+        return EmailDelivery.objects.filter(
+            pk=self.delivery_id, claimed_by=self.owner, attempts=self.attempts
+        )
 
 
 def email_claim(*, invoice: Invoice, key: str, owner: str, requested_by: str = "") -> Claim | None:
@@ -162,6 +186,7 @@ def email_claim(*, invoice: Invoice, key: str, owner: str, requested_by: str = "
                 "lease": settings.EMAIL_CLAIM_LEASE_SECONDS,
                 "message_id": message_id,
                 "requested_by": requested_by[:150],
+                "heartbeat_lapse": lapse_seconds(),
             },
         )
         row = cursor.fetchone()
@@ -174,29 +199,37 @@ def email_claim(*, invoice: Invoice, key: str, owner: str, requested_by: str = "
             attempts,
             extra={"invoice_id": invoice.pk, "key": key, "attempt": attempts},
         )
-    return Claim(delivery_id=delivery_id, attempts=attempts, message_id=message_id)
+    return Claim(
+        delivery_id=delivery_id, attempts=attempts, message_id=message_id, owner=owner[:255]
+    )
 
 
-def _claim_release(claim: Claim, *, owner: str, error: str) -> None:
-    EmailDelivery.objects.filter(
-        pk=claim.delivery_id, claimed_by=owner[:255], state=EmailDelivery.State.SENDING
-    ).update(state=EmailDelivery.State.FAILED, lease_expires_at=None, last_error=error[:2000])
+def _claim_release(claim: Claim, *, error: str) -> None:
+    claim.held().filter(state=EmailDelivery.State.SENDING).update(
+        state=EmailDelivery.State.FAILED, lease_expires_at=None, last_error=error[:2000]
+    )
 
 
-def _claim_mark_sent(claim: Claim) -> None:
-    """Mark the key sent. The message is already accepted, so a database blip here is waited
-    out (about 6 s) rather than turned into a retry that could send a duplicate."""
+def _claim_mark_sent(claim: Claim) -> bool:
+    """Mark the key sent, if this claim is still the row's; False if it was taken over (the
+    message went out anyway: the one duplicate, with the same Message-ID). A claim a rescue
+    released and nobody has claimed again is still this one, and the truth is that it was
+    sent: marking it so spares the re-enqueued message a second send.
+
+    The message is already accepted, so a database blip here is waited out (about 6 s) rather
+    than turned into a retry that could send a duplicate."""
     for delay in (0.5, 1, 1.5, 3, None):
         try:
-            EmailDelivery.objects.filter(pk=claim.delivery_id).exclude(
-                state=EmailDelivery.State.SENT
-            ).update(
-                state=EmailDelivery.State.SENT,
-                sent_at=timezone.now(),
-                lease_expires_at=None,
-                last_error="",
+            return bool(
+                claim.held()
+                .filter(state__in=[EmailDelivery.State.SENDING, EmailDelivery.State.FAILED])
+                .update(
+                    state=EmailDelivery.State.SENT,
+                    sent_at=timezone.now(),
+                    lease_expires_at=None,
+                    last_error="",
+                )
             )
-            return
         except (OperationalError, InterfaceError):
             if delay is None:
                 raise
@@ -207,6 +240,7 @@ def _claim_mark_sent(claim: Claim) -> None:
             )
             connection.close()
             time.sleep(delay)
+    raise AssertionError("unreachable")  # the last delay is None: raised above
 
 
 def email_breaker() -> Breaker:
@@ -299,15 +333,35 @@ def _invoice_email_send_claimed(
         return "skipped"
     try:
         message = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
+        # A process stopped between its claim and here (SIGSTOP, a long pause) may find it
+        # taken over when it runs again: then it is not its to send.
+        if not claim.held().filter(state=EmailDelivery.State.SENDING).exists():
+            logger.warning(
+                "email claim taken over before the send; not sending",
+                extra={"invoice_id": invoice_id, "key": key, "attempt": claim.attempts},
+            )
+            return "skipped"
         _deliver(message, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release the claim whatever failed, so the retry (or a replay) can claim it again.
         # Our own errors are already in words; anything else keeps its class.
         words = isinstance(exc, (PermanentError, TransientError))
-        _claim_release(claim, owner=owner, error=str(exc) if words else repr(exc))
+        _claim_release(claim, error=str(exc) if words else repr(exc))
         raise
-    _claim_mark_sent(claim)
+    marked = _claim_mark_sent(claim)
     breaker.record_success()
+    if not marked:
+        logger.warning(
+            "invoice email sent, but its claim was taken over meanwhile: this send is the "
+            "one duplicate, with the same Message-ID",
+            extra={
+                "invoice_id": invoice_id,
+                "key": key,
+                "attempt": claim.attempts,
+                "message_id": claim.message_id,
+            },
+        )
+        return "sent"
     logger.info(
         "invoice email sent",
         extra={

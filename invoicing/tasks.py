@@ -6,6 +6,7 @@ from celery import shared_task
 from django.conf import settings
 
 from asyncwork.errors import Deferred, PermanentError
+from asyncwork.heartbeat import heartbeat_owner
 from asyncwork.tasks import ReliableTask
 from invoicing import services
 from invoicing.models import EmailDelivery
@@ -24,7 +25,7 @@ from invoicing.models import EmailDelivery
 def send_invoice_email(self: ReliableTask, invoice_id: int, outbox_id: int | None = None) -> str:
     """Email a paid invoice once. ``outbox_id`` only traces which outbox row published this."""
     try:
-        return services.invoice_email_send(invoice_id=invoice_id, owner=self.request.id or "")
+        return services.invoice_email_send(invoice_id=invoice_id, owner=heartbeat_owner())
     except Deferred as exc:
         # The provider's breaker is open: run again after its cool-down, no attempt spent.
         raise self.defer(exc) from exc
@@ -47,7 +48,7 @@ def resend_invoice_email(self: ReliableTask, delivery_id: int, outbox_id: int | 
         raise PermanentError(f"email delivery {delivery_id} does not exist")
     try:
         return services.invoice_email_send(
-            invoice_id=delivery.invoice_id, owner=self.request.id or "", key=delivery.key
+            invoice_id=delivery.invoice_id, owner=heartbeat_owner(), key=delivery.key
         )
     except Deferred as exc:
         raise self.defer(exc) from exc

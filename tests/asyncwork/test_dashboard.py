@@ -5,6 +5,7 @@ nothing else; only staff who may view the lists see it, and the admin's index li
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from html.parser import HTMLParser
 from typing import Any
@@ -19,9 +20,11 @@ from django.utils import timezone
 from asyncwork import jobs, probes, queues
 from asyncwork.deadletters import dead_letter_record, dead_letter_replay
 from asyncwork.errors import PermanentError, TransientError
-from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.heartbeat import Heartbeat
+from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat
 from invoicing.models import EmailDelivery
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
+from stack.net import wait_until
 from tests.helpers.admin import rows
 from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.metrics import scrape, value
@@ -166,6 +169,7 @@ def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and
         "outbox",
         "queues",
         "beat",
+        "workers",
         "scheduled_jobs",
         "emails",
         "email_breaker",
@@ -233,6 +237,38 @@ def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and
     assert value(samples, "invoicing_outbox_backlog") == 3
     assert value(samples, "invoicing_dlq_depth") == 3
     assert value(samples, "invoicing_broker_queue_depth", queue="email") == 1
+
+
+def test_live_workers_are_shown_by_their_heartbeat(viewer: Client) -> None:
+    """A process beating (a real heartbeat thread, on its own connection) is live on its host;
+    a row whose last beat is older than the lapse is shown lapsed; a stopped heartbeat deletes
+    its row."""
+    WorkerHeartbeat.objects.create(
+        owner="gone-host:41:dead",
+        hostname="gone-host",
+        pid=41,
+        started_at=timezone.now() - timedelta(minutes=5),
+        beat_at=timezone.now() - timedelta(minutes=2),
+    )
+    beating = Heartbeat(interval=0.2)
+    beating.start()
+    try:
+        assert wait_until(
+            lambda: WorkerHeartbeat.objects.filter(owner=beating.owner).exists(), timeout=10
+        )
+        workers = dashboard(viewer).figures["workers"]
+    finally:
+        beating.stop()
+    assert workers["live worker processes"]["value"] == "1"
+    assert workers["live worker processes"]["status"] == "ok"
+    assert workers[f"live on {socket.gethostname()}"]["value"] == "1"
+    assert "live on gone-host" not in workers
+    assert workers["lapsed (no heartbeat for 10 s)"]["value"] == "1"
+    assert workers["lapsed (no heartbeat for 10 s)"]["status"] == "degraded"
+    assert not WorkerHeartbeat.objects.filter(owner=beating.owner).exists()
+    after = dashboard(viewer).figures["workers"]
+    assert after["live worker processes"]["value"] == "0"
+    assert after["live worker processes"]["status"] == "degraded"
 
 
 def test_the_outbox_backlog_is_counted_up_to_the_hard_mark_everywhere(

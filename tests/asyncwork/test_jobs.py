@@ -34,7 +34,14 @@ from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-JOBS = ("outbox-relay", "email-claims-recover", "email-reconcile", "dlq-alert", "retention-purge")
+JOBS = (
+    "outbox-relay",
+    "workers-rescue",
+    "email-claims-recover",
+    "email-reconcile",
+    "dlq-alert",
+    "retention-purge",
+)
 
 
 def test_every_declared_job_has_one_name_for_its_task_and_lock() -> None:
@@ -139,9 +146,9 @@ def test_a_run_whose_process_died_releases_the_lock() -> None:
 def test_setup_periodic_tasks_is_idempotent(capsys: pytest.CaptureFixture[str]) -> None:
     PeriodicTask.objects.all().delete()  # migrate synced them already
     call_command("setup_periodic_tasks")
-    assert "5 created" in capsys.readouterr().out
+    assert f"{len(JOBS)} created" in capsys.readouterr().out
     call_command("setup_periodic_tasks")
-    assert "0 created, 0 updated, 5 unchanged, 0 disabled" in capsys.readouterr().out
+    assert f"0 created, 0 updated, {len(JOBS)} unchanged, 0 disabled" in capsys.readouterr().out
     relay = PeriodicTask.objects.get(name="outbox-relay")
     assert (relay.task, relay.interval.every, relay.expire_seconds) == (
         "outbox-relay",
@@ -191,7 +198,10 @@ def test_migrate_syncs_the_schedules_and_a_second_migrate_changes_nothing() -> N
 
     first = StringIO()
     call_command("migrate", "--noinput", stdout=first)
-    assert "periodic tasks: 5 created, 0 updated, 0 unchanged, 0 disabled" in first.getvalue()
+    assert (
+        f"periodic tasks: {len(JOBS)} created, 0 updated, 0 unchanged, 0 disabled"
+        in first.getvalue()
+    )
     assert jobs.schedules_missing() == []
     relay = PeriodicTask.objects.get(name="outbox-relay")
     assert (relay.task, relay.interval.every, relay.expire_seconds) == (
@@ -205,7 +215,10 @@ def test_migrate_syncs_the_schedules_and_a_second_migrate_changes_nothing() -> N
 
     second = StringIO()
     call_command("migrate", "--noinput", stdout=second)
-    assert "periodic tasks: 0 created, 0 updated, 5 unchanged, 0 disabled" in second.getvalue()
+    assert (
+        f"periodic tasks: 0 created, 0 updated, {len(JOBS)} unchanged, 0 disabled"
+        in second.getvalue()
+    )
     assert beat_tables() == before
     assert PeriodicTasks.last_change() == changed  # beat is not told to reload anything
 
@@ -255,11 +268,14 @@ def test_two_syncs_at_once_take_turns_and_create_each_schedule_once() -> None:
         thread.join(30)
 
     assert errors == []
-    assert sorted(r["created"] for r in results) == [0, 5]  # one created, the other found them
-    assert sorted(r["unchanged"] for r in results) == [0, 5]
+    assert sorted(r["created"] for r in results) == [
+        0,
+        len(JOBS),
+    ]  # one created, the other found them
+    assert sorted(r["unchanged"] for r in results) == [0, len(JOBS)]
     assert PeriodicTask.objects.count() == len(jobs.jobs_declared())
-    # One interval per distinct period (15, 60, 120, 300 s), one crontab: no duplicates.
-    assert sorted(IntervalSchedule.objects.values_list("every", flat=True)) == [15, 60, 120, 300]
+    # One interval per distinct period (5, 15, 60, 120, 300 s), one crontab: no duplicates.
+    assert sorted(IntervalSchedule.objects.values_list("every", flat=True)) == [5, 15, 60, 120, 300]
     assert CrontabSchedule.objects.count() == 1
 
 
@@ -308,13 +324,13 @@ def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist(
         ]
 
         out = migrate()
-        assert "periodic tasks: 5 created, 0 updated, 0 unchanged, 0 disabled" in out
+        assert f"periodic tasks: {len(JOBS)} created, 0 updated, 0 unchanged, 0 disabled" in out
         names = fresh_rows("SELECT name, task FROM django_celery_beat_periodictask WHERE enabled")
         assert set(names) == {(s.name, s.task) for s in jobs.jobs_declared()}
 
         out = migrate()
         assert "No migrations to apply." in out
-        assert "periodic tasks: 0 created, 0 updated, 5 unchanged, 0 disabled" in out
+        assert f"periodic tasks: 0 created, 0 updated, {len(JOBS)} unchanged, 0 disabled" in out
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')

@@ -6,13 +6,22 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
+from asyncwork.models import WorkerHeartbeat
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import email_claim, invoice_email_key, invoice_email_send
+from invoicing.services import (
+    _claim_mark_sent,
+    _claim_release,
+    email_claim,
+    invoice_email_key,
+    invoice_email_send,
+)
 from invoicing.tasks import send_invoice_email
 from stack import launch
 from stack.net import wait_until
@@ -90,6 +99,85 @@ def test_a_live_claim_blocks_and_an_expired_claim_is_taken_over() -> None:
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert email_claim(invoice=invoice, key=key, owner="c") is None  # sent: never again
+
+
+def beat(owner: str, *, ago: float = 0) -> None:
+    """A heartbeat row for ``owner``, written ``ago`` seconds ago by the database's clock."""
+    WorkerHeartbeat.objects.update_or_create(
+        owner=owner,
+        defaults={
+            "hostname": "h",
+            "pid": 1,
+            "started_at": Now() - timedelta(minutes=1),
+            "beat_at": Now() - timedelta(seconds=ago),
+        },
+    )
+
+
+def claim_age(key: str, seconds: float) -> None:
+    EmailDelivery.objects.filter(key=key).update(updated_at=Now() - timedelta(seconds=seconds))
+
+
+def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any) -> None:
+    """Ages by the database's clock (lapse 10 s here): a claim whose owner beats is held for
+    its whole lease however old it is; once its owner's heartbeat lapsed it is taken over
+    before its lease ends; an owner that never beat is given the lapse from its claim."""
+    assert settings.WORKER_HEARTBEAT_LAPSE_SECONDS == 10
+    invoice = paid_invoice()
+    key = invoice_email_key(invoice)
+    beat("slow")
+    first = email_claim(invoice=invoice, key=key, owner="slow")
+    assert first is not None
+    claim_age(key, 60)  # a slow send, well past the lapse: its owner still beats
+    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    beat("slow", ago=9)  # one late heartbeat short of the lapse
+    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    beat("slow", ago=11)  # gone
+    second = email_claim(invoice=invoice, key=key, owner="other")
+    assert second is not None
+    assert second.attempts == 2
+    lease = EmailDelivery.objects.get(key=key).lease_expires_at
+    assert lease is not None and lease > timezone.now()  # taken over before its lease ended
+
+    never = paid_invoice()
+    never_key = invoice_email_key(never)
+    assert email_claim(invoice=never, key=never_key, owner="no-heartbeat") is not None
+    claim_age(never_key, 9)
+    assert email_claim(invoice=never, key=never_key, owner="other") is None
+    claim_age(never_key, 11)
+    assert email_claim(invoice=never, key=never_key, owner="other") is not None
+
+
+def test_rescue_by_heartbeat_off_leaves_the_lease_alone_to_decide(settings: Any) -> None:
+    settings.WORKER_HEARTBEAT_LAPSE_SECONDS = 0
+    invoice = paid_invoice()
+    key = invoice_email_key(invoice)
+    assert email_claim(invoice=invoice, key=key, owner="gone") is not None
+    claim_age(key, 3600)
+    assert email_claim(invoice=invoice, key=key, owner="other") is None
+
+
+def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
+    """The fence is the owner and the claim's token: after a takeover the old owner's release
+    and mark sent match nothing, even where it is the same process claiming again (a retry),
+    and its check before SMTP says the claim is not its own."""
+    invoice = paid_invoice()
+    key = invoice_email_key(invoice)
+    old = email_claim(invoice=invoice, key=key, owner="zombie")
+    assert old is not None
+    claim_age(key, 60)
+    beat("zombie", ago=60)
+    new = email_claim(invoice=invoice, key=key, owner="rescuer")
+    assert new is not None
+    before = EmailDelivery.objects.values().get(key=key)
+
+    assert not old.held().filter(state=EmailDelivery.State.SENDING).exists()
+    _claim_release(old, error="late failure")
+    assert not _claim_mark_sent(old)
+    assert EmailDelivery.objects.values().get(key=key) == before
+
+    assert _claim_mark_sent(new)
+    assert EmailDelivery.objects.get(key=key).state == EmailDelivery.State.SENT
 
 
 def test_unpaid_invoice_sends_nothing(smtp: SmtpServer) -> None:

@@ -1,4 +1,5 @@
-"""The email guarantee's safety nets: stale-claim recovery and the reconcile job."""
+"""The email guarantee's safety nets: stale-claim recovery, the rescue of a gone worker's
+claims, and the reconcile job."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat
+from asyncwork.rescue import RESCUES, workers_rescue
 from invoicing.jobs import email_claims_recover, invoices_reconcile
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key
@@ -38,6 +41,41 @@ def test_recovery_releases_expired_claims_once_and_the_email_goes_out(smtp: Smtp
     assert message["To"] == "in_stale@example.com"
     assert EmailDelivery.objects.get(invoice=invoice).state == "sent"
     assert EmailDelivery.objects.get(invoice=live).state == "sending"  # a live claim is left
+
+
+def test_rescue_releases_the_claims_of_gone_owners_at_once_and_the_email_goes_out(
+    smtp: SmtpServer,
+) -> None:
+    """The workers-rescue job (its registered email rescue): a claim whose owner's heartbeat
+    lapsed is released and its email enqueued through the outbox, well inside its lease; a
+    claim whose owner beats is left, however old; heartbeat rows dead for an hour go."""
+    gone, alive = paid_invoice("in_gone"), paid_invoice("in_alive")
+    for owner, ago in (("gone-worker", 60), ("live-worker", 0), ("long-dead", 7200)):
+        WorkerHeartbeat.objects.create(
+            owner=owner,
+            hostname="h",
+            pid=1,
+            started_at=timezone.now(),
+            beat_at=timezone.now() - timedelta(seconds=ago),
+        )
+    email_claim(invoice=gone, key=invoice_email_key(gone), owner="gone-worker")
+    email_claim(invoice=alive, key=invoice_email_key(alive), owner="live-worker")
+    EmailDelivery.objects.update(updated_at=Now() - timedelta(seconds=60))
+    before = RESCUES.labels(rescue="email-claims")._value.get()
+
+    with worker_thread():
+        assert workers_rescue() == {"email-claims": 1, "heartbeats_deleted": 1}
+        assert workers_rescue() == {"email-claims": 0, "heartbeats_deleted": 0}  # safe twice
+        smtp.handler.wait_for(1, timeout=20)
+    [message] = smtp.messages
+    assert message["To"] == "in_gone@example.com"
+    rescued = EmailDelivery.objects.get(invoice=gone)
+    assert (rescued.state, rescued.attempts) == ("sent", 2)
+    assert rescued.lease_expires_at is None
+    assert EmailDelivery.objects.get(invoice=alive).state == "sending"
+    assert OutboxMessage.objects.filter(args=[gone.pk]).count() == 1
+    assert RESCUES.labels(rescue="email-claims")._value.get() == before + 1
+    assert not WorkerHeartbeat.objects.filter(owner="long-dead").exists()
 
 
 def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:

@@ -1,0 +1,184 @@
+"""Worker liveness by heartbeat: who owns a claim, and whether that owner is gone.
+
+Every process that runs tasks (each prefork child, or the worker's own process under the solo
+and threads pools) keeps a ``WorkerHeartbeat`` row: a thread of its own writes ``beat_at`` with
+the database's clock (``now()``) every ``WORKER_HEARTBEAT_SECONDS``. ``heartbeat_owner()``
+names the process (host, pid and a random token, so a reused pid is another owner); a task
+that claims work records that name, and the claim then belongs to a process whose liveness
+anyone can read.
+
+A claim's owner is *gone* when it has written no heartbeat for ``WORKER_HEARTBEAT_LAPSE_SECONDS``
+and the claim itself is older than that (an owner that never wrote one, or whose row was
+cleaned, counts from its claim): ``owner_lapsed_sql``, one SQL predicate a domain puts in its
+own claim statement and rescue query. Every age is read on the database's clock, never a host's,
+so skew between hosts cannot make a live owner look dead; and a heartbeat counts as no older
+than the database server's start (``pg_postmaster_start_time()``), so a database restart,
+during which nobody could write one, does not make every owner look dead at once. A live but
+slow owner keeps its heartbeat fresh and is never overtaken: for it the claim's lease stays the
+fence.
+
+What a gone owner's claims become is the domain's to say; ``asyncwork.rescue`` runs it at once
+(the ``workers-rescue`` job) and cleans the rows of long-dead processes. A process that exits
+cleanly deletes its own row.
+
+``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off (the lease alone decides);
+the heartbeats are still written, for the dashboard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from typing import Any
+
+from celery import bootsteps
+from celery.concurrency import prefork
+from celery.signals import worker_process_init, worker_process_shutdown
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+logger = logging.getLogger(__name__)
+
+# ``asyncwork.models.WorkerHeartbeat``'s table, named here because this module is imported
+# with the Celery app, before Django's models are loaded (a test checks the two agree).
+TABLE = "asyncwork_workerheartbeat"
+
+_owner: tuple[int, str] | None = None
+
+
+def heartbeat_owner() -> str:
+    """This process's name as a claim owner: ``<host>:<pid>:<token>``, a new token in a new
+    (or forked) process."""
+    global _owner
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
+    return _owner[1]
+
+
+def lapse_seconds() -> float:
+    return float(settings.WORKER_HEARTBEAT_LAPSE_SECONDS)
+
+
+def owner_lapsed_sql(*, owner: str, since: str) -> str:
+    """An SQL predicate, true when the process named by the column ``owner`` is gone: rescue by
+    heartbeat is on, it has no heartbeat fresher than the lapse, and ``since`` (the column of
+    when its claim was made) is older than the lapse, all by the database's clock. Its one
+    parameter is ``%(heartbeat_lapse)s``: pass ``lapse_seconds()``."""
+    fresh = "now() - make_interval(secs => %(heartbeat_lapse)s)"
+    # No input: a table name and the caller's own columns.
+    return (
+        f"(%(heartbeat_lapse)s > 0"  # noqa: S608
+        f" AND NOT EXISTS (SELECT 1 FROM {TABLE} h"
+        f" WHERE h.owner = {owner}"
+        f" AND greatest(h.beat_at, pg_postmaster_start_time()) >= {fresh})"
+        f" AND greatest({since}, pg_postmaster_start_time()) < {fresh})"
+    )
+
+
+_BEAT_SQL = """
+INSERT INTO asyncwork_workerheartbeat (owner, hostname, pid, started_at, beat_at)
+VALUES (%(owner)s, %(hostname)s, %(pid)s, now(), now())
+ON CONFLICT (owner) DO UPDATE SET beat_at = now()
+"""
+_DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
+
+
+class Heartbeat:
+    """The heartbeat thread of one process: beats at once, then every ``interval`` seconds,
+    on a database connection of its own; deletes its row when stopped."""
+
+    def __init__(self, *, interval: float) -> None:
+        self.interval = interval
+        self.owner = heartbeat_owner()
+        self.stopping = threading.Event()
+        self.failing = False
+        self.thread = threading.Thread(target=self.run, name="asyncwork-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(self.interval + 5)
+
+    def beat(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _BEAT_SQL,
+                    {"owner": self.owner, "hostname": socket.gethostname(), "pid": os.getpid()},
+                )
+        except DatabaseError as exc:
+            connection.close()  # a new connection next beat
+            if not self.failing:
+                logger.warning("worker heartbeat not written: %s", exc, extra={"owner": self.owner})
+            self.failing = True
+            return
+        if self.failing:
+            logger.info("worker heartbeat written again", extra={"owner": self.owner})
+        self.failing = False
+
+    def run(self) -> None:
+        try:
+            self.beat()
+            while not self.stopping.wait(self.interval):
+                self.beat()
+            with connection.cursor() as cursor:
+                cursor.execute(_DELETE_SQL, {"owner": self.owner})
+        except DatabaseError as exc:
+            logger.info("worker heartbeat row not deleted: %s", exc, extra={"owner": self.owner})
+        finally:
+            connection.close()
+
+
+_running: Heartbeat | None = None
+
+
+def heartbeat_start(**_: Any) -> None:
+    """Start this process's heartbeat thread (once per process)."""
+    global _running
+    if _running is not None and _running.owner == heartbeat_owner():
+        return
+    _running = Heartbeat(interval=float(settings.WORKER_HEARTBEAT_SECONDS))
+    _running.start()
+
+
+def heartbeat_stop(**_: Any) -> None:
+    """Stop this process's heartbeat thread and delete its row."""
+    global _running
+    if _running is not None and _running.owner == heartbeat_owner():
+        _running.stop()
+    _running = None
+
+
+class WorkerHeartbeatStep(bootsteps.StartStopStep):
+    """In the worker's own process, under a pool that runs tasks there (solo, threads): its
+    heartbeat. Prefork children start theirs on ``worker_process_init``."""
+
+    label = "Heartbeat"
+
+    def start(self, parent: Any) -> None:
+        if not issubclass(parent.pool_cls, prefork.TaskPool):
+            heartbeat_start()
+
+    def stop(self, parent: Any) -> None:
+        if not issubclass(parent.pool_cls, prefork.TaskPool):
+            heartbeat_stop()
+
+    def terminate(self, parent: Any) -> None:  # a cold shutdown: its row goes all the same
+        self.stop(parent)
+
+
+def celery_signals_connect() -> None:
+    """Each prefork child beats from its start to its exit (idempotent: ``dispatch_uid``)."""
+    worker_process_init.connect(
+        heartbeat_start, weak=False, dispatch_uid="asyncwork.heartbeat.start"
+    )
+    worker_process_shutdown.connect(
+        heartbeat_stop, weak=False, dispatch_uid="asyncwork.heartbeat.stop"
+    )

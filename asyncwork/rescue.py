@@ -1,0 +1,107 @@
+"""The rescue of a dead worker process's claims, as soon as its heartbeat lapsed
+(``asyncwork.heartbeat``), and the dashboard's view of the live workers.
+
+The rescue itself is the domain's: an app registers what rescuing its claims means
+(``rescue_register``: find the claims whose owner is gone with ``owner_lapsed_sql``, release
+them, re-enqueue their work). The machinery's ``workers-rescue`` job runs every rescue every
+``RESCUE_EVERY`` under the job's lock (one run at a time, whichever worker takes it), counts
+what each rescued (``asyncwork_worker_rescues``) and deletes the heartbeat rows of processes
+dead for longer than ``DEAD_HEARTBEAT_KEPT``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Count, Q
+from django.db.models.functions import Now
+from prometheus_client import Counter
+
+from asyncwork.heartbeat import lapse_seconds
+from asyncwork.models import WorkerHeartbeat
+
+logger = logging.getLogger(__name__)
+
+RESCUE_EVERY = timedelta(seconds=5)
+# A dead process's row stays this long after its last heartbeat (the dashboard counts it as
+# lapsed meanwhile); its claims, if any are left, are judged from their own age after that.
+DEAD_HEARTBEAT_KEPT = timedelta(hours=1)
+
+RESCUES = Counter(
+    "asyncwork_worker_rescues",
+    "Claims of a worker process whose heartbeat lapsed that a rescue released and re-enqueued, "
+    "by rescue (the name its app registered).",
+    ["rescue"],
+)
+
+Rescue = Callable[[], int]
+_rescues: dict[str, Rescue] = {}
+
+
+def rescue_register(name: str, rescue: Rescue) -> None:
+    """Declare (or replace) the rescue ``name`` (from an ``AppConfig.ready()``): ``rescue()``
+    releases the app's claims whose owner is gone (``owner_lapsed_sql``), re-enqueues their
+    work, and returns how many it rescued. It must be safe to run twice."""
+    _rescues[name] = rescue
+
+
+def heartbeats_clean() -> int:
+    """Delete the rows of processes whose last heartbeat is older than ``DEAD_HEARTBEAT_KEPT``,
+    by the database's clock."""
+    deleted, _ = WorkerHeartbeat.objects.filter(beat_at__lt=Now() - DEAD_HEARTBEAT_KEPT).delete()
+    return deleted
+
+
+def workers_rescue() -> dict[str, int]:
+    """The ``workers-rescue`` job: every declared rescue (none while rescue by heartbeat is
+    off), then the rows of long-dead processes. Returns how many each rescued or deleted."""
+    counts: dict[str, int] = {}
+    if lapse_seconds() > 0:
+        for name, rescue in _rescues.items():
+            counts[name] = rescued = rescue()
+            if rescued:
+                RESCUES.labels(rescue=name).inc(rescued)
+                logger.warning(
+                    "rescue %s: %d claim(s) of worker processes whose heartbeat lapsed "
+                    "released and re-enqueued",
+                    name,
+                    rescued,
+                    extra={"rescue": name, "rescued": rescued},
+                )
+    counts["heartbeats_deleted"] = heartbeats_clean()
+    return counts
+
+
+@dataclass(frozen=True)
+class WorkersProbe:
+    """Worker processes by heartbeat: live ones (a heartbeat within the lapse) per host, and
+    the lapsed ones whose rows are still kept."""
+
+    live_by_host: dict[str, int]
+    lapsed: int
+    lapse_seconds: float
+
+    @property
+    def live(self) -> int:
+        return sum(self.live_by_host.values())
+
+
+def workers_probe() -> WorkersProbe:
+    """One query, ages by the database's clock. With rescue off, "live" means three
+    heartbeats."""
+    lapse = lapse_seconds() or 3 * float(settings.WORKER_HEARTBEAT_SECONDS)
+    fresh = Q(beat_at__gte=Now() - timedelta(seconds=lapse))
+    rows = (
+        WorkerHeartbeat.objects.values("hostname")
+        .annotate(live=Count("pk", filter=fresh), lapsed=Count("pk", filter=~fresh))
+        .order_by("hostname")
+    )
+    return WorkersProbe(
+        live_by_host={row["hostname"]: row["live"] for row in rows if row["live"]},
+        lapsed=sum(row["lapsed"] for row in rows),
+        lapse_seconds=lapse,
+    )
