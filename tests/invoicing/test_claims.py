@@ -137,7 +137,8 @@ def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any
     assert second is not None
     assert second.attempts == 2
     lease = EmailDelivery.objects.get(key=key).lease_expires_at
-    assert lease is not None and lease > timezone.now()  # taken over before its lease ended
+    assert lease is not None
+    assert lease > timezone.now()  # taken over before its lease ended
 
     never = paid_invoice()
     never_key = invoice_email_key(never)
