@@ -1,0 +1,43 @@
+"""Worker heartbeats, written by real worker processes: one row per pool process (the process
+that runs tasks and owns their claims), refreshed on the database's clock, deleted when the
+worker stops cleanly."""
+
+from __future__ import annotations
+
+import pytest
+from django.db.models.functions import Now
+
+from asyncwork import heartbeat
+from asyncwork.models import WorkerHeartbeat
+from stack import launch
+from stack.net import wait_until
+from tests.helpers.processes import worker_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_sql_names_the_model_table() -> None:
+    assert WorkerHeartbeat._meta.db_table == heartbeat.TABLE
+
+
+def test_each_pool_process_beats_and_a_clean_stop_deletes_its_row() -> None:
+    env = worker_env(1, WORKER_HEARTBEAT_SECONDS="0.5", WORKER_HEARTBEAT_LAPSE_SECONDS="3")
+    worker = launch.celery_worker(env, name="beating", concurrency=2)
+    try:
+        worker.wait_ready()
+        assert wait_until(lambda: WorkerHeartbeat.objects.count() == 2, 20, interval=0.1)
+        first = {row.owner: row.beat_at for row in WorkerHeartbeat.objects.all()}
+        children = set(worker.pids()) - {worker.pid}
+        assert {row.pid for row in WorkerHeartbeat.objects.all()} == children
+        assert all(owner.split(":")[1] in {str(p) for p in children} for owner in first)
+        assert wait_until(
+            lambda: all(row.beat_at > first[row.owner] for row in WorkerHeartbeat.objects.all()),
+            5,
+            interval=0.1,
+        )
+        # Written with the database's clock: never ahead of it.
+        assert not WorkerHeartbeat.objects.filter(beat_at__gt=Now()).exists()
+    finally:
+        worker.stop()
+    assert worker.returncode == 0
+    assert WorkerHeartbeat.objects.count() == 0
