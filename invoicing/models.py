@@ -78,6 +78,15 @@ class EmailDelivery(models.Model):
 
     class Meta:
         verbose_name_plural = "email deliveries"
+        indexes = [
+            # The claims in flight, which the rescue (every few seconds) and the recovery job
+            # read: a few rows, whatever the number of emails ever sent.
+            models.Index(
+                fields=["updated_at"],
+                name="emaildelivery_sending_idx",
+                condition=models.Q(state="sending"),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.key} ({self.state})"
