@@ -10,12 +10,12 @@ anyone can read.
 A claim's owner is *gone* when it has written no heartbeat for ``WORKER_HEARTBEAT_LAPSE_SECONDS``
 and the claim itself is older than that (an owner that never wrote one, or whose row was
 cleaned, counts from its claim): ``owner_lapsed_sql``, one SQL predicate a domain puts in its
-own claim statement and rescue query. Every age is read on the database's clock, never a host's,
-so skew between hosts cannot make a live owner look dead; and a heartbeat counts as no older
-than the database server's start (``pg_postmaster_start_time()``), so a database restart,
-during which nobody could write one, does not make every owner look dead at once. A live but
-slow owner keeps its heartbeat fresh and is never overtaken: for it the claim's lease stays the
-fence.
+own claim statement and rescue query. Every age is read on the database's clock, never a
+host's, so skew between hosts cannot make a live owner look dead; and it is counted back from
+the newest heartbeat of any process rather than from ``now()``, so a database restart or stall,
+during which nobody could write one, does not make every owner look dead at once: an owner is
+gone only once others have beaten without it for the whole lapse. A live but slow owner keeps
+its heartbeat fresh and is never overtaken: for it the claim's lease stays the fence.
 
 What a gone owner's claims become is the domain's to say; ``asyncwork.rescue`` runs it at once
 (the ``workers-rescue`` job) and cleans the rows of long-dead processes. A process that exits
@@ -65,17 +65,23 @@ def lapse_seconds() -> float:
 
 def owner_lapsed_sql(*, owner: str, since: str) -> str:
     """An SQL predicate, true when the process named by the column ``owner`` is gone: rescue by
-    heartbeat is on, it has no heartbeat fresher than the lapse, and ``since`` (the column of
-    when its claim was made) is older than the lapse, all by the database's clock. Its one
-    parameter is ``%(heartbeat_lapse)s``: pass ``lapse_seconds()``."""
-    fresh = "now() - make_interval(secs => %(heartbeat_lapse)s)"
+    heartbeat is on, and for longer than the lapse before the newest heartbeat of any process,
+    it wrote none and its claim (made at the column ``since``) already existed. Its one
+    parameter is ``%(heartbeat_lapse)s``: pass ``lapse_seconds()``.
+
+    Measured against the newest heartbeat, which is never later than the database's ``now()``:
+    when nobody could write one (the database restarting, stalled, or cut off from every
+    worker), nobody is judged gone, and no process is judged gone until others have beaten
+    without it for the whole lapse. With no heartbeat at all (no worker beats yet), nothing
+    is."""
+    newest = "(SELECT max(n.beat_at) FROM asyncwork_workerheartbeat n)"
+    fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
     # No input: a table name and the caller's own columns.
     return (
         f"(%(heartbeat_lapse)s > 0"  # noqa: S608
         f" AND NOT EXISTS (SELECT 1 FROM {TABLE} h"
-        f" WHERE h.owner = {owner}"
-        f" AND greatest(h.beat_at, pg_postmaster_start_time()) >= {fresh})"
-        f" AND greatest({since}, pg_postmaster_start_time()) < {fresh})"
+        f" WHERE h.owner = {owner} AND h.beat_at >= {fresh})"
+        f" AND {since} < {fresh})"
     )
 
 

@@ -126,13 +126,16 @@ def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
     beat("slow")
+    beat("other")  # the process that would take it over beats too
     first = email_claim(invoice=invoice, key=key, owner="slow")
     assert first is not None
     claim_age(key, 60)  # a slow send, well past the lapse: its owner still beats
     assert email_claim(invoice=invoice, key=key, owner="other") is None
     beat("slow", ago=9)  # one late heartbeat short of the lapse
+    beat("other")
     assert email_claim(invoice=invoice, key=key, owner="other") is None
     beat("slow", ago=11)  # gone
+    beat("other")
     second = email_claim(invoice=invoice, key=key, owner="other")
     assert second is not None
     assert second.attempts == 2
@@ -146,7 +149,23 @@ def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any
     claim_age(never_key, 9)
     assert email_claim(invoice=never, key=never_key, owner="other") is None
     claim_age(never_key, 11)
+    beat("other")
     assert email_claim(invoice=never, key=never_key, owner="other") is not None
+
+
+def test_nobody_is_judged_gone_while_nobody_could_beat() -> None:
+    """The database stalled, restarted or was cut off from every worker: no heartbeat was
+    written for longer than the lapse, by anyone. Ages count back from the newest heartbeat,
+    so no owner looks gone until the others have beaten without it for the whole lapse."""
+    invoice = paid_invoice()
+    key = invoice_email_key(invoice)
+    beat("owner", ago=30)
+    beat("other", ago=29)
+    assert email_claim(invoice=invoice, key=key, owner="owner") is not None
+    claim_age(key, 31)
+    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    beat("other")  # the database is back; "owner" has not beaten since, for 30 s
+    assert email_claim(invoice=invoice, key=key, owner="other") is not None
 
 
 def test_rescue_by_heartbeat_off_leaves_the_lease_alone_to_decide(settings: Any) -> None:
@@ -168,6 +187,7 @@ def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
     assert old is not None
     claim_age(key, 60)
     beat("zombie", ago=60)
+    beat("rescuer")
     new = email_claim(invoice=invoice, key=key, owner="rescuer")
     assert new is not None
     before = EmailDelivery.objects.values().get(key=key)
