@@ -5,11 +5,15 @@ every probe of the health check, the metrics and the dashboard runs in)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
+from django.db.models import Field
+from django.db.models.options import Options
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -28,6 +32,27 @@ def _column(field: object) -> str:
     return connection.ops.quote_name(column)
 
 
+@functools.lru_cache(maxsize=64)
+def _insert_statement(
+    meta: Options[Any], conflict_fields: tuple[str, ...], *, with_pk: bool
+) -> tuple[tuple[Field[Any, Any], ...], str]:
+    """The fields and the SQL of ``insert_or_skip`` (or of ``insert``, with no conflict fields)
+    for one model, worked out once: they run on every webhook delivery, and the ORM's building
+    of the statement cost more CPU than sending it."""
+    fields = tuple(f for f in meta.concrete_fields if not f.primary_key or with_pk)
+    columns = ", ".join(_column(f) for f in fields)
+    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    assert meta.pk is not None
+    pk_column = _column(meta.pk)
+    on_conflict = f"ON CONFLICT ({conflict}) DO NOTHING " if conflict_fields else ""
+    sql = (
+        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
+        f"VALUES ({placeholders}) {on_conflict}RETURNING {pk_column}"
+    )
+    return fields, sql
+
+
 def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
     """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance.
 
@@ -36,18 +61,19 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
     PostgreSQL waits for). Unlike check-then-insert or catching IntegrityError, a concurrent
     duplicate never raises and never logs an error, in the application or in PostgreSQL.
     """
+    return _insert(instance, tuple(conflict_fields))
+
+
+def insert(instance: models.Model) -> None:
+    """``INSERT`` one unsaved instance and set its ``pk``: what ``save()`` does for a new row
+    (``pre_save`` fills ``auto_now_add`` fields), through a statement built once per model."""
+    _insert(instance, ())
+
+
+def _insert(instance: models.Model, conflict_fields: tuple[str, ...]) -> bool:
     meta = instance._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key or instance.pk is not None]
-    columns = ", ".join(_column(f) for f in fields)
-    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
+    fields, sql = _insert_statement(meta, conflict_fields, with_pk=instance.pk is not None)
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    placeholders = ", ".join(["%s"] * len(fields))
-    assert meta.pk is not None
-    pk_column = _column(meta.pk)
-    sql = (
-        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
-        f"VALUES ({placeholders}) ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk_column}"
-    )
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         row = cursor.fetchone()
@@ -55,6 +81,7 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
         return False
     instance.pk = row[0]
     instance._state.adding = False
+    instance._state.db = connection.alias
     return True
 
 
