@@ -65,7 +65,7 @@ class Channel(redis.Channel):
         kept = self._kept_client
         pool = self.pool
         if kept is None or kept.connection_pool is not pool:
-            kept = self._kept_client = self._create_client()
+            kept = self._kept_client = self._create_client()  # type: ignore[attr-defined]
         yield kept
 
 

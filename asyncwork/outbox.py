@@ -195,7 +195,7 @@ class _Publisher:
         self.repr_size = app.amqp.argsrepr_maxsize
         self.repr_levels = app.conf.task_repr_maxlevels
         self.origin = anon_nodename()
-        self.reply_to = app.thread_oid
+        self.reply_to: Any = app.thread_oid
         self.queues: dict[str, Any] = {}
         self.limits: dict[str, tuple[Any, Any, Any]] = {}
 
@@ -205,7 +205,8 @@ class _Publisher:
         limits = self.limits.get(name)
         if limits is None:
             task = current_app.tasks.get(name)
-            options = task._get_exec_options() if task is not None else {}
+            # What send_task merges from the registered task (its time limits, ignore_result).
+            options = task._get_exec_options() if task is not None else {}  # type: ignore[attr-defined]
             limits = self.limits[name] = (
                 options.get("time_limit"),
                 options.get("soft_time_limit"),
@@ -220,7 +221,8 @@ class _Publisher:
         if declared is None:
             declared = self.queues[queue] = current_app.amqp.queues[queue]
         time_limit, soft_time_limit, ignore_result = self._task_limits(task)
-        root_id, parent_id = task_id, None
+        root_id: str | None = task_id
+        parent_id: str | None = None
         parent = current_app.current_worker_task  # the relay, run as a scheduled job
         if parent is not None:
             root_id = parent.request.root_id or parent.request.id
@@ -247,7 +249,7 @@ class _Publisher:
             "stamps": {},
         }
         body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
-        properties = {"correlation_id": task_id, "reply_to": self.reply_to}
+        properties: dict[str, Any] = {"correlation_id": task_id, "reply_to": self.reply_to}
         if before_task_publish.receivers:
             before_task_publish.send(
                 sender=task,
