@@ -11,13 +11,13 @@ decides what that means (``invoicing.mail.deliver``: a permanent failure).
 A message whose addresses are all ASCII, display names aside, takes Django's own steps (its
 address sanitising, its message, its errors); a domain is expected in its ASCII (IDNA) form
 there, as ``invoicing.mail`` gives it. Only the serialising differs, for CPU (it was most of an
-email's cost, by cProfile of the task): each header is written as Django encoded and folded it
-when it was set (ASCII, non-ASCII text as RFC 2047 encoded words), not folded a second time by
-the ``compat32`` folder, and the multipart boundary is checked against the text with a
-substring test instead of a regular expression compiled per message. Every header line stays
-far below RFC 5322's 998 characters (the longest, To, is at most a 255-character name and a
-320-character address). The connection, timeout, TLS, authentication and the errors raised are
-all Django's.
+email's cost, by cProfile of the task): a header that Django has made ASCII (non-ASCII text as
+RFC 2047 encoded words, folded where it encoded them) and whose lines fit 78 characters is
+written as it stands rather than passed through ``email.header``'s folder again, which
+returned it unchanged; a longer one is folded as Django's serialising folds it; and the
+multipart boundary is checked against the text with a substring test instead of a regular
+expression compiled per message. The connection, timeout, TLS, authentication and the errors
+raised are all Django's.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import functools
 import random
 import smtplib
 import sys
+from email._policybase import Compat32, Policy
 from email.generator import BytesGenerator
 from email.message import Message
 from io import BytesIO
+from typing import Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -55,8 +57,29 @@ def needs_smtputf8(address: str) -> bool:
 # header with utf8=True drops the quotes around a display name holding a comma (CPython's
 # folder), which turns one recipient into two. Django folded the headers it encoded itself.
 _AS_WRITTEN = email.policy.SMTPUTF8.clone(refold_source="none")
-# The ASCII path: the same, for headers Django has already made ASCII.
-_ASCII_AS_WRITTEN = email.policy.SMTP.clone(refold_source="none")
+
+
+class _Compat32AsWritten(Compat32):
+    """Django's policy (``compat32``), but a header whose lines are ASCII and fit
+    ``max_line_length`` is written as it stands instead of going through ``email.header``'s
+    folder again, which returns it unchanged at many times the cost of the rest of the
+    message. A longer header is folded as before."""
+
+    def _fold(self, name: str, value: Any, sanitize: bool) -> str:
+        if isinstance(value, str) and value.isascii():
+            lines = value.splitlines()
+            limit = self.max_line_length or 998
+            if (
+                lines
+                and len(name) + 2 + len(lines[0]) <= limit
+                and all(len(line) <= limit for line in lines[1:])
+            ):
+                return name + ": " + self.linesep.join(lines) + self.linesep
+        return str(super()._fold(name, value, sanitize))  # type: ignore[misc]
+
+
+# The ASCII path: the headers Django has already made ASCII (and folded where it encoded).
+_ASCII_AS_WRITTEN = _Compat32AsWritten(linesep="\r\n")
 
 
 class _Generator(BytesGenerator):
@@ -78,7 +101,7 @@ class _Generator(BytesGenerator):
                 return boundary
 
 
-def _as_bytes(message: Message, policy: email.policy.Policy) -> bytes:
+def _as_bytes(message: Message, policy: Policy) -> bytes:
     data = BytesIO()
     _Generator(data, mangle_from_=False, policy=policy).flatten(message, linesep="\r\n")
     return data.getvalue()

@@ -4,8 +4,6 @@ other message takes Django's own path."""
 
 from __future__ import annotations
 
-import email
-import email.policy
 import re
 import smtplib
 from collections.abc import Iterator
@@ -126,22 +124,12 @@ def test_ascii_addresses_take_djangos_path_unchanged(server_ascii: SmtpServer) -
     ],
     ids=["short", "long-non-ascii", "comma-in-name"],
 )
-def test_the_ascii_path_writes_what_django_writes_but_for_refolding(fields: dict[str, Any]) -> None:
-    """The ASCII path's serialising (headers as Django encoded them, the boundary checked by
-    substring) gives Django's own bytes for headers that fit a line, and for longer ones the
-    same message once read back: every header and part decodes to the same value."""
+def test_the_ascii_path_writes_the_bytes_django_writes(fields: dict[str, Any]) -> None:
+    """The ASCII path's serialising (a header that fits its line written as it stands, the
+    boundary checked by substring) gives Django's own bytes, long and encoded headers
+    included."""
     built = message(**fields).message()
     ours = _as_bytes(built, _ASCII_AS_WRITTEN)  # picks the boundary, which stays on the message
     djangos = built.as_bytes(linesep="\r\n")  # type: ignore[call-arg]  # Django's MIMEMixin takes it
     assert ours.partition(b"\r\n\r\n")[0].isascii()
-    assert all(len(line) <= 998 for line in ours.split(b"\r\n"))
-    if all(len(line) <= 78 for line in djangos.split(b"\r\n\r\n")[0].split(b"\r\n")):
-        assert ours == djangos
-    mine, theirs = (
-        email.message_from_bytes(raw, policy=email.policy.default) for raw in (ours, djangos)
-    )
-    assert mine.defects == theirs.defects == []
-    assert [(k, str(v)) for k, v in mine.items()] == [(k, str(v)) for k, v in theirs.items()]
-    assert [p.get_content() for p in mine.iter_parts()] == [
-        p.get_content() for p in theirs.iter_parts()
-    ]
+    assert ours == djangos
