@@ -205,9 +205,12 @@ class _Publisher:
         the task registered under ``name`` (None for a task this process does not know)."""
         limits = self.limits.get(name)
         if limits is None:
-            task = current_app.tasks.get(name)
+            # As send_task reads it: the registry as it stands, without finalizing the app.
+            task = current_app._tasks.get(name)  # type: ignore[attr-defined]
+            if task is None:
+                return (None, None, None)  # not cached: the registry may fill later
             # What send_task merges from the registered task (its time limits, ignore_result).
-            options = task._get_exec_options() if task is not None else {}  # type: ignore[attr-defined]
+            options = task._get_exec_options()
             limits = self.limits[name] = (
                 options.get("time_limit"),
                 options.get("soft_time_limit"),
