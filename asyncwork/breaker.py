@@ -16,6 +16,13 @@ What it guarantees:
 * a success, probe or not, closes it and resets the count; a failure once the cool-down has
   passed (the probe's) re-opens it for a new cool-down.
 * every transition is one Lua script, so it is atomic against every other worker.
+* **one cached read per window** (``check_seconds``, 0 by default): a process that read the
+  breaker closed with no failure counted trusts that for ``check_seconds``, and neither asks
+  Redis before a call nor tells it of a success meanwhile (a success would reset nothing).
+  A failure is always told at once, and ends the window for its process. What the window costs:
+  a breaker opened by another process is seen by this one up to ``check_seconds`` late, after
+  at most one more failed call of its own; a success here inside the window does not reset
+  failures another process counted meanwhile.
 * **Redis is not the outage**: every Redis call has a short socket timeout and at most one
   retry; if Redis cannot be reached, ``allow()`` says "closed" (traffic flows as if there were
   no breaker) and a warning is logged, at most once per ``_WARN_EVERY`` seconds per breaker
@@ -53,9 +60,10 @@ SOCKET_TIMEOUT = 0.3
 _WARN_EVERY = 30.0
 
 # allow(): KEYS = state hash, probe token; ARGV = reset seconds, token, probe ttl (ms).
+# Closed: the consecutive failures so far come back with the verdict.
 _ALLOW = """
 local opened = redis.call('HGET', KEYS[1], 'opened_at')
-if not opened then return {'allowed', '0'} end
+if not opened then return {'allowed', redis.call('HGET', KEYS[1], 'failures') or '0'} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local remaining = tonumber(opened) + tonumber(ARGV[1]) - now
@@ -123,6 +131,9 @@ class Decision:
 
 _ALLOWED = Decision(Verdict.ALLOWED)
 
+# Per breaker key: until when (time.monotonic()) this process trusts "closed, no failure".
+_closed_until: dict[str, float] = {}
+
 
 @functools.lru_cache(maxsize=8)
 def _client(url: str) -> redis.Redis:
@@ -175,10 +186,12 @@ class Breaker:
         probe_ttl_seconds: float,
         url: str | None = None,
         key_prefix: str | None = None,
+        check_seconds: float = 0.0,
     ) -> None:
         if threshold < 1 or reset_seconds <= 0 or probe_ttl_seconds <= 0:
             raise ValueError("threshold, reset_seconds and probe_ttl_seconds must be positive")
         self.name = name
+        self.check_seconds = float(check_seconds)
         self.threshold = threshold
         self.reset_seconds = float(reset_seconds)
         self.probe_ttl_ms = int(probe_ttl_seconds * 1000)
@@ -197,8 +210,18 @@ class Breaker:
     def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return _script(self.url, script)(keys=keys, args=args)
 
+    def _trusted_closed(self) -> bool:
+        """Within the window of a read that found it closed with no failure counted."""
+        return self.check_seconds > 0 and time.monotonic() < _closed_until.get(self.key, 0.0)
+
+    def _closed_seen(self) -> None:
+        if self.check_seconds > 0:
+            _closed_until[self.key] = time.monotonic() + self.check_seconds
+
     def allow(self) -> Decision:
         """May the caller call the provider now? Never raises."""
+        if self._trusted_closed():
+            return _ALLOWED
         token = uuid.uuid4().hex
         try:
             verdict, value = self._eval(
@@ -215,10 +238,13 @@ class Breaker:
             return Decision(Verdict.PROBE, token=token)
         if verdict is Verdict.DENIED:
             return Decision(Verdict.DENIED, retry_in=max(0.0, float(value)))
+        if int(value) == 0:
+            self._closed_seen()
         return _ALLOWED
 
     def record_failure(self) -> None:
         """One more consecutive failure of the provider. Never raises."""
+        _closed_until.pop(self.key, None)
         try:
             outcome, failures = self._eval(
                 _FAILURE, [self.key, self.probe_key], [self.threshold, self.reset_seconds]
@@ -245,11 +271,14 @@ class Breaker:
 
     def record_success(self) -> None:
         """The provider answered: close the breaker and reset the count. Never raises."""
+        if self._trusted_closed():
+            return  # closed with no failure at this window's read: nothing to reset
         try:
             opened = self._eval(_SUCCESS, [self.key, self.probe_key], [])
         except redis.RedisError as exc:
             _warn_unavailable(self.name, "record_success", exc)
             return
+        self._closed_seen()
         if opened is not None:
             logger.info("circuit breaker %r closed", self.name, extra={"breaker": self.name})
 
@@ -265,6 +294,7 @@ class Breaker:
 
     def reset(self) -> None:
         """Force the breaker closed (an operator who knows the provider is back)."""
+        _closed_until.pop(self.key, None)
         try:
             self._redis.delete(self.key, self.probe_key)
         except redis.RedisError as exc:

@@ -18,7 +18,9 @@ kombu keeps a queue in (one list per priority step).
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import redis as redis_py
 from django.conf import settings
@@ -47,6 +49,24 @@ class QoS(redis.QoS):
 
 class Channel(redis.Channel):
     QoS = QoS
+
+    _kept_client: redis_py.Redis | None = None
+
+    @contextlib.contextmanager
+    def conn_or_acquire(self, client: redis_py.Redis | None = None) -> Iterator[redis_py.Redis]:
+        """kombu builds a new ``redis.Redis`` on this channel's pool for every command it sends
+        outside a pipeline (each publish, each queue-size read), which on redis-py 6+ copies
+        every response callback and costs more CPU than the round trip itself. One client per
+        channel and pool, kept: a client holds no connection of its own (the pool does), so
+        reconnecting after a Redis restart is the pool's, as before."""
+        if client is not None:
+            yield client
+            return
+        kept = self._kept_client
+        pool = self.pool
+        if kept is None or kept.connection_pool is not pool:
+            kept = self._kept_client = self._create_client()  # type: ignore[attr-defined]
+        yield kept
 
 
 class Transport(redis.Transport):

@@ -5,11 +5,17 @@ every probe of the health check, the metrics and the dashboard runs in)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection, models, transaction
+from django.db.models import Field
+from django.db.models.options import Options
+
+M = TypeVar("M", bound=models.Model)
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -28,6 +34,27 @@ def _column(field: object) -> str:
     return connection.ops.quote_name(column)
 
 
+@functools.lru_cache(maxsize=64)
+def _insert_statement(
+    meta: Options[Any], conflict_fields: tuple[str, ...], *, with_pk: bool
+) -> tuple[tuple[Field[Any, Any], ...], str]:
+    """The fields and the SQL of ``insert_or_skip`` (or of ``insert``, with no conflict fields)
+    for one model, worked out once: they run on every webhook delivery, and the ORM's building
+    of the statement cost more CPU than sending it."""
+    fields = tuple(f for f in meta.concrete_fields if not f.primary_key or with_pk)
+    columns = ", ".join(_column(f) for f in fields)
+    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    assert meta.pk is not None
+    pk_column = _column(meta.pk)
+    on_conflict = f"ON CONFLICT ({conflict}) DO NOTHING " if conflict_fields else ""
+    sql = (
+        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
+        f"VALUES ({placeholders}) {on_conflict}RETURNING {pk_column}"
+    )
+    return fields, sql
+
+
 def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
     """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance.
 
@@ -36,18 +63,19 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
     PostgreSQL waits for). Unlike check-then-insert or catching IntegrityError, a concurrent
     duplicate never raises and never logs an error, in the application or in PostgreSQL.
     """
+    return _insert(instance, tuple(conflict_fields))
+
+
+def insert(instance: models.Model) -> None:
+    """``INSERT`` one unsaved instance and set its ``pk``: what ``save()`` does for a new row
+    (``pre_save`` fills ``auto_now_add`` fields), through a statement built once per model."""
+    _insert(instance, ())
+
+
+def _insert(instance: models.Model, conflict_fields: tuple[str, ...]) -> bool:
     meta = instance._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key or instance.pk is not None]
-    columns = ", ".join(_column(f) for f in fields)
-    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
+    fields, sql = _insert_statement(meta, conflict_fields, with_pk=instance.pk is not None)
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    placeholders = ", ".join(["%s"] * len(fields))
-    assert meta.pk is not None
-    pk_column = _column(meta.pk)
-    sql = (
-        f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
-        f"VALUES ({placeholders}) ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk_column}"
-    )
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         row = cursor.fetchone()
@@ -55,7 +83,41 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
         return False
     instance.pk = row[0]
     instance._state.adding = False
+    instance._state.db = connection.alias
     return True
+
+
+@functools.lru_cache(maxsize=64)
+def _select_statement(meta: Options[Any]) -> tuple[list[str], list[tuple[int, Any]], str]:
+    """The attribute names, the value converters (by position) and the SQL of ``row_get``
+    for one model, worked out once."""
+    fields = meta.concrete_fields
+    converters = [
+        (i, converter)
+        for i, f in enumerate(fields)
+        for converter in f.get_db_converters(connection)
+    ]
+    assert meta.pk is not None
+    sql = (
+        f"SELECT {', '.join(_column(f) for f in fields)} "  # noqa: S608 - identifiers from model metadata
+        f"FROM {connection.ops.quote_name(meta.db_table)} WHERE {_column(meta.pk)} = %s"
+    )
+    return [f.attname for f in fields], converters, sql
+
+
+def row_get(model: type[M], pk: Any) -> M | None:
+    """The row of ``model`` with primary key ``pk``, or None: ``filter(pk=pk).first()``
+    through a statement built once per model (it runs for every email a worker sends)."""
+    names, converters, sql = _select_statement(model._meta)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = list(row)
+    for i, converter in converters:
+        values[i] = converter(values[i], None, connection)
+    return model.from_db(connection.alias, names, values)
 
 
 def statement_timeout() -> None:

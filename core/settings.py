@@ -366,6 +366,10 @@ if (
 EMAIL_BREAKER_FAILURE_THRESHOLD = env.int("EMAIL_BREAKER_FAILURE_THRESHOLD", default=5)
 # Seconds it stays open before one probe may try; a deferred email waits this plus jitter.
 EMAIL_BREAKER_RESET_SECONDS = env.int("EMAIL_BREAKER_RESET_SECONDS", default=30)
+# Seconds a worker process trusts a read of the breaker closed with no failure counted, asking
+# Redis nothing before a send nor after a success meanwhile (asyncwork/breaker.py); 0 asks
+# every time. Another process's opening of the breaker is seen up to this late.
+EMAIL_BREAKER_CHECK_SECONDS = env.float("EMAIL_BREAKER_CHECK_SECONDS", default=1.0)
 # Seconds an email may be deferred by an open breaker before it is dead-lettered.
 EMAIL_PROVIDER_DEADLINE_SECONDS = env.int("EMAIL_PROVIDER_DEADLINE_SECONDS", default=86400)
 

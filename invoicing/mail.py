@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -83,7 +84,12 @@ def format_amount(minor: int, currency: str) -> str:
 
 
 def message_id_domain() -> str:
-    _, address = parseaddr(settings.DEFAULT_FROM_EMAIL)
+    return _domain_of(settings.DEFAULT_FROM_EMAIL)
+
+
+@functools.lru_cache(maxsize=8)
+def _domain_of(sender: str) -> str:
+    _, address = parseaddr(sender)
     return address.rpartition("@")[2] or "localhost"
 
 

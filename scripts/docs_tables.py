@@ -42,9 +42,9 @@ CHAOS_PROFILES = ("full", "short", "broker-stall")
 
 def bench_files(key: str = "summary") -> list[Path]:
     """The benchmark result files holding ``key`` (goal rows by default); not the earlier runs
-    kept for a before/after comparison (``<benchmark>.before-<issue>.json``)."""
+    kept for a before/after comparison (``<benchmark>.<stage>-<issue>.json``)."""
     files = [
-        p for p in BENCH_RESULTS.glob("*.json") if ".before-" not in p.name and key in _load(p)
+        p for p in BENCH_RESULTS.glob("*.json") if not EARLIER.search(p.name) and key in _load(p)
     ]
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     return sorted(files, key=lambda p: (order.get(p.stem, len(order)), p.name))
@@ -237,15 +237,20 @@ def chaos_section(path: Path) -> list[str]:
     return [*lines, *_table(("", *arms), rows, "l" * (1 + len(arms)))]
 
 
-# The before/after comparison of issue 13 (the floor arms): each benchmark's run before the
-# change (``<benchmark>.before-13.json``) and its current result file.
-FLOOR_BEFORE = "before-13"
+# The before/after comparison of issue 13 (the floor arms): each benchmark's run at each earlier
+# stage of the work (``<benchmark>.<stage>.json``) and its current result file.
+FLOOR_STAGES = (("before", "before-13"), ("first pass", "pass1-13"), ("after", None))
+EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
 
 
 def _arm_cpu(document: dict[str, Any], arm: str, group: str) -> float:
     figures = document["arms"][arm]
     per_item = figures.get("cpu_ms_per_delivery") or figures["cpu_ms_per_item"]
     return float(per_item[group])
+
+
+def _stack_cpu(document: dict[str, Any], arm: str, groups: tuple[str, ...]) -> float:
+    return sum(_arm_cpu(document, arm, group) for group in groups)
 
 
 def _floor_figures(ingest: dict[str, Any], pipeline: dict[str, Any]) -> list[tuple[str, str]]:
@@ -266,6 +271,20 @@ def _floor_figures(ingest: dict[str, Any], pipeline: dict[str, Any]) -> list[tup
             "emails/s ÷ floor emails/s",
             f"{flow['emails']['rate'] / flow['floor']['rate']:.2f} "
             f"({flow['emails']['rate']:.1f} / {flow['floor']['rate']:.1f} per s)",
+        ),
+    ]
+    # The steadier figure on a shared machine: the CPU the stack's own processes spend per item
+    # (the neighbours' and the load generator's left out), the floor's ÷ the application's.
+    webhook = ("gunicorn", "postgres", "redis")
+    email = ("celery", "gunicorn", "postgres", "redis")
+    rows += [
+        (
+            "CPU of the stack per webhook, floor ÷ application",
+            f"{_stack_cpu(ingest, 'floor', webhook) / _stack_cpu(ingest, 'unique', webhook):.2f}",
+        ),
+        (
+            "CPU of the stack per email end to end, floor ÷ application",
+            f"{_stack_cpu(pipeline, 'floor', email) / _stack_cpu(pipeline, 'emails', email):.2f}",
         ),
     ]
     for group in ("gunicorn", "postgres", "redis"):
@@ -297,45 +316,54 @@ FLOOR_GOALS = {
 
 
 def floor_section() -> list[str]:
-    """Before and after, side by side, for ``webhook_ingest`` and ``pipeline``."""
+    """Each stage side by side (those whose runs are kept), for ``webhook_ingest``,
+    ``pipeline`` and, where both runs are there, ``e2e_latency``."""
     names = ("webhook_ingest", "pipeline")
-    before = [BENCH_RESULTS / f"{name}.{FLOOR_BEFORE}.json" for name in names]
-    after = [BENCH_RESULTS / f"{name}.json" for name in names]
-    if not all(p.exists() for p in [*before, *after]):
+
+    def path(name: str, stage: str | None) -> Path:
+        return BENCH_RESULTS / (f"{name}.{stage}.json" if stage else f"{name}.json")
+
+    stages = [
+        (label, stage)
+        for label, stage in FLOOR_STAGES
+        if all(path(name, stage).exists() for name in names)
+    ]
+    if len(stages) < 2:
         return []
-    runs = [[_load(p) for p in paths] for paths in (before, after)]
+    runs = [[_load(path(name, stage)) for name in names] for _, stage in stages]
     if not all("floor" in document["arms"] for documents in runs for document in documents):
         return []
     captions = [
-        f"- {when}: " + _caption(path, document, f"`python -m bench.{document['benchmark']}`")
-        for when, paths, documents in (("before", before, runs[0]), ("after", after, runs[1]))
-        for path, document in zip(paths, documents, strict=True)
+        f"- {label}: "
+        + _caption(path(name, stage), document, f"`python -m bench.{document['benchmark']}`")
+        for (label, stage), documents in zip(stages, runs, strict=True)
+        for name, document in zip(names, documents, strict=True)
     ]
     figures = [dict(_floor_figures(*documents)) for documents in runs]
-    # The end-to-end latency, when both runs of bench.e2e_latency are there.
-    e2e = [BENCH_RESULTS / f"e2e_latency.{FLOOR_BEFORE}.json", BENCH_RESULTS / "e2e_latency.json"]
-    if all(p.exists() for p in e2e):
-        for path, figure in zip(e2e, figures, strict=True):
-            document = _load(path)
+    # The end-to-end latency, for the stages whose run of bench.e2e_latency is there.
+    for (label, stage), figure in zip(stages, figures, strict=True):
+        e2e = path("e2e_latency", stage)
+        if e2e.exists():
+            document = _load(e2e)
             latency = document["e2e_latency"]
             figure[E2E] = (
                 f"{latency['p50_ms']:,.0f} / {latency['p99_ms']:,.0f} ms "
                 f"(at {document['rate']:.0f}/s)"
             )
             captions.append(
-                f"- {'before' if path.name != 'e2e_latency.json' else 'after'}: "
-                + _caption(path, document, "`python -m bench.e2e_latency`")
+                f"- {label}: " + _caption(e2e, document, "`python -m bench.e2e_latency`")
             )
+    order = list(dict.fromkeys(name for figure in figures for name in figure))
     rows = [
-        (
-            figure,
-            FLOOR_GOALS.get(figure, "reported"),
-            figures[0][figure],
-            figures[1].get(figure, "-"),
-        )
-        for figure in figures[0]
+        (name, FLOOR_GOALS.get(name, "reported"), *(figure.get(name, "-") for figure in figures))
+        for name in order
     ]
-    return [*captions, "", *_table(("figure", "goal", "before", "after"), rows, "llrr")]
+    labels = tuple(label for label, _ in stages)
+    return [
+        *captions,
+        "",
+        *_table(("figure", "goal", *labels), rows, "ll" + "r" * len(labels)),
+    ]
 
 
 GENERATED = "<!-- generated by `python -m scripts.docs_tables` from the result files -->"

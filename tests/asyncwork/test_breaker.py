@@ -92,6 +92,44 @@ def test_the_state_is_shared_by_separate_processes(breaker: Breaker) -> None:
     assert breaker.allow().verdict is Verdict.DENIED
 
 
+def test_a_closed_read_is_trusted_for_its_window_and_a_failure_here_ends_it() -> None:
+    """With ``check_seconds``, a read that found the breaker closed with no failure is trusted
+    for that long: another process opening it meanwhile is seen once the window ends (or at
+    once after a failure of this process's own), and a success inside it leaves the shared
+    count alone."""
+    here = Breaker(
+        f"test-{uuid.uuid4().hex[:8]}",
+        threshold=3,
+        reset_seconds=60,
+        probe_ttl_seconds=70,
+        check_seconds=0.5,
+    )
+    shared = here._redis  # what another worker's scripts write, written here directly
+
+    def opened_elsewhere() -> None:
+        seconds, micros = shared.time()
+        shared.hset(here.key, mapping={"failures": 3, "opened_at": seconds + micros / 1e6})
+
+    try:
+        assert here.allow().verdict is Verdict.ALLOWED  # read: closed, no failure
+        opened_elsewhere()
+        assert here.allow().verdict is Verdict.ALLOWED  # not asked: inside the window
+        time.sleep(0.55)
+        assert here.allow().verdict is Verdict.DENIED  # asked again once the window ended
+
+        shared.delete(here.key)
+        assert here.allow().verdict is Verdict.ALLOWED
+        shared.hincrby(here.key, "failures", 1)  # another worker's failure
+        here.record_success()  # inside the window: nothing sent to Redis
+        assert here.state()["failures"] == 1
+        here.record_failure()  # told at once, and the window ends
+        assert here.state()["failures"] == 2
+        opened_elsewhere()
+        assert here.allow().verdict is Verdict.DENIED
+    finally:
+        here.reset()
+
+
 def test_after_the_cool_down_exactly_one_of_many_concurrent_callers_gets_the_probe() -> None:
     b = new_breaker(reset=1)
     trip(b)

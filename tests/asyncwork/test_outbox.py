@@ -128,3 +128,41 @@ def test_outbox_command_reports_and_rejects_bad_input(capsys: pytest.CaptureFixt
     assert "unpublished: 0" in capsys.readouterr().out
     with pytest.raises(CommandError, match="--batch-size must be at least 1"):
         call_command("outbox", "relay", "--batch-size", "0")
+
+
+def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
+    """The outbox's own publisher (a prebuilt message through one producer per thread) sends,
+    byte for byte but the transport's delivery tag, what ``send_task`` would: Celery's message
+    protocol 2 with the same headers (the log context's included), body and properties."""
+    from asyncwork import outbox
+    from asyncwork.logging import log_context
+    from core.celery import app
+
+    for task, queue in [
+        ("invoicing.send_invoice_email", "email"),  # a task this process knows: its limits
+        ("core.does_not_exist", f"relaytest-{uuid.uuid4().hex[:8]}"),  # one it does not
+    ]:
+        key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + queue
+        with log_context(event_id="evt_format", invoice_id=7):
+            app.send_task(
+                task,
+                args=[7],
+                kwargs={"outbox_id": 9},
+                queue=queue,
+                task_id=outbox_task_id(9),
+                connection=outbox._connection(),
+                retry=False,
+            )
+            row = OutboxMessage(pk=9, task=task, args=[7], kwargs={}, queue=queue)
+            assert outbox._send(row) is None
+        sent_by_celery, sent_by_outbox = (
+            json.loads(raw) for raw in reversed(broker().lrange(key, 0, -1))
+        )
+        broker().delete(key)
+        for message in (sent_by_celery, sent_by_outbox):
+            message["properties"].pop("delivery_tag")
+        assert sent_by_outbox["headers"]["log_context"] == {
+            "event_id": "evt_format",
+            "invoice_id": 7,
+        }
+        assert sent_by_outbox == sent_by_celery

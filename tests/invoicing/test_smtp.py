@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.mail import EmailMultiAlternatives, get_connection
 
-from invoicing.smtp import address_spec, needs_smtputf8
+from invoicing.smtp import _ASCII_AS_WRITTEN, _as_bytes, address_spec, needs_smtputf8
 from stack.smtp import SmtpServer
 
 # Longer than a header line (78): the header is refolded on the way out.
@@ -113,3 +113,23 @@ def test_ascii_addresses_take_djangos_path_unchanged(server_ascii: SmtpServer) -
     head = received.content.partition(b"\r\n\r\n")[0]
     assert head.isascii()
     assert b"=?utf-8?" in head
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"to": [f'"{LONG_NAME}" <jenny@example.com>'], "subject": "Ihre Rechnung " + "X" * 200},
+        {"to": ['"Rosen, Jenny" <jenny@example.com>'], "subject": "Your invoice INV-42 is paid"},
+    ],
+    ids=["short", "long-non-ascii", "comma-in-name"],
+)
+def test_the_ascii_path_writes_the_bytes_django_writes(fields: dict[str, Any]) -> None:
+    """The ASCII path's serialising (a header that fits its line written as it stands, the
+    boundary checked by substring) gives Django's own bytes, long and encoded headers
+    included."""
+    built = message(**fields).message()
+    ours = _as_bytes(built, _ASCII_AS_WRITTEN)  # picks the boundary, which stays on the message
+    djangos = built.as_bytes(linesep="\r\n")  # type: ignore[call-arg]  # Django's MIMEMixin takes it
+    assert ours.partition(b"\r\n\r\n")[0].isascii()
+    assert ours == djangos
