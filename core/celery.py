@@ -11,6 +11,7 @@ from celery import Celery
 
 from asyncwork import logging as log_context
 from asyncwork import metrics, queues
+from asyncwork.rabbitmq import DeadLetterQueueDeclare
 from asyncwork.watchdog import WorkerWatchdog
 from core.startup import settings_load_or_exit
 
@@ -37,6 +38,8 @@ app.conf.task_routes = (queues.task_route,)
 
 # A worker idle while its queues hold work exits for its supervisor to restart it.
 app.steps["worker"].add(WorkerWatchdog)
+# On RabbitMQ, the queue the others dead-letter onto exists before any worker consumes.
+app.steps["consumer"].add(DeadLetterQueueDeclare)
 
 app.autodiscover_tasks()
 # Worker-side observability hangs on Celery's signals: the log context every task line carries
