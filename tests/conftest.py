@@ -1,4 +1,5 @@
-"""Fixtures only; the helpers they use, and the tests' own, are in ``tests/helpers``."""
+"""Fixtures, and the run's RabbitMQ virtual host; the helpers they use, and the tests' own,
+are in ``tests/helpers``."""
 
 from __future__ import annotations
 
@@ -7,15 +8,50 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings as django_settings
 
 from invoicing.services import email_breaker
 from stack.net import free_port
 from stack.process import Process
 from stack.smtp import SmtpServer
-from tests.helpers import web
+from tests.helpers import broker, web
 from tests.helpers.mail import use_smtp
+
+# The tests that prove the pipeline through the broker (duplicates, retries and deferrals, dead
+# letters and their replay, the crash window, the outbox relay, the breaker) and the RabbitMQ
+# set-up itself. A run on Redis runs them with every other test; TESTS_BROKER=rabbitmq runs
+# only these, on RabbitMQ (make test runs both). Within them, a test about one broker's own
+# mechanism says so (tests/helpers/broker.py redis_only, rabbitmq_only).
+BOTH_BROKERS = (
+    "tests/asyncwork/test_outbox.py",
+    "tests/asyncwork/test_rabbitmq.py",
+    "tests/invoicing/test_pipeline.py",
+    "tests/invoicing/test_crash.py",
+    "tests/invoicing/test_breaker_pipeline.py",
+)
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if not broker.RABBITMQ or not collection_path.name.startswith("test_"):
+        return None
+    return collection_path.resolve().relative_to(_ROOT).as_posix() not in BOTH_BROKERS or None
+
+
+def _own_vhost() -> bool:
+    """This run made the broker URL (tests/settings.py), so its virtual host is the run's."""
+    return django_settings.TESTS_BROKER == "rabbitmq" and broker.vhost().startswith("test-")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _own_vhost():
+        broker.vhost_create(broker.vhost())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Called however the run ends: failed, interrupted, or with nothing collected.
+    if _own_vhost():
+        broker.vhost_delete(broker.vhost())
 
 
 @pytest.fixture
@@ -28,21 +64,12 @@ def smtp(settings: Any) -> Iterator[SmtpServer]:
 
 @pytest.fixture(autouse=True)
 def _broker_empty() -> Iterator[None]:
-    """Every test starts and ends with this run's broker keys gone: a message a test published
+    """Every test starts and ends with this run's queues empty: a message a test published
     and no worker consumed (an outbox publish, a dead letter's copy) must not reach the next
     test's worker."""
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    pattern = django_settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "*"
-
-    def purge() -> None:
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
-
-    purge()
+    broker.queues_empty()
     yield
-    purge()
-    client.close()
+    broker.queues_empty()
 
 
 @pytest.fixture(autouse=True)
