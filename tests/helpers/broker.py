@@ -53,7 +53,10 @@ def rabbitmq_queues() -> dict[str, dict[str, Any]]:
     its messages ready and unacknowledged (as ``rabbitmqctl list_queues`` reports them)."""
     columns = ("name", "type", "durable", "arguments", "messages_ready", "messages_unacknowledged")
     out = rabbitmqctl("list_queues", "-p", vhost(), "--formatter", "json", *columns)
-    return {row["name"]: row for row in json.loads(out or "[]")}
+    found = {row["name"]: row for row in json.loads(out or "[]")}
+    for row in found.values():  # [[name, type, value], ...]
+        row["arguments"] = {name: value for name, _, value in row["arguments"]}
+    return found
 
 
 def _amqp() -> Connection:
