@@ -68,7 +68,7 @@ class ReliableTask(Task):
     def retry(self, *args: Any, **options: Any) -> Any:
         # Carry the time of the first failure across retries, for the dead letter, and keep
         # the job's other headers (first_deferred_at: a retry must not restart the deadline).
-        headers = {**(self.request.headers or {}), **(options.pop("headers", None) or {})}
+        headers = {**_job_headers(self.request), **(options.pop("headers", None) or {})}
         headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
         return super().retry(*args, headers=headers, **options)
 
@@ -99,7 +99,7 @@ class ReliableTask(Task):
         # delivery) count in seconds, and Celery refuses a delay it would round down to none.
         countdown = math.ceil(max(1.0, exc.retry_in + random.uniform(0, exc.jitter)))  # noqa: S311
         headers = {
-            **(request.headers or {}),
+            **_job_headers(request),
             "first_deferred_at": first.isoformat(),
             "deferrals": deferrals,
         }
@@ -154,6 +154,15 @@ class ReliableTask(Task):
             first_failed_at=self._first_failed_at(),
             log_traceback=not declared,
         )
+
+
+def _job_headers(request: Any) -> dict[str, Any]:
+    """The headers a retry or a deferral carries on: the job's own, without those the broker
+    added to this delivery (RabbitMQ's ``x-delivery-count``, and the ``x-death`` history of the
+    delay queues a retry waited in). RabbitMQ drops, silently, a message dead-lettered into a
+    queue its ``x-death`` says it already expired from: a second delay through the same delay
+    queue would be lost."""
+    return {k: v for k, v in (request.headers or {}).items() if not k.startswith("x-")}
 
 
 def _delivery_count(request: Any) -> int | None:
