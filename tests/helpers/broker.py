@@ -97,6 +97,17 @@ def queue_messages(name: str) -> list[dict[str, Any]]:
     return found
 
 
+def queue_delete(name: str) -> None:
+    """Delete queue ``name`` and what it holds (one a test made up)."""
+    if not RABBITMQ:
+        key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + name
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(key)
+        return
+    with _amqp() as conn:
+        channel: Any = conn.default_channel
+        channel.queue_delete(name)
+
+
 def queues_empty() -> None:
     """Empty this run's queues: those the workers consume, dlq, and (RabbitMQ) the delay
     queues, so no message one test left reaches the next test's worker."""
