@@ -23,6 +23,7 @@ from tests.helpers.mail import use_smtp
 # only these, on RabbitMQ (make test runs both). Within them, a test about one broker's own
 # mechanism says so (tests/helpers/broker.py redis_only, rabbitmq_only).
 BOTH_BROKERS = (
+    "tests/asyncwork/test_deadletters.py",
     "tests/asyncwork/test_outbox.py",
     "tests/asyncwork/test_rabbitmq.py",
     "tests/invoicing/test_pipeline.py",
