@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 
 from invoicing.services import email_breaker
 from stack.net import free_port
@@ -17,41 +16,22 @@ from stack.smtp import SmtpServer
 from tests.helpers import broker, web
 from tests.helpers.mail import use_smtp
 
-# The tests that prove the pipeline through the broker (duplicates, retries and deferrals, dead
-# letters and their replay, the crash window, the outbox relay, the breaker) and the RabbitMQ
-# set-up itself. A run on Redis runs them with every other test; TESTS_BROKER=rabbitmq runs
-# only these, on RabbitMQ (make test runs both). Within them, a test about one broker's own
-# mechanism says so (tests/helpers/broker.py redis_only, rabbitmq_only).
-BOTH_BROKERS = (
-    "tests/asyncwork/test_deadletters.py",
-    "tests/asyncwork/test_outbox.py",
-    "tests/asyncwork/test_rabbitmq.py",
-    "tests/invoicing/test_pipeline.py",
-    "tests/invoicing/test_crash.py",
-    "tests/invoicing/test_breaker_pipeline.py",
-)
-_ROOT = Path(__file__).resolve().parent.parent
-
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     if not broker.RABBITMQ or not collection_path.name.startswith("test_"):
         return None
-    return collection_path.resolve().relative_to(_ROOT).as_posix() not in BOTH_BROKERS or None
-
-
-def _own_vhost() -> bool:
-    """This run made the broker URL (tests/settings.py), so its virtual host is the run's."""
-    return django_settings.TESTS_BROKER == "rabbitmq" and broker.vhost().startswith("test-")
+    # TESTS_BROKER=rabbitmq collects the tests that prove the pipeline through the broker only.
+    return not broker.runs_on_both(collection_path) or None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if _own_vhost():
+    if broker.vhost_is_the_runs():
         broker.vhost_create(broker.vhost())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Called however the run ends: failed, interrupted, or with nothing collected.
-    if _own_vhost():
+    if broker.vhost_is_the_runs():
         broker.vhost_delete(broker.vhost())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -26,6 +27,32 @@ rabbitmq_only = pytest.mark.skipif(not RABBITMQ, reason="RabbitMQ only: the brok
 
 # RabbitMQ: Celery's delay queues (native delayed delivery), one per power of two seconds.
 DELAY_QUEUES = tuple(level_name(level) for level in range(28))
+
+
+# The tests that prove the pipeline through the broker (duplicates, retries and deferrals, dead
+# letters and their replay, the crash window, the outbox relay, the breaker) and the RabbitMQ
+# set-up itself. A run on Redis runs them with every other test; TESTS_BROKER=rabbitmq runs
+# only these, on RabbitMQ (make test runs both; tests/conftest.py). Within them, a test about
+# one broker's own mechanism says so (redis_only, rabbitmq_only below).
+BOTH_BROKERS = (
+    "tests/asyncwork/test_deadletters.py",
+    "tests/asyncwork/test_outbox.py",
+    "tests/asyncwork/test_rabbitmq.py",
+    "tests/invoicing/test_pipeline.py",
+    "tests/invoicing/test_crash.py",
+    "tests/invoicing/test_breaker_pipeline.py",
+)
+_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def runs_on_both(path: Path) -> bool:
+    """Whether the test module at ``path`` is one of ``BOTH_BROKERS``."""
+    return path.resolve().relative_to(_ROOT).as_posix() in BOTH_BROKERS
+
+
+def vhost_is_the_runs() -> bool:
+    """This run made the broker URL (tests/settings.py), so its virtual host is the run's."""
+    return settings.TESTS_BROKER == "rabbitmq" and vhost().startswith("test-")
 
 
 def vhost() -> str:
