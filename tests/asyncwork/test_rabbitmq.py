@@ -48,6 +48,9 @@ def test_the_queues_are_durable_quorum_queues_with_a_delivery_limit_onto_dlq() -
         assert f"{name}\ttrue\t1" in consumers.splitlines(), consumers
     # Declared by the worker before anything was dead-lettered onto it.
     assert (declared["dlq"]["type"], declared["dlq"]["durable"]) == ("quorum", True)
+    # Where retries wait: Celery's delay queues, classic (core/settings.py says why).
+    for name in broker.DELAY_QUEUES:
+        assert (declared[name]["type"], declared[name]["durable"]) == ("classic", True), name
 
 
 def test_dlq_is_declared_as_celery_declares_it_when_a_dead_letter_is_published() -> None:
