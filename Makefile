@@ -26,6 +26,9 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest
+	# The tests that prove the pipeline through the broker, again on RabbitMQ (tests/conftest.py
+	# BOTH_BROKERS), in a virtual host the run creates and deletes.
+	TESTS_BROKER=rabbitmq $(VENV)/bin/pytest
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench

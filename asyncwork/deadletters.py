@@ -195,6 +195,8 @@ def dlq_broker_remove(*, dead_letter_ids: list[int]) -> int:
     removed = 0
     try:
         with current_app.connection_for_write() as conn:
+            if settings.BROKER_IS_RABBITMQ:
+                return _rabbitmq_dlq_remove(conn, task_ids)
             channel: Any = conn.default_channel
             client = channel.client  # the Redis transport's client
             key = (conn.transport_options or {}).get("global_keyprefix", "") + queues.DLQ
@@ -207,6 +209,21 @@ def dlq_broker_remove(*, dead_letter_ids: list[int]) -> int:
                     removed += client.lrem(key, 1, raw)
     except Exception as exc:  # noqa: BLE001 - the DB rows stay right; the mirror catches up
         logger.warning("could not remove dead letters from the dlq queue: %r", exc)
+    return removed
+
+
+def _rabbitmq_dlq_remove(conn: Any, task_ids: set[str]) -> int:
+    """RabbitMQ: take every message of ``dlq`` unacknowledged, acknowledge (remove) those of
+    ``task_ids``; closing the channel gives the others back to the queue."""
+    removed = 0
+    channel: Any = conn.channel()
+    try:
+        while (message := channel.basic_get(queues.DLQ, no_ack=False)) is not None:
+            if (message.headers or {}).get("id") in task_ids:
+                channel.basic_ack(message.delivery_tag)
+                removed += 1
+    finally:
+        channel.close()
     return removed
 
 

@@ -45,3 +45,11 @@ class ProviderUnavailable(Deferred):
     """A provider's circuit breaker is open: calling it now would only add to its load."""
 
     dead_letter_reason = "provider_unavailable"  # DeadLetter.Reason.PROVIDER_UNAVAILABLE
+
+
+class RedeliveredTooOften(PermanentError):
+    """The broker delivered this job's message as often as a job may be delivered, every
+    earlier delivery ending with no outcome (the worker running it died, or lost the broker):
+    a poison message, not run again but dead-lettered (RabbitMQ, which counts deliveries)."""
+
+    dead_letter_reason = "redelivery_limit"  # DeadLetter.Reason.REDELIVERY_LIMIT

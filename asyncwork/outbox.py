@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -131,6 +132,9 @@ def _connection() -> Any:
             "connect_retries_timeout": timeout,
         }
         connection = _local.connection = current_app.connection_for_write(transport_options=options)
+        # Closed when its thread is gone (a thread pool's worker thread that ended): py-amqp
+        # leaves a socket nobody closed open otherwise.
+        weakref.finalize(threading.current_thread(), connection.collect)
     return connection
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kombu import Queue
+from django.conf import settings
+from kombu import Exchange, Queue
 
 DEFAULT = "default"
 DLQ = "dlq"
@@ -38,7 +39,46 @@ def route_register(task: str, queue: str) -> None:
 
 def consumed() -> tuple[Queue, ...]:
     """What a worker started with no ``-Q`` consumes: ``default`` and every declared queue."""
-    return (Queue(DEFAULT), *(Queue(name) for name in _queues))
+    return tuple(_declaration(name) for name in (DEFAULT, *_queues))
+
+
+def _declaration(name: str) -> Queue:
+    """A consumed queue as the broker declares it. On Redis, a plain list. On RabbitMQ, a
+    durable quorum queue with a delivery limit past which RabbitMQ dead-letters a message onto
+    ``dlq`` (``dlq_declaration``), bound to a topic exchange of its own: Celery's native delayed
+    delivery routes a delayed message back through it (it cannot through a direct one)."""
+    if not settings.BROKER_IS_RABBITMQ:
+        return Queue(name)
+    return Queue(
+        name,
+        Exchange(name, type="topic"),
+        routing_key=name,
+        durable=True,
+        queue_arguments={
+            "x-queue-type": "quorum",
+            # RabbitMQ delivers a message this many times plus one. A worker dead-letters the
+            # job, with its reason, on that last delivery instead of running it
+            # (``asyncwork.tasks``); should the worker die on that one too, RabbitMQ moves
+            # the message onto dlq.
+            "x-delivery-limit": settings.BROKER_DELIVERY_LIMIT - 1,
+            "x-dead-letter-exchange": DLQ,
+            "x-dead-letter-routing-key": DLQ,
+        },
+    )
+
+
+def dlq_declaration() -> Queue:
+    """``dlq`` as RabbitMQ holds it: the quorum queue Celery itself declares for a queue it was
+    not told of (``CELERY_TASK_CREATE_MISSING_QUEUE_TYPE``) when a dead letter's copy is first
+    published to it, behind a direct exchange of the same name, which is also where the
+    consumed queues dead-letter to. Declared by each worker as it starts
+    (``asyncwork.rabbitmq``), so that a message RabbitMQ dead-letters is never dropped."""
+    return Queue(
+        DLQ,
+        Exchange(DLQ, type="direct"),
+        routing_key=DLQ,
+        queue_arguments={"x-queue-type": "quorum"},
+    )
 
 
 def pressure_queues() -> tuple[str, ...]:

@@ -25,18 +25,20 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.deadletters import dead_letter_record
-from asyncwork.errors import Deferred, PermanentError, TransientError
+from asyncwork.errors import Deferred, PermanentError, RedeliveredTooOften, TransientError
 from asyncwork.models import DeadLetter
 
 logger = logging.getLogger(__name__)
@@ -53,10 +55,20 @@ class ReliableTask(Task):
     # unexpected" at ERROR with one: without this, each dead letter is logged twice.
     throws = (Exception,)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # RabbitMQ counts a message's earlier deliveries (Redis does not: no header there).
+        delivered = _delivery_count(self.request)
+        if delivered is not None and delivered + 1 >= settings.BROKER_DELIVERY_LIMIT:
+            raise RedeliveredTooOften(
+                f"delivered {delivered + 1} times; the {delivered} before ended with no "
+                "outcome (the worker running it died or lost the broker)"
+            )
+        return super().__call__(*args, **kwargs)
+
     def retry(self, *args: Any, **options: Any) -> Any:
         # Carry the time of the first failure across retries, for the dead letter, and keep
         # the job's other headers (first_deferred_at: a retry must not restart the deadline).
-        headers = {**(self.request.headers or {}), **(options.pop("headers", None) or {})}
+        headers = {**_job_headers(self.request), **(options.pop("headers", None) or {})}
         headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
         return super().retry(*args, headers=headers, **options)
 
@@ -83,9 +95,11 @@ class ReliableTask(Task):
             )
             raise exc
         deferrals = int(getattr(request, "deferrals", 0) or 0) + 1
-        countdown = exc.retry_in + random.uniform(0, exc.jitter)  # noqa: S311 - jitter
+        # In whole seconds, at least one: RabbitMQ's delay queues (Celery's native delayed
+        # delivery) count in seconds, and Celery refuses a delay it would round down to none.
+        countdown = math.ceil(max(1.0, exc.retry_in + random.uniform(0, exc.jitter)))  # noqa: S311
         headers = {
-            **(request.headers or {}),
+            **_job_headers(request),
             "first_deferred_at": first.isoformat(),
             "deferrals": deferrals,
         }
@@ -140,6 +154,25 @@ class ReliableTask(Task):
             first_failed_at=self._first_failed_at(),
             log_traceback=not declared,
         )
+
+
+def _job_headers(request: Any) -> dict[str, Any]:
+    """The headers a retry or a deferral carries on: the job's own, without those the broker
+    added to this delivery (RabbitMQ's ``x-delivery-count``, and the ``x-death`` history of the
+    delay queues a retry waited in). RabbitMQ drops, silently, a message dead-lettered into a
+    queue its ``x-death`` says it already expired from: a second delay through the same delay
+    queue would be lost."""
+    return {k: v for k, v in (request.headers or {}).items() if not k.startswith("x-")}
+
+
+def _delivery_count(request: Any) -> int | None:
+    """How many times the broker delivered this message before (RabbitMQ's quorum queues'
+    ``x-delivery-count`` header), or None when the broker does not say."""
+    value = request.get("x-delivery-count")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _header_time(request: Any, name: str) -> datetime | None:

@@ -12,6 +12,7 @@ from celery import Celery
 from asyncwork import heartbeat, metrics, queues
 from asyncwork import logging as log_context
 from asyncwork.heartbeat import WorkerHeartbeatStep
+from asyncwork.rabbitmq import DeadLetterQueueDeclare
 from asyncwork.watchdog import WorkerWatchdog
 from core.startup import settings_load_or_exit
 
@@ -40,6 +41,8 @@ app.conf.task_routes = (queues.task_route,)
 app.steps["worker"].add(WorkerWatchdog)
 # Each process that runs tasks beats, so the claims it holds can be rescued once it is gone.
 app.steps["worker"].add(WorkerHeartbeatStep)
+# On RabbitMQ, the queue the others dead-letter onto exists before any worker consumes.
+app.steps["consumer"].add(DeadLetterQueueDeclare)
 
 app.autodiscover_tasks()
 # Worker-side observability hangs on Celery's signals: the log context every task line carries

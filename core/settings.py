@@ -333,6 +333,39 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Separate runs sharing one Redis (tests, benchmarks) do not consume each other's tasks.
     "global_keyprefix": env.str("CELERY_BROKER_KEY_PREFIX", default=""),
 }
+# RabbitMQ (an amqp:// broker URL) instead of Redis: the queues are durable quorum queues
+# (replicated on a cluster; asyncwork/queues.py declares them), each with a delivery limit
+# that dead-letters a message redelivered too often onto the dlq queue, and a publish returns
+# only once the broker confirmed it (publisher confirms), so the outbox marks a row published
+# after the broker took the message. Retries and deferrals wait in RabbitMQ's delay queues
+# (Celery's native delayed delivery for quorum queues), not held unacknowledged by a worker,
+# which RabbitMQ would cut off after its consumer timeout. The Redis-only options above do not
+# apply: a message held by a worker that died is redelivered when its connection closes.
+BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
+# RabbitMQ only (Redis does not count deliveries): the deliveries of one message before it is
+# taken for a poison message (one that kills the worker running it, again and again). The last
+# is not run but dead-lettered with the reason "redelivered too often" (asyncwork/tasks.py);
+# should a worker die on that one too, the queue's delivery limit moves it onto dlq. A return
+# that is no fault of the message (a worker's connection lost, a restart) counts too, hence
+# room for more than a few.
+BROKER_DELIVERY_LIMIT = env.int("BROKER_DELIVERY_LIMIT", default=10)
+if BROKER_DELIVERY_LIMIT < 2:
+    raise ImproperlyConfigured("BROKER_DELIVERY_LIMIT must be at least 2.")
+if BROKER_IS_RABBITMQ:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "confirm_publish": True,
+        # Publishing must not hang on a stalled broker (the outbox keeps the message).
+        "connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
+    }
+    # The queues Celery declares by itself (one published to before any worker declared it,
+    # such as dlq) are quorum queues too.
+    CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = "quorum"
+    # Celery's delay queues (native delayed delivery), where a retry or a deferral waits: classic
+    # queues, durable, each message persistent. As quorum queues (Celery's default) they
+    # dead-letter at-least-once, and on RabbitMQ 3.10 the tests saw retries and deferrals
+    # vanish in them, in whole-suite runs (tests/invoicing/test_breaker_pipeline.py); classic
+    # ones lost none. The price: on a cluster a waiting retry lives on one node.
+    CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "classic"
 # django-celery-beat's DatabaseScheduler, dispatching only while it holds the leader lock.
 CELERY_BEAT_SCHEDULER = "asyncwork.beat:LeaderDatabaseScheduler"
 

@@ -26,9 +26,10 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
+from celery.contrib.testing.worker import TestWorkController, start_worker
 
 from stack import nginx
 from stack.net import HOST, free_port
@@ -106,6 +107,16 @@ def celery_beat(
     )
 
 
+class _ThreadWorker(TestWorkController):
+    """Celery's test worker, whose event loop wakes twice a second: it notices the end of the
+    block at once. Its loop polls the broker connection for as long as its next timer is away,
+    up to 10 s; on Redis the transport keeps timers of its own, on RabbitMQ there are none."""
+
+    def register_with_event_loop(self, hub: Any) -> None:
+        super().register_with_event_loop(hub)
+        hub.call_repeatedly(0.5, lambda: None)
+
+
 @contextlib.contextmanager
 def worker_thread(app: Celery, *, concurrency: int = 2) -> Iterator[None]:
     """A real worker of ``app`` consuming the real broker, in this process (threads pool),
@@ -118,6 +129,7 @@ def worker_thread(app: Celery, *, concurrency: int = 2) -> Iterator[None]:
         perform_ping_check=False,
         loglevel="WARNING",
         shutdown_timeout=30,
+        WorkController=_ThreadWorker,
     ):
         yield
 

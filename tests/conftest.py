@@ -1,4 +1,5 @@
-"""Fixtures only; the helpers they use, and the tests' own, are in ``tests/helpers``."""
+"""Fixtures, and the run's RabbitMQ virtual host; the helpers they use, and the tests' own,
+are in ``tests/helpers``."""
 
 from __future__ import annotations
 
@@ -7,15 +8,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from django.conf import settings as django_settings
 
 from invoicing.services import email_breaker
 from stack.net import free_port
 from stack.process import Process
 from stack.smtp import SmtpServer
-from tests.helpers import web
+from tests.helpers import broker, web
 from tests.helpers.mail import use_smtp
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if not broker.RABBITMQ or not collection_path.name.startswith("test_"):
+        return None
+    # TESTS_BROKER=rabbitmq collects the tests that prove the pipeline through the broker only.
+    return not broker.runs_on_both(collection_path) or None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if broker.vhost_is_the_runs():
+        broker.vhost_create(broker.vhost())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Called however the run ends: failed, interrupted, or with nothing collected.
+    if broker.vhost_is_the_runs():
+        broker.vhost_delete(broker.vhost())
 
 
 @pytest.fixture
@@ -28,21 +45,12 @@ def smtp(settings: Any) -> Iterator[SmtpServer]:
 
 @pytest.fixture(autouse=True)
 def _broker_empty() -> Iterator[None]:
-    """Every test starts and ends with this run's broker keys gone: a message a test published
+    """Every test starts and ends with this run's queues empty: a message a test published
     and no worker consumed (an outbox publish, a dead letter's copy) must not reach the next
     test's worker."""
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    pattern = django_settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "*"
-
-    def purge() -> None:
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
-
-    purge()
+    broker.queues_empty()
     yield
-    purge()
-    client.close()
+    broker.queues_empty()
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,9 @@ What a run shares with the machine, and why, and how it stays out of others' way
   flushes a database.
 * Ports: every server a test starts (SMTP, gunicorn, nginx, workers' metrics) binds a free
   port of its own on loopback.
+* RabbitMQ at 127.0.0.1:5672 when ``TESTS_BROKER=rabbitmq``: a virtual host of the run's own,
+  ``test-<run id>``, created when the run starts and deleted when it ends, failed or not
+  (``tests/conftest.py``).
 * The chaos suite's test runs its own PostgreSQL cluster and redis-server, which it restarts.
 
 So running ``make test`` twice at once, or beside ``make demo`` or a local stack, changes
@@ -41,6 +44,17 @@ os.environ.update(
     }
 )
 _RUN = os.environ.setdefault("TEST_RUN_ID", uuid.uuid4().hex[:10])
+# The broker: Redis unless TESTS_BROKER=rabbitmq (not TEST_BROKER: Celery's test worker takes
+# that for the broker's host name), which runs the tests that prove the pipeline
+# through the broker (tests/conftest.py BOTH_BROKERS) on the machine's RabbitMQ, in a virtual
+# host of the run's own that the run creates and deletes. The delivery limit is lowered so
+# that a poison message is dead-lettered after three deliveries, not ten.
+TESTS_BROKER = os.environ.setdefault("TESTS_BROKER", "redis")
+if TESTS_BROKER == "rabbitmq":
+    os.environ.setdefault("CELERY_BROKER_URL", f"amqp://guest:guest@127.0.0.1:5672/test-{_RUN}")
+    os.environ.setdefault("BROKER_DELIVERY_LIMIT", "3")
+elif TESTS_BROKER != "redis":
+    raise ValueError(f"TESTS_BROKER={TESTS_BROKER!r}: redis or rabbitmq")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("CELERY_BROKER_KEY_PREFIX", f"test-{_RUN}:")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")

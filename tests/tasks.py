@@ -4,12 +4,21 @@ project's tasks do not, on demand."""
 
 from __future__ import annotations
 
-from celery import shared_task
+import os
+import signal
+from typing import Any
 
+from celery import shared_task
+from django.core.cache import cache
+
+from asyncwork.errors import TransientError
 from asyncwork.jobs import JobTask, job_run
 from asyncwork.tasks import ReliableTask
 
 DIVIDE = "tests.divide"
+CRASH = "tests.crash"
+FLAKY = "tests.flaky"
+FLAKY_RETRY_SECONDS = 8
 FAILING_JOB = "tests-failing-job"
 
 
@@ -24,3 +33,26 @@ def divide(self: ReliableTask, numerator: int, denominator: int) -> float:
 def failing_job() -> object:
     """A scheduled job whose body has a bug."""
     return job_run(name=FAILING_JOB, body=lambda: 1 / 0).result
+
+
+@shared_task(base=ReliableTask, name=CRASH)
+def crash() -> None:
+    """A poison message: kills the pool process running it, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@shared_task(
+    bind=True,
+    base=ReliableTask,
+    name=FLAKY,
+    max_retries=1,
+    retry_backoff=False,
+    retry_jitter=False,
+    default_retry_delay=FLAKY_RETRY_SECONDS,
+)
+def flaky(self: Any, key: str) -> None:
+    """Fails its first attempt (transient: retried in ``FLAKY_RETRY_SECONDS``), then records in
+    the cache under ``key`` the attempt that succeeded."""
+    if self.request.retries == 0:
+        raise TransientError("the first attempt fails")
+    cache.set(key, self.request.retries + 1, timeout=300)

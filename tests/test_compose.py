@@ -239,9 +239,10 @@ def secret_key_as_documented() -> str:
     return made.stdout.strip()
 
 
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 @pytest.mark.parametrize("service", [*APP_SERVICES, "migrate"])
 def test_check_deploy_passes_with_the_environment_compose_gives(
-    services: dict[str, dict[str, Any]], service: str, tmp_path: Path
+    services: dict[str, dict[str, Any]], service: str, broker: str, tmp_path: Path
 ) -> None:
     """``manage.py check --deploy --fail-level WARNING`` in exactly the environment Compose
     gives the service, secrets made as its comments say. The hosts in it (postgres, redis,
@@ -253,6 +254,8 @@ def test_check_deploy_passes_with_the_environment_compose_gives(
     env = {
         name: interpolated(value, secrets) for name, value in environment(services[service]).items()
     }
+    if broker == "rabbitmq":
+        env["CELERY_BROKER_URL"] = rabbitmq_broker_url()
     if "PROMETHEUS_MULTIPROC_DIR" in env:  # a path inside the container
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
     shell = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
@@ -294,10 +297,47 @@ def test_urls_point_at_their_services(services: dict[str, dict[str, Any]]) -> No
     assert database.username == services["postgres"]["environment"]["POSTGRES_USER"]
     assert database.password == services["postgres"]["environment"]["POSTGRES_PASSWORD"]
     for var in ("CELERY_BROKER_URL", "REDIS_URL"):
-        url = urlsplit(env[var])
+        url = urlsplit(interpolated(env[var], {}))
         assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379), var
     # The broker and the cache do not share a Redis database.
-    assert urlsplit(env["CELERY_BROKER_URL"]).path != urlsplit(env["REDIS_URL"]).path
+    assert (
+        urlsplit(interpolated(env["CELERY_BROKER_URL"], {})).path != urlsplit(env["REDIS_URL"]).path
+    )
+
+
+def rabbitmq_broker_url() -> str:
+    """The broker URL compose.yaml's comment gives for the rabbitmq profile."""
+    match = re.search(
+        r"COMPOSE_PROFILES=rabbitmq CELERY_BROKER_URL=(\S+) docker compose up", COMPOSE.read_text()
+    )
+    assert match, "compose.yaml no longer says how to run on RabbitMQ"
+    return match.group(1)
+
+
+def test_the_rabbitmq_profile_is_a_healthy_broker_the_app_can_be_pointed_at(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    rabbitmq = services["rabbitmq"]
+    assert rabbitmq["profiles"] == ["rabbitmq"]  # not started unless asked for
+    assert re.fullmatch(r"rabbitmq:[\d.]+-management(-alpine)?", rabbitmq["image"])
+    assert rabbitmq["healthcheck"]["test"] == ["CMD", "rabbitmq-diagnostics", "-q", "ping"]
+    assert any(v.endswith(":/var/lib/rabbitmq") for v in rabbitmq["volumes"])
+    assert rabbitmq["hostname"] == "rabbitmq"  # the node name, which its data is kept under
+    env = environment(rabbitmq)
+    url = urlsplit(rabbitmq_broker_url())
+    assert (url.scheme, url.hostname, url.port) == ("amqp", "rabbitmq", 5672)
+    assert (url.username, url.password) == (
+        env["RABBITMQ_DEFAULT_USER"],
+        interpolated(env["RABBITMQ_DEFAULT_PASS"], {}),
+    )
+    assert url.path == "/" + env["RABBITMQ_DEFAULT_VHOST"]
+    # The app services wait for it when it runs, and start without it when it does not.
+    for name in APP_SERVICES:
+        spec = services[name]["depends_on"]["rabbitmq"]
+        assert spec == {"condition": "service_healthy", "required": False}, name
+    # The broker URL is the caller's to switch; Redis is the default.
+    broker = environment(services["web"])["CELERY_BROKER_URL"]
+    assert broker.startswith("${CELERY_BROKER_URL:-redis://")
 
 
 def test_email_goes_to_the_mail_catcher(services: dict[str, dict[str, Any]]) -> None:

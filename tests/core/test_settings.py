@@ -207,6 +207,39 @@ def test_visibility_timeout_shorter_than_a_countdown_is_refused() -> None:
     assert "CELERY_VISIBILITY_TIMEOUT must outlive" in result.stderr
 
 
+def test_a_delivery_limit_below_two_is_refused() -> None:
+    result = manage("check", env={**PRODUCTION, "BROKER_DELIVERY_LIMIT": "1"})
+    assert result.returncode != 0
+    assert "BROKER_DELIVERY_LIMIT must be at least 2" in result.stderr
+
+
+_PRINT_BROKER = (
+    "from django.conf import settings as s; from core.celery import app; "
+    "from asyncwork import queues; o = app.conf.broker_transport_options; "
+    "q = queues.consumed()[0]; "
+    "print(s.BROKER_IS_RABBITMQ, app.conf.broker_transport or '-', "
+    "o.get('confirm_publish', '-'), o.get('visibility_timeout', '-'), "
+    "app.conf.task_create_missing_queue_type, "
+    "(q.queue_arguments or {}).get('x-queue-type', '-'), q.exchange.type or '-')"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        # Redis: the transport with the acknowledgement fix, lists, the visibility timeout.
+        ("redis://127.0.0.1:6379/0", "False asyncwork.broker:Transport - 180 classic - direct"),
+        # RabbitMQ: kombu's own transport, confirms, quorum queues behind topic exchanges
+        # (native delayed delivery); no visibility timeout, no Redis fix.
+        ("amqp://u:p@127.0.0.1:5672/v", "True - True - quorum quorum topic"),
+    ],
+)
+def test_the_broker_url_decides_what_is_broker_specific(url: str, expected: str) -> None:
+    env = {**PRODUCTION, "CELERY_BROKER_URL": url}
+    result = manage("shell", "--no-imports", "-c", _PRINT_BROKER, env=env)
+    assert result.stdout.strip() == expected, result.stderr
+
+
 def test_comma_separated_webhook_secrets_while_rolling() -> None:
     assert settings.STRIPE_WEBHOOK_SECRETS == ["whsec_test_primary", "whsec_test_rolled"]
 

@@ -3,22 +3,20 @@ worker and SMTP server."""
 
 from __future__ import annotations
 
-import redis
-from django.conf import settings
 from django.test import Client
 
 from asyncwork.models import DeadLetter
 from invoicing.models import Invoice
 from stack.net import wait_until
 from stack.smtp import SmtpServer
+from tests.helpers import broker
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 
 def dlq_broker_depth() -> int:
     """Messages on the dlq queue of this run's broker."""
-    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "dlq"
-    return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(key))
+    return broker.queue_depth("dlq")
 
 
 def refused_invoice_dead_letter(client: Client, smtp: SmtpServer) -> tuple[Invoice, DeadLetter]:

@@ -1,0 +1,177 @@
+"""RabbitMQ as the broker (``TESTS_BROKER=rabbitmq``; on Redis these are skipped): the queues
+as declared, publisher confirms under the outbox, retries waiting in RabbitMQ rather than in
+a worker, and a poison message dead-lettered with its reason."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from django.test import Client
+from kombu import Connection
+
+from asyncwork import queues
+from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.outbox import outbox_relay
+from core.celery import app
+from stack import launch
+from stack.net import wait_until
+from stack.smtp import SmtpServer
+from tests import tasks as test_tasks
+from tests.helpers import broker
+from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.stripe import paid_event, post_event
+from webhooks import testing as stripe_testing
+
+pytestmark = [pytest.mark.django_db(transaction=True), broker.rabbitmq_only]
+
+
+def test_the_queues_are_durable_quorum_queues_with_a_delivery_limit_onto_dlq() -> None:
+    with worker_thread(concurrency=1):
+        declared = broker.rabbitmq_queues()
+        consumers = broker.rabbitmqctl(
+            "list_consumers", "-p", broker.vhost(), "queue_name", "ack_required", "prefetch_count"
+        )
+    consumed = [queue.name for queue in queues.consumed()]
+    assert {"default", "email"} <= set(consumed)
+    for name in consumed:
+        queue = declared[name]
+        assert (queue["type"], queue["durable"]) == ("quorum", True), queue
+        arguments = queue["arguments"]
+        assert arguments["x-delivery-limit"] == 2  # BROKER_DELIVERY_LIMIT 3 in the tests
+        assert arguments["x-dead-letter-exchange"] == "dlq"
+        assert arguments["x-dead-letter-routing-key"] == "dlq"
+        # Acknowledged late, one message at a time (a worker of one thread).
+        assert f"{name}\ttrue\t1" in consumers.splitlines(), consumers
+    # Declared by the worker before anything was dead-lettered onto it.
+    assert (declared["dlq"]["type"], declared["dlq"]["durable"]) == ("quorum", True)
+    # Where retries wait: Celery's delay queues, classic (core/settings.py says why).
+    for name in broker.DELAY_QUEUES:
+        assert (declared[name]["type"], declared[name]["durable"]) == ("classic", True), name
+
+
+def test_dlq_is_declared_as_celery_declares_it_when_a_dead_letter_is_published() -> None:
+    """The worker's declaration and Celery's own, made when the first dead letter's copy is
+    published, must agree: RabbitMQ refuses to redeclare a queue with other arguments."""
+    ours, celerys = queues.dlq_declaration(), app.amqp.queues.new_missing(queues.DLQ)
+    assert (ours.name, ours.routing_key, ours.queue_arguments, ours.durable) == (
+        celerys.name,
+        celerys.routing_key,
+        celerys.queue_arguments,
+        celerys.durable,
+    )
+    assert (ours.exchange.name, ours.exchange.type) == (celerys.exchange.name, "direct")
+    assert celerys.exchange.type == "direct"
+
+
+def test_the_outbox_marks_a_row_published_only_once_rabbitmq_confirmed_it(
+    client: Client, smtp: SmtpServer
+) -> None:
+    """A queue that refuses messages (full, rejecting publishes): without publisher confirms
+    the publish would return, the row be marked published and the message be lost."""
+    policy = f"full-{uuid.uuid4().hex[:6]}"
+    broker.rabbitmqctl(
+        "set_policy", "-p", broker.vhost(), "--apply-to", "queues", policy, "^email$",
+        '{"max-length": 0, "overflow": "reject-publish"}',
+    )  # fmt: skip
+    try:
+        with worker_thread():  # declares the queues, so the policy applies to email
+            pass
+        # A quorum queue refuses publishes once over its limit: fill it.
+        with Connection(app.conf.broker_url, transport_options={"confirm_publish": True}) as conn:
+            conn.Producer().publish({"filler": True}, exchange="email", routing_key="email")
+        assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+        row = OutboxMessage.objects.get()
+        assert row.published_at is None
+        assert row.publish_attempts == 1
+        assert row.last_error.startswith("OperationalError")  # kombu's, for the broker's nack
+        # The same publish unconfirmed returns as if the queue had taken it.
+        with Connection(app.conf.broker_url) as conn:
+            conn.Producer().publish({"lost": True}, exchange="email", routing_key="email")
+    finally:
+        broker.rabbitmqctl("clear_policy", "-p", broker.vhost(), policy)
+    broker.queues_empty()  # the filler
+    with worker_thread():
+        assert outbox_relay() == 1
+        smtp.handler.wait_for(1, timeout=20)
+    row.refresh_from_db()
+    assert row.published_at is not None
+
+
+def test_a_retry_waits_in_rabbitmq_not_unacknowledged_in_the_worker() -> None:
+    """A retry's countdown is spent in RabbitMQ's delay queues (Celery's native delayed
+    delivery): no message is held unacknowledged meanwhile, so RabbitMQ's consumer timeout,
+    which closes the channel of a consumer that holds one too long, cannot cut in however
+    long the delay. (RabbitMQ 3.10 sets that timeout for the whole node only, which a test on
+    a shared node must not lower.)"""
+    key = f"flaky-{uuid.uuid4().hex}"
+    with worker_thread(concurrency=1):
+        started = time.monotonic()
+        app.send_task(test_tasks.FLAKY, args=[key])
+        waiting: dict[str, Any] = {}
+
+        def delayed() -> bool:
+            waiting.update(broker.rabbitmq_queues())
+            return any(waiting.get(name, {}).get("messages_ready") for name in broker.DELAY_QUEUES)
+
+        assert wait_until(delayed, timeout=test_tasks.FLAKY_RETRY_SECONDS)
+        assert cache.get(key) is None
+        for name in (queue.name for queue in queues.consumed()):
+            assert waiting[name]["messages_unacknowledged"] == 0, waiting[name]
+            assert waiting[name]["messages_ready"] == 0, waiting[name]
+        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 10)
+        took = time.monotonic() - started
+    assert took >= test_tasks.FLAKY_RETRY_SECONDS - 1
+    assert not DeadLetter.objects.exists()
+
+
+@pytest.mark.slow
+def test_a_poison_message_is_dead_lettered_with_its_reason_on_its_last_delivery(
+    smtp_unreachable: int,
+) -> None:
+    """A job that kills the process running it: redelivered (acks late, requeued when the
+    pool process is lost) until its last delivery, which records the dead letter instead of
+    running it."""
+    worker = launch.celery_worker(
+        worker_env(smtp_unreachable), name="poison", include=("tests.tasks",), concurrency=1
+    )
+    try:
+        worker.wait_ready()
+        app.send_task(test_tasks.CRASH)
+        assert wait_until(DeadLetter.objects.exists, timeout=60)
+    finally:
+        worker.stop()
+    letter = DeadLetter.objects.get()
+    assert (letter.task, letter.reason) == (test_tasks.CRASH, "redelivery_limit")
+    assert letter.exception_class == "asyncwork.errors.RedeliveredTooOften"
+    assert letter.exception_message.startswith("delivered 3 times; the 2 before")
+    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 2
+    assert wait_until(lambda: broker.queue_depth(queues.DLQ) == 1, timeout=5)  # its copy
+
+
+def test_rabbitmq_moves_a_message_past_its_delivery_limit_onto_dlq() -> None:
+    """Should a worker die on the last delivery too, RabbitMQ dead-letters the message onto
+    dlq itself (here, returned by a consumer with no worker at all)."""
+    default = queues.consumed()[0]
+    # Confirmed: a quorum queue takes a message once a majority of its replicas wrote it,
+    # and a basic.get right after an unconfirmed publish can come before.
+    with Connection(app.conf.broker_url, transport_options={"confirm_publish": True}) as conn:
+        channel: Any = conn.channel()
+        queues.dlq_declaration()(channel).declare()
+        default(channel).declare()
+        conn.Producer(channel).publish(
+            {"poison": True}, exchange=default.exchange, routing_key=default.routing_key
+        )
+        for delivery in range(3):  # BROKER_DELIVERY_LIMIT
+            message = channel.basic_get(default.name, no_ack=False)
+            assert message is not None, delivery
+            assert message.headers["x-delivery-count"] == delivery
+            channel.basic_reject(message.delivery_tag, requeue=True)
+        assert channel.basic_get(default.name, no_ack=False) is None
+        channel.close()
+    [dead] = broker.queue_messages(queues.DLQ)
+    assert dead["headers"]["x-first-death-reason"] == "delivery_limit"
+    assert dead["headers"]["x-first-death-queue"] == default.name
