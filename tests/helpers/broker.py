@@ -30,16 +30,17 @@ DELAY_QUEUES = tuple(level_name(level) for level in range(28))
 
 
 # The tests that prove the pipeline through the broker (duplicates, retries and deferrals, dead
-# letters and their replay, the crash window, the outbox relay, the breaker) and the RabbitMQ
-# set-up itself. A run on Redis runs them with every other test; TESTS_BROKER=rabbitmq runs
-# only these, on RabbitMQ (make test runs both; tests/conftest.py). Within them, a test about
-# one broker's own mechanism says so (redis_only, rabbitmq_only below).
+# letters and their replay, the crash window and the rescue by heartbeat, the outbox relay, the
+# breaker) and the RabbitMQ set-up itself. A run on Redis runs them with every other test;
+# TESTS_BROKER=rabbitmq runs only these, on RabbitMQ (make test runs both; tests/conftest.py).
+# Within them, a test about one broker's own mechanism says so (redis_only, rabbitmq_only).
 BOTH_BROKERS = (
     "tests/asyncwork/test_deadletters.py",
     "tests/asyncwork/test_outbox.py",
     "tests/asyncwork/test_rabbitmq.py",
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
+    "tests/invoicing/test_rescue.py",
     "tests/invoicing/test_breaker_pipeline.py",
 )
 _ROOT = Path(__file__).resolve().parent.parent.parent
