@@ -357,27 +357,20 @@ def _invoice_email_send_claimed(
         raise
     marked = _claim_mark_sent(claim)
     breaker.record_success()
-    if not marked:
+    sent = {
+        "invoice_id": invoice_id,
+        "key": key,
+        "attempt": claim.attempts,
+        "message_id": claim.message_id,
+    }
+    if marked:
+        logger.info("invoice email sent", extra=sent)
+    else:
         logger.warning(
             "invoice email sent, but its claim was taken over meanwhile: this send is the "
             "one duplicate, with the same Message-ID",
-            extra={
-                "invoice_id": invoice_id,
-                "key": key,
-                "attempt": claim.attempts,
-                "message_id": claim.message_id,
-            },
+            extra=sent,
         )
-        return "sent"
-    logger.info(
-        "invoice email sent",
-        extra={
-            "invoice_id": invoice_id,
-            "key": key,
-            "attempt": claim.attempts,
-            "message_id": claim.message_id,
-        },
-    )
     return "sent"
 
 
