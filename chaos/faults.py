@@ -7,7 +7,10 @@ ids the report needs to measure recovery afterwards from the database and the SM
   message is committed, before the 250; ``outside``: a DATA that will be answered 451), finds
   the worker whose process holds that session's socket, snapshots every session of that
   worker inside DATA, SIGKILLs the worker's whole process group and starts a new worker. The
-  sends it cut inside the crash window are the snapshot's committed sessions.
+  sends it cut inside the crash window are read once the SMTP server has seen that worker's
+  sessions close: those whose message was committed and whose reply was never read (with a
+  kept connection, that may be a message accepted just before the kill, no longer inside
+  DATA), less those already marked sent.
 * ``relay_kill``: stalls the broker briefly so the on-commit publishes fail and leave outbox
   rows, runs the real relay (``chaos.relay_probe``), and SIGKILLs it once it has published
   messages whose rows it has not marked; checks that the rows were left unmarked.
@@ -31,9 +34,17 @@ from typing import Any
 import redis
 
 from chaos.load import Sender
-from chaos.observe import DEFAULT_QUEUE, EMAIL_QUEUE, Broker, Db, pending_invoices
+from chaos.observe import (
+    DEFAULT_QUEUE,
+    EMAIL_QUEUE,
+    EMAIL_RECOVERY_QUEUE,
+    Broker,
+    Db,
+    pending_invoices,
+)
 from chaos.stack import Stack, WorkerPool, tcp_ports
-from stack.smtp import SmtpServer
+from stack.net import wait_until
+from stack.smtp import InData, SmtpServer
 
 WORKER_KILL = "worker_kill"
 RELAY_KILL = "relay_kill"
@@ -44,6 +55,7 @@ POSTGRES_RESTART = "postgres_restart"
 HOLD_SECONDS = 3.0  # how long the SMTP server holds the DATA the kill lands in
 HOLD_WAIT = 30.0  # how long a kill waits for a DATA to land in (none: emails are not flowing)
 RESTART_DELAY = 1.0  # seconds a killed worker stays down
+CUT_SEEN_WITHIN = 2.0  # seconds for the SMTP server to see a killed worker's sessions close
 REDIS_DOWN_SECONDS = 1.0
 RELAY_STALL_SECONDS = 1.5  # short enough that workers do not notice, long enough for publishes
 RELAY_FREEZE_AFTER = 3  # publishes before the relay is frozen and killed
@@ -84,16 +96,25 @@ def worker_kill(ctx: Context, step: Step) -> dict[str, Any]:
     index = pid_index.get(owner or 0, ctx.rng.randrange(len(ctx.workers)))
     worker = ctx.workers.worker(index)
     group = set(worker.pids())
+    killed_ports = {port for port, pid in ports.items() if pid in group}
     victims = [
         {"message_id": s.message_id, "recipient": s.recipient, "state": s.state}
         for port, s in sessions.items()
-        if ports.get(port) in group
+        if port in killed_ports
     ]
     killed_at = time.time()
     worker.kill()
+    closed, cut = _sends_cut(ctx, killed_ports, since=killed_at)
+    # A message committed after the snapshot (the worker's other sessions carry on until the
+    # kill) is cut as well: the server saw its session vanish with no reply read.
+    seen = {v["message_id"] for v in victims}
+    victims += [
+        {"message_id": c.message_id, "recipient": c.recipient, "state": "committed"}
+        for c in cut
+        if c.message_id not in seen
+    ]
     time.sleep(RESTART_DELAY)
     replacement = ctx.workers.restart(index)
-    cut = [v for v in victims if v["state"] == "committed"]
     return {
         "window": step.window,
         "at": killed_at,
@@ -103,9 +124,35 @@ def worker_kill(ctx: Context, step: Step) -> dict[str, Any]:
         "target_found": owner in pid_index,
         "held_message_id": hold.message_id,
         "sessions_in_data": victims,
+        "sessions_cut": [c.message_id for c in closed],
+        "sends_cut": [c.message_id for c in cut],
         "in_crash_window": bool(cut),
         "sends_cut_in_window": len(cut),
     }
+
+
+def _sends_cut(ctx: Context, ports: set[int], *, since: float) -> tuple[list[InData], list[InData]]:
+    """The sessions a kill cut after their message was committed, and of those the sends it cut
+    inside the crash window, known exactly once the SMTP server has seen
+    the killed worker's sessions close: each session of those ``ports`` that vanished after
+    the server committed its message (no RSET, MAIL or QUIT: its 250 was never read), less the
+    messages the database already has marked sent (a kept connection whose worker marked its
+    last message and sat idle is cut with nothing left to resend). Nobody can mark a dead
+    owner's claim before its heartbeat lapses, so what the database says just after the kill
+    is what the worker had done before it."""
+    handler = ctx.smtp.handler
+    wait_until(lambda: not ports & handler.sessions_in_data().keys(), timeout=CUT_SEEN_WITHIN)
+    with handler.lock:
+        cuts = [c for at, c in handler.cuts if at >= since and c.port in ports]
+    if not cuts:
+        return [], []
+    sent = ctx.db.rows(
+        "SELECT message_id FROM invoicing_emaildelivery "
+        "WHERE state = 'sent' AND message_id = ANY(%s)",
+        ([c.message_id for c in cuts],),
+    )
+    marked = {row[0] for row in sent or ()}
+    return cuts, [c for c in cuts if c.message_id not in marked]
 
 
 def _read_lines(stream: Any, lines: queue.Queue[str]) -> None:
@@ -205,7 +252,7 @@ def redis_restart(ctx: Context, step: Step) -> dict[str, Any]:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (ctx.broker.depth(EMAIL_QUEUE) or 0) < 5:
         time.sleep(0.2)
-    queued = (ctx.broker.depth(EMAIL_QUEUE) or 0) + (ctx.broker.depth(DEFAULT_QUEUE) or 0)
+    queued = ctx.broker.depths(EMAIL_RECOVERY_QUEUE, EMAIL_QUEUE, DEFAULT_QUEUE) or 0
     unacked = ctx.broker.unacked()
     pending = pending_invoices(ctx.db)
     started = time.time()

@@ -48,9 +48,10 @@ DEFINITIONS = {
     "duplicates": "invoices with more than one accepted message; extra_messages counts every "
     "message after the first; same_message_id: every message of the invoice carries one "
     "Message-ID, the one in the database",
-    "sends_cut_in_window_by_kills": "sessions of a killed worker that were inside DATA with "
-    "the message already committed by the server (the crash window: accepted, not yet marked "
-    "sent), snapshotted at each kill",
+    "sends_cut_in_window_by_kills": "sessions of a killed worker that the SMTP server saw "
+    "vanish after it committed their message (the reply never read: the crash window, "
+    "accepted and not yet marked sent), less those the database had marked sent just after "
+    "the kill (a kept connection sitting idle after its worker marked its last message)",
     "unattributed_cuts": "sessions the SMTP server saw vanish (closed without QUIT) after it "
     "committed their message, not cut by one of our kills",
     "dead_letters.permanent_refusal": "reason 'permanent', for an invoice whose recipient the "
@@ -127,6 +128,15 @@ def _seconds_until_all(done: list[float | None], moment: float) -> float | None:
     if any(t is None for t in done):
         return None
     return round(max([0.0, *(t - moment for t in done if t is not None)]), 1)
+
+
+def _seconds_until_share(done: list[float | None], moment: float, share: float) -> float | None:
+    """Seconds from ``moment`` until ``share`` of ``done`` had happened (0 when at once)."""
+    times = sorted(t for t in done if t is not None)
+    needed = max(1, round(share * len(done)))
+    if len(times) < needed:
+        return None
+    return round(max(0.0, times[needed - 1] - moment), 1)
 
 
 def smtp_summary(smtp: SmtpServer) -> dict[str, Any]:
@@ -230,6 +240,20 @@ class _Analysis:
             out["pending_invoices_at_fault"] = len(pending)
             out["pending_never_done"] = sum(t is None for t in done)
             out["recovery_seconds"] = _seconds_until_all(done, ended)
+            out["half_done_seconds"] = _seconds_until_share(done, ended, 0.5)
+            out["nine_tenths_done_seconds"] = _seconds_until_share(done, ended, 0.9)
+            deliveries = self.i.facts.deliveries
+            out["slowest"] = [
+                {
+                    "invoice_pk": pk,
+                    "seconds": round(t - ended, 1),
+                    "claim_attempts": deliveries.get(pk, {}).get("attempts"),
+                }
+                for t, pk in sorted(
+                    ((t, pk) for t, pk in zip(done, pending, strict=True) if t is not None),
+                    reverse=True,
+                )[:3]
+            ]
         out["recovered"] = out.get("recovery_seconds") is not None
         return out
 
@@ -296,9 +320,8 @@ def build(inputs: Inputs) -> dict[str, Any]:
         facts.invoices[pk][0] for pk, d in facts.deliveries.items() if d["state"] == "sent"
     }
     kills = [r for r in inputs.faults if r["kind"] == WORKER_KILL and "skipped" not in r]
-    cut_by_kills = {
-        v["message_id"] for r in kills for v in r["sessions_in_data"] if v["state"] == "committed"
-    }
+    cut_by_kills = {message_id for r in kills for message_id in r["sends_cut"]}
+    closed_by_kills = {message_id for r in kills for message_id in r["sessions_cut"]}
     duplicates: list[dict[str, Any]] = []
     for invoice, messages in sorted(a.messages.items()):
         if len(messages) > 1:
@@ -375,7 +398,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "unattributed_cuts": [
                 {"at": a.rel(at), "message_id": cut.message_id}
                 for at, cut in a.cuts
-                if cut.message_id not in cut_by_kills
+                if cut.message_id not in closed_by_kills
             ],
             "tasks_terminated_by_their_worker_on_broker_loss": inputs.self_terminations,
             "relay_kills": sum(r["outcome"] == "killed" for r in relay_kills),

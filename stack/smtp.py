@@ -122,6 +122,7 @@ class InData:
     message_id: str
     recipient: str
     accepted: int = -1
+    port: int = 0  # the client's end of the session
 
 
 @dataclass
@@ -238,11 +239,11 @@ class Handler:
                     )
                 )
                 self.in_data[port] = InData(
-                    "committed", message_id, recipient, len(self.envelopes) - 1
+                    "committed", message_id, recipient, len(self.envelopes) - 1, port
                 )
                 self._received.notify_all()
             else:
-                self.in_data[port] = InData("data", message_id, recipient)
+                self.in_data[port] = InData("data", message_id, recipient, port=port)
         if hold is not None:
             hold.peer_port, hold.message_id = port, message_id
             hold.reached.set()
