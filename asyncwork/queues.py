@@ -7,6 +7,15 @@ queue is declared by the app that owns it (``queue_register`` from its ``AppConf
 with the tasks routed to it (``route_register``), so a task's queue is decided in one place,
 beside the task. A queue declared with ``pressure=True`` is one whose depth means work
 accepted and not yet done: backpressure sheds on it, and ``/metrics`` reports it.
+
+Order. A worker consumes ``default`` first, then the declared queues in the order they were
+declared: on Redis strictly (``queue_order_strategy: priority``: one ``BRPOP`` over the
+queues in that order, so a queue is read only when those before it are empty); on RabbitMQ
+the broker hands a consumer's free slots to its queues in turn, so a queue declared first
+is not starved by a long one after it, but does not pass it entirely. An app that enqueues
+some work again (a rescue, a reconcile) declares a queue for it before its main queue, so
+the oldest work does not wait behind everything queued since. ``default`` holds the
+scheduled jobs, few and short, which must not wait behind a backlog either.
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ _routes: dict[str, str] = {}  # task name -> queue
 
 
 def queue_register(name: str, *, pressure: bool = False) -> None:
-    """Declare a queue that ``celery -A core worker`` consumes when started without ``-Q``."""
+    """Declare a queue that ``celery -A core worker`` consumes when started without ``-Q``,
+    after ``default`` and the queues declared before it."""
     if name in (DEFAULT, DLQ):
         raise ValueError(f"queue {name!r} is the machinery's own")
     _queues[name] = pressure

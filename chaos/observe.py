@@ -23,6 +23,8 @@ import psycopg
 import redis
 
 EMAIL_QUEUE = "email"
+# The emails the safety nets enqueue again wait here, ahead of EMAIL_QUEUE.
+EMAIL_RECOVERY_QUEUE = "email-recovery"
 DEFAULT_QUEUE = "default"
 # kombu's Redis transport keeps priority n>0 of queue q in "q\x06\x16n" (Channel._q_for_pri).
 _PRIORITY_STEPS = (0, 3, 6, 9)
@@ -80,6 +82,11 @@ class Broker:
                 return sum(int(n) for n in pipe.execute())
         except redis.RedisError:
             return None
+
+    def depths(self, *queues: str) -> int | None:
+        """The sum of ``depth`` over ``queues``; None if any is unknown."""
+        found = [self.depth(queue) for queue in queues]
+        return None if None in found else sum(n or 0 for n in found)
 
     def unacked(self) -> int | None:
         try:
@@ -148,7 +155,7 @@ class Timeline:
             "sending": sending,
             "outbox_unpublished": unpublished,
             "dead_letters": dead,
-            "email_queue": s.broker.depth(EMAIL_QUEUE),
+            "email_queue": s.broker.depths(EMAIL_RECOVERY_QUEUE, EMAIL_QUEUE),
             "unacked": s.broker.unacked(),
             "smtp_accepted": s.smtp_accepted(),
             "events_acknowledged": s.events_acknowledged(),

@@ -332,6 +332,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
     # Separate runs sharing one Redis (tests, benchmarks) do not consume each other's tasks.
     "global_keyprefix": env.str("CELERY_BROKER_KEY_PREFIX", default=""),
+    # A worker reads its queues in the order they were declared (asyncwork/queues.py), each
+    # only once those before it are empty, instead of kombu's round robin: work a safety net
+    # enqueued again goes before fresh work of the same kind.
+    "queue_order_strategy": "priority",
 }
 # RabbitMQ (an amqp:// broker URL) instead of Redis: the queues are durable quorum queues
 # (replicated on a cluster; asyncwork/queues.py declares them), each with a delivery limit

@@ -37,14 +37,17 @@ class InvoicingConfig(AppConfig):
         )
         from invoicing.services import (
             EMAIL_QUEUE,
+            EMAIL_RECOVERY_QUEUE,
             RESEND_INVOICE_EMAIL_TASK,
             SEND_INVOICE_EMAIL_TASK,
         )
         from invoicing.webhooks import PAYMENT_EVENT_TYPES, invoice_parse, invoice_payment_apply
         from webhooks.events import handler_register
 
-        # Its own queue, so a flood of other jobs never delays an email; its depth is work
-        # accepted and not yet done, which backpressure sheds on.
+        # Its own queues, so a flood of other jobs never delays an email; their depth is work
+        # accepted and not yet done, which backpressure sheds on. The emails a safety net
+        # enqueues again (older than any waiting) go first: their queue is declared first.
+        queues.queue_register(EMAIL_RECOVERY_QUEUE, pressure=True)
         queues.queue_register(EMAIL_QUEUE, pressure=True)
         queues.route_register(SEND_INVOICE_EMAIL_TASK, EMAIL_QUEUE)
         queues.route_register(RESEND_INVOICE_EMAIL_TASK, EMAIL_QUEUE)

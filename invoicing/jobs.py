@@ -21,8 +21,11 @@
   heartbeat lapsed belongs to a process that is gone (SIGKILL, a host lost, a pause past the
   lapse); release it and enqueue the email again at once, without waiting for its lease.
 
-All enqueue through the outbox, and all are safe to run twice: what they enqueue is pending
-afterwards, so the next run leaves it alone.
+All enqueue through the outbox onto the recovery queue (``EMAIL_RECOVERY_QUEUE``), which a
+worker takes before the email queue: what a safety net finds has waited longest, and would
+otherwise wait again behind every email queued since (after a Redis restart, the whole
+backlog). All are safe to run twice: what they enqueue is pending afterwards, so the next run
+leaves it alone.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.jobs import BROKER_RESTARTED
 from asyncwork.outbox import outbox_enqueue
 from invoicing.models import EmailDelivery
-from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK, email_breaker
+from invoicing.services import (
+    EMAIL_RECOVERY_QUEUE,
+    RESEND_INVOICE_EMAIL_TASK,
+    SEND_INVOICE_EMAIL_TASK,
+    email_breaker,
+)
 
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
@@ -70,10 +78,16 @@ def email_claims_recover(*, limit: int = 500) -> int:
 
 
 def _enqueue_again(delivery: EmailDelivery) -> None:
+    """Onto the recovery queue, which workers take before the email queue: the email has
+    waited since its first enqueue, longer than anything queued behind it."""
     if delivery.key.startswith(EMAIL_KEY_PREFIX):
-        outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id])
+        outbox_enqueue(
+            task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id], queue=EMAIL_RECOVERY_QUEUE
+        )
     else:
-        outbox_enqueue(task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk])
+        outbox_enqueue(
+            task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk], queue=EMAIL_RECOVERY_QUEUE
+        )
 
 
 # A claim in ``sending`` is as old as its ``updated_at``: nothing else writes a claimed row.
@@ -159,7 +173,9 @@ def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -
             )
             invoice_ids = [row[0] for row in cursor.fetchall()]
         for invoice_id in invoice_ids:
-            outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice_id])
+            outbox_enqueue(
+                task=SEND_INVOICE_EMAIL_TASK, args=[invoice_id], queue=EMAIL_RECOVERY_QUEUE
+            )
     return len(invoice_ids)
 
 

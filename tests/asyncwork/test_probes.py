@@ -29,7 +29,7 @@ from asyncwork.probes import (
     scheduled_jobs_probe,
 )
 from core.celery import app
-from invoicing.services import EMAIL_QUEUE, email_breaker
+from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE, email_breaker
 from stack.net import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,7 +115,12 @@ def test_the_queues_probe_counts_each_queue_in_one_round_trip() -> None:
         app.send_task("core.nothing", queue=EMAIL_QUEUE)
     app.send_task("core.nothing", queue=queues.DEFAULT, priority=9)  # another priority list
 
-    assert queues_probe().depths == {queues.DEFAULT: 1, EMAIL_QUEUE: 3, queues.DLQ: 0}
+    assert queues_probe().depths == {
+        queues.DEFAULT: 1,
+        EMAIL_RECOVERY_QUEUE: 0,
+        EMAIL_QUEUE: 3,
+        queues.DLQ: 0,
+    }
     assert queues_probe((EMAIL_QUEUE,)).depths == {EMAIL_QUEUE: 3}
 
 

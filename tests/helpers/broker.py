@@ -41,6 +41,7 @@ BOTH_BROKERS = (
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
     "tests/invoicing/test_rescue.py",
+    "tests/invoicing/test_recovery_queue.py",
     "tests/invoicing/test_breaker_pipeline.py",
 )
 _ROOT = Path(__file__).resolve().parent.parent.parent
