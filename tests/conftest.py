@@ -15,6 +15,7 @@ from stack.process import Process
 from stack.smtp import SmtpServer
 from tests.helpers import broker, web
 from tests.helpers.mail import use_smtp
+from tests.helpers.redis_server import PrivateRedis
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -87,3 +88,12 @@ def production_web(
     look rows up by the ids it cached (an operator action's target, on the invoice page)."""
     with web.production_gunicorn(collected_static, log_path=tmp_path / "gunicorn.log") as server:
         yield server
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    """A redis-server of this test's own (the machine's is shared: never stopped or paused)."""
+    server = PrivateRedis()
+    server.start()
+    yield server
+    server.stop()

@@ -5,6 +5,8 @@ Redis QoS.ack raised before releasing the prefetch slot, so each failed ack kept
 forever: a worker with one slot fetched nothing more (the chaos suite's stall profile found it;
 its figures are in chaos/README.md). The message itself stays in the unacknowledged index and
 comes back after the visibility timeout, where the email's key makes the redelivery a no-op.
+
+It stalls a Redis of its own (``private_redis``): the machine's is shared.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ from __future__ import annotations
 import time
 
 import pytest
-import redis
 from django.conf import settings
 
+from core.celery import app
 from invoicing.models import EmailDelivery
-from invoicing.tasks import send_invoice_email
+from invoicing.services import SEND_INVOICE_EMAIL_TASK
 from stack import launch
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import SCALED, worker_env
+from tests.helpers.redis_server import PrivateRedis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -29,15 +32,23 @@ STALL_MS = 6000  # longer than the broker socket timeout (2 s): the ack times ou
 UNACKED = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "unacked"
 
 
-def test_worker_consumes_again_after_a_stall_made_its_ack_fail(smtp: SmtpServer) -> None:
+def _send(redis_server: PrivateRedis, invoice_id: int) -> None:
+    with app.connection_for_write(redis_server.url) as conn:
+        app.send_task(SEND_INVOICE_EMAIL_TASK, args=[invoice_id], connection=conn)
+
+
+def test_worker_consumes_again_after_a_stall_made_its_ack_fail(
+    smtp: SmtpServer, private_redis: PrivateRedis
+) -> None:
     first, later = paid_invoice(), [paid_invoice() for _ in range(3)]
     smtp.handler.faults.delay = 2  # the task is in SMTP when the broker stalls
     # Visibility timeout 20 s instead of 180 s, so the stalled ack's message comes back here.
-    worker = launch.celery_worker(worker_env(smtp.port, **SCALED), name="stalled", concurrency=1)
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    env = worker_env(smtp.port, CELERY_BROKER_URL=private_redis.url, **SCALED)
+    worker = launch.celery_worker(env, name="stalled", concurrency=1)
+    broker = private_redis.client()
     try:
         worker.wait_ready()
-        send_invoice_email.delay(first.pk)
+        _send(private_redis, first.pk)
         assert wait_until(lambda: smtp.handler.attempts >= 1, timeout=20)
         broker.execute_command("CLIENT", "PAUSE", STALL_MS, "WRITE")
         stalled_until = time.monotonic() + STALL_MS / 1000
@@ -46,7 +57,7 @@ def test_worker_consumes_again_after_a_stall_made_its_ack_fail(smtp: SmtpServer)
         smtp.handler.faults.delay = 0
 
         for invoice in later:
-            send_invoice_email.delay(invoice.pk)
+            _send(private_redis, invoice.pk)
         sent = wait_until(lambda: EmailDelivery.objects.filter(state="sent").count() == 4, 30)
         # The first message, whose ack failed, is still unacknowledged in Redis (the later
         # ones leave the index with their acks, a moment after they are marked sent)...

@@ -9,16 +9,10 @@ queued (every queued message is gone) and started again on the same port.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import time
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-import redis
 from django.db import connection
 from django.utils import timezone
 
@@ -27,55 +21,16 @@ from core.celery import app
 from invoicing.models import EmailDelivery
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK
 from stack import launch
-from stack.net import HOST, free_port, wait_until
-from stack.process import Process
+from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import worker_env
+from tests.helpers.redis_server import PrivateRedis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 INVOICES = 30
 GOAL_SECONDS = 30  # issue 15's goal: a Redis restart recovered within 30 s
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, with nothing on disk, restartable on its port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="recovery-redis-"))
-        self.url = f"redis://{HOST}:{self.port}/0"
-        self.process: Process | None = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, socket_timeout=2)
-
-    def start(self) -> None:
-        argv = ["redis-server", "--bind", HOST, "--port", str(self.port), "--save", ""]
-        argv += ["--appendonly", "no", "--dir", str(self.dir)]
-        self.process = Process(argv, name="redis", env=os.environ, log=self.dir / "redis.log")
-        pinged = wait_until(lambda: self.client().ping(), 20, ignore=(redis.RedisError,))
-        assert pinged, self.process.log_tail()
-
-    def shutdown_nosave(self) -> None:
-        assert self.process is not None
-        self.process.stopped = True
-        with contextlib.suppress(redis.RedisError):  # the connection closes under it
-            self.client().shutdown(nosave=True)
-        self.process.popen.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.alive():
-            self.process.kill()
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    server = PrivateRedis()
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_a_broker_restart_is_reconciled_within_seconds(
