@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -16,24 +17,37 @@ from django.db import connection
 from django.test import Client
 
 from asyncwork.models import OutboxMessage
-from asyncwork.outbox import outbox_relay, outbox_task_id
+from asyncwork.outbox import _connection_drop, outbox_relay, outbox_task_id
 from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.processes import worker_thread
+from tests.helpers.redis_server import PrivateRedis
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture
+def stallable_broker(private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The broker is a Redis of this test's own, which it may stall: the machine's is shared.
+    Publishes (this thread's kept outbox connection) and the worker go there."""
+    from core.celery import app
+
+    # Celery reads the environment's CELERY_BROKER_URL before its own setting.
+    monkeypatch.setenv("CELERY_BROKER_URL", private_redis.url)
+    monkeypatch.setattr(app.conf, "broker_url", private_redis.url)
+    _connection_drop()
+    yield private_redis.client()
+    _connection_drop()
+
+
 @broker.redis_only  # a shared RabbitMQ node cannot be stalled for one test
 def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
-    client: Client, smtp: SmtpServer
+    client: Client, smtp: SmtpServer, stallable_broker: redis.Redis
 ) -> None:
     body = stripe_testing.encode(paid_event())
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).execute_command(
-        "CLIENT", "PAUSE", 2500, "WRITE"
-    )  # the broker stalls
+    stallable_broker.execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # the broker stalls
     started = time.monotonic()
     response = post_event(client, body)
     elapsed = time.monotonic() - started
