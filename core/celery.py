@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Celery
 
-from asyncwork import heartbeat, metrics, queues
+from asyncwork import heartbeat, metrics, queues, timelimits
 from asyncwork import logging as log_context
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.rabbitmq import DeadLetterQueueDeclare
@@ -50,3 +50,6 @@ app.autodiscover_tasks()
 log_context.celery_signals_connect()
 metrics.celery_signals_connect()
 heartbeat.celery_signals_connect()
+# A soft time limit fired late (the worker's loop held up) must not hit a pool process between
+# jobs, where it corrupts the result it is writing.
+timelimits.celery_signals_connect()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from django.core.cache import cache
 
 from asyncwork.errors import TransientError
@@ -56,3 +58,25 @@ def flaky(self: Any, key: str) -> None:
     if self.request.retries == 0:
         raise TransientError("the first attempt fails")
     cache.set(key, self.request.retries + 1, timeout=300)
+
+
+PID = "tests.pid"
+OVERRUN = "tests.overrun"
+
+
+@shared_task(base=ReliableTask, name=PID)
+def pid(key: str) -> None:
+    """Records in the cache under ``key`` the pid of the process that ran it."""
+    cache.set(key, os.getpid(), timeout=300)
+
+
+@shared_task(base=ReliableTask, name=OVERRUN, soft_time_limit=1, time_limit=10)
+def overrun(key: str) -> None:
+    """Runs past its soft time limit (1 s) and records in the cache under ``key`` whether the
+    limit interrupted it."""
+    try:
+        time.sleep(5)
+    except SoftTimeLimitExceeded:
+        cache.set(key, "interrupted", timeout=300)
+    else:
+        cache.set(key, "ran on", timeout=300)
