@@ -1,5 +1,6 @@
-"""A broker restart is recovered at once: the beat leader sees the broker's run id change and
-runs the reconcile in its recovery mode, without waiting for its period or the quiet period.
+"""A broker restart is recovered at once: the beat leader sees the broker's run id change (or
+its marker gone: a broker emptied without a restart) and runs the reconcile in its recovery
+mode, without waiting for its period or the quiet period.
 A database reconnect runs it at once too, but with the quiet period: the broker lost nothing.
 
 Real processes throughout: a private ``redis-server`` (no persistence) as the broker, a beat,
@@ -13,10 +14,12 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from asyncwork.models import OutboxMessage, ScheduledJob
+from asyncwork.recovery import MARKER_KEY
 from core.celery import app
 from invoicing.models import EmailDelivery
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK
@@ -33,9 +36,14 @@ INVOICES = 30
 GOAL_SECONDS = 30  # issue 15's goal: a Redis restart recovered within 30 s
 
 
-def test_a_broker_restart_is_reconciled_within_seconds(
-    smtp: SmtpServer, private_redis: PrivateRedis
+@pytest.mark.parametrize("fault", ["restart", "flush"])
+def test_a_broker_that_lost_its_queues_is_reconciled_within_seconds(
+    smtp: SmtpServer, private_redis: PrivateRedis, fault: str
 ) -> None:
+    """``restart``: SHUTDOWN NOSAVE and a new Redis process (a new run id). ``flush``: FLUSHALL
+    on the running Redis (the same run id; the marker beat keeps in it is gone), as a failover
+    to an empty replica or an operator's mistake would leave it."""
+    marker = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + MARKER_KEY
     env = worker_env(smtp.port, CELERY_BROKER_URL=private_redis.url)
     beat = launch.celery_beat(env, name="recovery-beat")
     worker = launch.celery_worker(env, name="recovery-worker", concurrency=1)
@@ -56,9 +64,14 @@ def test_a_broker_restart_is_reconciled_within_seconds(
                 app.send_task(SEND_INVOICE_EMAIL_TASK, args=[invoice.pk], connection=conn)
         assert wait_until(lambda: len(smtp.messages) >= 3, 30)
 
-        private_redis.shutdown_nosave()
-        sent_before = EmailDelivery.objects.filter(state="sent").count()
-        private_redis.start()
+        if fault == "restart":
+            private_redis.shutdown_nosave()
+            sent_before = EmailDelivery.objects.filter(state="sent").count()
+            private_redis.start()
+        else:
+            assert wait_until(lambda: private_redis.client().exists(marker), 15)
+            private_redis.client().flushall()
+            sent_before = EmailDelivery.objects.filter(state="sent").count()
         restarted = time.monotonic()
         done = wait_until(
             lambda: EmailDelivery.objects.filter(state="sent").count() == INVOICES,
@@ -70,7 +83,7 @@ def test_a_broker_restart_is_reconciled_within_seconds(
         # within RECONCILE_QUIET_SECONDS (600 s). Only the recovery run did.
         recovery_runs = ScheduledJob.objects.get(name="email-reconcile").runs
         print(
-            f"\nbroker restart with {INVOICES - sent_before} of {INVOICES} emails unsent: "
+            f"\nbroker {fault} with {INVOICES - sent_before} of {INVOICES} emails unsent: "
             f"every invoice emailed {seconds:.1f} s after Redis came back"
         )
         beat_log, worker_log = beat.log_text(), worker.log_text()
