@@ -92,8 +92,9 @@ def quiesce(
     timeout: float,
 ) -> Quiescence:
     """Wait until every paid invoice has its email (or, for a refused recipient, a dead
-    letter) and nothing has changed for ``settle`` seconds; or until nothing at all has
-    changed for ``idle`` seconds; or ``timeout``."""
+    letter), no claim is in flight (a send a kill cut is delivered, but not done until a
+    rescue has taken its claim over and marked it) and nothing has changed for ``settle``
+    seconds; or until nothing at all has changed for ``idle`` seconds; or ``timeout``."""
     invoice_of = plan.invoice_of
     started = time.monotonic()
     last_change = started
@@ -110,7 +111,11 @@ def quiesce(
             sent, sending, published, letters, paid_ids = row[0]
             paid = set(paid_ids or []) | acked
             dead_lettered = {r[0] for r in dead}
-            complete = (paid - plan.refused) <= delivered and (paid & plan.refused) <= dead_lettered
+            complete = (
+                (paid - plan.refused) <= delivered
+                and (paid & plan.refused) <= dead_lettered
+                and sending == 0
+            )
             progress = (accepted, sent, sending, published, letters, len(paid))
             if progress != previous:
                 previous, last_change = progress, now
