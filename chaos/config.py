@@ -4,7 +4,8 @@ environment for a chaos run.
 Timing is scaled down so a run takes minutes, keeping every relation ``core.settings``
 validates (visibility > longest countdown + task time limit; lease > task time limit), and the
 beat intervals are shortened in the chaos database after ``setup_periodic_tasks`` (data, not
-code): the outbox relay every 5 s, claim recovery every 10 s, reconcile every 15 s.
+code): the outbox relay and the rescue by heartbeat every 5 s, claim recovery every 10 s,
+reconcile every 15 s.
 """
 
 from __future__ import annotations
@@ -44,10 +45,15 @@ TIMING = {
 # kombu's restore sweep for unacknowledged messages (core.settings, not configurable).
 RESTORE_INTERVAL = 10
 
-# Beat intervals (seconds) written into the chaos database; the control arm disables the two
-# safety nets.
-INTERVALS = {"outbox-relay": 5, "email-claims-recover": 10, "email-reconcile": 15}
-SAFETY_NETS = ("email-claims-recover", "email-reconcile")
+# Beat intervals (seconds) written into the chaos database; the control arm disables the three
+# safety nets (the rescue by heartbeat keeps its period of 5 s).
+INTERVALS = {
+    "outbox-relay": 5,
+    "workers-rescue": 5,
+    "email-claims-recover": 10,
+    "email-reconcile": 15,
+}
+SAFETY_NETS = ("workers-rescue", "email-claims-recover", "email-reconcile")
 
 
 @dataclass(frozen=True)
