@@ -56,7 +56,7 @@ def test_screen_names_every_part() -> None:
         "dlq",
         "breaker",
         "beat",
-        "queues: default=0, email=0, dlq=0",
+        "queues: default=0, email-recovery=0, email=0, dlq=0",
         "outbox-relay",
         "email-reconcile",
     ):
