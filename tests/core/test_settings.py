@@ -254,7 +254,9 @@ def test_celery_is_configured_for_at_least_once_delivery() -> None:
     assert conf.task_time_limit
     assert conf.task_soft_time_limit
     app.loader.import_default_modules()  # what a worker does at start
-    assert [q.name for q in conf.task_queues] == ["default", "email"]  # never the dlq
+    # Never the dlq; recovered work before fresh work (read in this order).
+    assert [q.name for q in conf.task_queues] == ["default", "email-recovery", "email"]
+    assert conf.broker_transport_options["queue_order_strategy"] == "priority"
     routed = app.amqp.router.route({}, "invoicing.send_invoice_email")
     assert routed["queue"].name == "email"
     email_task = app.tasks["invoicing.send_invoice_email"]
