@@ -25,7 +25,7 @@ most once per ``BACKPRESSURE_CHECK_SECONDS``, and reuses the figures in between.
 count is capped at the hard mark, so its cost stops growing once the backlog passes it. The
 figures are cached, not the level: the marks are read from settings on every decision.
 
-A figure that cannot be measured (PostgreSQL or Redis down) is unknown, and an unknown figure
+A figure that cannot be measured (PostgreSQL or the broker down) is unknown, and an unknown figure
 sheds nothing: an outage is answered where it bites (the webhook says 503 when it cannot
 store; the outbox keeps what it cannot publish), not guessed at here. A queue's depth is of
 messages waiting; those a worker holds (reserved, or waiting out a retry countdown) are not
@@ -40,12 +40,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-import redis
 from django.conf import settings
 from django.db import DatabaseError
 
 from asyncwork import queues
-from asyncwork.probes import outbox_probe, queues_probe
+from asyncwork.probes import BrokerUnreadable, outbox_probe, queues_probe
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def pressure_measure() -> Pressure:
     if names:
         try:
             depth = sum(queues_probe(names).depths.values())
-        except (redis.RedisError, OSError, ValueError) as exc:
+        except (BrokerUnreadable, OSError, ValueError) as exc:
             logger.warning("backpressure: cannot measure the broker queues: %r", exc)
     return Pressure(outbox_backlog=outbox, queue_depth=depth, measured_at=time.monotonic())
 

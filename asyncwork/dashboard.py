@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
+from asyncwork import queues
 from asyncwork.deadletters import duration_short
 from asyncwork.models import DeadLetter
 from asyncwork.probes import (
@@ -78,7 +79,11 @@ def outbox_figures(probe: OutboxProbe) -> list[Figure]:
 
 
 def queues_figures(probe: QueuesProbe) -> list[Figure]:
-    return [Figure(f"waiting on {name}", str(depth)) for name, depth in probe.depths.items()]
+    figures = [Figure(f"waiting on {name}", str(depth)) for name, depth in probe.depths.items()]
+    for name, n in (probe.consumers or {}).items():  # RabbitMQ only
+        if name != queues.DLQ:  # nobody consumes it
+            figures.append(Figure(f"consumers of {name}", str(n), status="ok" if n else "degraded"))
+    return figures
 
 
 def dlq_figures(probe: DlqProbe) -> list[Figure]:

@@ -23,7 +23,8 @@ session), so a process is never restarted because something it depends on is dow
 The checks (critical ones turn the answer into 503 when failing):
 
 * ``database`` (critical): ``SELECT 1``.
-* ``broker`` (critical): Redis ``PING`` on ``CELERY_BROKER_URL``.
+* ``broker`` (critical): on Redis, ``PING`` on ``CELERY_BROKER_URL``; on RabbitMQ, a passive
+  declaration of ``dlq`` on the probes' kept AMQP connection (``asyncwork.rabbitmq``).
 * ``outbox`` (critical): unpublished rows (counted up to the hard mark) and the age of the
   oldest; failing when it is older than ``OUTBOX_STALE_SECONDS``: the relay should have
   published it, so jobs are not leaving.
@@ -64,7 +65,7 @@ from django.db import DatabaseError, connection, connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
-from asyncwork import backpressure, queues
+from asyncwork import backpressure, queues, rabbitmq
 from asyncwork.broker import broker_redis
 from asyncwork.db import bounded
 from asyncwork.metrics import metrics_token_presented
@@ -99,9 +100,12 @@ def check_database() -> CheckResult:
 
 
 def check_broker() -> CheckResult:
+    if settings.BROKER_IS_RABBITMQ:
+        rabbitmq.broker_ping()  # raises when RabbitMQ does not answer in time
+        return {"status": "ok"}
     client = broker_redis()
     if client is None:
-        return {"status": "unknown", "detail": "the broker is not Redis"}
+        return {"status": "unknown", "detail": "the broker is neither Redis nor RabbitMQ"}
     client.ping()
     return {"status": "ok"}
 

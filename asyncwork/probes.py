@@ -10,8 +10,8 @@ and cannot drift apart.
 
 A probe that reads PostgreSQL opens no transaction of its own: its caller runs it inside
 ``bounded()``, a transaction whose statements give up after ``PROBE_TIMEOUT_SECONDS``, as
-``/health/`` runs each check and ``/metrics`` each database source. A probe of Redis bounds
-its own calls (the broker client's socket timeouts, the breaker's).
+``/health/`` runs each check and ``/metrics`` each database source. A probe of Redis or
+RabbitMQ bounds its own calls (the broker client's socket timeouts, the breaker's).
 
 The machinery's probes are here: outbox, dead letters, scheduled jobs, beat, broker queues, and
 any circuit breaker. An app adds the probes of its own subsystems with ``register_probe`` from
@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+import redis
 from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from asyncwork import queues
+from asyncwork import queues, rabbitmq
 from asyncwork.beat import active_beat
 from asyncwork.breaker import Breaker
 from asyncwork.broker import broker_redis, queue_keys
@@ -194,24 +195,43 @@ def beat_probe() -> BeatProbe:
 @dataclass(frozen=True)
 class QueuesProbe:
     """Messages waiting on each broker queue (not those a worker holds): the queues workers
-    consume, and the dead-letter queue nobody does."""
+    consume, and the dead-letter queue nobody does. On RabbitMQ, each queue's consumers too
+    (None on Redis, which does not know them)."""
 
     depths: dict[str, int]
+    consumers: dict[str, int] | None = None
+
+
+class BrokerUnreadable(ConnectionError):
+    """The broker did not answer a read of its queues in time."""
 
 
 def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
-    """One pipelined round trip to the broker for every queue's priority lists. Raises
-    ``redis.RedisError`` when the broker does not answer in time."""
+    """On Redis, one pipelined round trip for every queue's priority lists; on RabbitMQ, one
+    passive declaration per queue on a kept connection (``asyncwork.rabbitmq``). Raises
+    ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
     names = names or (*(queue.name for queue in queues.consumed()), queues.DLQ)
+    if settings.BROKER_IS_RABBITMQ:
+        try:
+            read = rabbitmq.queue_depths(names)
+        except rabbitmq.BrokerUnreadable as exc:
+            raise BrokerUnreadable(str(exc)) from exc
+        return QueuesProbe(
+            depths={name: ready for name, (ready, _) in read.items()},
+            consumers={name: consumers for name, (_, consumers) in read.items()},
+        )
     client = broker_redis()
     if client is None:
-        raise ValueError("the broker is not Redis")
+        raise ValueError("the broker is neither Redis nor RabbitMQ")
     keys = {name: queue_keys(name) for name in names}
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            for key in keys[name]:
-                pipe.llen(key)
-        lengths = iter(pipe.execute())
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for name in names:
+                for key in keys[name]:
+                    pipe.llen(key)
+            lengths = iter(pipe.execute())
+    except redis.RedisError as exc:
+        raise BrokerUnreadable(type(exc).__name__) from exc
     return QueuesProbe(depths={name: sum(int(next(lengths)) for _ in keys[name]) for name in names})
 
 

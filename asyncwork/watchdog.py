@@ -14,8 +14,9 @@ supervisor starts a fresh worker. Nothing is lost by the exit: every task is ``a
 with ``reject_on_worker_lost``, so the messages the worker held come back to the queue.
 
 A broker the watchdog cannot read is no evidence against the worker (the broker is down for
-everyone): the watch starts over. ``WORKER_WATCHDOG_SECONDS=0`` turns it off; a broker that
-is not Redis has no queue depth to read here, and no watchdog.
+everyone): the watch starts over. ``WORKER_WATCHDOG_SECONDS=0`` turns it off. The depth is
+the probes' (``asyncwork.probes.queues_probe``): Redis's lists, or RabbitMQ's messages ready
+by a passive declaration on a connection of the watchdog's own process.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import threading
 import time
 from typing import Any
 
-import redis as redis_py
 from celery import bootsteps
 from celery.worker import state
 from django.conf import settings
 from prometheus_client import Counter
 
-from asyncwork.broker import broker_redis, queue_keys
+from asyncwork.broker import broker_redis
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +47,15 @@ INTERVAL_SECONDS = 1.0
 
 
 def queued(queues: list[str]) -> int | None:
-    """Messages waiting in ``queues`` (every priority list), or None if the broker does not
-    answer."""
-    client = broker_redis()
-    if client is None:
-        return None
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        for key in queue_keys(queue):
-            pipe.llen(key)
+    """Messages waiting in ``queues`` (on Redis every priority list; on RabbitMQ the messages
+    ready), or None if the broker does not answer."""
+    # Here, not at the top: this module is imported with Celery's app, before Django's apps
+    # are ready, and the probes module imports models.
+    from asyncwork.probes import queues_probe
+
     try:
-        return sum(int(n) for n in pipe.execute())
-    except redis_py.RedisError:
+        return sum(queues_probe(tuple(queues)).depths.values())
+    except (OSError, ValueError):  # the probes' BrokerUnreadable is an OSError
         return None
 
 
@@ -98,7 +95,7 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
     def start(self, parent: Any) -> None:
         seconds = settings.WORKER_WATCHDOG_SECONDS
-        if seconds <= 0 or broker_redis() is None:
+        if seconds <= 0 or (broker_redis() is None and not settings.BROKER_IS_RABBITMQ):
             return
         # The queues it was started on: a consumer cancelled since is a stuck consumer too.
         queues = sorted(parent.app.amqp.queues.consume_from)

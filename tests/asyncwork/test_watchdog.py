@@ -3,7 +3,8 @@ supervisor to restart it (``asyncwork.watchdog``), and the work is done by the n
 
 The stuck consumer is real: the worker is told to stop consuming its queue (Celery's remote
 ``cancel_consumer``), which leaves it alive, connected and idle, as a worker whose event loop
-died is.
+died is. On both brokers (``BOTH_BROKERS``): on Redis the watchdog reads the queue's lists, on
+RabbitMQ the messages ready by a passive declaration.
 """
 
 from __future__ import annotations
@@ -12,16 +13,14 @@ import socket
 import time
 
 import pytest
-import redis
-from django.conf import settings
 
 from asyncwork import queues
-from asyncwork.broker import queue_keys
 from asyncwork.watchdog import EXIT_CODE
 from core.celery import app
 from stack import launch
 from stack.net import free_port, wait_until
 from tests import tasks as test_tasks
+from tests.helpers import broker
 from tests.helpers.processes import worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -32,8 +31,6 @@ WATCHDOG_SECONDS = 4
 def test_a_worker_idle_with_work_waiting_exits_and_the_next_does_the_work() -> None:
     env = worker_env(free_port(), WORKER_WATCHDOG_SECONDS=str(WATCHDOG_SECONDS))
     stuck = launch.celery_worker(env, name="stuck", include=("tests.tasks",), concurrency=1)
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    keys = queue_keys(queues.DEFAULT)
     fresh = None
     try:
         stuck.wait_ready()
@@ -48,7 +45,7 @@ def test_a_worker_idle_with_work_waiting_exits_and_the_next_does_the_work() -> N
         seconds = time.monotonic() - waiting
         print(f"\nstuck worker exited {seconds:.1f} s after work began waiting")
         assert stuck.returncode == EXIT_CODE
-        assert sum(int(broker.llen(key)) for key in keys) == 3  # nothing lost
+        assert broker.queue_depth(queues.DEFAULT) == 3  # nothing lost
 
         fresh = launch.celery_worker(env, name="fresh", include=("tests.tasks",))
         fresh.wait_ready()
@@ -57,7 +54,6 @@ def test_a_worker_idle_with_work_waiting_exits_and_the_next_does_the_work() -> N
         stuck.stop()
         if fresh is not None:
             fresh.stop()
-        broker.close()
     log = stuck.log_text()
     assert "worker watchdog: a free slot while 3 message(s) waited in" in log, log[-3000:]
     assert seconds <= WATCHDOG_SECONDS + 3

@@ -35,9 +35,11 @@ DELAY_QUEUES = tuple(level_name(level) for level in range(28))
 # TESTS_BROKER=rabbitmq runs only these, on RabbitMQ (make test runs both; tests/conftest.py).
 # Within them, a test about one broker's own mechanism says so (redis_only, rabbitmq_only).
 BOTH_BROKERS = (
+    "tests/asyncwork/test_broker_reads.py",
     "tests/asyncwork/test_deadletters.py",
     "tests/asyncwork/test_outbox.py",
     "tests/asyncwork/test_rabbitmq.py",
+    "tests/asyncwork/test_watchdog.py",
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
     "tests/invoicing/test_rescue.py",

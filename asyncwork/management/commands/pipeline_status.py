@@ -11,7 +11,6 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
@@ -20,14 +19,14 @@ from asyncwork.health import health_report
 from asyncwork.jobs import jobs_declared
 from asyncwork.locks import Holder, lock_holder
 from asyncwork.models import ScheduledJob
-from asyncwork.probes import queues_probe
+from asyncwork.probes import BrokerUnreadable, queues_probe
 
 
 def _queue_depths() -> dict[str, int | str]:
     names = (*(queue.name for queue in queues.consumed()), queues.DLQ)
     try:
         return dict(queues_probe(names).depths)
-    except (redis.RedisError, ValueError) as exc:
+    except (BrokerUnreadable, ValueError) as exc:
         return dict.fromkeys(names, f"unknown ({type(exc).__name__})")
 
 
