@@ -78,7 +78,10 @@ def outbox_enqueue(
 
     ``queue`` defaults to the task's route (``asyncwork.queues``)."""
     message = OutboxMessage(
-        task=task, args=args, kwargs=kwargs or {}, queue=queue or queues.queue_for(task)
+        task=task,
+        args=args,
+        kwargs=kwargs or {},
+        queue=queues.queue_resolve(queue or queues.queue_for(task)),
     )
     insert(message)  # the ORM's create(), through a statement built once
     transaction.on_commit(lambda: _publish_committed(message), robust=True)

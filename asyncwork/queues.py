@@ -10,12 +10,12 @@ accepted and not yet done: backpressure sheds on it, and ``/metrics`` reports it
 
 Order. A worker consumes ``default`` first, then the declared queues in the order they were
 declared: on Redis strictly (``queue_order_strategy: priority``: one ``BRPOP`` over the
-queues in that order, so a queue is read only when those before it are empty); on RabbitMQ
-the broker hands a consumer's free slots to its queues in turn, so a queue declared first
-is not starved by a long one after it, but does not pass it entirely. An app that enqueues
-some work again (a rescue, a reconcile) declares a queue for it before its main queue, so
-the oldest work does not wait behind everything queued since. ``default`` holds the
-scheduled jobs, few and short, which must not wait behind a backlog either.
+queues in that order, so a queue is read only when those before it are empty). An app that
+enqueues some work again (a rescue, a reconcile) declares a queue for it ahead of its main
+queue (``ahead_of``), so the oldest work does not wait behind everything queued since; on
+RabbitMQ, which cannot order a consumer's queues, such a queue is folded into the one it
+was to go ahead of. ``default`` holds the scheduled jobs, few and short, which must not wait
+behind a backlog either.
 """
 
 from __future__ import annotations
@@ -30,14 +30,29 @@ DLQ = "dlq"
 
 _queues: dict[str, bool] = {}  # name -> counts toward backpressure
 _routes: dict[str, str] = {}  # task name -> queue
+_folded: dict[str, str] = {}  # a queue this broker cannot read first -> the queue used instead
 
 
-def queue_register(name: str, *, pressure: bool = False) -> None:
+def queue_register(name: str, *, pressure: bool = False, ahead_of: str | None = None) -> None:
     """Declare a queue that ``celery -A core worker`` consumes when started without ``-Q``,
-    after ``default`` and the queues declared before it."""
+    after ``default`` and the queues declared before it.
+
+    ``ahead_of``: the queue exists only to be read before that one. On RabbitMQ, which cannot
+    order a consumer's queues, it is not declared, and what is sent to it goes to ``ahead_of``
+    (``queue_resolve``): there a second queue would only give every worker a second prefetch
+    window (quorum queues count prefetch per consumer), in which a paused worker swallows the
+    very messages meant to rescue it."""
     if name in (DEFAULT, DLQ):
         raise ValueError(f"queue {name!r} is the machinery's own")
+    if ahead_of is not None and settings.BROKER_IS_RABBITMQ:
+        _folded[name] = ahead_of
+        return
     _queues[name] = pressure
+
+
+def queue_resolve(name: str) -> str:
+    """The queue a message for ``name`` goes to on this broker (``queue_register``)."""
+    return _folded.get(name, name)
 
 
 def route_register(task: str, queue: str) -> None:

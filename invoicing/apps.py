@@ -47,7 +47,7 @@ class InvoicingConfig(AppConfig):
         # Its own queues, so a flood of other jobs never delays an email; their depth is work
         # accepted and not yet done, which backpressure sheds on. The emails a safety net
         # enqueues again (older than any waiting) go first: their queue is declared first.
-        queues.queue_register(EMAIL_RECOVERY_QUEUE, pressure=True)
+        queues.queue_register(EMAIL_RECOVERY_QUEUE, pressure=True, ahead_of=EMAIL_QUEUE)
         queues.queue_register(EMAIL_QUEUE, pressure=True)
         queues.route_register(SEND_INVOICE_EMAIL_TASK, EMAIL_QUEUE)
         queues.route_register(RESEND_INVOICE_EMAIL_TASK, EMAIL_QUEUE)

@@ -22,10 +22,10 @@
   lapse); release it and enqueue the email again at once, without waiting for its lease.
 
 All enqueue through the outbox onto the recovery queue (``EMAIL_RECOVERY_QUEUE``), which a
-worker takes before the email queue: what a safety net finds has waited longest, and would
-otherwise wait again behind every email queued since (after a Redis restart, the whole
-backlog). All are safe to run twice: what they enqueue is pending afterwards, so the next run
-leaves it alone.
+worker takes before the email queue (on Redis; on RabbitMQ it is the email queue): what a
+safety net finds has waited longest, and would otherwise wait again behind every email queued
+since (after a Redis restart, the whole backlog). All are safe to run twice: what they
+enqueue is pending afterwards, so the next run leaves it alone.
 """
 
 from __future__ import annotations

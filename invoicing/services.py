@@ -59,8 +59,8 @@ logger = logging.getLogger(__name__)
 # The queue the email tasks are routed to (apps.py), a worker's alone if it is started with -Q.
 EMAIL_QUEUE = "email"
 # The queue of the emails a safety net enqueues again (a rescue, the recovery, the reconcile:
-# invoicing/jobs.py), declared before EMAIL_QUEUE so that a worker takes them first: they are
-# older than anything waiting in EMAIL_QUEUE, and they are few (asyncwork/queues.py).
+# invoicing/jobs.py), declared ahead of EMAIL_QUEUE so that a worker takes them first: they are
+# older than anything waiting in EMAIL_QUEUE (asyncwork/queues.py; on RabbitMQ it is EMAIL_QUEUE).
 EMAIL_RECOVERY_QUEUE = "email-recovery"
 SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"
 

@@ -103,6 +103,18 @@ def _rabbitmq_depth(name: str) -> int:
             return 0
 
 
+def queue_consumers(name: str) -> int:
+    """Consumers on queue ``name`` (RabbitMQ; 0 on Redis, which does not know them)."""
+    if not RABBITMQ:
+        return 0
+    with _amqp() as conn:
+        try:
+            channel: Any = conn.default_channel
+            return int(channel.queue_declare(name, passive=True).consumer_count)
+        except conn.channel_errors:
+            return 0
+
+
 def queue_depth(name: str) -> int:
     """Messages waiting on queue ``name`` (not those a worker holds)."""
     if RABBITMQ:

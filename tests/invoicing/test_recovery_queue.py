@@ -1,11 +1,12 @@
 """An email a safety net enqueues again does not wait behind the backlog queued since.
 
 The rescue, the recovery and the reconcile enqueue onto the recovery queue, which a worker
-takes before the email queue (``asyncwork.queues``: on Redis strictly, on RabbitMQ in turn).
-Here twenty emails wait in the email queue before a worker starts, then the reconcile finds
-three more invoices that have waited longer (no message at all); a real worker, one process,
-sends the three reconciled ones first on Redis, and within its first six on RabbitMQ, where
-the broker gives each queue its turn.
+takes before the email queue (``asyncwork.queues``). Here twenty emails wait in the email
+queue before a worker starts, then the reconcile finds three more invoices that have waited
+longer (no message at all); a real worker, one process, sends the three reconciled ones first.
+
+On RabbitMQ, which cannot order a consumer's queues, there is no recovery queue: the
+reconciled emails go to the email queue, behind the backlog, and all are sent.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ FORGOTTEN = 3
 
 
 def test_a_reconciled_email_goes_before_the_backlog(smtp: SmtpServer) -> None:
+    # An earlier test's worker (in this process, on threads) may still be closing its consumer.
+    assert wait_until(lambda: broker.queue_consumers(EMAIL_QUEUE) == 0, 30)
     waiting = [paid_invoice() for _ in range(BACKLOG)]
     for invoice in waiting:
         # Published just now, as the webhook's commit does: the reconcile leaves them alone.
@@ -47,9 +50,13 @@ def test_a_reconciled_email_goes_before_the_backlog(smtp: SmtpServer) -> None:
 
     assert invoices_reconcile() == FORGOTTEN
     rows = OutboxMessage.objects.filter(args__in=[[invoice.pk] for invoice in forgotten])
-    assert {row.queue for row in rows} == {EMAIL_RECOVERY_QUEUE}
-    assert wait_until(lambda: broker.queue_depth(EMAIL_RECOVERY_QUEUE) == FORGOTTEN, 10)
-    assert broker.queue_depth(EMAIL_QUEUE) == BACKLOG
+    lane = EMAIL_QUEUE if broker.RABBITMQ else EMAIL_RECOVERY_QUEUE
+    assert {row.queue for row in rows} == {lane}
+    if broker.RABBITMQ:
+        assert wait_until(lambda: broker.queue_depth(EMAIL_QUEUE) == BACKLOG + FORGOTTEN, 10)
+    else:
+        assert wait_until(lambda: broker.queue_depth(EMAIL_RECOVERY_QUEUE) == FORGOTTEN, 10)
+        assert wait_until(lambda: broker.queue_depth(EMAIL_QUEUE) == BACKLOG, 10)
 
     worker = launch.celery_worker(worker_env(smtp.port), name="order-worker", concurrency=1)
     try:
@@ -64,5 +71,4 @@ def test_a_reconciled_email_goes_before_the_backlog(smtp: SmtpServer) -> None:
     assert len(recipients) == BACKLOG + FORGOTTEN
     positions = sorted(recipients.index(invoice.customer_email) + 1 for invoice in forgotten)
     print(f"\nthe reconciled emails went out at positions {positions} of {len(recipients)}")
-    # Redis reads the queues in order; RabbitMQ gives the recovery queue every other turn.
-    assert positions[-1] <= (2 * FORGOTTEN if broker.RABBITMQ else FORGOTTEN)
+    assert positions[-1] <= (BACKLOG + FORGOTTEN if broker.RABBITMQ else FORGOTTEN)
