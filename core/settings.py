@@ -115,6 +115,10 @@ DATABASES = {
 # webhook's own work. Health checks drop a connection that died (server restart) before use.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Django's backend, but the health check reads the socket instead of a SELECT 1 round trip per
+# request and per task (core/postgresql/base.py).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "core.postgresql"
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int(
     "DATABASE_CONNECT_TIMEOUT", default=3
 )

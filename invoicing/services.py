@@ -8,10 +8,11 @@ fails for a key already sent or claimed by a live worker. So two workers racing 
 send one email, and a run after success is a no-op.
 
 A claim records its owner, the worker process (``asyncwork.heartbeat.heartbeat_owner``), and a
-token (``attempts``, raised by every claim). Every later write of the owner (the check before
-SMTP, the release, the mark sent) is fenced on both (``Claim.held``): once the claim is taken
-over, a late owner (a process paused past the lapse, then resumed) changes nothing and starts
-no send.
+token (``attempts``, raised by every claim). Every later write of the owner (the release, the
+mark sent) is fenced on both (``Claim.held``): once the claim is taken over, a late owner (a
+process paused past the lapse, then resumed) changes nothing. The message is built before the
+claim, so the claim is followed at once by the SMTP conversation: a pause past the lapse there
+is the crash window below.
 
 The crash window: a worker that dies after the SMTP server accepted the message but before it
 marked the key sent leaves a claim in ``sending``. The claim blocks every other worker while
@@ -176,11 +177,14 @@ class Claim:
         )
 
 
-def email_claim(*, invoice: Invoice, key: str, owner: str, requested_by: str = "") -> Claim | None:
+def email_claim(
+    *, invoice: Invoice, key: str, owner: str, requested_by: str = "", message_id: str = ""
+) -> Claim | None:
     """Claim the right to send the email under ``key``; None if it is sent or held by a live
-    claim. One statement, enforced by the UNIQUE key: no check-then-insert window."""
-    message_id = invoice_email_message_id(invoice, key)
-    with transaction.atomic(), connection.cursor() as cursor:
+    claim. One statement, enforced by the UNIQUE key: no check-then-insert window; atomic on its
+    own, so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``)."""
+    message_id = message_id or invoice_email_message_id(invoice, key)
+    with connection.cursor() as cursor:
         cursor.execute(
             _CLAIM_SQL,
             {
@@ -335,7 +339,17 @@ def _invoice_email_send_claimed(
     *, invoice: Invoice, key: str, owner: str, breaker: Breaker, decision: Decision
 ) -> str:
     invoice_id = invoice.pk
-    claim = email_claim(invoice=invoice, key=key, owner=owner)
+    message_id = invoice_email_message_id(invoice, key)
+    # Built before the claim, so that nothing stands between the claim and the SMTP
+    # conversation: a process stopped (SIGSTOP, a long pause) past the lapse is stopped inside
+    # its send, where a resumed one sends the one duplicate with the same Message-ID, as a
+    # kill there does. A message that cannot be built fails under the claim all the same.
+    built: EmailMultiAlternatives | Exception
+    try:
+        built = mail.invoice_email_build(invoice=invoice, message_id=message_id)
+    except Exception as exc:  # noqa: BLE001 - raised below, under the claim, which it releases
+        built = exc
+    claim = email_claim(invoice=invoice, key=key, owner=owner, message_id=message_id)
     if claim is None:
         logger.info(
             "invoice email already sent or in progress",
@@ -343,16 +357,9 @@ def _invoice_email_send_claimed(
         )
         return "skipped"
     try:
-        message = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
-        # A process stopped between its claim and here (SIGSTOP, a long pause) may find it
-        # taken over when it runs again: then it is not its to send.
-        if not claim.held().filter(state=EmailDelivery.State.SENDING).exists():
-            logger.warning(
-                "email claim taken over before the send; not sending",
-                extra={"invoice_id": invoice_id, "key": key, "attempt": claim.attempts},
-            )
-            return "skipped"
-        _deliver(message, breaker=breaker, decision=decision)
+        if isinstance(built, Exception):
+            raise built
+        _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release the claim whatever failed, so the retry (or a replay) can claim it again.
         # Our own errors are already in words; anything else keeps its class.

@@ -239,7 +239,12 @@ def chaos_section(path: Path) -> list[str]:
 
 # The before/after comparison of issue 13 (the floor arms): each benchmark's run at each earlier
 # stage of the work (``<benchmark>.<stage>.json``) and its current result file.
-FLOOR_STAGES = (("before", "before-13"), ("first pass", "pass1-13"), ("after", None))
+FLOOR_STAGES = (
+    ("before", "before-13"),
+    ("first pass", "pass1-13"),
+    ("second pass", "pass2-13"),
+    ("after", None),
+)
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
 
 
