@@ -179,8 +179,8 @@ def test_rescue_by_heartbeat_off_leaves_the_lease_alone_to_decide(settings: Any)
 
 def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
     """The fence is the owner and the claim's token: after a takeover the old owner's release
-    and mark sent match nothing, even where it is the same process claiming again (a retry),
-    and its check before SMTP says the claim is not its own."""
+    and mark sent match nothing, even where it is the same process claiming again (a retry):
+    its claim (``Claim.held``) is not on the row any more."""
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
     old = email_claim(invoice=invoice, key=key, owner="zombie")
