@@ -22,6 +22,7 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
@@ -285,11 +286,17 @@ class PublishedFilter(admin.SimpleListFilter):
     parameter_name = "published"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("no", "Unpublished"), ("yes", "Published")]
+        return [
+            ("no", "Unpublished"),
+            ("later", "Scheduled for later (retries)"),
+            ("yes", "Published"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "no":
             return queryset.filter(published_at__isnull=True)
+        if self.value() == "later":
+            return queryset.filter(published_at__isnull=True, due_at__gt=timezone.now())
         if self.value() == "yes":
             return queryset.filter(published_at__isnull=False)
         return queryset
@@ -303,6 +310,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "args",
         "queue",
         "created_at",
+        "due_at",
         "published",
         "published_at",
         "publish_attempts",
@@ -318,6 +326,9 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "kwargs",
         "queue",
         "created_at",
+        "due_at",
+        "task_id",
+        "headers",
         "published_at",
         "publish_attempts",
         "last_error",

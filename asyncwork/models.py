@@ -7,11 +7,26 @@ so whatever must not be lost is a row before it is a message.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.db.models import Q
+
+
+class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
+    def waiting(self, now: datetime) -> OutboxQuerySet:
+        """Rows that should be published by ``now``: unpublished, and not scheduled for later
+        (a retry still inside its backoff is not a backlog)."""
+        return self.filter(published_at__isnull=True).filter(
+            Q(due_at__isnull=True) | Q(due_at__lte=now)
+        )
+
+    def scheduled(self, now: datetime) -> OutboxQuerySet:
+        """Rows scheduled for after ``now``: retries and deferrals waiting out their wait."""
+        return self.filter(published_at__isnull=True, due_at__gt=now)
 
 
 class OutboxMessage(models.Model):
@@ -25,6 +40,25 @@ class OutboxMessage(models.Model):
     published_at = models.DateTimeField(null=True, blank=True)
     publish_attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    # A job's retry or deferral waits here, not in a worker's memory (asyncwork.tasks).
+    due_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Not published before this time (a retry's backoff, a deferral's "
+        "cool-down); empty: at once.",
+    )
+    task_id = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="The Celery task id a retry keeps; empty: outbox-<id>.",
+    )
+    headers = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Message headers a retry carries on (its retry count, when it first failed).",
+    )
+
+    objects = OutboxQuerySet.as_manager()
 
     class Meta:
         indexes = [
@@ -35,6 +69,12 @@ class OutboxMessage(models.Model):
                 fields=["created_at"],
                 name="outbox_unpublished_idx",
                 condition=Q(published_at__isnull=True),
+            ),
+            # The workers' poll for retries come due (asyncwork.scheduled), once a second each.
+            models.Index(
+                fields=["due_at"],
+                name="outbox_due_idx",
+                condition=Q(published_at__isnull=True, due_at__isnull=False),
             ),
         ]
         permissions = [("republish_outboxmessage", "Can republish outbox message")]

@@ -11,6 +11,13 @@ so twice is harmless; never is what this prevents.
 ``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
 for a message the broker lost after it was marked published, and records what became of each
 as an operator action.
+
+A row can also wait: ``outbox_schedule`` writes a job's retry or deferral with a due time
+(``due_at``) and the headers it carries on, and nothing publishes it before then. The workers
+publish rows as they come due (``outbox_publish_due``, polled by ``asyncwork.scheduled``) and
+the relay takes any a poll missed. So the wait is spent in PostgreSQL, not as a message held
+unacknowledged by a worker, which on Redis would come back only after the visibility timeout
+if that worker died (``asyncwork.tasks``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 
@@ -85,6 +92,33 @@ def outbox_enqueue(
     )
     insert(message)  # the ORM's create(), through a statement built once
     transaction.on_commit(lambda: _publish_committed(message), robust=True)
+    return message
+
+
+def outbox_schedule(
+    *,
+    task: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    queue: str,
+    due_in: float,
+    task_id: str = "",
+    headers: dict[str, Any] | None = None,
+) -> OutboxMessage:
+    """Record ``task`` to be published ``due_in`` seconds from now (by this process's clock,
+    as the pollers read it), as task ``task_id`` with ``headers`` (its retry count under
+    ``retries``): a retry's or a deferral's wait. In the current transaction, if any; nothing
+    publishes it before it is due (``outbox_publish_due``, ``outbox_relay``)."""
+    message = OutboxMessage(
+        task=task,
+        args=args,
+        kwargs=kwargs,
+        queue=queue,
+        due_at=timezone.now() + timedelta(seconds=due_in),
+        task_id=task_id,
+        headers=headers or {},
+    )
+    insert(message)
     return message
 
 
@@ -164,7 +198,19 @@ def outbox_publish(
     if ids is not None:
         rows = rows.filter(pk__in=list(ids))
     if older_than is not None:
-        rows = rows.filter(created_at__lt=timezone.now() - older_than)
+        # A row scheduled for later waits for its due time, however old it is; one that came
+        # due is published at once (no on-commit publish of its own to make way for).
+        now = timezone.now()
+        rows = rows.filter(
+            Q(due_at__isnull=True, created_at__lt=now - older_than) | Q(due_at__lte=now)
+        )
+    return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
+
+
+def outbox_publish_due(*, limit: int | None = None) -> int:
+    """Publish the scheduled rows that have come due (a retry's backoff or a deferral's
+    cool-down is over); returns how many. Concurrent callers split the rows between them."""
+    rows = OutboxMessage.objects.filter(published_at__isnull=True, due_at__lte=timezone.now())
     return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
 
 
@@ -226,8 +272,17 @@ class _Publisher:
         return limits
 
     def publish(
-        self, *, task: str, args: list[Any], kwargs: dict[str, Any], queue: str, task_id: str
+        self,
+        *,
+        task: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        queue: str,
+        task_id: str,
+        carried: dict[str, Any] | None = None,
     ) -> None:
+        """Publish one task message; ``carried``: the headers a retry carries on (its
+        ``retries`` count and the job's own), over those of a first run."""
         declared = self.queues.get(queue)
         if declared is None:
             declared = self.queues[queue] = current_app.amqp.queues[queue]
@@ -259,6 +314,11 @@ class _Publisher:
             "stamped_headers": None,
             "stamps": {},
         }
+        if carried:
+            # The job's own headers; never one of the protocol's, but the retry count.
+            for name, value in carried.items():
+                headers.setdefault(name, value)
+            headers["retries"] = int(carried.get("retries", 0))
         body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
         properties: dict[str, Any] = {"correlation_id": task_id, "reply_to": self.reply_to}
         if before_task_publish.receivers:
@@ -314,13 +374,18 @@ def _publisher() -> _Publisher:
 def _send(message: OutboxMessage) -> Exception | None:
     """Publish one row's message; return the error instead of raising it (and drop this
     thread's broker connection, which may be half-broken)."""
+    # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
+    kwargs = (
+        dict(message.kwargs) if message.task_id else {**message.kwargs, "outbox_id": message.pk}
+    )
     try:
         _publisher().publish(
             task=message.task,
             args=list(message.args),
-            kwargs={**message.kwargs, "outbox_id": message.pk},
+            kwargs=kwargs,
             queue=message.queue,
-            task_id=outbox_task_id(message.pk),
+            task_id=message.task_id or outbox_task_id(message.pk),
+            carried=message.headers,
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
         _connection_drop()

@@ -34,6 +34,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count, Min
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from asyncwork import queues, rabbitmq
@@ -84,16 +85,20 @@ class OutboxProbe:
 
 def outbox_probe() -> OutboxProbe:
     cap = settings.BACKPRESSURE_HARD_MARK
+    now = timezone.now()
+    # Rows scheduled for later (a retry inside its backoff) are no backlog until due, and a
+    # due row has waited since its due time.
+    waiting = OutboxMessage.objects.waiting(now)
     # count(*) over a LIMIT: the scan of the partial index stops at the cap.
-    unpublished = OutboxMessage.objects.filter(published_at__isnull=True)[:cap].count()
+    unpublished = waiting[:cap].count()
     oldest = (
-        OutboxMessage.objects.filter(published_at__isnull=True)
-        .order_by("created_at")
-        .values_list("created_at", flat=True)
+        waiting.annotate(since=Coalesce("due_at", "created_at"))
+        .order_by("since")
+        .values_list("since", flat=True)
         .first()
     )
     return OutboxProbe(
-        unpublished=unpublished, cap=cap, oldest_unpublished_at=oldest, measured_at=timezone.now()
+        unpublished=unpublished, cap=cap, oldest_unpublished_at=oldest, measured_at=now
     )
 
 

@@ -14,6 +14,13 @@
   failure: ``defer()`` re-publishes the job after the dependency's cool-down plus jitter with
   its retry count unchanged, so no attempt is spent, until a deadline counted from the first
   deferral; then it is dead-lettered with the exception's reason.
+* a retry or a deferral waits in PostgreSQL, not in a worker: it is an outbox row due after
+  its countdown (``outbox_schedule``), which a worker publishes once due
+  (``asyncwork.scheduled``), and this message is acknowledged. Celery's own retry publishes
+  the message with an ETA, which a worker then holds unacknowledged for the whole countdown:
+  on Redis, if that worker dies, the message is back only after the visibility timeout. If
+  the database cannot take the row (or the task retries inside a transaction, which would
+  roll it back), Celery's own path is taken.
 * a dead letter is logged once: one ERROR line (``asyncwork.deadletters``) naming the dead letter,
   the task, its id, its args and the reason. A failure the task declares (permanent,
   transient, deferred) logs no traceback: it is kept on the ``DeadLetter`` row. Any other
@@ -33,13 +40,14 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.deadletters import dead_letter_record
 from asyncwork.errors import Deferred, PermanentError, RedeliveredTooOften, TransientError
 from asyncwork.models import DeadLetter
+from asyncwork.outbox import outbox_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +73,78 @@ class ReliableTask(Task):
             )
         return super().__call__(*args, **kwargs)
 
-    def retry(self, *args: Any, **options: Any) -> Any:
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: Exception | None = None,
+        throw: bool = True,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``retry``, whose wait is an outbox row (``_schedule``) rather than a
+        message held with an ETA. A retry past ``max_retries``, or one that changes the job
+        (new args, an ETA, other options), is Celery's own."""
         # Carry the time of the first failure across retries, for the dead letter, and keep
         # the job's other headers (first_deferred_at: a retry must not restart the deadline).
-        headers = {**_job_headers(self.request), **(options.pop("headers", None) or {})}
+        request = self.request
+        headers = {**_job_headers(request), **(options.pop("headers", None) or {})}
         headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
-        return super().retry(*args, headers=headers, **options)
+        limit = self.max_retries if max_retries is None else max_retries
+        own = (
+            args is None
+            and kwargs is None
+            and eta is None
+            and not options
+            and (limit is None or request.retries < limit)
+        )
+        if own:
+            countdown = self.default_retry_delay if countdown is None else countdown
+            if self._schedule(countdown=countdown, retries=request.retries + 1, headers=headers):
+                retry = Retry(exc=exc, when=timezone.now() + timedelta(seconds=countdown))
+                if throw:
+                    raise retry
+                return retry
+        return super().retry(
+            args,
+            kwargs,
+            exc,
+            throw,
+            eta,
+            countdown,
+            max_retries,
+            headers=headers,
+            **options,
+        )
+
+    def _schedule(self, *, countdown: float, retries: int, headers: dict[str, Any]) -> bool:
+        """Write this job's next run as an outbox row due in ``countdown`` seconds, carrying
+        ``retries`` and ``headers``; False where it cannot wait there (called directly, eager,
+        inside a transaction that raising would roll back, or the database refused)."""
+        request = self.request
+        if request.called_directly or request.is_eager or connection.in_atomic_block:
+            return False
+        delivery = request.delivery_info or {}
+        try:
+            outbox_schedule(
+                task=self.name,
+                args=list(request.args or ()),
+                kwargs=dict(request.kwargs or {}),
+                queue=delivery.get("routing_key") or queues.queue_for(self.name),
+                due_in=countdown,
+                task_id=request.id or "",
+                headers={**headers, "retries": retries},
+            )
+        except DatabaseError as exc:
+            logger.warning(
+                "the retry could not wait in the outbox; the broker holds it: %s",
+                exc,
+                extra={"task_name": self.name, "task_id": request.id},
+            )
+            return False
+        return True
 
     def defer(self, exc: Deferred) -> Retry:
         """Re-publish this job to run after ``exc.retry_in`` plus full jitter, with the same
@@ -103,15 +177,16 @@ class ReliableTask(Task):
             "first_deferred_at": first.isoformat(),
             "deferrals": deferrals,
         }
-        signature = self.signature_from_request(
-            request, countdown=countdown, retries=request.retries, headers=headers
-        )
-        try:
-            signature.apply_async()
-        except Exception as publish_error:
-            # Unlike Celery's retry (which drops the message), put it back: if the broker is
-            # gone the reject fails too and the visibility timeout redelivers the message.
-            raise Reject(publish_error, requeue=True) from publish_error
+        if not self._schedule(countdown=countdown, retries=request.retries, headers=headers):
+            signature = self.signature_from_request(
+                request, countdown=countdown, retries=request.retries, headers=headers
+            )
+            try:
+                signature.apply_async()
+            except Exception as publish_error:
+                # Unlike Celery's retry (which drops the message), put it back: if the broker
+                # is gone the reject fails too and the visibility timeout redelivers it.
+                raise Reject(publish_error, requeue=True) from publish_error
         logger.info(
             "job deferred %.1f s (deferral %d): %s",
             countdown,
@@ -119,7 +194,7 @@ class ReliableTask(Task):
             exc,
             extra={"task_name": self.name, "task_id": request.id, "deferrals": deferrals},
         )
-        return Retry(str(exc), exc=exc, when=now + timedelta(seconds=countdown), sig=signature)
+        return Retry(str(exc), exc=exc, when=now + timedelta(seconds=countdown))
 
     def _first_failed_at(self) -> datetime:
         # A job that was deferred before it ever failed dates its trouble from the deferral.

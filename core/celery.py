@@ -13,6 +13,7 @@ from asyncwork import heartbeat, metrics, queues, timelimits
 from asyncwork import logging as log_context
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.rabbitmq import DeadLetterQueueDeclare
+from asyncwork.scheduled import OutboxDuePoll
 from asyncwork.watchdog import WorkerWatchdog
 from core.startup import settings_load_or_exit
 
@@ -41,6 +42,8 @@ app.conf.task_routes = (queues.task_route,)
 app.steps["worker"].add(WorkerWatchdog)
 # Each process that runs tasks beats, so the claims it holds can be rescued once it is gone.
 app.steps["worker"].add(WorkerHeartbeatStep)
+# Each worker publishes the retries and deferrals that have come due (they wait in the outbox).
+app.steps["worker"].add(OutboxDuePoll)
 # On RabbitMQ, the queue the others dead-letter onto exists before any worker consumes.
 app.steps["consumer"].add(DeadLetterQueueDeclare)
 

@@ -436,6 +436,11 @@ OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
 OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
 # Seconds a publish may wait on the broker before the row is left to the relay.
 OUTBOX_PUBLISH_TIMEOUT = env.float("OUTBOX_PUBLISH_TIMEOUT", default=0.5)
+# Each worker publishes the retries and deferrals come due this often (asyncwork.scheduled);
+# 0: only the relay does, every 15 s.
+OUTBOX_DUE_POLL_SECONDS = env.float("OUTBOX_DUE_POLL_SECONDS", default=1.0)
+if OUTBOX_DUE_POLL_SECONDS < 0:
+    raise ImproperlyConfigured("OUTBOX_DUE_POLL_SECONDS must be 0 (off) or more.")
 
 # --- Scheduled jobs ---------------------------------------------------------------------------
 # Only the beat holding the PostgreSQL leader lock dispatches; a standby checks this often.

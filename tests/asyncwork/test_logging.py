@@ -140,7 +140,10 @@ def test_json_lines_of_a_worker_process_carry_event_invoice_task_and_attempt(
         worker.stop()
 
     invoice = Invoice.objects.get()
-    task_id = f"outbox-{OutboxMessage.objects.get().pk}"
+    # The first row published the job; its retry waited in a second one, under the same id.
+    first, retry_row = OutboxMessage.objects.order_by("pk")
+    task_id = f"outbox-{first.pk}"
+    assert retry_row.task_id == task_id
     assert EmailDelivery.objects.get().attempts == 2
     records = [json.loads(line) for line in worker.log_text().splitlines() if line.startswith("{")]
     job_lines = [r for r in records if r.get("task_id") == task_id]

@@ -1,15 +1,13 @@
 """RabbitMQ as the broker (``TESTS_BROKER=rabbitmq``; on Redis these are skipped): the queues
-as declared, publisher confirms under the outbox, retries waiting in RabbitMQ rather than in
-a worker, and a poison message dead-lettered with its reason."""
+as declared, publisher confirms under the outbox, and a poison message dead-lettered with its
+reason. (A retry waits in the outbox on both brokers: test_scheduled.py.)"""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 import pytest
-from django.core.cache import cache
 from django.test import Client
 from kombu import Connection
 
@@ -99,41 +97,6 @@ def test_the_outbox_marks_a_row_published_only_once_rabbitmq_confirmed_it(
         smtp.handler.wait_for(1, timeout=20)
     row.refresh_from_db()
     assert row.published_at is not None
-
-
-def test_a_retry_waits_in_rabbitmq_not_unacknowledged_in_the_worker() -> None:
-    """A retry's countdown is spent in RabbitMQ's delay queues (Celery's native delayed
-    delivery): no message is held unacknowledged meanwhile, so RabbitMQ's consumer timeout,
-    which closes the channel of a consumer that holds one too long, cannot cut in however
-    long the delay. (RabbitMQ 3.10 sets that timeout for the whole node only, which a test on
-    a shared node must not lower.)"""
-    key = f"flaky-{uuid.uuid4().hex}"
-    with worker_thread(concurrency=1):
-        started = time.monotonic()
-        app.send_task(test_tasks.FLAKY, args=[key])
-        waiting: dict[str, Any] = {}
-
-        def delayed() -> bool:
-            waiting.update(broker.rabbitmq_queues())
-            return any(waiting.get(name, {}).get("messages_ready") for name in broker.DELAY_QUEUES)
-
-        assert wait_until(delayed, timeout=test_tasks.FLAKY_RETRY_SECONDS)
-        consumed = [queue.name for queue in queues.consumed()]
-
-        def settled() -> bool:
-            # The first attempt's message is acknowledged just after its retry is published.
-            waiting.update(broker.rabbitmq_queues())
-            return not any(
-                waiting[name]["messages_unacknowledged"] or waiting[name]["messages_ready"]
-                for name in consumed
-            )
-
-        assert wait_until(settled, timeout=3), [waiting[name] for name in consumed]
-        assert cache.get(key) is None  # and the retry is still waiting out its countdown
-        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 10)
-        took = time.monotonic() - started
-    assert took >= test_tasks.FLAKY_RETRY_SECONDS - 1
-    assert not DeadLetter.objects.exists()
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ BOTH_BROKERS = (
     "tests/asyncwork/test_deadletters.py",
     "tests/asyncwork/test_outbox.py",
     "tests/asyncwork/test_rabbitmq.py",
+    "tests/asyncwork/test_scheduled.py",
     "tests/asyncwork/test_watchdog.py",
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
@@ -121,6 +122,15 @@ def queue_depth(name: str) -> int:
         return _rabbitmq_depth(name)
     key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + name
     return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(key))
+
+
+def held_unacknowledged() -> int:
+    """Messages delivered to a consumer and not yet acknowledged, in every queue of the run
+    (Redis: kombu's ``unacked`` hash; RabbitMQ: each queue's unacknowledged count)."""
+    if RABBITMQ:
+        return sum(int(row["messages_unacknowledged"]) for row in rabbitmq_queues().values())
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "unacked"
+    return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).hlen(key))
 
 
 def queue_messages(name: str) -> list[dict[str, Any]]:

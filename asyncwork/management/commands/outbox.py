@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from asyncwork.models import OutboxMessage
 from asyncwork.outbox import outbox_relay
@@ -30,11 +31,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] == "status":
-            backlog = OutboxMessage.objects.filter(published_at__isnull=True)
+            now = timezone.now()
+            backlog = OutboxMessage.objects.waiting(now)
             oldest = backlog.order_by("created_at").values_list("created_at", flat=True).first()
             self.stdout.write(
                 f"unpublished: {backlog.count()}"
                 + (f" (oldest {oldest:%Y-%m-%d %H:%M:%S})" if oldest else "")
+                + f"; retries scheduled for later: {OutboxMessage.objects.scheduled(now).count()}"
             )
             return
         grace, batch = options["grace"], options["batch_size"]
@@ -45,7 +48,7 @@ class Command(BaseCommand):
         published = outbox_relay(
             grace=None if grace is None else timedelta(seconds=grace), batch_size=batch
         )
-        remaining = OutboxMessage.objects.filter(published_at__isnull=True).count()
+        remaining = OutboxMessage.objects.waiting(timezone.now()).count()
         self.stdout.write(self.style.SUCCESS(f"published {published}; {remaining} unpublished"))
         if remaining and published == 0 and grace == 0:
             raise CommandError("the broker refused every publish; rows stay for the next run")

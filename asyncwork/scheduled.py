@@ -1,0 +1,89 @@
+"""Every worker publishes the retries and deferrals that have come due.
+
+A job's retry or deferral waits as an outbox row with a due time (``asyncwork.tasks``,
+``asyncwork.outbox.outbox_schedule``). A thread in each worker's main process (a worker
+bootstep, added in ``core.celery``) publishes the rows that have come due, every
+``OUTBOX_DUE_POLL_SECONDS``: one indexed query when none is due. Many workers poll at once
+and split the rows between them (``FOR UPDATE SKIP LOCKED``), so the retries go out as long as
+any worker runs, and a worker that dies takes no waiting retry with it. The relay job
+publishes any row the polls missed. ``OUTBOX_DUE_POLL_SECONDS=0`` turns the poll off (the relay
+alone then publishes due rows, every 15 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+logger = logging.getLogger(__name__)
+
+
+class DuePoll:
+    """The poll thread of one worker: publishes due rows every ``interval`` seconds, on a
+    database connection and a broker connection of its own."""
+
+    def __init__(self, *, interval: float) -> None:
+        self.interval = interval
+        self.stopping = threading.Event()
+        self.failing = False
+        self.thread = threading.Thread(target=self.run, name="asyncwork-due-poll", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(self.interval + 5)
+
+    def poll(self) -> int:
+        from asyncwork.outbox import outbox_publish_due  # models are loaded by now
+
+        try:
+            published = outbox_publish_due()
+        except DatabaseError as exc:
+            connection.close()  # a new connection next poll
+            if not self.failing:
+                logger.warning("due retries not published: %s", exc)
+            self.failing = True
+            return 0
+        self.failing = False
+        if published:
+            logger.info("published %d retry(s) come due", published, extra={"published": published})
+        return published
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.wait(self.interval):
+                self.poll()
+        finally:
+            connection.close()
+
+
+class OutboxDuePoll(bootsteps.StartStopStep):
+    """The worker's due poll, from its start to its stop."""
+
+    label = "OutboxDuePoll"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        self.poll: DuePoll | None = None
+        super().__init__(parent, **kwargs)
+
+    def start(self, parent: Any) -> None:
+        interval = float(settings.OUTBOX_DUE_POLL_SECONDS)
+        if interval > 0:
+            self.poll = DuePoll(interval=interval)
+            self.poll.start()
+
+    def stop(self, parent: Any) -> None:
+        if self.poll is not None:
+            self.poll.stop()
+            self.poll = None
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)

@@ -1,0 +1,132 @@
+"""A retry waits in PostgreSQL, not in a worker (asyncwork.tasks, asyncwork.scheduled): an
+outbox row due after its countdown, published by a worker's poll once due. Nothing is held in
+the broker meanwhile, so a worker that dies takes no waiting retry with it (on Redis a held
+message would come back only after the visibility timeout), and RabbitMQ's consumer timeout
+cannot cut in however long the wait. On both brokers."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.utils import timezone
+
+from asyncwork import queues
+from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.outbox import outbox_publish_due, outbox_relay, outbox_schedule
+from core.celery import app
+from stack import launch
+from stack.net import wait_until
+from tests import tasks as test_tasks
+from tests.helpers import broker
+from tests.helpers.processes import SCALED, worker_env, worker_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _waiting_retry(task_id: str) -> OutboxMessage | None:
+    return OutboxMessage.objects.filter(task_id=task_id, published_at__isnull=True).first()
+
+
+def test_a_retry_waits_as_an_outbox_row_with_nothing_held_in_the_broker() -> None:
+    key = f"flaky-{uuid.uuid4().hex}"
+    with worker_thread(concurrency=1):
+        started = time.monotonic()
+        task_id = app.send_task(test_tasks.FLAKY, args=[key]).id
+        assert wait_until(lambda: _waiting_retry(task_id) is not None, timeout=10)
+        row = _waiting_retry(task_id)
+        assert row is not None
+        assert row.due_at is not None
+        assert row.task == test_tasks.FLAKY
+        assert row.args == [key]
+        assert row.headers["retries"] == 1
+        assert "first_failed_at" in row.headers
+        wait = (row.due_at - row.created_at).total_seconds()
+        assert test_tasks.FLAKY_RETRY_SECONDS - 1 < wait < test_tasks.FLAKY_RETRY_SECONDS + 1
+
+        # The first attempt's message is acknowledged; nothing waits in the broker.
+        consumed = [queue.name for queue in queues.consumed()]
+        assert wait_until(lambda: broker.held_unacknowledged() == 0, timeout=5)
+        assert [broker.queue_depth(name) for name in consumed] == [0] * len(consumed)
+        if broker.RABBITMQ:  # nor in Celery's delay queues
+            found = broker.rabbitmq_queues()
+            delayed = [found.get(name, {}).get("messages_ready") for name in broker.DELAY_QUEUES]
+            assert not any(delayed)
+        assert cache.get(key) is None
+
+        # Published once due, by the worker's poll; it runs as the retry it is.
+        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 10)
+        took = time.monotonic() - started
+    assert took >= test_tasks.FLAKY_RETRY_SECONDS - 1
+    row.refresh_from_db()
+    assert row.published_at is not None
+    assert not DeadLetter.objects.exists()
+
+
+@pytest.mark.slow
+def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
+    """The worker is killed (SIGKILL, parent included) while its retry waits; another worker
+    runs the retry at its due time, not after the visibility timeout (20 s here)."""
+    key = f"flaky-{uuid.uuid4().hex}"
+    env = worker_env(0, **SCALED)
+    first = launch.celery_worker(env, name="doomed", include=("tests.tasks",))
+    second = None
+    try:
+        first.wait_ready()
+        started = time.monotonic()
+        task_id = app.send_task(test_tasks.FLAKY, args=[key]).id
+        assert wait_until(lambda: f"[{task_id}] retry" in first.log_text(), timeout=15)
+        first.kill()
+        assert _waiting_retry(task_id) is not None
+        second = launch.celery_worker(env, name="survivor", include=("tests.tasks",))
+        second.wait_ready()
+        assert wait_until(lambda: cache.get(key) == 2, timeout=30)
+        took = time.monotonic() - started
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.stop()
+    assert took < test_tasks.FLAKY_RETRY_SECONDS + 5 < int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
+    assert not DeadLetter.objects.exists()
+
+
+def _scheduled(due_in: float) -> OutboxMessage:
+    return outbox_schedule(
+        task=test_tasks.PID,
+        args=[f"pid-{uuid.uuid4().hex}"],
+        kwargs={},
+        queue=queues.queue_for(test_tasks.PID),
+        due_in=due_in,
+        task_id=f"retry-{uuid.uuid4().hex}",
+        headers={"retries": 2, "first_failed_at": timezone.now().isoformat()},
+    )
+
+
+def test_nothing_publishes_a_row_before_it_is_due() -> None:
+    later = _scheduled(due_in=3600)
+    due = _scheduled(due_in=0)
+    OutboxMessage.objects.filter(pk=due.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    # The relay, however old the rows, and the poll: only the row that came due.
+    assert outbox_relay(grace=timedelta(0)) == 1
+    assert outbox_publish_due() == 0
+    later.refresh_from_db()
+    due.refresh_from_db()
+    assert later.published_at is None
+    assert due.published_at is not None
+    OutboxMessage.objects.filter(pk=later.pk).update(due_at=timezone.now())
+    assert outbox_publish_due() == 1
+
+
+def test_a_published_retry_carries_its_task_id_retry_count_and_headers() -> None:
+    row = _scheduled(due_in=0)
+    assert outbox_publish_due() == 1
+    (message,) = broker.queue_messages(row.queue)
+    headers = message["headers"]
+    assert headers["id"] == row.task_id
+    assert headers["task"] == test_tasks.PID
+    assert headers["retries"] == 2
+    assert headers["first_failed_at"] == row.headers["first_failed_at"]
+    broker.queues_empty()
