@@ -81,7 +81,7 @@ class RabbitNode:
     def answers(self, timeout: float = 2.0) -> bool:
         try:
             with Connection(self.url, connect_timeout=timeout) as conn:
-                conn.ensure_connection(max_retries=1, timeout=timeout)
+                conn.ensure_connection(max_retries=1, timeout=max(1, round(timeout)))
                 return True
         except Exception:  # noqa: BLE001 - any failure to connect is "not answering"
             return False
