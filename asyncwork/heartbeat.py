@@ -21,21 +21,30 @@ What a gone owner's claims become is the domain's to say; ``asyncwork.rescue`` r
 (the ``workers-rescue`` job) and cleans the rows of long-dead processes. A process that exits
 cleanly deletes its own row.
 
+The worker's own process (the consumer, which receives the messages; under prefork it runs no
+task) beats too, and with each beat lists the jobs it holds: received and not finished
+(``held_jobs``: reserved, running, or waiting for an ETA). If it dies, those messages come back
+only when the broker redelivers them (on Redis, after the visibility timeout); once its
+heartbeat lapsed, the rescue re-enqueues its jobs at once (``asyncwork.rescue``). A job that
+finished since the last beat, or a message redelivered later as well, runs again as a no-op:
+every job is safe to run twice.
+
 ``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off (the lease alone decides);
 the heartbeats are still written, for the dashboard.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
-from celery.concurrency import prefork
 from celery.signals import worker_process_init, worker_process_shutdown
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -74,22 +83,55 @@ def owner_lapsed_sql(*, owner: str, since: str) -> str:
     worker), nobody is judged gone, and no process is judged gone until others have beaten
     without it for the whole lapse. With no heartbeat at all (no worker beats yet), nothing
     is."""
-    newest = "(SELECT max(n.beat_at) FROM asyncwork_workerheartbeat n)"
+    # Aliases of its own, which a caller's query is unlikely to use for its own tables.
+    newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
     fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
     # No input: a table name and the caller's own columns.
     return (
         f"(%(heartbeat_lapse)s > 0"  # noqa: S608
-        f" AND NOT EXISTS (SELECT 1 FROM {TABLE} h"
-        f" WHERE h.owner = {owner} AND h.beat_at >= {fresh})"
+        f" AND NOT EXISTS (SELECT 1 FROM {TABLE} lapse_h"
+        f" WHERE lapse_h.owner = {owner} AND lapse_h.beat_at >= {fresh})"
         f" AND {since} < {fresh})"
     )
 
 
 _BEAT_SQL = """
-INSERT INTO asyncwork_workerheartbeat (owner, hostname, pid, started_at, beat_at)
-VALUES (%(owner)s, %(hostname)s, %(pid)s, now(), now())
-ON CONFLICT (owner) DO UPDATE SET beat_at = now()
+INSERT INTO asyncwork_workerheartbeat (owner, hostname, pid, started_at, beat_at, holding)
+VALUES (%(owner)s, %(hostname)s, %(pid)s, now(), now(), %(holding)s::jsonb)
+ON CONFLICT (owner) DO UPDATE SET beat_at = now(), holding = EXCLUDED.holding
 """
+
+
+def held_jobs() -> list[dict[str, Any]]:
+    """The jobs of this worker process's consumer (``ReliableTask``s: scheduled jobs are
+    beat's, dispatched again at their next period) received and not finished, each as what
+    re-enqueueing it takes: task, id, args, kwargs, the queue it came from, its retry count."""
+    from celery.worker import state
+
+    from asyncwork.tasks import ReliableTask  # the models are loaded by the first beat
+
+    for _ in range(3):  # the consumer's thread changes the dict while this one copies it
+        try:
+            requests = list(state.requests.values())
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
+    return [
+        {
+            "task": request.name,
+            "id": request.id,
+            "args": list(request.args or ()),
+            "kwargs": dict(request.kwargs or {}),
+            "queue": (request.delivery_info or {}).get("routing_key") or "",
+            "retries": int(getattr(request, "retries", 0) or 0),
+        }
+        for request in requests
+        if isinstance(request.task, ReliableTask)
+    ]
+
+
 _DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
 
 
@@ -97,8 +139,11 @@ class Heartbeat:
     """The heartbeat thread of one process: beats at once, then every ``interval`` seconds,
     on a database connection of its own; deletes its row when stopped."""
 
-    def __init__(self, *, interval: float) -> None:
+    def __init__(
+        self, *, interval: float, holding: Callable[[], list[dict[str, Any]]] | None = None
+    ) -> None:
         self.interval = interval
+        self.holding = holding
         self.owner = heartbeat_owner()
         self.stopping = threading.Event()
         self.failing = False
@@ -113,11 +158,17 @@ class Heartbeat:
             self.thread.join(self.interval + 5)
 
     def beat(self) -> None:
+        holding = json.dumps(self.holding() if self.holding else [], default=str)
         try:
             with connection.cursor() as cursor:
                 cursor.execute(
                     _BEAT_SQL,
-                    {"owner": self.owner, "hostname": socket.gethostname(), "pid": os.getpid()},
+                    {
+                        "owner": self.owner,
+                        "hostname": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "holding": holding,
+                    },
                 )
         except DatabaseError as exc:
             connection.close()  # a new connection next beat
@@ -145,12 +196,13 @@ class Heartbeat:
 _running: Heartbeat | None = None
 
 
-def heartbeat_start(**_: Any) -> None:
-    """Start this process's heartbeat thread (once per process)."""
+def heartbeat_start(*, holding: Callable[[], list[dict[str, Any]]] | None = None, **_: Any) -> None:
+    """Start this process's heartbeat thread (once per process); ``holding``: what it lists
+    as the jobs it holds (the consumer's process: ``held_jobs``)."""
     global _running
     if _running is not None and _running.owner == heartbeat_owner():
         return
-    _running = Heartbeat(interval=float(settings.WORKER_HEARTBEAT_SECONDS))
+    _running = Heartbeat(interval=float(settings.WORKER_HEARTBEAT_SECONDS), holding=holding)
     _running.start()
 
 
@@ -163,18 +215,17 @@ def heartbeat_stop(**_: Any) -> None:
 
 
 class WorkerHeartbeatStep(bootsteps.StartStopStep):
-    """In the worker's own process, under a pool that runs tasks there (solo, threads): its
-    heartbeat. Prefork children start theirs on ``worker_process_init``."""
+    """The heartbeat of the worker's own process, which lists the jobs it holds (and, under a
+    pool that runs tasks there, solo or threads, owns their claims). Prefork children start
+    theirs on ``worker_process_init``."""
 
     label = "Heartbeat"
 
     def start(self, parent: Any) -> None:
-        if not issubclass(parent.pool_cls, prefork.TaskPool):
-            heartbeat_start()
+        heartbeat_start(holding=held_jobs)
 
     def stop(self, parent: Any) -> None:
-        if not issubclass(parent.pool_cls, prefork.TaskPool):
-            heartbeat_stop()
+        heartbeat_stop()
 
     def terminate(self, parent: Any) -> None:  # a cold shutdown: its row goes all the same
         self.stop(parent)

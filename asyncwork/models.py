@@ -204,6 +204,9 @@ class WorkerHeartbeat(models.Model):
     pid = models.PositiveIntegerField()
     started_at = models.DateTimeField()
     beat_at = models.DateTimeField(db_index=True)
+    # A worker's own process (the consumer) lists the jobs it holds, received and not finished,
+    # so that they can be re-enqueued at once if it dies (asyncwork.rescue).
+    holding = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return self.owner

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import current_app
-from celery.signals import before_task_publish
+from celery.signals import after_task_publish, before_task_publish
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from django.conf import settings
@@ -107,8 +107,9 @@ def outbox_schedule(
 ) -> OutboxMessage:
     """Record ``task`` to be published ``due_in`` seconds from now (by this process's clock,
     as the pollers read it), as task ``task_id`` with ``headers`` (its retry count under
-    ``retries``): a retry's or a deferral's wait. In the current transaction, if any; nothing
-    publishes it before it is due (``outbox_publish_due``, ``outbox_relay``)."""
+    ``retries``) and ``kwargs`` as they are: a retry's or a deferral's wait, or a rescued job
+    (due at once). In the current transaction, if any; nothing publishes it before it is due
+    (``outbox_publish_due``, ``outbox_relay``)."""
     message = OutboxMessage(
         task=task,
         args=args,
@@ -236,7 +237,8 @@ class _Publisher:
     the anonymous exchange with the queue as routing key), without ``send_task``'s general path
     (routing, option merging, result bookkeeping) on every publish: the parts of a message that
     do not change with the row are worked out once per task name. The ``before_task_publish``
-    receivers still run (the log context travels in a header)."""
+    receivers still run (the log context travels in a header), and the ``after_task_publish``
+    ones (the chaos suite's relay probe waits on it)."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -348,6 +350,10 @@ class _Publisher:
             **properties,
         )
         self.declared.add(queue)
+        if after_task_publish.receivers:  # as send_task does, once the broker took it
+            after_task_publish.send(
+                sender=task, body=body, headers=headers, exchange="", routing_key=queue
+            )
 
     def _repr(self, value: Any) -> str:
         """Celery's ``saferepr`` of a message's args or kwargs; ``repr`` itself for what an

@@ -31,6 +31,7 @@ DLQ = "dlq"
 _queues: dict[str, bool] = {}  # name -> counts toward backpressure
 _routes: dict[str, str] = {}  # task name -> queue
 _folded: dict[str, str] = {}  # a queue this broker cannot read first -> the queue used instead
+_ahead: dict[str, str] = {}  # a queue -> the queue read ahead of it (its recovered work)
 
 
 def queue_register(name: str, *, pressure: bool = False, ahead_of: str | None = None) -> None:
@@ -44,6 +45,8 @@ def queue_register(name: str, *, pressure: bool = False, ahead_of: str | None = 
     very messages meant to rescue it."""
     if name in (DEFAULT, DLQ):
         raise ValueError(f"queue {name!r} is the machinery's own")
+    if ahead_of is not None:
+        _ahead[ahead_of] = name
     if ahead_of is not None and settings.BROKER_IS_RABBITMQ:
         _folded[name] = ahead_of
         return
@@ -53,6 +56,12 @@ def queue_register(name: str, *, pressure: bool = False, ahead_of: str | None = 
 def queue_resolve(name: str) -> str:
     """The queue a message for ``name`` goes to on this broker (``queue_register``)."""
     return _folded.get(name, name)
+
+
+def queue_ahead(name: str) -> str:
+    """Where recovered work of queue ``name`` goes: the queue registered ahead of it, if any
+    (as this broker resolves it), else ``name`` itself."""
+    return queue_resolve(_ahead.get(name, name))
 
 
 def route_register(task: str, queue: str) -> None:

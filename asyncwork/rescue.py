@@ -1,28 +1,35 @@
 """The rescue of a dead worker process's claims, as soon as its heartbeat lapsed
 (``asyncwork.heartbeat``), and the dashboard's view of the live workers.
 
-The rescue itself is the domain's: an app registers what rescuing its claims means
+The rescue of claims is the domain's: an app registers what rescuing its claims means
 (``rescue_register``: find the claims whose owner is gone with ``owner_lapsed_sql``, release
-them, re-enqueue their work). The machinery's ``workers-rescue`` job runs every rescue every
-``RESCUE_EVERY`` under the job's lock (one run at a time, whichever worker takes it), counts
-what each rescued (``asyncwork_worker_rescues``) and deletes the heartbeat rows of processes
-dead for longer than ``DEAD_HEARTBEAT_KEPT``.
+them, re-enqueue their work). The machinery's own rescue, ``held-jobs``, re-enqueues the jobs a
+dead worker's consumer held (received, not finished: ``asyncwork.heartbeat.held_jobs``), whose
+messages the broker would otherwise give back only after the visibility timeout (Redis), or
+after its own heartbeat timeout for a lost host (RabbitMQ). The ``workers-rescue`` job runs
+every rescue every ``RESCUE_EVERY`` under the job's lock (one run at a time, whichever worker
+takes it), counts what each rescued (``asyncwork_worker_rescues``) and deletes the heartbeat
+rows of processes dead for longer than ``DEAD_HEARTBEAT_KEPT``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 from prometheus_client import Counter
 
-from asyncwork.heartbeat import lapse_seconds
+from asyncwork import queues
+from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.models import WorkerHeartbeat
+from asyncwork.outbox import outbox_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -56,20 +63,63 @@ def heartbeats_clean() -> int:
     return deleted
 
 
+HELD_JOBS = "held-jobs"
+
+_HELD_SQL = f"""
+SELECT w.id, w.holding FROM asyncwork_workerheartbeat w
+WHERE w.holding <> '[]'::jsonb
+  AND {owner_lapsed_sql(owner="w.owner", since="w.started_at")}
+ORDER BY w.id
+FOR UPDATE SKIP LOCKED
+"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
+
+
+def held_jobs_rescue() -> int:
+    """Re-enqueue the jobs held by worker processes whose heartbeat lapsed, onto the queue read
+    ahead of each job's own (its recovered work), and clear their lists, in one transaction;
+    returns how many. A job re-enqueued here may also come back from the broker later: it
+    runs again as a no-op (its claim, or its own idempotency, is the fence)."""
+    rescued = 0
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_HELD_SQL, {"heartbeat_lapse": lapse_seconds()})
+            rows = cursor.fetchall()
+        for pk, holding in rows:
+            for job in json.loads(holding) if isinstance(holding, str) else holding:
+                queue = job.get("queue") or queues.queue_for(job["task"])
+                # The same job again, as a redelivery would bring it: its id, its arguments
+                # and its retry count; published by the workers' next poll.
+                outbox_schedule(
+                    task=job["task"],
+                    args=list(job.get("args") or ()),
+                    kwargs=dict(job.get("kwargs") or {}),
+                    queue=queues.queue_ahead(queue),
+                    due_in=0,
+                    task_id=job["id"],
+                    headers={"retries": int(job.get("retries") or 0)},
+                )
+                rescued += 1
+            WorkerHeartbeat.objects.filter(pk=pk).update(holding=[])
+    return rescued
+
+
 def workers_rescue() -> dict[str, int]:
-    """The ``workers-rescue`` job: every declared rescue (none while rescue by heartbeat is
-    off), then the rows of long-dead processes. Returns how many each rescued or deleted."""
+    """The ``workers-rescue`` job: every declared rescue and the held jobs (none while rescue
+    by heartbeat is off), then the rows of long-dead processes. Returns how many each rescued
+    or deleted."""
     counts: dict[str, int] = {}
     if lapse_seconds() > 0:
-        for name, rescue in _rescues.items():
+        for name, rescue in {**_rescues, HELD_JOBS: held_jobs_rescue}.items():
             counts[name] = rescued = rescue()
             if rescued:
                 RESCUES.labels(rescue=name).inc(rescued)
+                what = "job(s) held by" if name == HELD_JOBS else "claim(s) of"
                 logger.warning(
-                    "rescue %s: %d claim(s) of worker processes whose heartbeat lapsed "
+                    "rescue %s: %d %s worker processes whose heartbeat lapsed "
                     "released and re-enqueued",
                     name,
                     rescued,
+                    what,
                     extra={"rescue": name, "rescued": rescued},
                 )
     counts["heartbeats_deleted"] = heartbeats_clean()

@@ -7,7 +7,8 @@ system's view is its database. Each metric's definition is written into the JSON
 Goals (the exit code). Safe arm: nothing lost (and nothing acknowledged left unstored);
 every refused recipient dead-lettered and every dead letter a permanent refusal; duplicates no
 more than the sends our kills cut inside the crash window, each duplicate carrying its
-invoice's one Message-ID; nothing marked sent that was not delivered. Control arm: at least
+invoice's one Message-ID; nothing marked sent that was not delivered; every relay kill landed
+between a publish and its mark (a fault that did not land proves nothing). Control arm: at least
 one loss. Reported beside the goals, not part of them: whether every fault recovered, the
 processes that died by themselves (restarted, as a process manager would), the workers that
 stalled with work waiting, and the tasks workers terminated themselves on broker loss.
@@ -425,6 +426,8 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "duplicates_within_sends_cut_by_kills": extra <= sends_cut,
             "duplicates_share_message_id": results["duplicates"]["all_same_message_id"],
             "nothing_marked_sent_undelivered": not results["marked_sent_not_delivered"],
+            # A fault that was planned but did not land proves nothing: the run does not count.
+            "relay_kills_landed": all(r["landed"] for r in relay_kills),
         }
     else:
         goals = {"loss_observed": bool(lost)}

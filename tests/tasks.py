@@ -80,3 +80,16 @@ def overrun(key: str) -> None:
         cache.set(key, "interrupted", timeout=300)
     else:
         cache.set(key, "ran on", timeout=300)
+
+
+NAP = "tests.nap"
+
+
+@shared_task(base=ReliableTask, name=NAP)
+def nap(key: str, seconds: float) -> None:
+    """Counts its runs in the cache under ``<key>:runs``, sleeps ``seconds``, then records
+    under ``key`` the pid of the process that finished it."""
+    cache.get_or_set(f"{key}:runs", 0, timeout=300)
+    cache.incr(f"{key}:runs")
+    time.sleep(seconds)
+    cache.set(key, os.getpid(), timeout=300)

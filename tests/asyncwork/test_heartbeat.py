@@ -1,6 +1,7 @@
 """Worker heartbeats, written by real worker processes: one row per pool process (the process
-that runs tasks and owns their claims), refreshed on the database's clock, deleted when the
-worker stops cleanly."""
+that runs tasks and owns their claims) and one for the worker's own process (the consumer,
+which lists the jobs it holds), refreshed on the database's clock, deleted when the worker
+stops cleanly."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ def test_each_pool_process_beats_and_a_clean_stop_deletes_its_row() -> None:
     worker = launch.celery_worker(env, name="beating", concurrency=2)
     try:
         worker.wait_ready()
-        assert wait_until(lambda: WorkerHeartbeat.objects.count() == 2, 20, interval=0.1)
+        assert wait_until(lambda: WorkerHeartbeat.objects.count() == 3, 20, interval=0.1)
         first = {row.owner: row.beat_at for row in WorkerHeartbeat.objects.all()}
-        children = set(worker.pids()) - {worker.pid}
-        assert {row.pid for row in WorkerHeartbeat.objects.all()} == children
-        assert all(owner.split(":")[1] in {str(p) for p in children} for owner in first)
+        processes = set(worker.pids())  # the worker's own process and its two children
+        assert {row.pid for row in WorkerHeartbeat.objects.all()} == processes
+        assert all(owner.split(":")[1] in {str(p) for p in processes} for owner in first)
+        # Idle: nobody holds a job.
+        assert not WorkerHeartbeat.objects.exclude(holding=[]).exists()
         assert wait_until(
             lambda: all(row.beat_at > first[row.owner] for row in WorkerHeartbeat.objects.all()),
             5,

@@ -140,11 +140,20 @@ def test_outbox_command_reports_and_rejects_bad_input(capsys: pytest.CaptureFixt
 def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
     """The outbox's own publisher (a prebuilt message through one producer per thread) sends,
     byte for byte but the transport's delivery tag, what ``send_task`` would: Celery's message
-    protocol 2 with the same headers (the log context's included), body and properties."""
+    protocol 2 with the same headers (the log context's included), body and properties, and
+    tells ``after_task_publish``'s receivers as ``send_task`` does."""
+    from celery.signals import after_task_publish
+
     from asyncwork import outbox
     from asyncwork.logging import log_context
     from core.celery import app
 
+    told: list[tuple[Any, ...]] = []
+
+    def receiver(sender: str, headers: dict[str, Any], routing_key: str, **_: Any) -> None:
+        told.append((sender, headers["id"], routing_key))
+
+    after_task_publish.connect(receiver, weak=False, dispatch_uid="test-after-publish")
     for task, queue in [
         ("invoicing.send_invoice_email", "email"),  # a task this process knows: its limits
         ("core.does_not_exist", f"relaytest-{uuid.uuid4().hex[:8]}"),  # one it does not
@@ -176,3 +185,6 @@ def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
             "invoice_id": 7,
         }
         assert sent_by_outbox == sent_by_celery
+        assert told == [(task, outbox_task_id(9), queue)] * 2
+        told.clear()
+    after_task_publish.disconnect(dispatch_uid="test-after-publish")

@@ -37,6 +37,7 @@ DELAY_QUEUES = tuple(level_name(level) for level in range(28))
 BOTH_BROKERS = (
     "tests/asyncwork/test_broker_reads.py",
     "tests/asyncwork/test_deadletters.py",
+    "tests/asyncwork/test_held_jobs.py",
     "tests/asyncwork/test_outbox.py",
     "tests/asyncwork/test_rabbitmq.py",
     "tests/asyncwork/test_scheduled.py",
