@@ -127,12 +127,16 @@ class ReliableTask(Task):
         if request.called_directly or request.is_eager or connection.in_atomic_block:
             return False
         delivery = request.delivery_info or {}
+        queue = delivery.get("routing_key") or queues.queue_for(self.name)
         try:
             outbox_schedule(
                 task=self.name,
                 args=list(request.args or ()),
                 kwargs=dict(request.kwargs or {}),
-                queue=delivery.get("routing_key") or queues.queue_for(self.name),
+                # Onto the queue read ahead of its own, as recovered work: a job that waited
+                # out its backoff is older than the backlog queued behind it since (Celery's
+                # own retry jumps the queue too: the worker holding it runs it when due).
+                queue=queues.queue_ahead(queue),
                 due_in=countdown,
                 task_id=request.id or "",
                 headers={**headers, "retries": retries},

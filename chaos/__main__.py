@@ -20,6 +20,7 @@ from types import FrameType
 
 from chaos import config, report
 from chaos.run import run_arm
+from chaos.stack import BROKERS, REDIS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -44,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="invoices in the control arm (default: --invoices, or the profile's)",
     )
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default=REDIS,
+        help="Celery's broker: redis, or a RabbitMQ node of the run's own (Redis stays for "
+        "the cache); the restart fault restarts the broker's node",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -61,18 +69,30 @@ def main(argv: list[str] | None = None) -> int:
             invoices = args.invoices or profile.invoices
         else:
             invoices = args.control_invoices or args.invoices or profile.control_invoices
-        print(f"chaos: {arm} arm, {invoices} invoices, seed {seed} ...", flush=True)
+        print(
+            f"chaos: {arm} arm, {invoices} invoices, seed {seed}, broker {args.broker} ...",
+            flush=True,
+        )
         log_dir = args.results / "logs" / arm
         # The report reads every worker log in it: an earlier run's would count as this one's.
         shutil.rmtree(log_dir, ignore_errors=True)
-        result = run_arm(arm=arm, profile=profile, invoices=invoices, seed=seed, log_dir=log_dir)
+        result = run_arm(
+            arm=arm,
+            profile=profile,
+            invoices=invoices,
+            seed=seed,
+            log_dir=log_dir,
+            broker=args.broker,
+        )
         path = report.write(result, args.results)
         reports.append(result)
         print(report.summary(result), flush=True)
         print(f"report: {path}\n", flush=True)
         if not result["passed"]:
             failed.append(arm)
-    path = report.profile_write(reports, args.results, profile=profile.name, started=started)
+    path = report.profile_write(
+        reports, args.results, profile=profile.name, started=started, broker=args.broker
+    )
     print(f"result file: {path}", flush=True)
     if failed:
         print(f"chaos: goals missed in the {' and '.join(failed)} arm(s)", file=sys.stderr)

@@ -14,15 +14,18 @@ ids the report needs to measure recovery afterwards from the database and the SM
 * ``relay_kill``: stalls the broker briefly so the on-commit publishes fail and leave outbox
   rows, runs the real relay (``chaos.relay_probe``), and SIGKILLs it once it has published
   messages whose rows it has not marked; checks that the rows were left unmarked.
-* ``broker_stall``: ``CLIENT PAUSE <ms> ALL`` on the suite's Redis.
+* ``broker_stall``: ``CLIENT PAUSE <ms> ALL`` on the suite's Redis; on RabbitMQ the node is
+  stopped (SIGSTOP) for as long, then resumed.
 * ``redis_restart``: ``SHUTDOWN NOSAVE`` (every queued and unacknowledged message is gone;
-  the depths are recorded), then the same server is started again on the same port.
+  the depths are recorded), then the same server is started again on the same port. With
+  RabbitMQ as the broker the plan's Redis restart is a ``rabbitmq_restart`` instead: the node
+  stopped cleanly and started again on its data (its durable queues and persistent messages
+  survive; the messages ready before and after are recorded).
 * ``postgres_restart``: ``pg_ctl restart -m fast`` of the suite's cluster.
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import random
 import threading
@@ -31,8 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from chaos.load import Sender
 from chaos.observe import (
     DEFAULT_QUEUE,
@@ -40,6 +41,7 @@ from chaos.observe import (
     EMAIL_RECOVERY_QUEUE,
     Broker,
     Db,
+    RabbitBroker,
     pending_invoices,
 )
 from chaos.stack import Stack, WorkerPool, tcp_ports
@@ -50,6 +52,7 @@ WORKER_KILL = "worker_kill"
 RELAY_KILL = "relay_kill"
 BROKER_STALL = "broker_stall"
 REDIS_RESTART = "redis_restart"
+RABBITMQ_RESTART = "rabbitmq_restart"
 POSTGRES_RESTART = "postgres_restart"
 
 HOLD_SECONDS = 3.0  # how long the SMTP server holds the DATA the kill lands in
@@ -77,7 +80,7 @@ class Context:
     workers: WorkerPool
     smtp: SmtpServer
     db: Db
-    broker: Broker
+    broker: Broker | RabbitBroker
     sender: Sender
     rng: random.Random
     relay_kills: int = 0
@@ -173,10 +176,7 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
     try:
         if lines.get(timeout=60) != "ready":
             raise RuntimeError("the relay probe did not start")
-        assert ctx.stack.redis is not None
-        ctx.stack.redis.client().execute_command(
-            "CLIENT", "PAUSE", int(RELAY_STALL_SECONDS * 1000), "ALL"
-        )
+        ctx.stack.broker_pause(RELAY_STALL_SECONDS)
         time.sleep(RELAY_STALL_SECONDS + 0.1)
         unpublished_before = ctx.db.value(
             "SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL"
@@ -226,15 +226,10 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
 
 
 def broker_stall(ctx: Context, step: Step) -> dict[str, Any]:
-    assert ctx.stack.redis is not None
-    client = ctx.stack.redis.client(timeout=step.seconds + 5)
-    client.execute_command("CLIENT", "PAUSE", int(step.seconds * 1000), "ALL")
+    ctx.stack.broker_pause(step.seconds)
     started = time.time()
     time.sleep(step.seconds)
-    while True:
-        with contextlib.suppress(redis.RedisError):
-            if client.ping():
-                break
+    while not ctx.stack.broker_answers():
         time.sleep(0.05)
     ended = time.time()
     rows = ctx.db.rows("SELECT id FROM asyncwork_outboxmessage WHERE published_at IS NULL")
@@ -268,6 +263,26 @@ def redis_restart(ctx: Context, step: Step) -> dict[str, Any]:
     }
 
 
+def rabbitmq_restart(ctx: Context, step: Step) -> dict[str, Any]:
+    assert ctx.stack.rabbit is not None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (ctx.broker.depth(EMAIL_QUEUE) or 0) < 5:
+        time.sleep(0.2)
+    queued = ctx.broker.depths(EMAIL_QUEUE, DEFAULT_QUEUE) or 0
+    pending = pending_invoices(ctx.db)
+    started = time.time()
+    ctx.stack.rabbit.stop()
+    time.sleep(REDIS_DOWN_SECONDS)
+    ctx.stack.rabbit.start()
+    return {
+        "at": started,
+        "ended": time.time(),
+        "queued_messages_before": queued,
+        "queued_messages_after": ctx.broker.depths(EMAIL_QUEUE, DEFAULT_QUEUE),
+        "pending_invoices": pending,
+    }
+
+
 def postgres_restart(ctx: Context, step: Step) -> dict[str, Any]:
     assert ctx.stack.postgres is not None
     pending = pending_invoices(ctx.db)
@@ -281,6 +296,7 @@ INJECTORS: dict[str, Callable[[Context, Step], dict[str, Any]]] = {
     RELAY_KILL: relay_kill,
     BROKER_STALL: broker_stall,
     REDIS_RESTART: redis_restart,
+    RABBITMQ_RESTART: rabbitmq_restart,
     POSTGRES_RESTART: postgres_restart,
 }
 

@@ -1,7 +1,8 @@
 """Watching the system from outside: its database, its broker, the SMTP server's record.
 
 Nothing here goes through the application's code: the database is read with plain SQL on the
-application's tables, the broker with plain Redis commands, so what the suite reports does
+application's tables, the broker with plain Redis commands (or plain AMQP on RabbitMQ), so
+what the suite reports does
 not depend on the code under test being right. Every probe is bounded (a short connect and
 statement timeout) and answers None while its dependency is down, since faults take them
 down on purpose.
@@ -19,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import amqp
 import psycopg
 import redis
 
@@ -95,6 +97,56 @@ class Broker:
             return None
 
 
+class RabbitBroker:
+    """Queue depths on the suite's RabbitMQ node: the messages ready in each queue, by a
+    passive declaration on a connection of the observer's own (a queue that is not declared
+    holds nothing: the recovery queue is folded into the email queue there). Messages held
+    unacknowledged are not known without the management plugin: None."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._conn: amqp.Connection | None = None
+        self._channel: Any = None
+        self._lock = threading.Lock()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.collect()
+        self._conn = self._channel = None
+
+    def depth(self, queue: str) -> int | None:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = amqp.Connection(
+                        host=f"{self.host}:{self.port}",
+                        userid="guest",
+                        password="guest",  # noqa: S106 - the suite's own node, on loopback
+                        connect_timeout=1,
+                        read_timeout=2,
+                        write_timeout=2,
+                    )
+                    self._conn.connect()
+                if self._channel is None or not self._channel.is_open:
+                    self._channel = self._conn.channel()
+                _, count, _ = self._channel.queue_declare(queue, passive=True)
+                return int(count)
+            except amqp.exceptions.NotFound:
+                self._channel = None  # the broker closed it
+                return 0
+            except Exception:  # noqa: BLE001 - down, stalled or restarting: unknown
+                self._close()
+                return None
+
+    def depths(self, *queues: str) -> int | None:
+        found = [self.depth(queue) for queue in queues]
+        return None if None in found else sum(n or 0 for n in found)
+
+    def unacked(self) -> int | None:
+        return None
+
+
 # Paid invoices without a sent email and without a dead letter: the email backlog.
 PENDING_SQL = """
 SELECT i.id FROM invoicing_invoice i
@@ -121,7 +173,7 @@ class Sources:
     orchestrator's (messages the SMTP server accepted, events the webhook acknowledged)."""
 
     db: Db
-    broker: Broker
+    broker: Broker | RabbitBroker
     smtp_accepted: Callable[[], int]
     events_acknowledged: Callable[[], int]
 

@@ -3,13 +3,14 @@ after it has published its ``--freeze-after``-th message, so the orchestrator ca
 *between publishing and marking published*.
 
 The relay publishes a batch of rows inside one transaction and marks them published at the
-end of it; this process reports each publish (Celery's ``after_task_publish`` signal, sent
-once the broker took the message) on stdout and, at the chosen one, stops where it is, the
-transaction still open, until it is killed. Nothing in the relay's code is changed: the
-freeze only holds the process at the point where the crash is injected.
+end of it; this process reports each row published (once the outbox's send of it returned:
+the broker took the message) on stdout and, at the chosen one, stops where it is, the
+transaction still open, until it is killed. Nothing in the relay's code is changed: the probe
+only observes each send and holds the process at the point where the crash is injected. (A
+row is named by its id, not by its message's task id: a retry's row keeps its job's task id.)
 
 Protocol on stdout: ``ready`` once Django is set up; then, after a line on stdin, one
-``published <task id>`` per message, then ``frozen`` (waiting to be killed) or ``finished``
+``published outbox-<row id>`` per row, then ``frozen`` (waiting to be killed) or ``finished``
 (it ran out of rows first).
 """
 
@@ -31,21 +32,26 @@ def main() -> None:
     import django
 
     django.setup()
-    from celery.signals import after_task_publish
     from django.core.management import call_command
 
+    from asyncwork import outbox
+
     published = 0
+    send = outbox._send
 
-    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    def observed(message: Any) -> Exception | None:
         nonlocal published
-        published += 1
-        print(f"published {(headers or {}).get('id')}", flush=True)
-        if published >= freeze_after:
-            print("frozen", flush=True)
-            while True:  # the transaction stays open until SIGKILL
-                time.sleep(3600)
+        error = send(message)
+        if error is None:
+            published += 1
+            print(f"published outbox-{message.pk}", flush=True)
+            if published >= freeze_after:
+                print("frozen", flush=True)
+                while True:  # the transaction stays open until SIGKILL
+                    time.sleep(3600)
+        return error
 
-    after_task_publish.connect(on_publish, weak=False)
+    outbox._send = observed
     print("ready", flush=True)
     sys.stdin.readline()
     call_command("outbox", "relay", "--grace", "0")

@@ -29,6 +29,7 @@ from chaos import config
 from chaos.faults import (
     BROKER_STALL,
     POSTGRES_RESTART,
+    RABBITMQ_RESTART,
     REDIS_RESTART,
     RELAY_KILL,
     WORKER_KILL,
@@ -65,6 +66,8 @@ DEFINITIONS = {
     "unpublished at that moment is published",
     "recovery.redis_restart": "seconds from Redis answering again until every invoice that was "
     "paid and had no email (nor dead letter) when Redis went down has one",
+    "recovery.rabbitmq_restart": "seconds from the RabbitMQ node taking connections again until "
+    "every invoice that was paid and had no email (nor dead letter) when it went down has one",
     "recovery.postgres_restart": "seconds from PostgreSQL accepting again until every invoice "
     "that was paid and had no email when it went down has one",
     "email_flow_resumed": "seconds from the end of a fault until the SMTP server next accepts "
@@ -108,6 +111,7 @@ class Inputs:
     worker_outcomes: dict[str, list[float]]
     failed_acks: dict[str, int]
     log_dir: Path
+    broker: str = "redis"
 
 
 def outbox_ids_of(records: list[dict[str, Any]]) -> list[int]:
@@ -235,7 +239,7 @@ class _Analysis:
             out["recovery_seconds"] = _seconds_until_all(
                 [self.i.facts.published_at.get(pk) for pk in rows], ended
             )
-        elif kind in (REDIS_RESTART, POSTGRES_RESTART):
+        elif kind in (REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART):
             pending = record.get("pending_invoices") or []
             done = [self.done_at.get(pk) for pk in pending]
             out["pending_invoices_at_fault"] = len(pending)
@@ -444,6 +448,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
     return {
         "arm": inputs.arm,
         "profile": profile.name,
+        "broker": inputs.broker,
         "seed": inputs.seed,
         "started_at": utc(inputs.started),
         "duration_seconds": round(inputs.ended - inputs.started, 1),
@@ -554,6 +559,11 @@ def summary(report: dict[str, Any]) -> str:
                 f"{f['unacked_messages_dropped']} unacked messages dropped, "
                 f"{f['pending_invoices_at_fault']} invoices pending"
             ),
+            RABBITMQ_RESTART: lambda f: (
+                f"{f['queued_messages_before']} messages ready before, "
+                f"{f['queued_messages_after']} after, "
+                f"{f['pending_invoices_at_fault']} invoices pending"
+            ),
             POSTGRES_RESTART: lambda f: f"{f['pending_invoices_at_fault']} invoices pending",
         }[fault["kind"]](fault)
         recovery = fault["recovery_seconds"]
@@ -588,22 +598,31 @@ def write(report: dict[str, Any], results_dir: Path) -> Path:
 
 
 def profile_write(
-    reports: list[dict[str, Any]], results_dir: Path, *, profile: str, started: float
+    reports: list[dict[str, Any]],
+    results_dir: Path,
+    *,
+    profile: str,
+    started: float,
+    broker: str = "redis",
 ) -> Path:
-    """The run's result file, ``<profile>.json``: when, on which machine, and each arm's
-    report without its timeline (in ``<arm>.json``), from which the docs' table is generated."""
+    """The run's result file, ``<profile>.json`` (``<profile>-rabbitmq.json`` with RabbitMQ
+    as the broker): when, on which machine, and each arm's report without its timeline (in
+    ``<arm>.json``), from which the docs' table is generated."""
+    name = profile if broker == "redis" else f"{profile}-{broker}"
     document = {
-        "profile": profile,
+        "profile": name,
+        "broker": broker,
         "started_at": utc(started),
         "finished_at": utc(time.time()),
         "revision": revision(),
-        "machine": describe(),  # the servers are stopped: their binaries' versions
+        # The servers are stopped: their binaries' versions.
+        "machine": describe(rabbitmq=broker == "rabbitmq"),
         "arms": {
             report["arm"]: {k: v for k, v in report.items() if k not in ("timeline", "logs")}
             for report in reports
         },
     }
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{profile}.json"
+    path = results_dir / f"{name}.json"
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
     return path

@@ -15,16 +15,17 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from chaos import config, report
-from chaos.faults import Context, FaultRunner
+from chaos.faults import RABBITMQ_RESTART, REDIS_RESTART, Context, FaultRunner
 from chaos.load import Plan, Sender, plan_build
 from chaos.observe import (
     Broker,
     Db,
+    RabbitBroker,
     Sources,
     Timeline,
     facts_collect,
@@ -32,7 +33,8 @@ from chaos.observe import (
     worker_outcomes,
     worker_self_terminations,
 )
-from chaos.stack import Stack, WorkerPool
+from chaos.stack import RABBITMQ, REDIS, Stack, WorkerPool
+from stack.net import HOST
 from stack.smtp import SmtpServer
 
 _DEAD_LETTER_INVOICES_SQL = """
@@ -142,15 +144,28 @@ def idle_window(arm: str) -> float:
 
 
 def run_arm(
-    *, arm: str, profile: config.Profile, invoices: int, seed: int, log_dir: Path
+    *,
+    arm: str,
+    profile: config.Profile,
+    invoices: int,
+    seed: int,
+    log_dir: Path,
+    broker: str = REDIS,
 ) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
+    # On RabbitMQ the plan's broker restart is the node's (Redis, the cache, is not restarted).
+    steps = tuple(
+        replace(step, kind=RABBITMQ_RESTART)
+        if broker == RABBITMQ and step.kind == REDIS_RESTART
+        else step
+        for step in profile.steps
+    )
     rng = random.Random(seed)  # noqa: S311 - a reproducible plan, not secrets
     started = time.time()
     smtp = SmtpServer(faults=config.smtp_faults(), seed=rng.getrandbits(32)).start()
     env = config.app_env(smtp_port=smtp.port)
     try:
-        with Stack(log_dir=log_dir, app_env=env) as stack:
+        with Stack(log_dir=log_dir, app_env=env, broker=broker) as stack:
             assert stack.postgres is not None
             assert stack.redis is not None
             stack.postgres.create_database("chaos")
@@ -177,12 +192,16 @@ def run_arm(
                     rate=profile.rate,
                     seed=rng.getrandbits(32),
                 )
-                broker = Broker(stack.redis.port)
+                observed: Broker | RabbitBroker = (
+                    RabbitBroker(HOST, stack.rabbit.port)
+                    if stack.rabbit is not None
+                    else Broker(stack.redis.port)
+                )
                 responses = sender.responses
                 timeline = Timeline(
                     Sources(
                         db=db,
-                        broker=broker,
+                        broker=observed,
                         smtp_accepted=lambda: len(smtp.handler.received()),
                         events_acknowledged=lambda: len(responses.acked_events),
                     )
@@ -194,11 +213,11 @@ def run_arm(
                         workers=workers,
                         smtp=smtp,
                         db=db,
-                        broker=broker,
+                        broker=observed,
                         sender=sender,
                         rng=rng,
                     ),
-                    profile.steps,
+                    steps,
                     load_done,
                     gap=profile.fault_gap,
                 ).start()
@@ -240,5 +259,6 @@ def run_arm(
             worker_outcomes=worker_outcomes(log_dir),
             failed_acks=worker_failed_acks(log_dir),
             log_dir=log_dir,
+            broker=broker,
         )
     )

@@ -9,6 +9,11 @@ loopback port with trust authentication and its socket in that directory, and a
 as on this machine, so a restart drops every queued message. They are the same binaries as
 the machine's instances, on loopback only.
 
+With ``--broker rabbitmq`` the Celery broker is a RabbitMQ node of the suite's own
+(``stack.rabbitmq.RabbitNode``: its own node name, ports and data directory, on loopback), and
+Redis stays for the cache, the breaker and the throttle; the faults then restart and stall the
+node (its data survives a restart, as a real node's does).
+
 The application's processes are started by the kit (``stack.launch``), each in a process
 group of its own, so a kill takes the whole process (a Celery worker's pool children too);
 what is the suite's own here is supervision (``Processes``: a worker or beat that exits by
@@ -40,6 +45,11 @@ from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST, free_port, wait_until
 from stack.process import ROOT, Process
+from stack.rabbitmq import RabbitNode
+
+REDIS = "redis"
+RABBITMQ = "rabbitmq"
+BROKERS = (REDIS, RABBITMQ)
 
 
 @dataclass(frozen=True)
@@ -262,12 +272,14 @@ class RedisServer:
 class Stack:
     """PostgreSQL, Redis and the application's processes for one arm of the suite."""
 
-    def __init__(self, *, log_dir: Path, app_env: Mapping[str, str]) -> None:
+    def __init__(self, *, log_dir: Path, app_env: Mapping[str, str], broker: str = REDIS) -> None:
         self.log_dir = log_dir
         self.app_env = dict(app_env)
+        self.broker = broker
         self.tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
         self.postgres: Postgres | None = None
         self.redis: RedisServer | None = None
+        self.rabbit: RabbitNode | None = None
         self.processes = Processes()
 
     def __enter__(self) -> Stack:
@@ -276,6 +288,11 @@ class Stack:
             self.postgres.start()
             self.redis = RedisServer(self.tmp, self.processes, self.log_dir)
             self.redis.start()
+            if self.broker == RABBITMQ:
+                self.rabbit = RabbitNode(
+                    root=self.tmp, name=f"chaos-{self.tmp.name[-8:]}", log_dir=self.log_dir
+                )
+                self.rabbit.start()
         except BaseException:
             self.close()
             raise
@@ -293,7 +310,37 @@ class Stack:
         self.processes.stop_all()
         if self.postgres is not None:
             self.postgres.stop()
+        if self.rabbit is not None:
+            self.rabbit.remove()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # --- the broker's faults -----------------------------------------------------------------
+
+    @property
+    def broker_url(self) -> str:
+        if self.rabbit is not None:
+            return self.rabbit.url
+        assert self.redis is not None
+        return f"{self.redis.url}/0"
+
+    def broker_pause(self, seconds: float) -> None:
+        """Nothing the broker answers for ``seconds`` (connections stay open); returns at once.
+        Redis: ``CLIENT PAUSE <ms> ALL``; RabbitMQ: the node stopped (SIGSTOP), then resumed."""
+        if self.rabbit is not None:
+            self.rabbit.pause()
+            threading.Timer(seconds, self.rabbit.resume).start()
+            return
+        assert self.redis is not None
+        self.redis.client().execute_command("CLIENT", "PAUSE", int(seconds * 1000), "ALL")
+
+    def broker_answers(self) -> bool:
+        if self.rabbit is not None:
+            return self.rabbit.answers(1.0)
+        assert self.redis is not None
+        try:
+            return bool(self.redis.client().ping())
+        except redis.RedisError:
+            return False
 
     # --- the application ---------------------------------------------------------------------
 
@@ -304,7 +351,7 @@ class Stack:
         return {
             **self.app_env,
             "DATABASE_URL": self.postgres.url("chaos"),
-            "CELERY_BROKER_URL": f"{self.redis.url}/0",
+            "CELERY_BROKER_URL": self.broker_url,
             "REDIS_URL": f"{self.redis.url}/1",
             **extra,
         }

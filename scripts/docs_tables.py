@@ -37,7 +37,7 @@ BENCHMARKS = (
     "ingest_load",
     "worker_rss",
 )
-CHAOS_PROFILES = ("full", "short", "broker-stall")
+CHAOS_PROFILES = ("full", "short", "broker-stall", "full-rabbitmq", "short-rabbitmq")
 
 
 def bench_files(key: str = "summary") -> list[Path]:

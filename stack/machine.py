@@ -77,8 +77,17 @@ def redis_version(url: str | None = None) -> str:
     return _version_of(["redis-server", "--version"])
 
 
-def describe(*, postgres_url: str | None = None, redis_url: str | None = None) -> dict[str, Any]:
-    """CPU count and model, memory, kernel, Python, PostgreSQL and Redis, load at start."""
+def rabbitmq_version() -> str:
+    """The installed RabbitMQ server's version (its library directory names it)."""
+    found = sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*"))
+    return found[-1].rpartition("rabbitmq_server-")[2] if found else UNKNOWN
+
+
+def describe(
+    *, postgres_url: str | None = None, redis_url: str | None = None, rabbitmq: bool = False
+) -> dict[str, Any]:
+    """CPU count and model, memory, kernel, Python, PostgreSQL and Redis (and RabbitMQ when
+    the run used it), load at start."""
     memory = _proc_field("/proc/meminfo", "MemTotal:")
     try:
         load = os.getloadavg()
@@ -92,6 +101,7 @@ def describe(*, postgres_url: str | None = None, redis_url: str | None = None) -
         "python": platform.python_version(),
         "postgres": postgres_version(postgres_url),
         "redis": redis_version(redis_url),
+        **({"rabbitmq": rabbitmq_version()} if rabbitmq else {}),
         "loadavg_at_start": [round(x, 2) for x in load],
     }
 
@@ -102,7 +112,9 @@ def summary(machine: dict[str, Any]) -> str:
     return (
         f"{machine['nproc']} CPUs ({machine['cpu_model']}), {machine['memory_gib']} GiB, "
         f"Python {machine['python']}, PostgreSQL {machine.get('postgres', UNKNOWN)}, "
-        f"Redis {machine.get('redis', UNKNOWN)}, load average at start "
+        f"Redis {machine.get('redis', UNKNOWN)}, "
+        + (f"RabbitMQ {machine['rabbitmq']}, " if "rabbitmq" in machine else "")
+        + "load average at start "
         f"{machine['loadavg_at_start'][0]}"
     )
 
