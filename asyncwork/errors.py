@@ -16,6 +16,12 @@ class TransientError(Exception):
     """A failure worth retrying: the dependency may answer next time."""
 
 
+class Unreachable(TransientError):
+    """A transient failure in which the dependency itself did not answer: refused, reset,
+    timed out, or said it is not available at all. What a circuit breaker counts; a transient
+    refusal of one request (an SMTP 451 for this message) is the dependency answering."""
+
+
 class PermanentError(Exception):
     """A failure no retry can fix: dead-letter at once."""
 

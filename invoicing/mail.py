@@ -46,7 +46,7 @@ from django.core.mail.backends import smtp
 from django.template.loader import render_to_string
 
 from asyncwork.db import text_storable
-from asyncwork.errors import PermanentError, TransientError
+from asyncwork.errors import PermanentError, TransientError, Unreachable
 from invoicing.models import Invoice
 
 logger = logging.getLogger(__name__)
@@ -366,11 +366,13 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise PermanentError(f"recipient refused: {refused}") from exc
     except smtplib.SMTPResponseException as exc:
         reply = smtp_reply_text(exc.smtp_code, exc.smtp_error)
-        if 400 <= exc.smtp_code < 500:
+        if exc.smtp_code == 421:  # "service not available, closing transmission channel"
+            raise Unreachable(f"SMTP {reply}") from exc
+        if 400 <= exc.smtp_code < 500:  # this message deferred: the server answered
             raise TransientError(f"SMTP {reply}") from exc
         raise PermanentError(f"SMTP {reply}") from exc
     except (smtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
-        raise TransientError(f"SMTP unavailable: {_words(exc)}") from exc
+        raise Unreachable(f"SMTP unavailable: {_words(exc)}") from exc
     except smtplib.SMTPNotSupportedError as exc:  # invoicing.smtp: a UTF-8 address, no SMTPUTF8
         raise PermanentError(f"the mail server cannot take this address: {exc}") from exc
     except smtplib.SMTPException as exc:
@@ -378,4 +380,4 @@ def deliver(message: EmailMultiAlternatives) -> None:
     except ValueError as exc:  # Django's address sanitising and BadHeaderError
         raise PermanentError(f"malformed message: {exc}") from exc
     except OSError as exc:  # unreachable network, DNS failure
-        raise TransientError(f"SMTP unreachable: {_words(exc)}") from exc
+        raise Unreachable(f"SMTP unreachable: {_words(exc)}") from exc

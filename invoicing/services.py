@@ -46,7 +46,7 @@ from django.utils import timezone
 
 from asyncwork.breaker import Breaker, Decision
 from asyncwork.db import insert_or_skip, row_get
-from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError
+from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import idempotent_perform
 from asyncwork.logging import log_context_bind
@@ -280,21 +280,25 @@ def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
 
 
 def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> None:
-    """``mail.deliver``, its outcome told to the breaker. Only a transient failure (4xx,
-    refused, reset, timeout) counts against the provider; a 5xx for this message or mailbox
-    is the provider answering, which proves it is up, so it counts as a success.
+    """``mail.deliver``, its outcome told to the breaker. Only the provider not answering
+    (``Unreachable``: refused, reset, timed out, or a 421) counts against it; a reply about
+    this message or mailbox, a 4xx deferral (451) as much as a 5xx refusal, is the provider
+    answering, which proves it up, so it counts as a success. (Counting 451s opened the breaker
+    a few times in every chaos run, whose SMTP server defers one message in five: with nine
+    sends at once, five deferrals in a row are common, and each opening held every email back
+    for up to two cool-downs.)
 
     A failed probe re-opens the breaker and is deferred like the jobs it probed for, not
     retried: it tested the provider on everyone's behalf, and charging its attempt would let
     a long outage exhaust whichever jobs happen to draw the probes."""
     try:
         mail.deliver(message)
-    except TransientError as exc:
+    except Unreachable as exc:
         breaker.record_failure()
         if decision.probe:
             raise _provider_unavailable(breaker.reset_seconds) from exc
         raise
-    except PermanentError:
+    except (TransientError, PermanentError):
         breaker.record_success()
         raise
     # A success is told to the breaker by the caller, after the key is marked sent: nothing

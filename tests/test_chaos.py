@@ -2,7 +2,9 @@
 
 ``python -m chaos --short`` runs both arms against PostgreSQL and Redis instances of its own
 (about 200 invoices in the safe arm, 100 in the control arm; one worker SIGKILLed inside the
-crash window, one 10 s broker stall, one Redis restart that drops every queued message). The
+crash window, one 10 s broker stall, one Redis restart that drops every queued message); with
+``--broker rabbitmq`` the broker is a RabbitMQ node of its own, stalled (SIGSTOP) and restarted
+on its data instead. The
 safe arm must lose nothing, dead-letter only permanent refusals, and duplicate at most the
 sends the kill cut inside the crash window, under one Message-ID; the control arm, with
 at-least-once switched off, must lose something, or the suite could not see a loss at all.
@@ -31,11 +33,25 @@ def _report(results: Path, arm: str, output: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(600)
-def test_short_chaos_run_loses_nothing_and_its_control_arm_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("broker", "restart"), [("redis", "redis_restart"), ("rabbitmq", "rabbitmq_restart")]
+)
+def test_short_chaos_run_loses_nothing_and_its_control_arm_does(
+    tmp_path: Path, broker: str, restart: str
+) -> None:
     # The environment a user's shell would have: none of the test run's settings.
     env = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}}
     run = subprocess.run(
-        [sys.executable, "-m", "chaos", "--short", "--results", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "chaos",
+            "--short",
+            "--broker",
+            broker,
+            "--results",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -59,11 +75,8 @@ def test_short_chaos_run_loses_nothing_and_its_control_arm_does(tmp_path: Path) 
     assert duplicates["extra_messages"] <= kills["sends_cut_in_window_by_kills"], output
     assert duplicates["all_same_message_id"], output
     assert results["marked_sent_not_delivered"] == [], output
-    assert {f["kind"] for f in safe["faults"]} == {
-        "worker_kill",
-        "broker_stall",
-        "redis_restart",
-    }
+    assert safe["broker"] == control["broker"] == broker
+    assert {f["kind"] for f in safe["faults"]} == {"worker_kill", "broker_stall", restart}
     assert results["every_fault_recovered"], output
     assert safe["load"]["duplicate_share"] >= 0.3
     assert safe["load"]["senders"] >= 16

@@ -150,6 +150,26 @@ def test_a_refused_recipient_is_the_provider_answering_and_does_not_open_it(
     assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"permanent"}
 
 
+def test_deferrals_of_single_messages_are_the_provider_answering_and_do_not_open_it(
+    breaker_settings: Any, smtp: SmtpServer
+) -> None:
+    """A 451 defers this message: the server is up. Every send deferred, again and again,
+    leaves the breaker closed; the messages are retried (and, here, sent once it accepts)."""
+    smtp.handler.faults.always = "451 4.3.0 try again later"
+    invoices = paid_invoices(THRESHOLD + 2)
+    with worker_thread(concurrency=CONCURRENCY):
+        for invoice in invoices:
+            send_invoice_email.delay(invoice.pk)
+        # Each invoice deferred twice: twice the threshold of failures in all, none counted.
+        assert wait_until(lambda: smtp.handler.attempts >= 2 * len(invoices), timeout=30)
+        state = email_breaker().state()
+        smtp.handler.faults.always = None
+        smtp.handler.wait_for(len(invoices), timeout=30)
+    assert (state["state"], state["failures"]) == ("closed", 0)
+    assert len(smtp.messages) == len(invoices)
+    assert not DeadLetter.objects.exists()
+
+
 def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavailable(
     settings: Any, smtp_unreachable: int
 ) -> None:

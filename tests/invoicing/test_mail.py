@@ -16,7 +16,7 @@ import pytest
 from django.core.mail import EmailMultiAlternatives
 from django.test import Client
 
-from asyncwork.errors import TransientError
+from asyncwork.errors import TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
@@ -364,6 +364,24 @@ def test_a_failed_message_closes_the_connection_and_the_next_opens_a_new_one(
 
     assert received_ids(smtp) == ["<kept.1@example.com>", "<kept.2@example.com>"]
     assert smtp.handler.counts["sessions"] == 2
+
+
+@pytest.mark.parametrize(
+    ("reply", "unreachable"),
+    [("451 4.3.0 try again later", False), ("421 4.3.2 service not available", True)],
+)
+def test_only_a_server_not_answering_is_unreachable(
+    smtp: SmtpServer, reply: str, unreachable: bool
+) -> None:
+    """What the provider's breaker counts: a 421 (the service is not available) is the server
+    gone; a 451 defers this one message, from a server that answers."""
+    smtp.handler.faults.replies.append(reply)
+    with pytest.raises(TransientError) as raised:
+        mail.deliver(plain_message(1))
+    assert isinstance(raised.value, Unreachable) is unreachable
+    smtp.stop()
+    with pytest.raises(Unreachable):  # nobody listening: refused
+        mail.deliver(plain_message(2))
 
 
 def test_a_changed_setting_opens_a_connection_to_the_new_server(
