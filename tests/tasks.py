@@ -80,3 +80,17 @@ def overrun(key: str) -> None:
         cache.set(key, "interrupted", timeout=300)
     else:
         cache.set(key, "ran on", timeout=300)
+
+
+HOLD = "tests.hold"
+
+
+@shared_task(base=ReliableTask, name=HOLD)
+def hold(key: str, seconds: float) -> None:
+    """Keeps its message unacknowledged (acks late) for ``seconds`` on its first run, then
+    counts in the cache under ``key`` every run after it: what RabbitMQ's consumer timeout
+    cuts off."""
+    if cache.add(key, 1, timeout=300):
+        time.sleep(seconds)
+    else:
+        cache.incr(key)
