@@ -8,11 +8,12 @@ How work reaches the node. This test process's Celery app is set up for the run'
 publish as a process configured for RabbitMQ does. The test writes outbox rows in the test
 database instead: an email's row as the webhook writes it, left unpublished (as when the
 on-commit publish finds the broker down), or a test job's row due now. ``manage.py outbox
-relay`` publishes them, run as a process on the node's environment: the application's own
-publish path (quorum queue declarations, publisher confirms) from a process configured for
-RabbitMQ from the start, nothing in this process to repoint and restore. The workers'
-``CELERY_BROKER_URL`` is the node's; the cache and the breaker stay on the run's Redis
-(``REDIS_URL``), the database is the run's test database.
+relay``, run as a process on the node's environment, publishes the emails' rows; a worker on
+the node publishes a job's row due now itself (its poll of due rows). Either way the
+application's own publish path (quorum queue declarations, publisher confirms) from a process
+configured for RabbitMQ from the start, and nothing in this process to repoint and restore.
+The workers' ``CELERY_BROKER_URL`` is the node's; the cache and the breaker stay on the run's
+Redis (``REDIS_URL``), the database is the run's test database.
 """
 
 from __future__ import annotations
