@@ -93,3 +93,17 @@ def nap(key: str, seconds: float) -> None:
     cache.incr(f"{key}:runs")
     time.sleep(seconds)
     cache.set(key, os.getpid(), timeout=300)
+
+
+HOLD = "tests.hold"
+
+
+@shared_task(base=ReliableTask, name=HOLD)
+def hold(key: str, seconds: float) -> None:
+    """Keeps its message unacknowledged (acks late) for ``seconds`` on its first run, then
+    counts in the cache under ``key`` every run after it: what RabbitMQ's consumer timeout
+    cuts off."""
+    if cache.add(key, 1, timeout=300):
+        time.sleep(seconds)
+    else:
+        cache.incr(key)

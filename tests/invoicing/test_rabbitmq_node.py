@@ -1,0 +1,370 @@
+"""The pipeline on RabbitMQ when the broker restarts or stalls, and RabbitMQ's consumer timeout,
+each on a RabbitMQ node of the test's own (``stack.rabbitmq.RabbitNode``): the machine's node is
+shared and never stopped or paused. The node is the test's, so these run in the Redis stage
+(no virtual host of the run's is needed).
+
+How work reaches the node. This test process's Celery app is set up for the run's broker
+(Redis here: its queue declarations, transport options, ``BROKER_IS_RABBITMQ``), so it cannot
+publish as a process configured for RabbitMQ does. The test writes outbox rows in the test
+database instead: an email's row as the webhook writes it, left unpublished (as when the
+on-commit publish finds the broker down), or a test job's row due now. ``manage.py outbox
+relay``, run as a process on the node's environment, publishes the emails' rows; a worker on
+the node publishes a job's row due now itself (its poll of due rows). Either way the
+application's own publish path (quorum queue declarations, publisher confirms) from a process
+configured for RabbitMQ from the start, and nothing in this process to repoint and restore.
+The workers' ``CELERY_BROKER_URL`` is the node's; the cache and the breaker stay on the run's
+Redis (``REDIS_URL``), the database is the run's test database.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from kombu import Connection
+
+from asyncwork import queues
+from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.outbox import outbox_schedule
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.services import SEND_INVOICE_EMAIL_TASK
+from stack import launch
+from stack.net import wait_until
+from stack.process import ROOT
+from stack.rabbitmq import RabbitNode
+from stack.smtp import SmtpServer
+from tests import tasks as test_tasks
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import worker_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+CONSUMER_TIMEOUT_MS = 5000
+# How often a channel checks its consumers' timeouts (the rabbit application's
+# channel_tick_interval): every 60 s by default on 3.10.8, so a 5 s timeout would fire up to a
+# minute late and the test would have to hold for over a minute twice. Lowered on the
+# consumer-timeout test's node instead (at run time, before any client connects), as
+# RabbitMQ's own consumer-timeout suite does; the timeout itself is the one configured.
+TICK_MS = 500
+TIMED_OUT = "delivery acknowledgement on channel"  # RabbitMQ's reason, in the worker's log
+NODE_TIMED_OUT = "has timed out waiting for delivery acknowledgement"  # in the node's log
+
+
+@pytest.fixture
+def rabbit(tmp_path: Path) -> Iterator[Callable[..., RabbitNode]]:
+    """Starts a RabbitMQ node of this test's own (``config``: rabbitmq.conf lines); removes
+    every node it started when the test ends, failed or not. The node's log stays in the
+    test's tmp_path."""
+    nodes: list[RabbitNode] = []
+
+    def start(**config: str) -> RabbitNode:
+        node = RabbitNode(config=config, log_dir=tmp_path)
+        nodes.append(node)
+        return node.start()
+
+    yield start
+    for node in nodes:
+        node.remove()
+
+
+def _env(smtp: SmtpServer, node: RabbitNode) -> dict[str, str]:
+    return worker_env(smtp.port, CELERY_BROKER_URL=node.url)
+
+
+def _relay(env: dict[str, str]) -> int:
+    """``manage.py outbox relay --grace 0`` on ``env``'s broker; how many rows it published."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "outbox", "relay", "--grace", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return int(done.stdout.split()[1].rstrip(";"))  # "published N; M unpublished"
+
+
+def _emails_waiting(count: int) -> list[Invoice]:
+    """``count`` paid invoices, each with its email's outbox row as the webhook writes it,
+    unpublished."""
+    invoices = [paid_invoice() for _ in range(count)]
+    for invoice in invoices:
+        OutboxMessage.objects.create(
+            task=SEND_INVOICE_EMAIL_TASK,
+            args=[invoice.pk],
+            kwargs={},
+            queue=queues.queue_for(SEND_INVOICE_EMAIL_TASK),
+        )
+    return invoices
+
+
+def _job_due(task: str, *args: object) -> str:
+    """A test job's row, due now, as a first run (retry count 0); its task id."""
+    task_id = f"node-{uuid.uuid4().hex}"
+    outbox_schedule(
+        task=task,
+        args=list(args),
+        kwargs={},
+        queue=queues.queue_for(task),
+        due_in=0,
+        task_id=task_id,
+        headers={"retries": 0},
+    )
+    return task_id
+
+
+def _node_queues(node: RabbitNode) -> dict[str, dict[str, Any]]:
+    """The node's queues by name: type, durability, messages ready and unacknowledged."""
+    columns = ("name", "type", "durable", "messages_ready", "messages_unacknowledged")
+    out = node.ctl("list_queues", "-q", "--formatter", "json", *columns)
+    return {row["name"]: row for row in json.loads(out or "[]")}
+
+
+def _depth(node: RabbitNode, queue: str) -> int:
+    """Messages ready on ``queue`` of ``node``, as the queue itself counts them (a passive
+    declare; rabbitmqctl reports a quorum queue's counts as of its last metrics tick)."""
+    with Connection(node.url, connect_timeout=5) as conn:
+        channel: Any = conn.default_channel
+        return int(channel.queue_declare(queue, passive=True).message_count)
+
+
+def _channels(node: RabbitNode) -> list[dict[str, Any]]:
+    """The node's channels: each one's consumers and the messages it holds unacknowledged, as
+    the channel itself counts them now."""
+    columns = ("connection", "number", "consumer_count", "messages_unacknowledged")
+    out = node.ctl("list_channels", "-q", "--formatter", "json", *columns)
+    return list(json.loads(out or "[]"))
+
+
+def _held(node: RabbitNode) -> int:
+    return sum(int(channel["messages_unacknowledged"]) for channel in _channels(node))
+
+
+def _drained(node: RabbitNode, queue: str) -> bool:
+    """Nothing waits on ``queue`` of ``node`` and no channel holds a message (the last
+    acknowledgement follows its email's being marked sent: a moment to arrive)."""
+    return bool(wait_until(lambda: _depth(node, queue) == 0 and _held(node) == 0, timeout=10))
+
+
+def _node_log(node: RabbitNode) -> str:
+    assert node.process is not None
+    return node.process.log_text()
+
+
+def _sent() -> int:
+    return EmailDelivery.objects.filter(state="sent").count()
+
+
+def _exactly_once(smtp: SmtpServer, invoices: list[Invoice]) -> None:
+    """Every invoice's email was sent once, and no other message."""
+    time.sleep(1)  # a duplicate would come now, if at all
+    deliveries = {d.invoice_id: d for d in EmailDelivery.objects.all()}
+    assert {d.state for d in deliveries.values()} == {"sent"}
+    assert set(deliveries) == {invoice.pk for invoice in invoices}
+    sent_ids = sorted(str(m["Message-ID"]) for m in smtp.messages)
+    assert sent_ids == sorted(d.message_id for d in deliveries.values())
+    assert not DeadLetter.objects.exists()
+
+
+def _connections(log: str) -> int:
+    """How many times a worker connected to the broker, by its log."""
+    return log.count("Connected to amqp://")
+
+
+def test_emails_queued_on_the_node_survive_its_restart_and_are_sent_once(
+    smtp: SmtpServer, rabbit: Callable[..., RabbitNode], tmp_path: Path
+) -> None:
+    """Published with no worker running, then the node stops cleanly and starts on its data:
+    durable quorum queues and persistent messages come back, and a worker sends each email
+    once."""
+    node = rabbit()
+    env = _env(smtp, node)
+    invoices = _emails_waiting(20)
+    assert _relay(env) == 20
+    assert _depth(node, "email") == 20
+    email = _node_queues(node)["email"]
+    assert (email["type"], email["durable"]) == ("quorum", True)
+    stopping = time.monotonic()
+    node.stop()
+    node.start()
+    restarted = time.monotonic()
+    assert _depth(node, "email") == 20
+
+    with launch.celery_worker(
+        env, name="after-restart", concurrency=2, log=tmp_path / "worker.log"
+    ) as worker:
+        assert wait_until(lambda: _sent() == 20, timeout=60), worker.log_tail()
+        sent = time.monotonic()
+    _exactly_once(smtp, invoices)
+    print(
+        f"restart (stop and start) {restarted - stopping:.1f} s; worker started and sent all "
+        f"{sent - restarted:.1f} s after"
+    )
+
+
+def test_a_worker_consuming_through_a_node_restart_sends_every_email_once(
+    smtp: SmtpServer, rabbit: Callable[..., RabbitNode], tmp_path: Path
+) -> None:
+    """The node stops cleanly while a worker is sending (and holds messages unacknowledged)
+    and starts again a few seconds later: the worker reconnects and consumes again, the
+    messages it held come back, and their redeliveries find the emails sent."""
+    node = rabbit()
+    env = _env(smtp, node)
+    invoices = _emails_waiting(20)
+    smtp.handler.faults.delay = 0.5  # each email takes half a second: a restart lands mid-run
+    with launch.celery_worker(
+        env, name="through-restart", concurrency=2, log=tmp_path / "worker.log"
+    ) as worker:
+        assert _relay(env) == 20
+        assert wait_until(lambda: _sent() >= 5, timeout=30), worker.log_tail()
+        stopped = time.monotonic()
+        node.stop()
+        sent_while_down = _sent()
+        node.start()
+        restarted = time.monotonic()
+        assert wait_until(lambda: _sent() == 20, timeout=60), worker.log_tail()
+        done = time.monotonic()
+        assert _drained(node, "email")
+        log = worker.log_text()
+    _exactly_once(smtp, invoices)
+    assert _connections(log) == 2, log[-3000:]  # the first connection, and after the restart
+    # It consumed again: once the two it held (prefetch 1 x 2 processes) had finished, the
+    # emails left were sent after it reconnected.
+    after_reconnect = log.rpartition("Connected to amqp://")[2]
+    assert sent_while_down + 2 < 20
+    assert after_reconnect.count("invoice email sent") >= 20 - sent_while_down - 2
+    print(
+        f"node down {restarted - stopped:.1f} s; {sent_while_down} sent before the stop; "
+        f"all sent {done - restarted:.1f} s after the start; "
+        f"{log.count('already sent or in progress')} redelivery(ies) found the email sent"
+    )
+
+
+def test_a_node_stalled_for_ten_seconds_leaves_no_worker_idle(
+    smtp: SmtpServer, rabbit: Callable[..., RabbitNode], tmp_path: Path
+) -> None:
+    """The whole node is stopped (SIGSTOP) for 10 s while two workers work through a backlog:
+    their connections stay open and nothing answers. Once it resumes, both take work again
+    and every email is sent once."""
+    node = rabbit()
+    env = _env(smtp, node)
+    invoices = _emails_waiting(30)
+    smtp.handler.faults.delay = 0.3
+    workers = [
+        launch.celery_worker(env, name=f"stall-{n}", log=tmp_path / f"worker-{n}.log")
+        for n in (1, 2)
+    ]
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        assert _relay(env) == 30
+        assert wait_until(lambda: _sent() >= 4, timeout=30)
+        node.pause()
+        try:
+            time.sleep(10)
+        finally:
+            node.resume()
+        resumed = time.monotonic()
+        logged = [len(worker.log_text()) for worker in workers]
+        sent_at_resume = _sent()
+        assert wait_until(lambda: _sent() == 30, timeout=60), [w.log_tail() for w in workers]
+        last = time.monotonic() - resumed
+        # Nothing left in the queue, nor held by a worker.
+        drained = _drained(node, "email")
+        after = [worker.log_text()[offset:] for worker, offset in zip(workers, logged, strict=True)]
+    finally:
+        for worker in workers:
+            worker.stop()
+    _exactly_once(smtp, invoices)
+    assert drained
+    # Both workers ran tasks after the stall: neither was left connected and idle.
+    assert all("succeeded in" in text for text in after), after
+    # On the connections they had: the stall broke none.
+    assert [_connections(worker.log_text()) for worker in workers] == [1, 1]
+    print(f"{sent_at_resume} sent at the resume; the last email {last:.1f} s after it")
+
+
+def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
+    smtp: SmtpServer, rabbit: Callable[..., RabbitNode], tmp_path: Path
+) -> None:
+    """On a node whose consumer timeout is 5 s, a job's retry waits 8 s: it waits as an outbox
+    row, with its first attempt's message acknowledged, so the timeout has nothing to cut and
+    the retry runs on the same connection. The control, on the same node and worker: a job
+    that keeps its message unacknowledged longer than the timeout has its channel closed
+    (PRECONDITION_FAILED, which Celery takes for an unrecoverable error), and its message,
+    returned to its queue, runs again on the next worker."""
+    node = rabbit(consumer_timeout=str(CONSUMER_TIMEOUT_MS))
+    node.ctl("eval", f"application:set_env(rabbit, channel_tick_interval, {TICK_MS}).")
+    env = _env(smtp, node)
+    assert test_tasks.FLAKY_RETRY_SECONDS * 1000 > CONSUMER_TIMEOUT_MS + 2 * TICK_MS
+    flaky_key, hold_key = f"flaky-{uuid.uuid4().hex}", f"hold-{uuid.uuid4().hex}"
+    again = None
+    worker = launch.celery_worker(
+        env, name="timeout", include=("tests.tasks",), log=tmp_path / "worker.log"
+    )
+    try:
+        worker.wait_ready()
+        started = time.monotonic()
+        task_id = _job_due(test_tasks.FLAKY, flaky_key)
+        # The worker's own poll publishes the row; its first attempt fails and is retried.
+        assert wait_until(lambda: f"[{task_id}] retry" in worker.log_text(), timeout=15)
+        # While the retry waits, nothing is held unacknowledged on the node.
+        time.sleep(CONSUMER_TIMEOUT_MS / 1000 + 1)
+        waiting = _channels(node)
+        assert wait_until(lambda: cache.get(flaky_key) == 2, timeout=20), worker.log_tail()
+        retried_after = time.monotonic() - started
+        retry_log, node_log = worker.log_text(), _node_log(node)
+
+        # The control: the same node's timeout, live.
+        hold_seconds = (CONSUMER_TIMEOUT_MS + 4 * TICK_MS) / 1000 + 2
+        hold_id = _job_due(test_tasks.HOLD, hold_key, hold_seconds)
+        assert wait_until(lambda: f"[{hold_id}] received" in worker.log_text(), timeout=15)
+        received = time.monotonic()
+        assert wait_until(lambda: TIMED_OUT in worker.log_text(), timeout=hold_seconds + 5), (
+            worker.log_tail()
+        )
+        cut_after = time.monotonic() - received
+        # Celery takes the closed channel for an unrecoverable error (celery/celery#6760): the
+        # worker finishes the task it runs and exits, for its supervisor to start it again. (Once
+        # in nine runs it hung instead, connected to nothing; its supervisor's stop ends it.)
+        exited = wait_until(lambda: not worker.alive(), timeout=hold_seconds + 10)
+        worker.stop()
+        # The message was never acknowledged: RabbitMQ returned it to its queue.
+        back = _depth(node, queues.queue_for(test_tasks.HOLD))
+        again = launch.celery_worker(
+            env, name="restarted", include=("tests.tasks",), log=tmp_path / "restarted.log"
+        )
+        again.wait_ready()
+        assert wait_until(lambda: cache.get(hold_key) == 2, timeout=20), again.log_tail()
+        control_log, control_node_log = worker.log_text(), _node_log(node)
+    finally:
+        worker.stop()
+        if again is not None:
+            again.stop()
+    # The worker's channels consume, and hold nothing.
+    assert sum(int(channel["consumer_count"]) for channel in waiting) >= 1, waiting
+    assert sum(int(channel["messages_unacknowledged"]) for channel in waiting) == 0, waiting
+    assert retried_after >= test_tasks.FLAKY_RETRY_SECONDS - 1
+    assert "PRECONDITION_FAILED" not in retry_log
+    assert TIMED_OUT not in retry_log
+    assert NODE_TIMED_OUT not in node_log
+    assert _connections(retry_log) == 1  # the retry ran on the worker's first connection
+    assert "Unrecoverable error: PreconditionFailed" in control_log
+    assert NODE_TIMED_OUT in control_node_log
+    assert back == 1
+    assert CONSUMER_TIMEOUT_MS / 1000 <= cut_after < hold_seconds
+    assert not DeadLetter.objects.exists()
+    print(
+        f"retry ran {retried_after:.1f} s after the first attempt, its channel open; the "
+        f"control's channel closed {cut_after:.1f} s after its delivery; the worker "
+        + ("exited by itself" if exited else f"did not exit by itself (log: {worker.log})")
+    )
