@@ -4,7 +4,9 @@
 (about 200 invoices in the safe arm, 100 in the control arm; one worker SIGKILLed inside the
 crash window, one 10 s broker stall, one Redis restart that drops every queued message); with
 ``--broker rabbitmq`` the broker is a RabbitMQ node of its own, stalled (SIGSTOP) and restarted
-on its data instead. The
+on its data instead, and only the safe arm runs here: on RabbitMQ the short profile's one kill
+is the control arm's only way to lose (the restart loses nothing there), too few for a loss
+every time; the full profile's control arm on RabbitMQ is in docs/chaos.md. The
 safe arm must lose nothing, dead-letter only permanent refusals, and duplicate at most the
 sends the kill cut inside the crash window, under one Message-ID; the control arm, with
 at-least-once switched off, must lose something, or the suite could not see a loss at all.
@@ -34,10 +36,11 @@ def _report(results: Path, arm: str, output: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    ("broker", "restart"), [("redis", "redis_restart"), ("rabbitmq", "rabbitmq_restart")]
+    ("broker", "arms", "restart"),
+    [("redis", "both", "redis_restart"), ("rabbitmq", "safe", "rabbitmq_restart")],
 )
 def test_short_chaos_run_loses_nothing_and_its_control_arm_does(
-    tmp_path: Path, broker: str, restart: str
+    tmp_path: Path, broker: str, arms: str, restart: str
 ) -> None:
     # The environment a user's shell would have: none of the test run's settings.
     env = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG"}}
@@ -49,6 +52,8 @@ def test_short_chaos_run_loses_nothing_and_its_control_arm_does(
             "--short",
             "--broker",
             broker,
+            "--arm",
+            arms,
             "--results",
             str(tmp_path),
         ],
@@ -60,7 +65,7 @@ def test_short_chaos_run_loses_nothing_and_its_control_arm_does(
         check=False,
     )
     output = run.stdout + run.stderr
-    safe, control = _report(tmp_path, "safe", output), _report(tmp_path, "control", output)
+    safe = _report(tmp_path, "safe", output)
 
     results = safe["results"]
     assert results["invoices_paid"] == 200, output
@@ -75,13 +80,16 @@ def test_short_chaos_run_loses_nothing_and_its_control_arm_does(
     assert duplicates["extra_messages"] <= kills["sends_cut_in_window_by_kills"], output
     assert duplicates["all_same_message_id"], output
     assert results["marked_sent_not_delivered"] == [], output
-    assert safe["broker"] == control["broker"] == broker
+    assert safe["broker"] == broker
     assert {f["kind"] for f in safe["faults"]} == {"worker_kill", "broker_stall", restart}
     assert results["every_fault_recovered"], output
     assert safe["load"]["duplicate_share"] >= 0.3
     assert safe["load"]["senders"] >= 16
     assert safe["passed"], output
 
-    assert control["results"]["lost"] > 0, output
-    assert control["passed"], output
+    if arms == "both":
+        control = _report(tmp_path, "control", output)
+        assert control["broker"] == broker
+        assert control["results"]["lost"] > 0, output
+        assert control["passed"], output
     assert run.returncode == 0, output
