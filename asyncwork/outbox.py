@@ -161,6 +161,10 @@ def _connection() -> Any:
             **current_app.conf.broker_transport_options,
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
+            # The AMQP transport's own names for the same bounds (RabbitMQ).
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+            "write_timeout": timeout,
             # One connection attempt, no waiting between retries: a broker that refuses
             # connections fails the publish at once (kombu would otherwise retry for seconds).
             "max_retries": 1,
@@ -177,11 +181,13 @@ def _connection() -> Any:
 
 
 def _connection_drop() -> None:
+    """Forget this thread's broker connection after a failed publish, without the closing
+    handshake (``collect``, not ``release``): a stalled broker would hold that too."""
     _local.__dict__.pop("publisher", None)
     connection = _local.__dict__.pop("connection", None)
     if connection is not None:
         with contextlib.suppress(Exception):
-            connection.release()
+            connection.collect()
 
 
 def outbox_publish(
@@ -242,6 +248,7 @@ class _Publisher:
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
+        self.timeout = settings.OUTBOX_PUBLISH_TIMEOUT
         app = current_app
         self.producer = app.amqp.Producer(connection, auto_declare=False)
         self.serializer = app.conf.task_serializer
@@ -347,6 +354,12 @@ class _Publisher:
             # the channel again for every later one.
             declare=None if queue in self.declared else [declared],
             headers=headers,
+            # On RabbitMQ the socket timeout of the connection options is not the AMQP
+            # transport's: without these a stalled node holds the publish (and the request
+            # that commits it) until it answers, waiting for the write or for the confirm.
+            # The Redis transport ignores them (its socket timeout bounds it).
+            timeout=self.timeout,
+            confirm_timeout=self.timeout,
             **properties,
         )
         self.declared.add(queue)

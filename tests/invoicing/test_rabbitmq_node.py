@@ -19,6 +19,7 @@ Redis (``REDIS_URL``), the database is the run's test database.
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import time
@@ -368,3 +369,59 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
         f"control's channel closed {cut_after:.1f} s after its delivery; the worker "
         + ("exited by itself" if exited else f"did not exit by itself (log: {worker.log})")
     )
+
+
+_COMMIT_TWICE = """
+import sys
+import time
+import django
+django.setup()
+from django.db import transaction
+from asyncwork.outbox import outbox_enqueue
+with transaction.atomic():
+    outbox_enqueue(task="tests.pid", args=["warm"], queue="default")
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+with transaction.atomic():
+    row = outbox_enqueue(task="tests.pid", args=["stalled"], queue="default")
+print(row.pk, round(time.monotonic() - started, 3), flush=True)
+"""
+
+
+def test_a_commit_while_the_node_is_stalled_is_not_held_by_the_publish(
+    rabbit: Callable[..., RabbitNode], smtp: SmtpServer
+) -> None:
+    """The on-commit publish is bounded by ``OUTBOX_PUBLISH_TIMEOUT`` (0.5 s) on RabbitMQ too:
+    on a connection already open (a web process's), a node that answers nothing (stopped with
+    SIGSTOP) costs the request that commits at most that, and the row is left to the relay.
+    (Without the AMQP transport's own timeouts, the publish waited for the node's confirm.)"""
+    node = rabbit()
+    env = _env(smtp, node)
+    with subprocess.Popen(
+        [sys.executable, "-c", _COMMIT_TWICE],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as web:
+        assert web.stdout is not None
+        assert web.stdin is not None
+        try:
+            assert web.stdout.readline().strip() == "ready"
+            node.pause()
+            web.stdin.write("go\n")
+            web.stdin.flush()
+            # Bounded here too: without its timeouts the publish waited as long as the stall.
+            answered, _, _ = select.select([web.stdout], [], [], 10)
+            assert answered, "the commit was held by the stalled node for 10 s"
+            pk, seconds = web.stdout.readline().split()
+        finally:
+            node.resume()
+            web.kill()
+    print(f"\ncommit with the node stalled: {seconds} s")
+    assert float(seconds) < 1.5  # the write, then the confirm, each within 0.5 s
+    row = OutboxMessage.objects.get(pk=int(pk))
+    assert row.published_at is None  # left to the relay
+    assert _relay(env) == 1
