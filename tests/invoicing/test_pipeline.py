@@ -163,7 +163,8 @@ def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
         assert wait_until(DeadLetter.objects.exists, timeout=30)
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("exhausted", 5)
-    assert letter.exception_class == "asyncwork.errors.TransientError"
+    # Refused: the provider did not answer (what its breaker counts), a TransientError.
+    assert letter.exception_class == "asyncwork.errors.Unreachable"
     assert letter.first_failed_at < letter.last_failed_at
     delivery = EmailDelivery.objects.get()
     assert (delivery.state, delivery.attempts) == ("failed", 5)
