@@ -49,6 +49,8 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from asyncwork import queues
+
 logger = logging.getLogger(__name__)
 
 # ``asyncwork.models.WorkerHeartbeat``'s table, named here because this module is imported
@@ -124,7 +126,7 @@ def held_jobs() -> list[dict[str, Any]]:
             "id": request.id,
             "args": list(request.args or ()),
             "kwargs": dict(request.kwargs or {}),
-            "queue": (request.delivery_info or {}).get("routing_key") or "",
+            "queue": queues.queue_delivered(request.delivery_info, request.name),
             "retries": int(getattr(request, "retries", 0) or 0),
         }
         for request in requests

@@ -20,6 +20,8 @@ behind a backlog either.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -122,6 +124,23 @@ def pressure_queues() -> tuple[str, ...]:
 
 def queue_for(task_name: str) -> str:
     return _routes.get(task_name, DEFAULT)
+
+
+# Celery's delayed delivery on RabbitMQ routes a delayed message through its delay exchanges by
+# a routing key that is the delay, one bit per level, before the queue's name.
+_DELAY_BITS = re.compile(r"^(?:[01]\.){28}")
+
+
+def queue_delivered(delivery_info: Mapping[str, Any] | None, task_name: str) -> str:
+    """The queue a job's message came from, for what sends the job on again (its retry, its
+    dead letter, its rescue): the message's routing key, less the delay's bits of a message
+    that came through Celery's delayed delivery; the task's own queue where that names no
+    queue of ours. Taken as it was, such a key named a queue nobody reads: the retry published
+    to it was accepted (and confirmed) by RabbitMQ, and never ran."""
+    key = _DELAY_BITS.sub("", (delivery_info or {}).get("routing_key") or "", count=1)
+    if key == DEFAULT or key in _queues or key in _folded:
+        return key
+    return queue_for(task_name)
 
 
 def task_route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **_: Any) -> Any:

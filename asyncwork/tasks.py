@@ -126,8 +126,7 @@ class ReliableTask(Task):
         request = self.request
         if request.called_directly or request.is_eager or connection.in_atomic_block:
             return False
-        delivery = request.delivery_info or {}
-        queue = delivery.get("routing_key") or queues.queue_for(self.name)
+        queue = queues.queue_delivered(request.delivery_info, self.name)
         try:
             outbox_schedule(
                 task=self.name,
@@ -219,13 +218,12 @@ class ReliableTask(Task):
         reason = DeadLetter.Reason.EXHAUSTED if transient else DeadLetter.Reason.PERMANENT
         reason = getattr(exc, "dead_letter_reason", reason)
         declared = transient or isinstance(exc, (PermanentError, Deferred))
-        delivery = self.request.delivery_info or {}
         dead_letter_record(
             task=self.name,
             task_id=task_id,
             args=list(args or ()),
             kwargs=dict(kwargs or {}),
-            queue=delivery.get("routing_key") or queues.queue_for(self.name),
+            queue=queues.queue_delivered(self.request.delivery_info, self.name),
             reason=reason,
             exc=exc,
             traceback=str(einfo) if einfo else "",

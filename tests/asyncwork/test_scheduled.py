@@ -66,6 +66,34 @@ def test_a_retry_waits_as_an_outbox_row_with_nothing_held_in_the_broker() -> Non
     assert not DeadLetter.objects.exists()
 
 
+def test_a_job_delivered_after_a_delay_retries_onto_its_own_queue() -> None:
+    """A job first sent with a countdown, then failing: its retry waits for the job's own queue
+    and runs. On RabbitMQ the delayed message comes through Celery's delay exchanges, and its
+    routing key is the delay's bits before the queue's name: taken as the queue, it named one
+    nobody reads, and the retry was published into it, confirmed and never run."""
+    key = f"flaky-{uuid.uuid4().hex}"
+    with worker_thread(concurrency=1):
+        task_id = app.send_task(test_tasks.FLAKY, args=[key], countdown=1).id
+        assert wait_until(lambda: _waiting_retry(task_id) is not None, timeout=15)
+        row = _waiting_retry(task_id)
+        assert row is not None
+        assert row.queue == queues.queue_ahead(queues.queue_for(test_tasks.FLAKY))
+        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 15)
+
+
+def test_the_queue_a_job_came_from_is_read_without_the_delay_bits() -> None:
+    email = queues.consumed()[-1].name  # a queue of an app's, not the task's own
+    assert email != queues.queue_for(test_tasks.FLAKY)
+    delayed = ".".join("0" * 27 + "1") + f".{email}"
+    came = {"exchange": "celery_delayed_27", "routing_key": delayed}
+    assert queues.queue_delivered(came, test_tasks.FLAKY) == email
+    assert queues.queue_delivered({"exchange": "", "routing_key": email}, test_tasks.FLAKY) == email
+    # No queue of ours: the task's own.
+    own = queues.queue_for(test_tasks.FLAKY)
+    assert queues.queue_delivered({"routing_key": "elsewhere"}, test_tasks.FLAKY) == own
+    assert queues.queue_delivered(None, test_tasks.FLAKY) == own
+
+
 @pytest.mark.slow
 def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
     """The worker is killed (SIGKILL, parent included) while its retry waits; another worker
