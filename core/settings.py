@@ -345,10 +345,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # (replicated on a cluster; asyncwork/queues.py declares them), each with a delivery limit
 # that dead-letters a message redelivered too often onto the dlq queue, and a publish returns
 # only once the broker confirmed it (publisher confirms), so the outbox marks a row published
-# after the broker took the message. Retries and deferrals wait in RabbitMQ's delay queues
-# (Celery's native delayed delivery for quorum queues), not held unacknowledged by a worker,
-# which RabbitMQ would cut off after its consumer timeout. The Redis-only options above do not
-# apply: a message held by a worker that died is redelivered when its connection closes.
+# after the broker took the message. Retries and deferrals wait in PostgreSQL (outbox rows
+# due later, asyncwork/scheduled.py), as on Redis, not held unacknowledged by a worker, which
+# RabbitMQ would cut off after its consumer timeout; where a retry cannot wait there (the
+# database refused it), in RabbitMQ's delay queues (Celery's native delayed delivery for quorum
+# queues). The Redis-only options above do not apply: a message held by a worker that died is
+# redelivered when its connection closes.
 BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
 # RabbitMQ only (Redis does not count deliveries): the deliveries of one message before it is
 # taken for a poison message (one that kills the worker running it, again and again). The last
