@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,9 @@ class Backend:
     env: dict[str, str]
     redis: redis.Redis
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    # A broker of the run's own (bench.brokers: a RabbitMQ node): its name -> its processes,
+    # counted in ``cpu_groups`` under that name.
+    brokers: dict[str, Callable[[], list[int]]] = field(default_factory=dict)
 
     @property
     def emails(self) -> int:
@@ -235,7 +238,8 @@ class Backend:
         """Processes by group for ``bench.run.cpu_snapshot``: ``client`` is this process,
         the load generator and the SMTP server together."""
         groups = stack_pids(gunicorn=server.pids(), database=self.run.database)
-        return {**groups, "celery": self.workers.pids()}
+        owned = {name: pids() for name, pids in self.brokers.items()}
+        return {**groups, "celery": self.workers.pids(), **owned}
 
 
 @contextlib.contextmanager

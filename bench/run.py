@@ -261,6 +261,7 @@ class RunConfig:
     prefix: str  # Redis keys, "bench-<random>:"
     database_url: str = DATABASE_URL
     redis_url: str = REDIS_URL
+    broker_url: str = ""  # the Celery broker, if not ``redis_url`` (RabbitMQ: bench.brokers)
     gunicorn: GunicornConfig = field(default_factory=GunicornConfig)
     workers: WorkerConfig = field(default_factory=WorkerConfig)
     secret: str = field(default_factory=lambda: f"whsec_bench_{secrets.token_hex(16)}")
@@ -345,7 +346,7 @@ def stack_env(
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "LOG_LEVEL": "WARNING",
         "DATABASE_URL": run.database_url,
-        "CELERY_BROKER_URL": run.redis_url,
+        "CELERY_BROKER_URL": run.broker_url or run.redis_url,
         "CELERY_BROKER_KEY_PREFIX": run.prefix,
         "REDIS_URL": run.redis_url,
         "REDIS_KEY_PREFIX": run.run_id,  # cache keys become "<prefix>1:<key>"

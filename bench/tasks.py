@@ -4,12 +4,13 @@
 * ``bench.noop``: the baseline task. It does nothing but add one to a counter in Redis, so the
   benchmark can tell when every task it published has run. Published to the ``default`` queue,
   which every ``celery -A core worker`` consumes.
-* On ``worker_ready``, each worker sets ``<broker prefix>bench:ready:<hostname>`` in Redis: the
+* On ``worker_ready``, each worker sets ``<run prefix>bench:ready:<hostname>`` in Redis: the
   benchmark waits for one such key per worker it started, without parsing logs (the project's
   logging keeps Celery's "ready." line at INFO, below the benchmarks' ``LOG_LEVEL=WARNING``).
 
-Both keys are under the run's broker key prefix (``CELERY_BROKER_KEY_PREFIX``), so the run's
-cleanup deletes them with everything else.
+Both keys are in the application's Redis (``REDIS_URL``; the broker too, unless it is RabbitMQ)
+under the run's key prefix (``CELERY_BROKER_KEY_PREFIX``), so the run's cleanup deletes them
+with everything else.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ def _redis() -> redis.Redis:
     client = _clients.get(os.getpid())
     if client is None:
         client = _clients[os.getpid()] = redis.Redis.from_url(
-            settings.CELERY_BROKER_URL, socket_timeout=5, socket_connect_timeout=5
+            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5
         )
     return client
 
 
 def _prefix() -> str:
-    return str(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", ""))
+    # The run's own (bench.run.stack_env), whichever the broker: on RabbitMQ, where the
+    # broker's transport options have no key prefix, the keys are still the run's.
+    return os.environ.get("CELERY_BROKER_KEY_PREFIX", "")
 
 
 @shared_task(name=NOOP_TASK, ignore_result=True)
