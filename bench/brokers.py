@@ -31,7 +31,6 @@ from typing import Any
 
 from bench.fullstack import backend, emails_check, pipeline_expected, serving, stored
 from bench.pipeline import ArmRun, Options, Pipeline, summarize
-from bench.report import Goal
 from bench.run import (
     NO_LIMITS,
     owned_measure,
@@ -134,27 +133,9 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
         "runs": [
             {"arm": r.arm, "round": r.round, "rate": r.rate, "seconds": r.seconds} for r in runs
         ],
-        "summary": [goal.as_dict() for goal in goals(arms)],
         "checks": stored_checks,
         "incidents": incidents,
     }
-
-
-def goals(arms: dict[str, dict[str, Any]]) -> list[Goal]:
-    """No goal, a figure: RabbitMQ's emails/s over Redis's (shown as met at any value)."""
-    redis_arm, rabbit = arms["redis"], arms["rabbitmq"]
-    return [
-        Goal(
-            source="brokers",
-            metric="emails/s on RabbitMQ ÷ on Redis (worker CPU ms per email)",
-            value=f"{rabbit['rate']:.1f} / {redis_arm['rate']:.1f} per s "
-            f"({rabbit['cpu_ms_per_item']['celery']:.2f} / "
-            f"{redis_arm['cpu_ms_per_item']['celery']:.2f} ms)",
-            measured=rabbit["rate"] / redis_arm["rate"],
-            op=">=",
-            limit=0.0,
-        )
-    ]
 
 
 def report(options: Options, results: dict[str, Any]) -> str:
