@@ -40,7 +40,6 @@ import logging
 import os
 import secrets
 import socket
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +49,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from asyncwork import queues
+from asyncwork.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
@@ -137,62 +137,50 @@ def held_jobs() -> list[dict[str, Any]]:
 _DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
 
 
-class Heartbeat:
+class Heartbeat(PeriodicThread):
     """The heartbeat thread of one process: beats at once, then every ``interval`` seconds,
     on a database connection of its own; deletes its row when stopped."""
 
     def __init__(
         self, *, interval: float, holding: Callable[[], list[dict[str, Any]]] | None = None
     ) -> None:
-        self.interval = interval
         self.holding = holding
         self.owner = heartbeat_owner()
-        self.stopping = threading.Event()
-        self.failing = False
-        self.thread = threading.Thread(target=self.run, name="asyncwork-heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self.thread.is_alive():
-            self.thread.join(self.interval + 5)
+        super().__init__(
+            name="asyncwork-heartbeat",
+            interval=interval,
+            logger=logger,
+            failed="worker heartbeat not written: %s",
+            recovered="worker heartbeat written again",
+            at_once=True,
+            extra={"owner": self.owner},
+        )
 
     def beat(self) -> None:
         holding = json.dumps(self.holding() if self.holding else [], default=str)
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    _BEAT_SQL,
-                    {
-                        "owner": self.owner,
-                        "hostname": socket.gethostname(),
-                        "pid": os.getpid(),
-                        "holding": holding,
-                    },
-                )
-        except DatabaseError as exc:
-            connection.close()  # a new connection next beat
-            if not self.failing:
-                logger.warning("worker heartbeat not written: %s", exc, extra={"owner": self.owner})
-            self.failing = True
-            return
-        if self.failing:
-            logger.info("worker heartbeat written again", extra={"owner": self.owner})
-        self.failing = False
+        self.guarded(lambda: self._write(holding), None)
 
-    def run(self) -> None:
+    def _write(self, holding: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _BEAT_SQL,
+                {
+                    "owner": self.owner,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "holding": holding,
+                },
+            )
+
+    def tick(self) -> None:
+        self.beat()
+
+    def at_stop(self) -> None:
         try:
-            self.beat()
-            while not self.stopping.wait(self.interval):
-                self.beat()
             with connection.cursor() as cursor:
                 cursor.execute(_DELETE_SQL, {"owner": self.owner})
         except DatabaseError as exc:
             logger.info("worker heartbeat row not deleted: %s", exc, extra={"owner": self.owner})
-        finally:
-            connection.close()
 
 
 _running: Heartbeat | None = None

@@ -13,56 +13,38 @@ alone then publishes due rows, every 15 s).
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from celery import bootsteps
 from django.conf import settings
-from django.db import DatabaseError, connection
+
+from asyncwork.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
 
-class DuePoll:
+class DuePoll(PeriodicThread):
     """The poll thread of one worker: publishes due rows every ``interval`` seconds, on a
     database connection and a broker connection of its own."""
 
     def __init__(self, *, interval: float) -> None:
-        self.interval = interval
-        self.stopping = threading.Event()
-        self.failing = False
-        self.thread = threading.Thread(target=self.run, name="asyncwork-due-poll", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self.thread.is_alive():
-            self.thread.join(self.interval + 5)
+        super().__init__(
+            name="asyncwork-due-poll",
+            interval=interval,
+            logger=logger,
+            failed="due retries not published: %s",
+        )
 
     def poll(self) -> int:
         from asyncwork.outbox import outbox_publish_due  # models are loaded by now
 
-        try:
-            published = outbox_publish_due()
-        except DatabaseError as exc:
-            connection.close()  # a new connection next poll
-            if not self.failing:
-                logger.warning("due retries not published: %s", exc)
-            self.failing = True
-            return 0
-        self.failing = False
+        published = self.guarded(outbox_publish_due, 0)
         if published:
             logger.info("published %d retry(s) come due", published, extra={"published": published})
         return published
 
-    def run(self) -> None:
-        try:
-            while not self.stopping.wait(self.interval):
-                self.poll()
-        finally:
-            connection.close()
+    def tick(self) -> None:
+        self.poll()
 
 
 class OutboxDuePoll(bootsteps.StartStopStep):
