@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, OperationalError, connection, transaction
 
-from asyncwork.db import insert_or_skip
+from asyncwork.db import insert_or_skip, prepared_cursor
 from operators.audit import operator_action_record
 from webhooks.events import Event, Statement, WebhookRejected, event_apply, handler_for
 from webhooks.models import WebhookEvent
@@ -134,11 +134,12 @@ def _record_in_one_statement(
         event_body=body,
         event_headers=json.dumps(headers),
     )
-    # In autocommit the statement is its own transaction; inside a caller's, a savepoint keeps
-    # an undone statement from breaking it.
-    scope = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    # In autocommit the statement is its own transaction, prepared once per connection; inside
+    # a caller's transaction, a savepoint keeps an undone statement from breaking it.
+    in_transaction = connection.in_atomic_block
+    scope = transaction.atomic() if in_transaction else contextlib.nullcontext()
     try:
-        with scope, connection.cursor() as cursor:
+        with scope, connection.cursor() if in_transaction else prepared_cursor() as cursor:
             cursor.execute(_statement_sql(statement), params)
             new, _, *values = cursor.fetchone()
     except OperationalError as exc:

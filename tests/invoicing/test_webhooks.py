@@ -81,6 +81,13 @@ def test_a_new_paid_event_is_one_statement_in_autocommit_then_the_publish_mark()
         body,
         {"User-Agent": "Stripe/1.0"},
     )
+    # Prepared once on the connection, then run by name.
+    assert _record(*_event("in_one_trip_2", created=NOW)).duplicate is False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH event AS%%'"
+        )
+        assert cursor.fetchone() == (1,)
 
 
 # Sequences of (seconds after NOW, invoice fields) for one invoice, each delivered as a new event.
