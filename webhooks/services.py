@@ -101,7 +101,7 @@ _EVENT_CTE = f"""event AS (
     INSERT INTO {WebhookEvent._meta.db_table}
         (event_id, type, livemode, body, headers, body_cleared_at, received_at, state, error)
     VALUES (%(event_id)s, %(event_type)s, %(event_livemode)s, %(event_body)s,
-            %(event_headers)s::jsonb, NULL, now(), '{WebhookEvent.State.PROCESSED}', '')
+            %(event_headers)s::jsonb, NULL, now(), '{WebhookEvent.State.PROCESSED.value}', '')
     ON CONFLICT (event_id) DO NOTHING
     RETURNING id
 )"""  # noqa: S608 - a model's table name, no input
