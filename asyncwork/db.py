@@ -10,8 +10,10 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
+import psycopg
 from django.conf import settings
 from django.db import connection, models, transaction
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Field
 from django.db.models.options import Options
 
@@ -118,6 +120,31 @@ def row_get(model: type[M], pk: Any) -> M | None:
     for i, converter in converters:
         values[i] = converter(values[i], None, connection)
     return model.from_db(connection.alias, names, values)
+
+
+class _PreparingCursor(psycopg.Cursor[Any]):
+    """A cursor binding parameters on the server, each statement prepared on its first run on
+    the connection (``core.postgresql`` lets psycopg prepare what is asked for)."""
+
+    def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+        return super().execute(query, params, **{**options, "prepare": True})
+
+
+@contextlib.contextmanager
+def prepared_cursor() -> Iterator[CursorWrapper]:
+    """A Django cursor (its error wrapping, its execute wrappers, its query log) on the
+    default connection whose statements are prepared once per connection and then run by
+    name, their parameters bound on the server. For a long statement run on every request:
+    sent as text with its values inlined, as Django's own cursors send it, PostgreSQL spent
+    more CPU parsing and planning it than running it (``webhooks.services``). Outside a
+    transaction block (autocommit), where the callers need it."""
+    connection.ensure_connection()
+    assert not connection.in_atomic_block
+    raw = connection.connection
+    assert raw is not None
+    with connection.wrap_database_errors, _PreparingCursor(raw) as cursor:
+        wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
+        yield wrapper(cursor, connection)
 
 
 def statement_timeout() -> None:

@@ -95,6 +95,56 @@ def outbox_enqueue(
     return message
 
 
+# The columns of an outbox row written by a caller's own statement (``outbox_insert_sql``).
+_INSERT_COLUMNS = (
+    "task, args, kwargs, queue, created_at, published_at, publish_attempts, last_error, "
+    "due_at, task_id, headers"
+)
+
+
+def outbox_insert_sql(*, args: str, rows: str) -> str:
+    """The SQL of an ``INSERT`` of one outbox row per row of ``rows`` (a ``SELECT``'s clauses
+    from ``FROM`` on), with ``args`` (a jsonb expression over those rows), for the task and
+    queue given as the placeholders ``outbox_task`` and ``outbox_queue``
+    (``outbox_insert_params``), returning each row's ``id`` and ``created_at``: the outbox row
+    of a caller that writes its state change and its intent in one statement (a data-modifying
+    CTE). What it returned goes to ``outbox_enqueued``, which publishes the row once it
+    commits."""
+    return (
+        f"INSERT INTO {OutboxMessage._meta.db_table} ({_INSERT_COLUMNS}) "
+        f"SELECT %(outbox_task)s, {args}, '{{}}'::jsonb, %(outbox_queue)s, now(), NULL, 0, '', "
+        f"NULL, '', '{{}}'::jsonb {rows} RETURNING id, created_at"
+    )
+
+
+def outbox_insert_params(*, task: str, queue: str | None = None) -> dict[str, str]:
+    """The values of ``outbox_insert_sql``'s placeholders: ``task``, on its route's queue
+    unless ``queue`` is given (as ``outbox_enqueue``)."""
+    return {
+        "outbox_task": task,
+        "outbox_queue": queues.queue_resolve(queue or queues.queue_for(task)),
+    }
+
+
+def outbox_enqueued(
+    *, pk: int, created_at: Any, task: str, args: list[Any], queue: str | None = None
+) -> OutboxMessage:
+    """An outbox row the caller's statement wrote (``outbox_insert_sql``): published once it
+    commits, as ``outbox_enqueue`` publishes its own (at once, when it is committed already: a
+    statement run in autocommit). The relay publishes it if this process never does."""
+    message = OutboxMessage(
+        pk=pk,
+        task=task,
+        args=args,
+        kwargs={},
+        queue=queues.queue_resolve(queue or queues.queue_for(task)),
+        created_at=created_at,
+    )
+    message._state.adding = False
+    transaction.on_commit(lambda: _publish_committed(message), robust=True)
+    return message
+
+
 def outbox_schedule(
     *,
     task: str,

@@ -243,6 +243,7 @@ FLOOR_STAGES = (
     ("before", "before-13"),
     ("first pass", "pass1-13"),
     ("second pass", "pass2-13"),
+    ("third pass", "pass3-13"),
     ("after", None),
 )
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")

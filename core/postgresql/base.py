@@ -14,11 +14,25 @@ gone without closing the socket) fails the request's own statement instead, as i
 from __future__ import annotations
 
 import select
+from typing import Any
 
 from django.db.backends.postgresql import base
 
+# psycopg prepares a statement run this many times on one connection by itself: never, in
+# effect. Django's cursors bind on the client and never prepare; a statement is prepared only
+# where a caller asks (``asyncwork.db.prepared_cursor``). Django's default, None, refuses even
+# that (it keeps transaction-pooling proxies working; behind a PgBouncer in transaction mode,
+# set ``max_prepared_statements``, PgBouncer 1.21+).
+PREPARE_ONLY_WHEN_ASKED = 2**31 - 1
+
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def get_connection_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = super().get_connection_params()
+        if "prepare_threshold" not in self.settings_dict["OPTIONS"]:
+            params["prepare_threshold"] = PREPARE_ONLY_WHEN_ASKED
+        return params
+
     def is_usable(self) -> bool:
         connection = self.connection
         if connection is None or connection.closed or connection.broken:
