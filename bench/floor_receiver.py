@@ -58,8 +58,8 @@ WITH event AS (
     RETURNING id, status
 ), outbox AS (
     INSERT INTO asyncwork_outboxmessage
-        (task, args, kwargs, queue, created_at, publish_attempts, last_error)
-    SELECT %(task)s, jsonb_build_array(invoice.id), '{}', %(queue)s, now(), 0, ''
+        (task, args, kwargs, queue, created_at, publish_attempts, last_error, task_id, headers)
+    SELECT %(task)s, jsonb_build_array(invoice.id), '{}', %(queue)s, now(), 0, '', '', '{}'
     FROM invoice
     WHERE invoice.status = 'paid'
       AND coalesce((SELECT status FROM before), '') <> 'paid'
