@@ -12,6 +12,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.core.cache import cache
+from django.db import connection
 
 from asyncwork.errors import TransientError
 from asyncwork.jobs import JobTask, job_run
@@ -22,6 +23,7 @@ CRASH = "tests.crash"
 FLAKY = "tests.flaky"
 FLAKY_RETRY_SECONDS = 8
 FAILING_JOB = "tests-failing-job"
+BACKEND_PID = "tests.backend_pid"
 
 
 @shared_task(bind=True, base=ReliableTask, name=DIVIDE, max_retries=4)
@@ -107,3 +109,13 @@ def hold(key: str, seconds: float) -> None:
         time.sleep(seconds)
     else:
         cache.incr(key)
+
+
+@shared_task(base=ReliableTask, name=BACKEND_PID)
+def backend_pid(key: str) -> None:
+    """Records in the cache under ``key`` the PostgreSQL backend serving this run's queries:
+    which database connection the task ran on."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    cache.set(key, pid, timeout=300)
