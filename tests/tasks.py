@@ -111,11 +111,15 @@ def hold(key: str, seconds: float) -> None:
         cache.incr(key)
 
 
-@shared_task(base=ReliableTask, name=BACKEND_PID)
-def backend_pid(key: str) -> None:
+@shared_task(base=ReliableTask, name=BACKEND_PID, soft_time_limit=1, time_limit=10)
+def backend_pid(key: str, sleep: float = 0) -> None:
     """Records in the cache under ``key`` the PostgreSQL backend serving this run's queries:
-    which database connection the task ran on."""
+    which database connection the task ran on. With ``sleep``, a query of that many seconds
+    comes first: past 1 s, its soft time limit interrupts the task in the middle of it, and
+    nothing is recorded."""
     with connection.cursor() as cursor:
+        if sleep:
+            cursor.execute("SELECT pg_sleep(%s)", [sleep])
         cursor.execute("SELECT pg_backend_pid()")
         (pid,) = cursor.fetchone()
     cache.set(key, pid, timeout=300)
