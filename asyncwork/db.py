@@ -1,18 +1,30 @@
 """Database helpers: an insert whose guarantee is a constraint, not a check in Python, text
-that PostgreSQL can always store, and a transaction whose statements give up in time (what
-every probe of the health check, the metrics and the dashboard runs in)."""
+that PostgreSQL can always store, a transaction whose statements give up in time (what
+every probe of the health check, the metrics and the dashboard runs in), and a worker's
+connection kept across tasks as a web process keeps it across requests.
+
+A Celery worker's Django fixup closes every database connection before and after each task
+unless ``CELERY_DB_REUSE_MAX`` is set: a new PostgreSQL connection (and backend) per email,
+which cost more CPU than the email's own statements. With it set (core/settings.py), each task
+is bracketed by Django's own per-request rule instead (``close_old_connections``): a
+connection is dropped when it outlived ``CONN_MAX_AGE``, when an error left it unusable, or
+when its autocommit was not restored, and ``CONN_HEALTH_CHECKS`` checks it before the task's
+first use; after a task that did not succeed, or on a thread of a threads or green pool, it
+is closed as Celery closed it."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from celery.signals import task_postrun, task_prerun
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import close_old_connections, connection, connections, models, transaction
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Field
 from django.db.models.options import Options
@@ -160,3 +172,32 @@ def bounded() -> Iterator[None]:
     with transaction.atomic():
         statement_timeout()
         yield
+
+
+def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
+    """``task_prerun`` and ``task_postrun``: what Django does at the start and end of each
+    request. After a task that did not succeed (failed, retried, deferred, interrupted by its
+    soft time limit, perhaps in the middle of a query), or one that ran on a pool's thread,
+    its connections are closed outright, as Celery closed them after every task: a query cut
+    short leaves the connection busy, which the socket check before the next task's first
+    query cannot see. Not for a task applied eagerly: it runs inside its caller's work (a
+    test's transaction), whose connection is not the task's to close."""
+    if getattr(getattr(task, "request", None), "is_eager", False):
+        return
+    if state is not None and (state != "SUCCESS" or not _kept_here()):
+        connections.close_all()
+        return
+    close_old_connections()
+
+
+def _kept_here() -> bool:
+    """Whether this task's connections may outlive it: only on a process's main thread (a
+    prefork pool process, a solo worker). A thread or green thread of another pool has its own
+    connections, which nothing would close once it ends (gevent: one per task)."""
+    return threading.current_thread() is threading.main_thread()
+
+
+def celery_signals_connect() -> None:
+    """Connect the receivers above (idempotent: each has a ``dispatch_uid``)."""
+    task_prerun.connect(_connections_tidy, weak=False, dispatch_uid="asyncwork.db.start")
+    task_postrun.connect(_connections_tidy, weak=False, dispatch_uid="asyncwork.db.end")

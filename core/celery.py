@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Celery
 
-from asyncwork import heartbeat, metrics, queues, timelimits
+from asyncwork import db, heartbeat, metrics, queues, timelimits
 from asyncwork import logging as log_context
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.rabbitmq import DeadLetterQueueDeclare
@@ -53,6 +53,8 @@ app.autodiscover_tasks()
 log_context.celery_signals_connect()
 metrics.celery_signals_connect()
 heartbeat.celery_signals_connect()
+# A task keeps the process's database connection, as a request does (CELERY_DB_REUSE_MAX).
+db.celery_signals_connect()
 # A soft time limit fired late (the worker's loop held up) must not hit a pool process between
 # jobs, where it corrupts the result it is writing.
 timelimits.celery_signals_connect()

@@ -317,6 +317,12 @@ CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("CELERY_WORKER_MAX_TASKS_PER_CHILD",
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int(
     "CELERY_WORKER_MAX_MEMORY_PER_CHILD", default=256_000
 )  # KiB
+# Without it, Celery's Django fixup closes the database connection before and after every task:
+# a new PostgreSQL connection per email, which cost more CPU than the email's own statements.
+# With it, Celery closes them only every this many tasks, and each task is bracketed by
+# Django's per-request rule instead (CONN_MAX_AGE, errors, health check; closed outright after a
+# task that did not succeed, and on a threads or green pool: asyncwork/db.py).
+CELERY_DB_REUSE_MAX = 1000
 
 # An unacknowledged message is redelivered after this many seconds (the worker that held it
 # is presumed dead). It must outlive every countdown plus the task's time limit, or a delayed

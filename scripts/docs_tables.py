@@ -244,6 +244,7 @@ FLOOR_STAGES = (
     ("first pass", "pass1-13"),
     ("second pass", "pass2-13"),
     ("third pass", "pass3-13"),
+    ("fourth pass", "pass4-13"),
     ("after", None),
 )
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
@@ -259,56 +260,62 @@ def _stack_cpu(document: dict[str, Any], arm: str, groups: tuple[str, ...]) -> f
     return sum(_arm_cpu(document, arm, group) for group in groups)
 
 
-def _floor_figures(ingest: dict[str, Any], pipeline: dict[str, Any]) -> list[tuple[str, str]]:
-    """(figure, its text) for one run of each benchmark."""
-    arms, flow = ingest["arms"], pipeline["arms"]
-    rows = [
-        (
-            "webhook ingest/s ÷ floor receiver/s",
-            f"{arms['unique']['rate'] / arms['floor']['rate']:.2f} "
-            f"({arms['unique']['rate']:.0f} / {arms['floor']['rate']:.0f} per s)",
-        ),
-        (
-            "100% duplicate deliveries/s ÷ unique/s",
-            f"{arms['duplicate']['rate'] / arms['unique']['rate']:.2f} "
-            f"({arms['duplicate']['rate']:.0f} / {arms['unique']['rate']:.0f} per s)",
-        ),
-        (
-            "emails/s ÷ floor emails/s",
-            f"{flow['emails']['rate'] / flow['floor']['rate']:.2f} "
-            f"({flow['emails']['rate']:.1f} / {flow['floor']['rate']:.1f} per s)",
-        ),
-    ]
+def _floor_figures(
+    ingest: dict[str, Any] | None, pipeline: dict[str, Any] | None
+) -> list[tuple[str, str]]:
+    """(figure, its text) for one run of each benchmark (None: no run of it at this stage)."""
     # The steadier figure on a shared machine: the CPU the stack's own processes spend per item
     # (the neighbours' and the load generator's left out), the floor's ÷ the application's.
     webhook = ("gunicorn", "postgres", "redis")
     email = ("celery", "gunicorn", "postgres", "redis")
-    rows += [
-        (
-            "CPU of the stack per webhook, floor ÷ application",
-            f"{_stack_cpu(ingest, 'floor', webhook) / _stack_cpu(ingest, 'unique', webhook):.2f}",
-        ),
-        (
-            "CPU of the stack per email end to end, floor ÷ application",
-            f"{_stack_cpu(pipeline, 'floor', email) / _stack_cpu(pipeline, 'emails', email):.2f}",
-        ),
-    ]
-    for group in ("gunicorn", "postgres", "redis"):
+    rows: list[tuple[str, str]] = []
+    if ingest is not None:
+        arms = ingest["arms"]
+        rows += [
+            (
+                "webhook ingest/s ÷ floor receiver/s",
+                f"{arms['unique']['rate'] / arms['floor']['rate']:.2f} "
+                f"({arms['unique']['rate']:.0f} / {arms['floor']['rate']:.0f} per s)",
+            ),
+            (
+                "100% duplicate deliveries/s ÷ unique/s",
+                f"{arms['duplicate']['rate'] / arms['unique']['rate']:.2f} "
+                f"({arms['duplicate']['rate']:.0f} / {arms['unique']['rate']:.0f} per s)",
+            ),
+        ]
+    if pipeline is not None:
+        flow = pipeline["arms"]
         rows.append(
+            (
+                "emails/s ÷ floor emails/s",
+                f"{flow['emails']['rate'] / flow['floor']['rate']:.2f} "
+                f"({flow['emails']['rate']:.1f} / {flow['floor']['rate']:.1f} per s)",
+            )
+        )
+    if ingest is not None:
+        ratio = _stack_cpu(ingest, "floor", webhook) / _stack_cpu(ingest, "unique", webhook)
+        rows.append(("CPU of the stack per webhook, floor ÷ application", f"{ratio:.2f}"))
+    if pipeline is not None:
+        ratio = _stack_cpu(pipeline, "floor", email) / _stack_cpu(pipeline, "emails", email)
+        rows.append(("CPU of the stack per email end to end, floor ÷ application", f"{ratio:.2f}"))
+    if ingest is not None:
+        rows += [
             (
                 f"CPU ms per webhook, {group} (application / floor)",
                 f"{_arm_cpu(ingest, 'unique', group):.2f} / {_arm_cpu(ingest, 'floor', group):.2f}",
             )
-        )
-    for group in ("celery", "gunicorn", "postgres", "redis"):
-        kind = "worker" if group == "celery" else group
-        rows.append(
+            for group in webhook
+        ]
+    if pipeline is not None:
+        rows += [
             (
-                f"CPU ms per email end to end, {kind} (application / floor)",
+                f"CPU ms per email end to end, {'worker' if group == 'celery' else group} "
+                "(application / floor)",
                 f"{_arm_cpu(pipeline, 'emails', group):.2f} / "
                 f"{_arm_cpu(pipeline, 'floor', group):.2f}",
             )
-        )
+            for group in email
+        ]
     return rows
 
 
@@ -329,21 +336,29 @@ def floor_section() -> list[str]:
     def path(name: str, stage: str | None) -> Path:
         return BENCH_RESULTS / (f"{name}.{stage}.json" if stage else f"{name}.json")
 
+    # A stage whose work touched one path only may keep the run of one benchmark (the other's
+    # figures are shown as "-"); the current files are always both there.
     stages = [
         (label, stage)
         for label, stage in FLOOR_STAGES
         if all(path(name, stage).exists() for name in names)
+        or (stage is not None and any(path(name, stage).exists() for name in names))
     ]
     if len(stages) < 2:
         return []
-    runs = [[_load(path(name, stage)) for name in names] for _, stage in stages]
-    if not all("floor" in document["arms"] for documents in runs for document in documents):
+    runs = [
+        [_load(path(name, stage)) if path(name, stage).exists() else None for name in names]
+        for _, stage in stages
+    ]
+    kept = [document for documents in runs for document in documents if document is not None]
+    if not all("floor" in document["arms"] for document in kept):
         return []
     captions = [
         f"- {label}: "
         + _caption(path(name, stage), document, f"`python -m bench.{document['benchmark']}`")
         for (label, stage), documents in zip(stages, runs, strict=True)
         for name, document in zip(names, documents, strict=True)
+        if document is not None
     ]
     figures = [dict(_floor_figures(*documents)) for documents in runs]
     # The end-to-end latency, for the stages whose run of bench.e2e_latency is there.

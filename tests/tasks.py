@@ -12,6 +12,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.core.cache import cache
+from django.db import connection
 
 from asyncwork.errors import TransientError
 from asyncwork.jobs import JobTask, job_run
@@ -22,6 +23,7 @@ CRASH = "tests.crash"
 FLAKY = "tests.flaky"
 FLAKY_RETRY_SECONDS = 8
 FAILING_JOB = "tests-failing-job"
+BACKEND_PID = "tests.backend_pid"
 
 
 @shared_task(bind=True, base=ReliableTask, name=DIVIDE, max_retries=4)
@@ -107,3 +109,17 @@ def hold(key: str, seconds: float) -> None:
         time.sleep(seconds)
     else:
         cache.incr(key)
+
+
+@shared_task(base=ReliableTask, name=BACKEND_PID, soft_time_limit=1, time_limit=10)
+def backend_pid(key: str, sleep: float = 0) -> None:
+    """Records in the cache under ``key`` the PostgreSQL backend serving this run's queries:
+    which database connection the task ran on. With ``sleep``, a query of that many seconds
+    comes first: past 1 s, its soft time limit interrupts the task in the middle of it, and
+    nothing is recorded."""
+    with connection.cursor() as cursor:
+        if sleep:
+            cursor.execute("SELECT pg_sleep(%s)", [sleep])
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    cache.set(key, pid, timeout=300)
