@@ -21,6 +21,7 @@ from types import FrameType
 from chaos import config, report
 from chaos.run import run_arm
 from chaos.stack import BROKERS, REDIS
+from stack import netns
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -52,13 +53,29 @@ def main(argv: list[str] | None = None) -> int:
         help="Celery's broker: redis, or a RabbitMQ node of the run's own (Redis stays for "
         "the cache); the restart fault restarts the broker's node",
     )
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="each role on a host of its own (network namespaces; needs root), with network "
+        "partitions for faults: --profile hosts, or hosts-short with --short",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate)
 
-    profile = config.SHORT if args.short else config.PROFILES[args.profile]
+    if args.hosts:
+        if args.broker != REDIS:
+            parser.error("--hosts runs on Redis only (--broker redis)")
+        why_not = netns.available()
+        if why_not:
+            parser.error(f"--hosts: {why_not}")
+        profile = config.HOSTS_SHORT if args.short else config.HOSTS
+    else:
+        profile = config.SHORT if args.short else config.PROFILES[args.profile]
+    if profile.hosts and not args.hosts:
+        parser.error(f"--profile {profile.name} runs across hosts: add --hosts")
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     arms = [config.SAFE, config.CONTROL] if args.arm == "both" else [args.arm]
     failed = []

@@ -15,10 +15,15 @@ import secrets
 from dataclasses import dataclass
 
 from chaos.faults import (
+    BEAT_HOST_CUT,
     BROKER_STALL,
+    DATA_FLAP,
     POSTGRES_RESTART,
     REDIS_RESTART,
     RELAY_KILL,
+    WEB_BROKER_CUT,
+    WORKER_DB_CUT,
+    WORKER_HOST_CUT,
     WORKER_KILL,
     Step,
 )
@@ -69,6 +74,9 @@ class Profile:
     concurrency: int = 2
     web_workers: int = 4
     fault_gap: float = 3.0  # seconds between one fault's end and the next's start
+    hosts: bool = (
+        False  # each role on a host of its own (chaos.hosts): workers, web_workers per host
+    )
 
 
 # The broker stall comes last: a Redis restart after it re-establishes every connection,
@@ -121,13 +129,52 @@ BROKER_STALL_ONLY = Profile(
     steps=(Step(0.3, BROKER_STALL, seconds=10),),
 )
 
-PROFILES = {p.name: p for p in (FULL, SHORT, BROKER_STALL_ONLY)}
+# Across hosts (chaos.hosts): one worker on each of three hosts, gunicorn on each of two, two
+# beats. The web host's cut comes while the load runs (what it commits is not published); the
+# worker host's cut lasts longer than the claim lease (15 s) and Redis's visibility timeout
+# (30 s); the worker's cut from PostgreSQL longer than the lease; the beat host's longer than
+# the standby's bound (its 5 s poll, plus about 20 s for the leader's session to be dropped).
+_HOSTS_STEPS = (
+    Step(0.05, WEB_BROKER_CUT, seconds=10),
+    Step(0.2, WORKER_DB_CUT, seconds=20),
+    Step(0.45, WORKER_HOST_CUT, seconds=40),
+    Step(1.0, BEAT_HOST_CUT, seconds=35),
+)
+HOSTS = Profile(
+    name="hosts",
+    invoices=900,
+    control_invoices=900,
+    rate=10,
+    workers=3,
+    concurrency=2,
+    web_workers=2,
+    quiesce_timeout=600,
+    hosts=True,
+    steps=(*_HOSTS_STEPS, Step(1.0, DATA_FLAP, seconds=60)),
+)
+HOSTS_SHORT = Profile(
+    name="hosts-short",
+    invoices=450,
+    control_invoices=450,
+    rate=10,
+    workers=3,
+    concurrency=2,
+    web_workers=2,
+    quiesce_timeout=400,
+    hosts=True,
+    steps=(*_HOSTS_STEPS, Step(1.0, DATA_FLAP, seconds=20)),
+)
+
+PROFILES = {p.name: p for p in (FULL, SHORT, BROKER_STALL_ONLY, HOSTS, HOSTS_SHORT)}
 
 
-def app_env(*, smtp_port: int) -> dict[str, str]:
+def app_env(
+    *, smtp_port: int, smtp_host: str = "127.0.0.1", web_hosts: tuple[str, ...] = ("127.0.0.1",)
+) -> dict[str, str]:
     """Everything the application's processes see, from a clean environment: production
-    settings (DEBUG off, fresh secrets) on loopback, and the scaled-down timing. The database
-    and broker addresses are added by ``chaos.stack.Stack.env``."""
+    settings (DEBUG off, fresh secrets) on loopback (or the hosts' addresses given), and the
+    scaled-down timing. The database and broker addresses are added by
+    ``chaos.stack.Stack.env``."""
     inherited = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
     return {
         **inherited,
@@ -139,9 +186,9 @@ def app_env(*, smtp_port: int) -> dict[str, str]:
         # The load signs test-mode events (webhooks/testing.py); production acts on live only.
         "STRIPE_LIVEMODE": "test",
         "DJANGO_SECURE_SSL_REDIRECT": "0",
-        "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+        "DJANGO_ALLOWED_HOSTS": ",".join(web_hosts),
         "LOG_LEVEL": "WARNING",
-        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_HOST": smtp_host,
         "EMAIL_PORT": str(smtp_port),
         # Every sender here shares one address; the per-address flood guard (6000/min) would
         # turn the test's pacing into 429s that have nothing to do with the faults.
