@@ -129,40 +129,47 @@ BROKER_STALL_ONLY = Profile(
     steps=(Step(0.3, BROKER_STALL, seconds=10),),
 )
 
+
 # Across hosts (chaos.hosts): one worker on each of three hosts, gunicorn on each of two, two
-# beats. The web host's cut comes while the load runs (what it commits is not published); the
-# worker host's cut lasts longer than the claim lease (15 s) and Redis's visibility timeout
-# (30 s); the worker's cut from PostgreSQL longer than the lease; the beat host's longer than
-# the standby's bound (its 5 s poll, plus about 20 s for the leader's session to be dropped).
-_HOSTS_STEPS = (
-    Step(0.05, WEB_BROKER_CUT, seconds=10),
-    Step(0.2, WORKER_DB_CUT, seconds=20),
-    Step(0.45, WORKER_HOST_CUT, seconds=40),
-    Step(1.0, BEAT_HOST_CUT, seconds=35),
-)
+# beats. Every partition but the beat's comes while the load runs, so that it cuts work in
+# flight: the web host's (what it commits is not published); the worker host's cut from
+# PostgreSQL, longer than the claim lease (15 s); the worker host's cut from everything,
+# longer than the lease and Redis's visibility timeout (30 s); the data host's flapping. The
+# beat host's cut, after the load, lasts longer than the standby's bound (its 5 s poll, plus
+# about 20 s for PostgreSQL to drop the leader's session).
+def _hosts_steps(flap_seconds: float) -> tuple[Step, ...]:
+    return (
+        Step(0.04, WEB_BROKER_CUT, seconds=10),
+        Step(0.14, WORKER_DB_CUT, seconds=20),
+        Step(0.33, WORKER_HOST_CUT, seconds=40),
+        Step(0.7, DATA_FLAP, seconds=flap_seconds),
+        Step(1.0, BEAT_HOST_CUT, seconds=35),
+    )
+
+
 HOSTS = Profile(
     name="hosts",
-    invoices=900,
-    control_invoices=900,
+    invoices=1200,
+    control_invoices=1200,
     rate=10,
     workers=3,
     concurrency=2,
     web_workers=2,
     quiesce_timeout=600,
     hosts=True,
-    steps=(*_HOSTS_STEPS, Step(1.0, DATA_FLAP, seconds=60)),
+    steps=_hosts_steps(60),
 )
 HOSTS_SHORT = Profile(
     name="hosts-short",
-    invoices=450,
-    control_invoices=450,
+    invoices=600,
+    control_invoices=600,
     rate=10,
     workers=3,
     concurrency=2,
     web_workers=2,
     quiesce_timeout=400,
     hosts=True,
-    steps=(*_HOSTS_STEPS, Step(1.0, DATA_FLAP, seconds=20)),
+    steps=_hosts_steps(20),
 )
 
 PROFILES = {p.name: p for p in (FULL, SHORT, BROKER_STALL_ONLY, HOSTS, HOSTS_SHORT)}

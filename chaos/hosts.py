@@ -55,7 +55,7 @@ from chaos.faults import (
     Context,
     Step,
 )
-from chaos.observe import pending_invoices
+from chaos.observe import Db, pending_invoices
 from chaos.stack import DATA_HOST, POSTGRES_SERVICE, REDIS_SERVICE
 from stack.netns import Topology
 from stack.smtp import IN_WINDOW
@@ -116,65 +116,83 @@ def _unpublished(ctx: Context) -> list[int]:
     return [r[0] for r in rows or []]
 
 
-def worker_host_cut(ctx: Context, step: Step) -> dict[str, Any]:
-    net = _net(ctx)
-    host, held = _host_in_smtp(ctx, WORKER_HOSTS, HOLD_SECONDS)
-    address = net.address(host)
+_CLAIMS_SQL = """
+SELECT message_id, attempts FROM invoicing_emaildelivery
+WHERE state = 'sending' AND split_part(claimed_by, ':', 2) = ANY(%s)
+"""
+
+
+def _claims_of(ctx: Context, host: str) -> list[dict[str, Any]]:
+    """The claims the worker on ``host`` holds (its owner is ``<hostname>:<pid>:<token>``;
+    the namespaces share one hostname, so it is known by its processes' pids)."""
+    worker = ctx.workers.worker(WORKER_HOSTS.index(host))
+    rows = ctx.db.rows(_CLAIMS_SQL, ([str(pid) for pid in worker.pids()],))
+    return [{"message_id": m, "attempts": n} for m, n in rows or []]
+
+
+def _cut_sends(ctx: Context, address: str, at: float, until: float, marked: set[str]) -> list[str]:
+    """Messages accepted from ``address`` from just before the cut until ``until``, less those
+    the database had marked sent just after the cut: sends whose sender could not mark them."""
+    return sorted(
+        {m for m in _accepted_from(ctx, address, at - BEFORE_CUT, until) if m not in marked}
+    )
+
+
+def _partition(
+    ctx: Context, host: str, seconds: float, *, cut: Callable[[], None], heal: Callable[[], None]
+) -> dict[str, Any]:
+    """Cut a worker host (``cut``), note what it held and had marked (the database as it is
+    once the host can no longer write to it), wait ``seconds``, heal it."""
+    address = _net(ctx).address(host)
     pending = pending_invoices(ctx.db)
     at = time.time()
-    net.cut(host)
+    cut()
     in_data = [
         s.message_id for s in ctx.smtp.handler.sessions_in_data().values() if s.peer == address
     ]
+    claims = _claims_of(ctx, host)
     time.sleep(0.5)
-    before = _accepted_from(ctx, address, at - BEFORE_CUT, at + 0.5)
-    marked_at_cut = _marked_sent(ctx, before)
-    time.sleep(max(0.0, step.seconds - 0.5))
-    net.heal(host)
+    marked = _marked_sent(ctx, _accepted_from(ctx, address, at - BEFORE_CUT, at + 0.5))
+    time.sleep(max(0.0, seconds - 0.5))
+    heal()
     healed = time.time()
-    cut_sends = sorted(
-        {m for m in _accepted_from(ctx, address, at - BEFORE_CUT, healed) if m not in marked_at_cut}
-    )
+    sends_cut = _cut_sends(ctx, address, at, healed, marked)
     return {
         "at": at,
         "ended": healed,
         "host": host,
-        "held_message_id": held,
-        "sessions_in_data": in_data,
-        "sends_cut": cut_sends,
-        "sends_cut_in_window": len(cut_sends),
-        "pending_invoices": pending,
-        "lease_seconds": int(config.TIMING["EMAIL_CLAIM_LEASE_SECONDS"]),
-        "recovery_from": "at",
         "address": address,
-        "claimed_before_cut": in_data,
+        "sessions_in_data": in_data,
+        "claims_at_cut": claims,
+        "sends_cut": sends_cut,
+        "sends_cut_in_window": len(sends_cut),
+        "pending_invoices": pending,
+        # The other hosts carry on while it is cut: recovery is measured from the cut.
+        "recovery_from": "at",
+        "lease_seconds": int(config.TIMING["EMAIL_CLAIM_LEASE_SECONDS"]),
     }
+
+
+def worker_host_cut(ctx: Context, step: Step) -> dict[str, Any]:
+    net = _net(ctx)
+    host, held = _host_in_smtp(ctx, WORKER_HOSTS, HOLD_SECONDS)
+    record = _partition(
+        ctx, host, step.seconds, cut=lambda: net.cut(host), heal=lambda: net.heal(host)
+    )
+    return {**record, "held_message_id": held}
 
 
 def worker_db_cut(ctx: Context, step: Step) -> dict[str, Any]:
     net = _net(ctx)
     host, held = _host_in_smtp(ctx, WORKER_HOSTS, 0.5)
-    address = net.address(host)
-    pending = pending_invoices(ctx.db)
-    at = time.time()
-    net.cut_service(host, POSTGRES_SERVICE)
-    time.sleep(step.seconds)
-    net.heal_service(host, POSTGRES_SERVICE)
-    healed = time.time()
-    # Sent while it could not mark them: each may be sent again once its lease lapses.
-    during = _accepted_from(ctx, address, at - BEFORE_CUT, healed)
-    marked = _marked_sent(ctx, [m for m in during if m])
-    return {
-        "at": at,
-        "ended": healed,
-        "host": host,
-        "held_message_id": held,
-        "sends_cut": sorted(set(during) - marked),
-        "sends_cut_in_window": len(set(during) - marked),
-        "pending_invoices": pending,
-        "recovery_from": "at",
-        "address": address,
-    }
+    record = _partition(
+        ctx,
+        host,
+        step.seconds,
+        cut=lambda: net.cut_service(host, POSTGRES_SERVICE),
+        heal=lambda: net.heal_service(host, POSTGRES_SERVICE),
+    )
+    return {**record, "held_message_id": held}
 
 
 def web_broker_cut(ctx: Context, step: Step) -> dict[str, Any]:
@@ -338,24 +356,33 @@ def beat_analysis(
     }
 
 
-def zombie_sends(faults: list[dict[str, Any]], received: list[Any]) -> list[dict[str, Any]]:
-    """For each worker host cut: the messages that host's worker got accepted after its claim
-    lease had lapsed (after the cut's start plus the lease): sends of a worker that no longer
-    owned the claim."""
+def zombie_sends(
+    faults: list[dict[str, Any]], received: list[Any], final: dict[str, tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """For each worker host cut: what became of the claims its worker held at the cut, and
+    the messages it got accepted for them after its lease lapsed (the cut's start plus the
+    lease): a zombie's sends. ``final``: each Message-ID's delivery state and claim token at
+    the end of the run; a claim taken over has a higher token (the zombie's late writes are
+    fenced on its own)."""
     out = []
     for fault in faults:
-        if fault["kind"] != WORKER_HOST_CUT:
+        if fault["kind"] != WORKER_HOST_CUT or "skipped" in fault:
             continue
         lapsed = fault["at"] + fault["lease_seconds"]
-        late = [r for r in received if r.peer == fault["address"] and r.at >= lapsed]
+        held = {c["message_id"]: c["attempts"] for c in fault["claims_at_cut"]}
+        late = [
+            r
+            for r in received
+            if r.peer == fault["address"] and r.message_id in held and r.at >= lapsed
+        ]
         out.append(
             {
                 "host": fault["host"],
+                "claims_held_at_cut": len(held),
+                "claims_taken_over": sum(final.get(m, ("", 0))[1] > n for m, n in held.items()),
+                "claims_sent_at_the_end": sum(final.get(m, ("", 0))[0] == "sent" for m in held),
                 "sends_after_lease_lapsed": len(late),
-                "message_ids": sorted({r.message_id for r in late})[:20],
-                "of_claims_held_at_the_cut": sorted(
-                    {r.message_id for r in late} & set(fault["claimed_before_cut"])
-                ),
+                "message_ids": sorted({r.message_id for r in late}),
             }
         )
     return out
@@ -373,14 +400,22 @@ def analysis(
     log_dir: Path,
     received: list[Any],
     started: float,
+    db: Db,
 ) -> dict[str, Any]:
     """The report's section on the hosts, with the goals only a multi-host run has."""
     beats = beat_analysis(faults, log_dir, config.INTERVALS, started)
+    held = [c["message_id"] for f in faults for c in f.get("claims_at_cut", [])]
+    rows = db.rows(
+        "SELECT message_id, state, attempts FROM invoicing_emaildelivery "
+        "WHERE message_id = ANY(%s)",
+        (held,),
+    )
+    final = {m: (state, n) for m, state, n in rows or []}
     cuts = beats["beat_host_cuts"]
     return {
         "topology": net.describe(),
         "beats": beats,
-        "zombie_sends": zombie_sends(faults, received),
+        "zombie_sends": zombie_sends(faults, received, final),
         "goals": {
             "no_slot_dispatched_by_two_beats": not beats["slots_dispatched_twice"],
             "standby_beat_took_over_within_bound": bool(cuts)

@@ -83,8 +83,10 @@ DEFINITIONS = {
     "sends_cut (partitions)": "messages the SMTP server accepted from the cut host in the 5 s "
     "before the cut or during it, less those the database had marked sent just after the cut "
     "(worker_host_cut) or by the heal (worker_db_cut): sends whose sender could not mark them",
-    "hosts.zombie_sends": "messages accepted from a cut worker host after its claim lease "
-    "lapsed (the cut's start plus EMAIL_CLAIM_LEASE_SECONDS)",
+    "hosts.zombie_sends": "for each worker host cut: the claims its worker held at the cut "
+    "(state 'sending', owned by one of its pids), how many were taken over (a higher claim "
+    "token at the end) and sent by the end, and the messages accepted from that host for "
+    "them after its lease lapsed (the cut's start plus EMAIL_CLAIM_LEASE_SECONDS)",
     "hosts.beats": "from the beats' logs (INFO): each dispatch, and when a beat took the lock; "
     "a slot dispatched twice is two dispatches of one periodic task by different beats less "
     "than half its interval apart",

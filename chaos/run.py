@@ -301,7 +301,6 @@ def _run_arm(
             timeline.stop()
             exits = stack.processes.unexpected_exits()
             facts = facts_collect(db, outbox_ids=report.outbox_ids_of(runner.records))
-            db.close()
             if net is not None:
                 extra = hosts.analysis(
                     net=net,
@@ -309,7 +308,9 @@ def _run_arm(
                     log_dir=log_dir,
                     received=smtp.handler.received(),
                     started=started,
+                    db=db,
                 )
+            db.close()
     finally:
         smtp.stop()
     return report.build(
