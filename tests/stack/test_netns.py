@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import smtplib
 import socket
 import subprocess
 import threading
@@ -19,6 +20,7 @@ import pytest
 
 from stack import netns
 from stack.netns import Topology
+from stack.smtp import SmtpServer
 
 _WHY_NOT = netns.available()
 pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
@@ -146,6 +148,23 @@ def test_a_flapping_link_is_cut_and_healed_in_turn_and_ends_healed(net: Topology
     assert not net.is_cut("a")
     with _echo(net, "b", net.address("b")), _connect(net, "a", net.address("b")) as sock:
         assert _echoes(sock)
+
+
+def test_a_server_started_inside_a_host_serves_there_and_names_each_client_host(
+    net: Topology,
+) -> None:
+    smtp = SmtpServer(host=net.address("b"))
+    with net.inside("b"):  # its thread, and so its listening socket, are born in b
+        smtp.start()
+    try:
+        for client in ("a", "c"):
+            with net.inside(client), smtplib.SMTP(smtp.host, smtp.port, timeout=5) as session:
+                session.sendmail(
+                    "billing@example.com", ["ada@example.com"], b"Subject: hi\r\n\r\nhi"
+                )
+        assert [r.peer for r in smtp.handler.received()] == [net.address("a"), net.address("c")]
+    finally:
+        smtp.stop()
 
 
 def test_a_process_runs_on_its_host() -> None:
