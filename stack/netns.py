@@ -21,12 +21,15 @@ established connection stalls with its data unacknowledged, as in a real partiti
   sees the same silence from it.
 * ``cut_service(host, service)``: on the service's host, two policy-routing rules of type
   ``blackhole``: one for what the service's address sends to ``host``, one for what arrives
-  from ``host`` for the service's address. ``blackhole`` discards silently in both
-  directions; ``unreachable`` and ``prohibit`` would answer an arriving packet with an ICMP
-  error, so the client's connect would fail at once (*no route to host*), which is a
-  firewall's refusal, not a partition. The rule on what arrives matters as much as the one
-  on replies: with replies alone dropped, a request would still reach the server, which
-  would run it (commit a transaction) while the client saw nothing come back.
+  from ``host`` for the service's address (the local table's rule, at preference 0 by
+  default, is moved after them: otherwise it would deliver the arriving packets first). The
+  rule on what arrives matters as much as the one on replies: with replies alone dropped, a
+  request would still reach the server and run there (commit a transaction) while the
+  client saw nothing come back. Tried on this kernel (6.x), ``unreachable`` and ``prohibit``
+  rules behave the same for the client (a connect times out: no ICMP error reaches it) and
+  the same for the server (its own sends fail locally, as with ``blackhole``: ENETUNREACH,
+  EACCES instead of EINVAL, which TCP treats as a soft error and keeps retransmitting);
+  ``blackhole`` is the one documented to discard silently, so it is the one used.
 * ``heal(host)`` / ``heal_service(host, service)`` undo them; ``flap(host, ...)`` cuts and
   heals a host's link in a loop, in a thread, until told to stop.
 
