@@ -8,7 +8,9 @@ Hosts (network namespaces on one switch of the run's own, ``10.x.y.0/24``):
   starts is born there and reaches the others through the switch;
 * ``data``: PostgreSQL and Redis (the broker and the cache), each on an address of its own;
 * ``mail``: the fault-injecting SMTP server (its thread and socket are born there);
-* ``web1``, ``web2``: gunicorn each; the load goes to both in turn;
+* ``web1``, ``web2``: gunicorn each, behind the nginx edge, which runs on ``ctl`` (as the
+  production one, rendered by deploy/nginx/render.sh; a name in ``ctl``'s /etc/hosts resolves
+  to both web hosts, and nginx balances over them);
 * ``worker1`` .. ``worker3``: a Celery worker each;
 * ``beat1``, ``beat2``: a beat each (one leads, one stands by).
 
@@ -36,11 +38,12 @@ its recovery (the invoices pending at its start, the outbox rows unpublished at 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,8 @@ from chaos.faults import (
     Step,
 )
 from chaos.observe import Db, pending_invoices
-from chaos.stack import DATA_HOST, POSTGRES_SERVICE, REDIS_SERVICE
+from chaos.stack import DATA_HOST, POSTGRES_SERVICE, REDIS_SERVICE, Stack
+from stack import launch
 from stack.netns import Topology
 from stack.smtp import IN_WINDOW
 
@@ -67,11 +71,51 @@ WORKER_HOSTS = ("worker1", "worker2", "worker3")
 BEAT_HOSTS = ("beat1", "beat2")
 HOSTS = (CTL, DATA_HOST, MAIL, *WEB_HOSTS, *WORKER_HOSTS, *BEAT_HOSTS)
 
+# The web hosts behind the edge: gunicorn on the same port of each, and one name (in the
+# control host's /etc/hosts) that resolves to all of them, which nginx balances over.
+WEB_NAME = "web"
+WEB_PORT = 8000
+# The edge's limits, far above the load: every sender here is one address (the control
+# host's loopback), so the per-address limits are the global ones.
+EDGE_LIMITS: dict[str, int] = {
+    "WEBHOOK_EDGE_ADDRESS_RATE": 2000,
+    "WEBHOOK_EDGE_ADDRESS_BURST": 2000,
+    "WEBHOOK_EDGE_ADDRESS_CONNECTIONS": 64,
+}
+EDGE_RATE, EDGE_BURST, EDGE_IN_FLIGHT = 2000, 2000, 64
+
 HOLD_SECONDS = 3.0
 HOLD_WAIT = 30.0
 BEFORE_CUT = 5.0  # seconds before a cut in which a message accepted may not have been marked
 FLAP_DOWN, FLAP_UP = 2.0, 3.0
 BEAT_POLL = 5  # BEAT_STANDBY_POLL_SECONDS (the application's default)
+
+
+@contextlib.contextmanager
+def behind_edge(stack: Stack, *, web_hosts: tuple[str, ...], workers: int) -> Iterator[int]:
+    """gunicorn on each of ``web_hosts`` (``workers`` each) behind the nginx edge on the
+    control host (``launch.edge``, rendered by deploy/nginx/render.sh as in production); the
+    edge's port on the control host's loopback."""
+    net = stack.net
+    assert net is not None
+    with contextlib.ExitStack() as running:
+        addresses = [
+            running.enter_context(stack.web(workers=workers, host=host, port=WEB_PORT))[0]
+            for host in web_hosts
+        ]
+        net.hosts_file(CTL, {WEB_NAME: addresses})
+        edge = running.enter_context(
+            launch.edge(
+                WEB_PORT,
+                upstream_host=WEB_NAME,
+                rate=EDGE_RATE,
+                burst=EDGE_BURST,
+                in_flight=EDGE_IN_FLIGHT,
+                settings=EDGE_LIMITS,
+                via=stack.via(CTL),
+            )
+        )
+        yield edge.port
 
 
 def topology(hosts: tuple[str, ...] = HOSTS) -> Topology:

@@ -213,7 +213,8 @@ def _run_arm(
         env = config.app_env(
             smtp_port=smtp.port,
             smtp_host=smtp.host,
-            web_hosts=tuple(net.address(h) for h in hosts.WEB_HOSTS),
+            # The edge forwards the client's Host: its loopback address on the control host.
+            web_hosts=(HOST, *(net.address(h) for h in hosts.WEB_HOSTS)),
         )
     extra: dict[str, Any] | None = None
     try:
@@ -241,10 +242,10 @@ def _run_arm(
             else:
                 for host in hosts.BEAT_HOSTS:
                     stack.start_beat(f"beat-{host}", host=host)
-                targets = [
-                    webs.enter_context(stack.web(workers=profile.web_workers, host=host))
-                    for host in hosts.WEB_HOSTS
-                ]
+                edge_port = webs.enter_context(
+                    hosts.behind_edge(stack, web_hosts=hosts.WEB_HOSTS, workers=profile.web_workers)
+                )
+                targets = [(HOST, edge_port)]
             plan = plan_build(
                 invoices=invoices, rng=rng, refused_domain=smtp.handler.faults.refuse_domain
             )

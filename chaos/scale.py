@@ -2,7 +2,8 @@
 
 The hosts of ``chaos.hosts`` without faults: for each number of worker hosts (1, 2, 3) and
 web hosts (1, 2), start that many workers (one a host) and gunicorns (one a host) on one
-PostgreSQL and Redis (the data host), send a fresh batch of paid invoices as fast as the
+PostgreSQL and Redis (the data host), behind the nginx edge (``chaos.hosts.behind_edge``),
+send a fresh batch of paid invoices as fast as the
 senders can, and measure:
 
 * webhooks/s: deliveries acknowledged with a 2xx / seconds from the first send to the last
@@ -33,6 +34,7 @@ from chaos import config, hosts
 from chaos.load import Sender, plan_build
 from chaos.stack import Stack
 from stack.machine import describe, revision
+from stack.net import HOST
 from stack.netns import Topology, ip
 from stack.smtp import Faults, SmtpServer
 
@@ -77,10 +79,10 @@ def _one(
                 host=host,
             )
             running.callback(worker.stop)
-        targets = [
-            running.enter_context(stack.web(workers=2, host=host))
-            for host in hosts.WEB_HOSTS[:webs]
-        ]
+        edge = running.enter_context(
+            hosts.behind_edge(stack, web_hosts=hosts.WEB_HOSTS[:webs], workers=2)
+        )
+        targets = [(HOST, edge)]
         plan = plan_build(invoices=invoices, rng=rng, refused_domain=REFUSED)
         expected = len(smtp.handler.received()) + invoices - len(plan.refused)
         sender = Sender(
@@ -125,7 +127,7 @@ def run(*, results: Path, invoices: int, seed: int) -> dict[str, Any]:
         env = config.app_env(
             smtp_port=smtp.port,
             smtp_host=smtp.host,
-            web_hosts=tuple(net.address(h) for h in hosts.WEB_HOSTS),
+            web_hosts=(HOST, *(net.address(h) for h in hosts.WEB_HOSTS)),
         )
         try:
             with Stack(log_dir=log_dir, app_env=env, net=net) as stack:

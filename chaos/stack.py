@@ -479,8 +479,11 @@ class Stack:
         return self.processes.add(beat, supervised=True)
 
     @contextlib.contextmanager
-    def web(self, *, workers: int, host: str | None = None) -> Iterator[tuple[str, int]]:
-        """gunicorn core.wsgi (on ``host``), ready once Django answers; its address and port."""
+    def web(
+        self, *, workers: int, host: str | None = None, port: int = 0
+    ) -> Iterator[tuple[str, int]]:
+        """gunicorn core.wsgi (on ``host``, on ``port`` if given), ready once Django answers;
+        its address and port."""
         name = "gunicorn" if host is None else f"gunicorn-{host}"
         address = HOST if host is None or self.net is None else self.net.address(host)
         placed = (
@@ -493,6 +496,7 @@ class Stack:
                 log=self.log(name),
                 name=name,
                 host=address,
+                port=port,
                 via=self.via(host),
             )
         with server:

@@ -189,6 +189,7 @@ def gunicorn(
     log: Path | None = None,
     name: str = "gunicorn",
     host: str = HOST,
+    port: int = 0,
     via: Sequence[str] = (),
 ) -> Process:
     """``gunicorn <args>`` (``config``'s options if given, else the configuration file's) on
@@ -196,11 +197,11 @@ def gunicorn(
     ``ready_body`` to ``ready_path`` is answered ``ready_status`` (any status if None): an
     unsigned webhook answered 400 is Django's answer. On another host (``stack.netns``) it is
     called inside that host's namespace (the socket is made there) with ``via`` its
-    ``ip netns exec``."""
+    ``ip netns exec``; ``port`` is a port of its own (a free one unless given)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     with listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, 0))
+        listener.bind((host, port))
         port = int(listener.getsockname()[1])
 
         def answered(process: Process) -> bool:
@@ -242,19 +243,23 @@ def edge(
     in_flight: int,
     settings: nginx.Settings | None = None,
     name: str = "edge",
+    upstream_host: str = HOST,
+    via: Sequence[str] = (),
 ) -> Process:
-    """nginx on a free port of ``HOST`` in front of ``HOST``:``upstream_port``, configured by
-    ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second in all
-    (``burst`` at once), ``in_flight`` at a time, and any other of render.sh's settings in
-    ``settings`` (the per-address ones default to half of these). Stopped gracefully
-    (SIGQUIT: what is in flight is answered)."""
+    """nginx on a free port of ``HOST`` in front of ``upstream_host``:``upstream_port``,
+    configured by ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second
+    in all (``burst`` at once), ``in_flight`` at a time, and any other of render.sh's settings
+    in ``settings`` (the per-address ones default to half of these). Stopped gracefully
+    (SIGQUIT: what is in flight is answered). ``upstream_host`` may be a name that resolves to
+    several addresses: nginx balances over them (across hosts, ``via`` runs it where the name
+    is known: ``stack.netns.Topology.hosts_file``)."""
     port = free_port()
     prefix = nginx.prefix_make(
         {
             "WEBHOOK_EDGE_RATE": rate,
             "WEBHOOK_EDGE_BURST": burst,
             "WEBHOOK_EDGE_CONNECTIONS": in_flight,
-            "APP_UPSTREAM": f"{HOST}:{upstream_port}",
+            "APP_UPSTREAM": f"{upstream_host}:{upstream_port}",
             "EDGE_LISTEN": f"{HOST}:{port}",
             "EDGE_CAPACITY_LISTEN": f"{HOST}:{free_port()}",
             **(settings or {}),
@@ -262,7 +267,7 @@ def edge(
     )
     try:
         return Process(
-            nginx.nginx_argv(prefix),
+            [*via, *nginx.nginx_argv(prefix)],
             name=name,
             env={},
             log=prefix / f"{name}.log",

@@ -66,6 +66,7 @@ from types import TracebackType
 
 FAMILY = "chx"  # every namespace this module makes is named chx-<pid>-<run>-<host>
 NETNS_DIR = Path("/run/netns")
+ETC_NETNS = Path("/etc/netns")  # per-namespace files ip netns exec mounts over /etc
 SWITCH = "switch"
 _CLONE_NEWNET = 0x40000000
 _SERVICE_BASE = 100  # services get .101, .102, ...: hosts .1 to .100
@@ -149,6 +150,7 @@ def stale_remove() -> list[str]:
         ours = len(parts) >= 3 and parts[0] == FAMILY and parts[1].isdigit()
         if ours and not _pid_alive(int(parts[1])):
             _ns_remove(name)
+            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
             removed.append(name)
     return removed
 
@@ -310,8 +312,22 @@ class Topology:
             if batch:
                 ip("-n", self.ns(host.name), "-batch", "-", stdin="\n".join(batch) + "\n")
 
+    def hosts_file(self, host: str, names: dict[str, list[str]]) -> None:
+        """``/etc/hosts`` for what runs on ``host`` through ``argv`` (``ip netns exec``
+        bind-mounts ``/etc/netns/<namespace>/hosts`` over it): each name -> its addresses
+        (a name with several is resolved to all of them), and localhost."""
+        folder = ETC_NETNS / self.ns(host)
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost"] + [
+            f"{address} {name}" for name, addresses in names.items() for address in addresses
+        ]
+        (folder / "hosts").write_text("\n".join(lines) + "\n")
+
     def remove(self) -> None:
-        """Kill every process left in this run's namespaces and delete them (idempotent)."""
+        """Kill every process left in this run's namespaces and delete them, and their
+        ``/etc/netns`` files (idempotent)."""
+        for folder in ETC_NETNS.glob(f"{self.prefix}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
         errors = []
         for name in self.namespaces():
             try:
