@@ -12,6 +12,7 @@ import ipaddress
 import smtplib
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -177,6 +178,21 @@ def test_a_process_runs_on_its_host() -> None:
         ).stdout
         assert topology.address("b") in out
         assert topology.address("a") not in out
+
+
+def test_a_hosts_file_names_several_hosts_for_what_runs_there_and_goes_with_the_run() -> None:
+    with Topology(["a", "b", "c"]) as topology:
+        topology.hosts_file("a", {"web": [topology.address("b"), topology.address("c")]})
+        resolve = "import socket; print(sorted(socket.gethostbyname_ex('web')[2]))"
+        out = subprocess.run(
+            topology.argv("a", [sys.executable, "-c", resolve]),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out.strip() == str(sorted([topology.address("b"), topology.address("c")]))
+        prefix = topology.prefix
+    assert not list(netns.ETC_NETNS.glob(f"{prefix}-*"))
 
 
 def test_nothing_is_left_behind_after_a_normal_exit() -> None:
