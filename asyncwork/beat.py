@@ -7,7 +7,8 @@ lock every ``BEAT_STANDBY_POLL_SECONDS``. The lock is held on a connection of it
 TCP keepalives), so it is released the moment the leader's process dies and PostgreSQL sees
 its socket close; a standby takes over at its next poll: **within BEAT_STANDBY_POLL_SECONDS
 (5 s) of the leader's death**, or within about 20 s more if the leader's host vanished
-without closing the connection (keepalive: 5 s idle + 3 probes 5 s apart). A leader that
+without closing the connection (the server's keepalives on that session: 5 s idle + 3 probes
+5 s apart). A leader that
 loses its connection stops dispatching at its next tick. The new leader re-reads every
 entry's last run from the database (saved after every dispatch, ``CELERY_BEAT_SYNC_EVERY=1``),
 so a takeover does not replay the slots the old leader already dispatched. Every job is also
@@ -47,10 +48,18 @@ def _connect() -> psycopg.Connection[Any]:
     params = connections["default"].get_connection_params()
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
+    # Keepalives at both ends. The client's let a leader notice a dead server; the server's
+    # (per session: PostgreSQL's tcp_keepalives_* settings) let PostgreSQL drop the session of a
+    # leader whose host vanished, which releases the lock: without them an idle session on a
+    # partitioned host is kept for the system's default of two hours, and no standby can take
+    # over (found by the chaos suite across hosts, chaos/hosts.py).
+    keepalives = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+    options = " ".join(filter(None, [params.pop("options", ""), keepalives]))
     return psycopg.connect(
         **params,
         autocommit=True,
         application_name=f"beat-leader {socket.gethostname()}:{os.getpid()}",
+        options=options,
         keepalives=1,
         keepalives_idle=5,
         keepalives_interval=5,

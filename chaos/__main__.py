@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from chaos import config, report
+from chaos import config, report, scale
 from chaos.run import run_arm
 from chaos.stack import BROKERS, REDIS
+from stack import netns
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -52,13 +53,45 @@ def main(argv: list[str] | None = None) -> int:
         help="Celery's broker: redis, or a RabbitMQ node of the run's own (Redis stays for "
         "the cache); the restart fault restarts the broker's node",
     )
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="each role on a host of its own (network namespaces; needs root), with network "
+        "partitions for faults: --profile hosts, or hosts-short with --short",
+    )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="with --hosts: no faults; webhooks/s, emails/s and the stack's CPU per invoice "
+        "with 1-3 worker hosts and 1-2 web hosts (--invoices per row, default 300)",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate)
 
-    profile = config.SHORT if args.short else config.PROFILES[args.profile]
+    if args.scale and not args.hosts:
+        parser.error("--scale measures across hosts: add --hosts")
+    if args.hosts:
+        if args.broker != REDIS:
+            parser.error("--hosts runs on Redis only (--broker redis)")
+        why_not = netns.available()
+        if why_not:
+            parser.error(f"--hosts: {why_not}")
+        profile = config.HOSTS_SHORT if args.short else config.HOSTS
+    else:
+        profile = config.SHORT if args.short else config.PROFILES[args.profile]
+    if args.scale:
+        document = scale.run(
+            results=args.results,
+            invoices=args.invoices or 300,
+            seed=args.seed if args.seed is not None else secrets.randbits(32),
+        )
+        print(scale.table(document))
+        return 0
+    if profile.hosts and not args.hosts:
+        parser.error(f"--profile {profile.name} runs across hosts: add --hosts")
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     arms = [config.SAFE, config.CONTROL] if args.arm == "both" else [args.arm]
     failed = []

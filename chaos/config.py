@@ -15,10 +15,15 @@ import secrets
 from dataclasses import dataclass
 
 from chaos.faults import (
+    BEAT_HOST_CUT,
     BROKER_STALL,
+    DATA_FLAP,
     POSTGRES_RESTART,
     REDIS_RESTART,
     RELAY_KILL,
+    WEB_BROKER_CUT,
+    WORKER_DB_CUT,
+    WORKER_HOST_CUT,
     WORKER_KILL,
     Step,
 )
@@ -69,6 +74,9 @@ class Profile:
     concurrency: int = 2
     web_workers: int = 4
     fault_gap: float = 3.0  # seconds between one fault's end and the next's start
+    hosts: bool = (
+        False  # each role on a host of its own (chaos.hosts): workers, web_workers per host
+    )
 
 
 # The broker stall comes last: a Redis restart after it re-establishes every connection,
@@ -121,13 +129,59 @@ BROKER_STALL_ONLY = Profile(
     steps=(Step(0.3, BROKER_STALL, seconds=10),),
 )
 
-PROFILES = {p.name: p for p in (FULL, SHORT, BROKER_STALL_ONLY)}
+
+# Across hosts (chaos.hosts): one worker on each of three hosts, gunicorn on each of two, two
+# beats. Every partition but the beat's comes while the load runs, so that it cuts work in
+# flight: the web host's (what it commits is not published); the worker host's cut from
+# PostgreSQL, longer than the claim lease (15 s); the worker host's cut from everything,
+# longer than the lease and Redis's visibility timeout (30 s); the data host's flapping. The
+# beat host's cut, after the load, lasts longer than the standby's bound (its 5 s poll, plus
+# about 20 s for PostgreSQL to drop the leader's session).
+def _hosts_steps(flap_seconds: float) -> tuple[Step, ...]:
+    return (
+        Step(0.04, WEB_BROKER_CUT, seconds=10),
+        Step(0.14, WORKER_DB_CUT, seconds=20),
+        Step(0.33, WORKER_HOST_CUT, seconds=40),
+        Step(0.7, DATA_FLAP, seconds=flap_seconds),
+        Step(1.0, BEAT_HOST_CUT, seconds=35),
+    )
 
 
-def app_env(*, smtp_port: int) -> dict[str, str]:
+HOSTS = Profile(
+    name="hosts",
+    invoices=1200,
+    control_invoices=1200,
+    rate=10,
+    workers=3,
+    concurrency=2,
+    web_workers=2,
+    quiesce_timeout=600,
+    hosts=True,
+    steps=_hosts_steps(60),
+)
+HOSTS_SHORT = Profile(
+    name="hosts-short",
+    invoices=600,
+    control_invoices=600,
+    rate=10,
+    workers=3,
+    concurrency=2,
+    web_workers=2,
+    quiesce_timeout=400,
+    hosts=True,
+    steps=_hosts_steps(20),
+)
+
+PROFILES = {p.name: p for p in (FULL, SHORT, BROKER_STALL_ONLY, HOSTS, HOSTS_SHORT)}
+
+
+def app_env(
+    *, smtp_port: int, smtp_host: str = "127.0.0.1", web_hosts: tuple[str, ...] = ("127.0.0.1",)
+) -> dict[str, str]:
     """Everything the application's processes see, from a clean environment: production
-    settings (DEBUG off, fresh secrets) on loopback, and the scaled-down timing. The database
-    and broker addresses are added by ``chaos.stack.Stack.env``."""
+    settings (DEBUG off, fresh secrets) on loopback (or the hosts' addresses given), and the
+    scaled-down timing. The database and broker addresses are added by
+    ``chaos.stack.Stack.env``."""
     inherited = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
     return {
         **inherited,
@@ -139,9 +193,9 @@ def app_env(*, smtp_port: int) -> dict[str, str]:
         # The load signs test-mode events (webhooks/testing.py); production acts on live only.
         "STRIPE_LIVEMODE": "test",
         "DJANGO_SECURE_SSL_REDIRECT": "0",
-        "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+        "DJANGO_ALLOWED_HOSTS": ",".join(web_hosts),
         "LOG_LEVEL": "WARNING",
-        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_HOST": smtp_host,
         "EMAIL_PORT": str(smtp_port),
         # Every sender here shares one address; the per-address flood guard (6000/min) would
         # turn the test's pacing into 429s that have nothing to do with the faults.

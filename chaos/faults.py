@@ -54,6 +54,12 @@ BROKER_STALL = "broker_stall"
 REDIS_RESTART = "redis_restart"
 RABBITMQ_RESTART = "rabbitmq_restart"
 POSTGRES_RESTART = "postgres_restart"
+# Across hosts: the partitions (chaos.hosts).
+WORKER_HOST_CUT = "worker_host_cut"
+WORKER_DB_CUT = "worker_db_cut"
+WEB_BROKER_CUT = "web_broker_cut"
+BEAT_HOST_CUT = "beat_host_cut"
+DATA_FLAP = "data_flap"
 
 HOLD_SECONDS = 3.0  # how long the SMTP server holds the DATA the kill lands in
 HOLD_WAIT = 30.0  # how long a kill waits for a DATA to land in (none: emails are not flowing)
@@ -71,7 +77,7 @@ class Step:
     at: float
     kind: str
     window: str = ""  # worker_kill: stack.smtp.IN_WINDOW or OUTSIDE
-    seconds: float = 0.0  # broker_stall: how long
+    seconds: float = 0.0  # broker_stall, a partition: how long
 
 
 @dataclass
@@ -303,11 +309,18 @@ INJECTORS: dict[str, Callable[[Context, Step], dict[str, Any]]] = {
 
 class FaultRunner:
     """Runs the plan in a thread: each step once its share of the load is done, and at least
-    ``gap`` seconds after the previous fault ended."""
+    ``gap`` seconds after the previous fault ended. ``injectors`` adds kinds of the caller's
+    (the partitions of ``chaos.hosts``)."""
 
     def __init__(
-        self, ctx: Context, steps: tuple[Step, ...], load_done: threading.Event, gap: float
+        self,
+        ctx: Context,
+        steps: tuple[Step, ...],
+        load_done: threading.Event,
+        gap: float,
+        injectors: dict[str, Callable[[Context, Step], dict[str, Any]]] | None = None,
     ) -> None:
+        self.injectors = {**INJECTORS, **(injectors or {})}
         self.ctx = ctx
         self.steps = steps
         self.load_done = load_done
@@ -334,7 +347,7 @@ class FaultRunner:
                 ):
                     time.sleep(0.1)
                 time.sleep(max(0.0, last_end + self.gap - time.time()))
-                record = {"kind": step.kind, **INJECTORS[step.kind](self.ctx, step)}
+                record = {"kind": step.kind, **self.injectors[step.kind](self.ctx, step)}
                 record["during_load"] = not self.load_done.is_set()
                 self.records.append(record)
                 last_end = float(record.get("ended", time.time()))

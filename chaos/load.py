@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +141,8 @@ class Sender:
     def __init__(
         self,
         *,
-        port: int,
+        port: int = 0,
+        targets: Sequence[tuple[str, int]] = (),
         secret: str,
         plan: Plan,
         senders: int,
@@ -151,6 +153,9 @@ class Sender:
         seed: int = 0,
     ) -> None:
         self.port = port
+        # Where to post, in turn: (address, port) of each web host, or loopback's ``port``.
+        self.targets = list(targets) or [("127.0.0.1", port)]
+        self._turn = itertools.count()
         self.secret = secret
         self.plan = plan
         self.senders = senders
@@ -217,7 +222,8 @@ class Sender:
 
     def _post(self, body: bytes) -> tuple[int, float]:
         """One POST on a new connection: (status or 0 on a socket failure, Retry-After)."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        host, port = self.targets[next(self._turn) % len(self.targets)]
+        connection = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
             connection.request(
                 "POST",

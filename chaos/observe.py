@@ -69,9 +69,9 @@ class Db:
 class Broker:
     """Queue depths on the suite's Redis (the Celery broker is its database 0)."""
 
-    def __init__(self, port: int, prefix: str = "") -> None:
+    def __init__(self, port: int, prefix: str = "", host: str = "127.0.0.1") -> None:
         self.client = redis.Redis(
-            host="127.0.0.1", port=port, db=0, socket_timeout=1, socket_connect_timeout=1
+            host=host, port=port, db=0, socket_timeout=1, socket_connect_timeout=1
         )
         self.prefix = prefix
 

@@ -70,6 +70,26 @@ DEFINITIONS = {
     "every invoice that was paid and had no email (nor dead letter) when it went down has one",
     "recovery.postgres_restart": "seconds from PostgreSQL accepting again until every invoice "
     "that was paid and had no email when it went down has one",
+    "recovery.worker_host_cut": "seconds from the cut (a worker host cut off from every other "
+    "host) until every invoice paid and without its email at the cut has one (or a dead "
+    "letter): the other hosts recover it while the host is still cut",
+    "recovery.worker_db_cut": "as worker_host_cut, the host cut off from PostgreSQL alone",
+    "recovery.web_broker_cut": "seconds from the heal until every outbox row unpublished at "
+    "that moment is published",
+    "recovery.beat_host_cut": "seconds from the cut until PostgreSQL shows the standby beat "
+    "holding the leader lock (polled every 0.5 s during the cut)",
+    "recovery.data_flap": "seconds from the flapping's end until every invoice pending at its "
+    "start has its email (or a dead letter)",
+    "sends_cut (partitions)": "messages the SMTP server accepted from the cut host in the 5 s "
+    "before the cut or during it, less those the database had marked sent just after the cut "
+    "(worker_host_cut) or by the heal (worker_db_cut): sends whose sender could not mark them",
+    "hosts.zombie_sends": "for each worker host cut: the claims its worker held at the cut "
+    "(state 'sending', owned by one of its pids), how many were taken over (a higher claim "
+    "token at the end) and sent by the end, and the messages accepted from that host for "
+    "them after its lease lapsed (the cut's start plus EMAIL_CLAIM_LEASE_SECONDS)",
+    "hosts.beats": "from the beats' logs (INFO): each dispatch, and when a beat took the lock; "
+    "a slot dispatched twice is two dispatches of one periodic task by different beats less "
+    "than half its interval apart",
     "email_flow_resumed": "seconds from the end of a fault until the SMTP server next accepts "
     "a message",
     "webhook_2xx_resumed": "seconds from the end of a fault until a webhook next gets a 2xx "
@@ -112,6 +132,7 @@ class Inputs:
     failed_acks: dict[str, int]
     log_dir: Path
     broker: str = "redis"
+    hosts: dict[str, Any] | None = None  # across hosts: the topology, the beats, the zombies
 
 
 def outbox_ids_of(records: list[dict[str, Any]]) -> list[int]:
@@ -233,25 +254,31 @@ class _Analysis:
             out["recovery_seconds"] = _seconds_until_all(
                 [published.get(pk) for pk in record["left_unmarked"]], at
             )
-        elif kind == BROKER_STALL:
+        elif "takeover_seconds" in record:  # a beat host's cut: the standby leads
+            out["recovery_seconds"] = record["takeover_seconds"]
+        elif kind == BROKER_STALL or "unpublished_at_end" in record:
             rows = record["unpublished_at_end"]
             out["unpublished_rows_at_end"] = len(rows)
             out["recovery_seconds"] = _seconds_until_all(
                 [self.i.facts.published_at.get(pk) for pk in rows], ended
             )
-        elif kind in (REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART):
+        elif kind in (REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART) or (
+            "pending_invoices" in record
+        ):
             pending = record.get("pending_invoices") or []
             done = [self.done_at.get(pk) for pk in pending]
+            # A host's cut is survived by the other hosts: measured from its start.
+            since = at if record.get("recovery_from") == "at" else ended
             out["pending_invoices_at_fault"] = len(pending)
             out["pending_never_done"] = sum(t is None for t in done)
-            out["recovery_seconds"] = _seconds_until_all(done, ended)
-            out["half_done_seconds"] = _seconds_until_share(done, ended, 0.5)
-            out["nine_tenths_done_seconds"] = _seconds_until_share(done, ended, 0.9)
+            out["recovery_seconds"] = _seconds_until_all(done, since)
+            out["half_done_seconds"] = _seconds_until_share(done, since, 0.5)
+            out["nine_tenths_done_seconds"] = _seconds_until_share(done, since, 0.9)
             deliveries = self.i.facts.deliveries
             out["slowest"] = [
                 {
                     "invoice_pk": pk,
-                    "seconds": round(t - ended, 1),
+                    "seconds": round(t - since, 1),
                     "claim_attempts": deliveries.get(pk, {}).get("attempts"),
                 }
                 for t, pk in sorted(
@@ -325,7 +352,10 @@ def build(inputs: Inputs) -> dict[str, Any]:
         facts.invoices[pk][0] for pk, d in facts.deliveries.items() if d["state"] == "sent"
     }
     kills = [r for r in inputs.faults if r["kind"] == WORKER_KILL and "skipped" not in r]
-    cut_by_kills = {message_id for r in kills for message_id in r["sends_cut"]}
+    # A partition (chaos.hosts) cuts sends too: those accepted while the sender could not mark
+    # them.
+    cutting = [r for r in inputs.faults if "sends_cut" in r]
+    cut_by_kills = {message_id for r in cutting for message_id in r["sends_cut"]}
     closed_by_kills = {message_id for r in kills for message_id in r["sessions_cut"]}
     duplicates: list[dict[str, Any]] = []
     for invoice, messages in sorted(a.messages.items()):
@@ -346,7 +376,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
                 }
             )
     extra = sum(d["messages"] - 1 for d in duplicates)
-    sends_cut = sum(r["sends_cut_in_window"] for r in kills)
+    sends_cut = sum(r["sends_cut_in_window"] for r in cutting)
 
     letters: list[dict[str, Any]] = []
     for letter in facts.dead_letters:
@@ -435,6 +465,10 @@ def build(inputs: Inputs) -> dict[str, Any]:
         }
     else:
         goals = {"loss_observed": bool(lost)}
+    if inputs.hosts is not None:
+        results["hosts"] = inputs.hosts
+        if inputs.arm == config.SAFE:
+            goals.update(inputs.hosts.get("goals", {}))
     load = {
         **plan.describe(),
         "senders": sender.senders,
@@ -565,8 +599,8 @@ def summary(report: dict[str, Any]) -> str:
                 f"{f['pending_invoices_at_fault']} invoices pending"
             ),
             POSTGRES_RESTART: lambda f: f"{f['pending_invoices_at_fault']} invoices pending",
-        }[fault["kind"]](fault)
-        recovery = fault["recovery_seconds"]
+        }.get(fault["kind"], _partition_detail)(fault)
+        recovery = fault.get("recovery_seconds")
         lines.append(
             f"  +{fault['at']:>6} s {fault['kind']} ({detail}): "
             + (f"recovered in {recovery} s" if recovery is not None else "NOT RECOVERED")
@@ -583,6 +617,20 @@ def summary(report: dict[str, Any]) -> str:
     goals = ", ".join(f"{name} {_mark(ok)}" for name, ok in report["goals"].items())
     lines.append(f"goals: {goals} => {'PASS' if report['passed'] else 'FAIL'}")
     return "\n".join(lines)
+
+
+def _partition_detail(fault: dict[str, Any]) -> str:
+    """A partition's line (chaos.hosts): the host, and what it left to recover."""
+    parts = [fault.get("host", "?")]
+    if "sends_cut" in fault:
+        parts.append(f"{len(fault['sends_cut'])} send(s) cut")
+    if "pending_invoices_at_fault" in fault:
+        parts.append(f"{fault['pending_invoices_at_fault']} invoices pending")
+    if "unpublished_rows_at_end" in fault:
+        parts.append(f"{fault['unpublished_rows_at_end']} rows unpublished at the heal")
+    if "cuts" in fault:
+        parts.append(f"{fault['cuts']} cuts")
+    return ", ".join(parts)
 
 
 def utc(timestamp: float) -> str:

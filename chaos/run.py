@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chaos import config, report
+from chaos import config, hosts, report
 from chaos.faults import RABBITMQ_RESTART, REDIS_RESTART, Context, FaultRunner
 from chaos.load import Plan, Sender, plan_build
 from chaos.observe import (
@@ -34,7 +35,9 @@ from chaos.observe import (
     worker_self_terminations,
 )
 from chaos.stack import RABBITMQ, REDIS, Stack, WorkerPool
+from stack import netns
 from stack.net import HOST
+from stack.netns import Topology
 from stack.smtp import SmtpServer
 
 _DEAD_LETTER_INVOICES_SQL = """
@@ -152,6 +155,42 @@ def run_arm(
     log_dir: Path,
     broker: str = REDIS,
 ) -> dict[str, Any]:
+    """One arm; with ``profile.hosts``, across the hosts of ``chaos.hosts``: the topology is
+    made first and removed last (also on an error or Ctrl-C), and this thread runs the arm
+    from the control host (every thread and process it starts is born there)."""
+    if not profile.hosts:
+        return _run_arm(
+            arm=arm,
+            profile=profile,
+            invoices=invoices,
+            seed=seed,
+            log_dir=log_dir,
+            broker=broker,
+            net=None,
+        )
+    netns.stale_remove()
+    with hosts.topology() as net, net.inside(hosts.CTL):
+        return _run_arm(
+            arm=arm,
+            profile=profile,
+            invoices=invoices,
+            seed=seed,
+            log_dir=log_dir,
+            broker=broker,
+            net=net,
+        )
+
+
+def _run_arm(
+    *,
+    arm: str,
+    profile: config.Profile,
+    invoices: int,
+    seed: int,
+    log_dir: Path,
+    broker: str,
+    net: Topology | None,
+) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
     # On RabbitMQ the plan's broker restart is the node's (Redis, the cache, is not restarted).
     steps = tuple(
@@ -162,10 +201,27 @@ def run_arm(
     )
     rng = random.Random(seed)  # noqa: S311 - a reproducible plan, not secrets
     started = time.time()
-    smtp = SmtpServer(faults=config.smtp_faults(), seed=rng.getrandbits(32)).start()
-    env = config.app_env(smtp_port=smtp.port)
+    if net is None:
+        smtp = SmtpServer(faults=config.smtp_faults(), seed=rng.getrandbits(32)).start()
+        env = config.app_env(smtp_port=smtp.port)
+    else:
+        smtp = SmtpServer(
+            faults=config.smtp_faults(), seed=rng.getrandbits(32), host=net.address(hosts.MAIL)
+        )
+        with net.inside(hosts.MAIL):  # its thread, and so its socket, are born there
+            smtp.start()
+        env = config.app_env(
+            smtp_port=smtp.port,
+            smtp_host=smtp.host,
+            # The edge forwards the client's Host: its loopback address on the control host.
+            web_hosts=(HOST, *(net.address(h) for h in hosts.WEB_HOSTS)),
+        )
+    extra: dict[str, Any] | None = None
     try:
-        with Stack(log_dir=log_dir, app_env=env, broker=broker) as stack:
+        with (
+            Stack(log_dir=log_dir, app_env=env, broker=broker, net=net) as stack,
+            contextlib.ExitStack() as webs,
+        ):
             assert stack.postgres is not None
             assert stack.redis is not None
             stack.postgres.create_database("chaos")
@@ -178,65 +234,84 @@ def run_arm(
                 count=profile.workers,
                 concurrency=profile.concurrency,
                 settings_module=config.worker_settings(arm),
+                hosts=hosts.WORKER_HOSTS[: profile.workers] if net is not None else (),
             )
-            stack.start_beat()
-            with stack.web(workers=profile.web_workers) as port:
-                plan = plan_build(
-                    invoices=invoices, rng=rng, refused_domain=smtp.handler.faults.refuse_domain
+            if net is None:
+                stack.start_beat()
+                targets = [webs.enter_context(stack.web(workers=profile.web_workers))]
+            else:
+                for host in hosts.BEAT_HOSTS:
+                    stack.start_beat(f"beat-{host}", host=host)
+                edge_port = webs.enter_context(
+                    hosts.behind_edge(stack, web_hosts=hosts.WEB_HOSTS, workers=profile.web_workers)
                 )
-                sender = Sender(
-                    port=port,
-                    secret=env["STRIPE_WEBHOOK_SECRET"],
-                    plan=plan,
-                    senders=profile.senders,
-                    rate=profile.rate,
-                    seed=rng.getrandbits(32),
-                )
-                observed: Broker | RabbitBroker = (
-                    RabbitBroker(HOST, stack.rabbit.port)
-                    if stack.rabbit is not None
-                    else Broker(stack.redis.port)
-                )
-                responses = sender.responses
-                timeline = Timeline(
-                    Sources(
-                        db=db,
-                        broker=observed,
-                        smtp_accepted=lambda: len(smtp.handler.received()),
-                        events_acknowledged=lambda: len(responses.acked_events),
-                    )
-                ).start()
-                load_done = threading.Event()
-                runner = FaultRunner(
-                    Context(
-                        stack=stack,
-                        workers=workers,
-                        smtp=smtp,
-                        db=db,
-                        broker=observed,
-                        sender=sender,
-                        rng=rng,
-                    ),
-                    steps,
-                    load_done,
-                    gap=profile.fault_gap,
-                ).start()
-                sender.run()
-                load_done.set()
-                runner.join()
-                quiescence = quiesce(
+                targets = [(HOST, edge_port)]
+            plan = plan_build(
+                invoices=invoices, rng=rng, refused_domain=smtp.handler.faults.refuse_domain
+            )
+            sender = Sender(
+                targets=targets,
+                secret=env["STRIPE_WEBHOOK_SECRET"],
+                plan=plan,
+                senders=profile.senders,
+                rate=profile.rate,
+                seed=rng.getrandbits(32),
+            )
+            observed: Broker | RabbitBroker = (
+                RabbitBroker(HOST, stack.rabbit.port)
+                if stack.rabbit is not None
+                else Broker(stack.redis.port, host=stack.redis.address)
+            )
+            responses = sender.responses
+            timeline = Timeline(
+                Sources(
                     db=db,
-                    smtp=smtp,
-                    plan=plan,
-                    acked=set(responses.acked_invoices),
-                    idle=idle_window(arm),
-                    settle=5,
-                    timeout=profile.quiesce_timeout,
+                    broker=observed,
+                    smtp_accepted=lambda: len(smtp.handler.received()),
+                    events_acknowledged=lambda: len(responses.acked_events),
                 )
-                timeline.stop()
-                exits = stack.processes.unexpected_exits()
-                facts = facts_collect(db, outbox_ids=report.outbox_ids_of(runner.records))
-                db.close()
+            ).start()
+            load_done = threading.Event()
+            runner = FaultRunner(
+                Context(
+                    stack=stack,
+                    workers=workers,
+                    smtp=smtp,
+                    db=db,
+                    broker=observed,
+                    sender=sender,
+                    rng=rng,
+                ),
+                steps,
+                load_done,
+                gap=profile.fault_gap,
+                injectors=hosts.INJECTORS if net is not None else None,
+            ).start()
+            sender.run()
+            load_done.set()
+            runner.join()
+            quiescence = quiesce(
+                db=db,
+                smtp=smtp,
+                plan=plan,
+                acked=set(responses.acked_invoices),
+                idle=idle_window(arm),
+                settle=5,
+                timeout=profile.quiesce_timeout,
+            )
+            timeline.stop()
+            exits = stack.processes.unexpected_exits()
+            facts = facts_collect(db, outbox_ids=report.outbox_ids_of(runner.records))
+            if net is not None:
+                extra = hosts.analysis(
+                    net=net,
+                    faults=runner.records,
+                    log_dir=log_dir,
+                    received=smtp.handler.received(),
+                    started=started,
+                    db=db,
+                )
+            db.close()
     finally:
         smtp.stop()
     return report.build(
@@ -260,5 +335,6 @@ def run_arm(
             failed_acks=worker_failed_acks(log_dir),
             log_dir=log_dir,
             broker=broker,
+            hosts=extra,
         )
     )

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,12 +44,19 @@ import redis
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST, free_port, wait_until
+from stack.netns import Topology
 from stack.process import ROOT, Process
 from stack.rabbitmq import RabbitNode
 
 REDIS = "redis"
 RABBITMQ = "rabbitmq"
 BROKERS = (REDIS, RABBITMQ)
+
+# Across hosts (``chaos.hosts``): the host PostgreSQL and Redis run on, and their services'
+# names there (each service has an address of its own, so a host can be cut off from one).
+DATA_HOST = "data"
+POSTGRES_SERVICE = "postgres"
+REDIS_SERVICE = "redis"
 
 
 @dataclass(frozen=True)
@@ -156,12 +163,16 @@ def _pg_bindir() -> Path:
 
 
 class Postgres:
-    """A throw-away PostgreSQL cluster on a free loopback port, trust authentication."""
+    """A throw-away PostgreSQL cluster on a free loopback port, trust authentication; or on
+    ``address``:5432 of another host, run ``via`` its ``ip netns exec`` (its own namespace:
+    the port is free there)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, address: str = HOST, via: Sequence[str] = ()) -> None:
         self.root = root
         self.data = root / "data"
-        self.port = free_port()
+        self.address = address
+        self.via = list(via)
+        self.port = 5432 if via else free_port()
         self.bindir = _pg_bindir()
         self.logfile = root / "postgres.log"
         root.mkdir()
@@ -179,10 +190,15 @@ class Postgres:
             "UTF8",
             "--no-sync",
         )
+        if via:
+            # initdb trusts loopback only; on another host the clients are the run's hosts, on
+            # the subnet of the run's own namespace ("samenet": the server's own subnets).
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all samenet trust\n")
 
     def _pg(self, tool: str, *args: str) -> None:
         subprocess.run(  # noqa: S603 - our own argv, no shell
-            [*_as_postgres(), str(self.bindir / tool), *args],
+            [*self.via, *_as_postgres(), str(self.bindir / tool), *args],
             cwd=self.root,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # the postmaster inherits these: never a pipe
@@ -192,10 +208,13 @@ class Postgres:
         )
 
     def url(self, database: str) -> str:
-        return f"postgres://postgres@{HOST}:{self.port}/{database}"
+        return f"postgres://postgres@{self.address}:{self.port}/{database}"
 
     def start(self) -> None:
-        options = f"-p {self.port} -k {self.root} -c listen_addresses={HOST} -c max_connections=200"
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses={self.address} "
+            "-c max_connections=200"
+        )
         self._pg(
             "pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w", "-o", options, "start"
         )
@@ -214,12 +233,23 @@ class Postgres:
 
 
 class RedisServer:
-    """A redis-server on a free loopback port with no persistence, restartable on that port."""
+    """A redis-server on a free loopback port with no persistence, restartable on that port;
+    or on ``address``:6379 of another host, run ``via`` its ``ip netns exec``."""
 
-    def __init__(self, root: Path, processes: Processes, log_dir: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        processes: Processes,
+        log_dir: Path,
+        *,
+        address: str = HOST,
+        via: Sequence[str] = (),
+    ) -> None:
         self.dir = root / "redis"
         self.dir.mkdir()
-        self.port = free_port()
+        self.address = address
+        self.via = list(via)
+        self.port = 6379 if via else free_port()
         self.processes = processes
         self.log_dir = log_dir
         self.process: Process | None = None
@@ -227,18 +257,24 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}"
+        return f"redis://{self.address}:{self.port}"
 
     def client(self, timeout: float = 2.0) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, socket_timeout=timeout)
+        return redis.Redis(
+            host=self.address,
+            port=self.port,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
 
     def start(self) -> None:
         self.generation += 1
         name = f"redis-{self.generation}"
         argv = [
+            *self.via,
             "redis-server",
             "--bind",
-            HOST,
+            self.address,
             "--port",
             str(self.port),
             "--save",
@@ -249,6 +285,9 @@ class RedisServer:
             str(self.dir),
             "--daemonize",
             "no",
+            # Off the loopback, Redis without a password answers only "DENIED": here it is on
+            # an address of the run's own namespace, reachable from the run's hosts alone.
+            *(("--protected-mode", "no") if self.via else ()),
         ]
         self.process = self.processes.add(
             Process(argv, name=name, env=os.environ, log=self.log_dir / f"{name}.log", append=True)
@@ -270,12 +309,24 @@ class RedisServer:
 
 
 class Stack:
-    """PostgreSQL, Redis and the application's processes for one arm of the suite."""
+    """PostgreSQL, Redis and the application's processes for one arm of the suite; with
+    ``net``, across its hosts: PostgreSQL and Redis on ``DATA_HOST`` (each on its service's
+    address), every application process on the host its caller names."""
 
-    def __init__(self, *, log_dir: Path, app_env: Mapping[str, str], broker: str = REDIS) -> None:
+    def __init__(
+        self,
+        *,
+        log_dir: Path,
+        app_env: Mapping[str, str],
+        broker: str = REDIS,
+        net: Topology | None = None,
+    ) -> None:
+        if net is not None and broker != REDIS:
+            raise ValueError("across hosts, the broker is Redis")
         self.log_dir = log_dir
         self.app_env = dict(app_env)
         self.broker = broker
+        self.net = net
         self.tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
         self.postgres: Postgres | None = None
         self.redis: RedisServer | None = None
@@ -284,9 +335,13 @@ class Stack:
 
     def __enter__(self) -> Stack:
         try:
-            self.postgres = Postgres(self.tmp / "pg")
+            address, via = self._placed(POSTGRES_SERVICE)
+            self.postgres = Postgres(self.tmp / "pg", address=address, via=via)
             self.postgres.start()
-            self.redis = RedisServer(self.tmp, self.processes, self.log_dir)
+            address, via = self._placed(REDIS_SERVICE)
+            self.redis = RedisServer(
+                self.tmp, self.processes, self.log_dir, address=address, via=via
+            )
             self.redis.start()
             if self.broker == RABBITMQ:
                 self.rabbit = RabbitNode(
@@ -313,6 +368,18 @@ class Stack:
         if self.rabbit is not None:
             self.rabbit.remove()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _placed(self, service: str) -> tuple[str, list[str]]:
+        """Where ``service`` listens, and the command that runs it there."""
+        if self.net is None:
+            return HOST, []
+        return self.net.service_address(service), self.via(self.net.service_host(service))
+
+    def via(self, host: str | None) -> list[str]:
+        """The command that runs a program on ``host`` (nothing: here)."""
+        if host is None or self.net is None:
+            return []
+        return self.net.argv(host, [])
 
     # --- the broker's faults -----------------------------------------------------------------
 
@@ -384,9 +451,11 @@ class Stack:
             )
         )
 
-    def start_worker(self, name: str, *, concurrency: int, settings_module: str) -> Process:
-        """A supervised Celery worker, in a process group of its own; returns once it is
-        ready."""
+    def start_worker(
+        self, name: str, *, concurrency: int, settings_module: str, host: str | None = None
+    ) -> Process:
+        """A supervised Celery worker (on ``host``), in a process group of its own; returns
+        once it is ready."""
         worker = launch.celery_worker(
             # The " ready." line is logged at INFO, and the application's logging settings
             # (not Celery's -l) decide what a worker logs.
@@ -395,31 +464,62 @@ class Stack:
             concurrency=concurrency,
             log=self.log(name),
             append=True,
+            via=self.via(host),
         )
         return self.processes.add(worker, supervised=True).wait_ready(timeout=60)
 
-    def start_beat(self) -> Process:
-        beat = launch.celery_beat(self.env(), loglevel="WARNING", log=self.log("beat"), append=True)
+    def start_beat(self, name: str = "beat", *, host: str | None = None) -> Process:
+        """A supervised beat (on ``host``); across hosts it logs its dispatches (INFO)."""
+        env, level = (
+            (self.env(), "WARNING") if host is None else (self.env(LOG_LEVEL="INFO"), "INFO")
+        )
+        beat = launch.celery_beat(
+            env, name=name, loglevel=level, log=self.log(name), append=True, via=self.via(host)
+        )
         return self.processes.add(beat, supervised=True)
 
     @contextlib.contextmanager
-    def web(self, *, workers: int) -> Iterator[int]:
-        """gunicorn core.wsgi, ready once Django answers; its port."""
-        with launch.gunicorn(
-            self.env(),
-            config=GunicornConfig(workers=workers, timeout=30),
-            log=self.log("gunicorn"),
-        ) as server:
-            yield server.port
+    def web(
+        self, *, workers: int, host: str | None = None, port: int = 0
+    ) -> Iterator[tuple[str, int]]:
+        """gunicorn core.wsgi (on ``host``, on ``port`` if given), ready once Django answers;
+        its address and port."""
+        name = "gunicorn" if host is None else f"gunicorn-{host}"
+        address = HOST if host is None or self.net is None else self.net.address(host)
+        placed = (
+            contextlib.nullcontext() if host is None or self.net is None else self.net.inside(host)
+        )
+        with placed:
+            server = launch.gunicorn(
+                self.env(),
+                config=GunicornConfig(workers=workers, timeout=30),
+                log=self.log(name),
+                name=name,
+                host=address,
+                port=port,
+                via=self.via(host),
+            )
+        with server:
+            yield address, server.port
 
 
 class WorkerPool:
-    """``count`` Celery workers, each in a process group of its own, restartable by index."""
+    """``count`` Celery workers, each in a process group of its own, restartable by index;
+    worker ``i`` on ``hosts[i]`` when given."""
 
-    def __init__(self, stack: Stack, *, count: int, concurrency: int, settings_module: str) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        count: int,
+        concurrency: int,
+        settings_module: str,
+        hosts: Sequence[str] = (),
+    ) -> None:
         self.stack = stack
         self.concurrency = concurrency
         self.settings_module = settings_module
+        self.hosts = list(hosts)
         self._workers: list[Process] = []
         self.starts = 0
         for index in range(count):
@@ -438,6 +538,7 @@ class WorkerPool:
             f"worker{index + 1}-{self.starts}",
             concurrency=self.concurrency,
             settings_module=self.settings_module,
+            host=self.hosts[index] if self.hosts else None,
         )
 
     def restart(self, index: int) -> Process:

@@ -37,7 +37,15 @@ BENCHMARKS = (
     "ingest_load",
     "worker_rss",
 )
-CHAOS_PROFILES = ("full", "short", "broker-stall", "full-rabbitmq", "short-rabbitmq")
+CHAOS_PROFILES = (
+    "full",
+    "short",
+    "broker-stall",
+    "full-rabbitmq",
+    "short-rabbitmq",
+    "hosts",
+    "hosts-short",
+)
 
 
 def bench_files(key: str = "summary") -> list[Path]:
@@ -219,11 +227,35 @@ def chaos_rows(arm: dict[str, Any]) -> list[tuple[str, str]]:
             f"{letters['total']} ({_yes(letters['all_permanent_refusals'])}; "
             f"{len(letters['refused_without_dead_letter'])})",
         ),
+        *_hosts_rows(arm),
         ("workers stalled with emails waiting; failed acks", f"{stalled}; {acks}"),
         ("processes that died by themselves", died or "none"),
         ("recovery, seconds", _recovery(arm["faults"])),
         ("email flowing again", _flow(arm["faults"])),
         ("goals", f"all met ({', '.join(arm['goals'])})" if not missed else f"missed: {missed}"),
+    ]
+
+
+def _hosts_rows(arm: dict[str, Any]) -> list[tuple[str, str]]:
+    """Across hosts (``chaos --hosts``): the partitions' cut sends, the zombie's, the beats."""
+    hosts = arm["results"].get("hosts")
+    if hosts is None:
+        return []
+    cut = sum(len(f.get("sends_cut", [])) for f in arm["faults"] if f["kind"] != "worker_kill")
+    zombie = sum(z["sends_after_lease_lapsed"] for z in hosts["zombie_sends"])
+    beats = hosts["beats"]
+    cuts = beats["beat_host_cuts"]
+    takeover = ", ".join(str(c["standby_took_over_after_seconds"]) for c in cuts) or "-"
+    after = sum(c["old_leader_dispatches_after_takeover"] for c in cuts)
+    return [
+        (
+            "sends cut by partitions / a cut worker's sends after its lease lapsed",
+            f"{cut} / {zombie}",
+        ),
+        (
+            "beat takeover, s / old leader's dispatches after it / slots dispatched twice",
+            f"{takeover} / {after} / {len(beats['slots_dispatched_twice'])}",
+        ),
     ]
 
 

@@ -53,14 +53,16 @@ def celery_worker(
     log: Path | None = None,
     append: bool = False,
     ready: Ready | None = None,
+    via: Sequence[str] = (),
 ) -> Process:
     """``celery -A core worker`` named ``<name>@<host>``, with ``concurrency`` pool processes
     (``pool``: Celery's default, prefork, unless given), the modules in ``include`` loaded too,
     without gossip, mingle or heartbeats (a worker here needs no other worker). Ready once it
     logs " ready." (logged at INFO: ``loglevel`` or ``LOG_LEVEL``), unless ``ready`` says
-    otherwise."""
+    otherwise. ``via`` is a command it is run through (another host: ``stack.netns``)."""
     return Process(
         [
+            *via,
             sys.executable,
             "-m",
             "celery",
@@ -94,11 +96,13 @@ def celery_beat(
     loglevel: str = "INFO",
     log: Path | None = None,
     append: bool = False,
+    via: Sequence[str] = (),
 ) -> Process:
     """``celery -A core beat`` (the project's leader-locked database scheduler: no schedule
-    file, no pid file). Ready once it logs that it started (at INFO)."""
+    file, no pid file). Ready once it logs that it started (at INFO). ``via``: as for
+    ``celery_worker``."""
     return Process(
-        [sys.executable, "-m", "celery", "-A", "core", "beat", "-l", loglevel],
+        [*via, sys.executable, "-m", "celery", "-A", "core", "beat", "-l", loglevel],
         name=name,
         env=env,
         log=log,
@@ -157,9 +161,12 @@ class GunicornConfig:
         return f"{self.worker_class}, {self.workers} workers{threads}"
 
 
-def http_status(port: int, path: str, *, body: bytes = b"", timeout: float = 2.0) -> int:
-    """The status of a POST of ``body`` to ``path`` on ``HOST``:``port``; 0 without an answer."""
-    connection = http.client.HTTPConnection(HOST, port, timeout=timeout)
+def http_status(
+    port: int, path: str, *, body: bytes = b"", timeout: float = 2.0, host: str = HOST
+) -> int:
+    """The status of a POST of ``body`` to ``path`` on ``host``:``port``; 0 without an
+    answer."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         connection.request("POST", path, body=body)
         response = connection.getresponse()
@@ -181,23 +188,29 @@ def gunicorn(
     ready_body: bytes = b"",
     log: Path | None = None,
     name: str = "gunicorn",
+    host: str = HOST,
+    port: int = 0,
+    via: Sequence[str] = (),
 ) -> Process:
     """``gunicorn <args>`` (``config``'s options if given, else the configuration file's) on
-    a socket bound here on ``HOST``; its port is the process's ``port``. Ready once a POST of
+    a socket bound here on ``host``; its port is the process's ``port``. Ready once a POST of
     ``ready_body`` to ``ready_path`` is answered ``ready_status`` (any status if None): an
-    unsigned webhook answered 400 is Django's answer."""
+    unsigned webhook answered 400 is Django's answer. On another host (``stack.netns``) it is
+    called inside that host's namespace (the socket is made there) with ``via`` its
+    ``ip netns exec``; ``port`` is a port of its own (a free one unless given)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     with listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((HOST, 0))
+        listener.bind((host, port))
         port = int(listener.getsockname()[1])
 
         def answered(process: Process) -> bool:
-            status = http_status(port, ready_path, body=ready_body)
+            status = http_status(port, ready_path, body=ready_body, host=host)
             return status == ready_status if ready_status is not None else status != 0
 
         return Process(
             [
+                *via,
                 sys.executable,
                 "-m",
                 "gunicorn",
@@ -230,19 +243,23 @@ def edge(
     in_flight: int,
     settings: nginx.Settings | None = None,
     name: str = "edge",
+    upstream_host: str = HOST,
+    via: Sequence[str] = (),
 ) -> Process:
-    """nginx on a free port of ``HOST`` in front of ``HOST``:``upstream_port``, configured by
-    ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second in all
-    (``burst`` at once), ``in_flight`` at a time, and any other of render.sh's settings in
-    ``settings`` (the per-address ones default to half of these). Stopped gracefully
-    (SIGQUIT: what is in flight is answered)."""
+    """nginx on a free port of ``HOST`` in front of ``upstream_host``:``upstream_port``,
+    configured by ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second
+    in all (``burst`` at once), ``in_flight`` at a time, and any other of render.sh's settings
+    in ``settings`` (the per-address ones default to half of these). Stopped gracefully
+    (SIGQUIT: what is in flight is answered). ``upstream_host`` may be a name that resolves to
+    several addresses: nginx balances over them (across hosts, ``via`` runs it where the name
+    is known: ``stack.netns.Topology.hosts_file``)."""
     port = free_port()
     prefix = nginx.prefix_make(
         {
             "WEBHOOK_EDGE_RATE": rate,
             "WEBHOOK_EDGE_BURST": burst,
             "WEBHOOK_EDGE_CONNECTIONS": in_flight,
-            "APP_UPSTREAM": f"{HOST}:{upstream_port}",
+            "APP_UPSTREAM": f"{upstream_host}:{upstream_port}",
             "EDGE_LISTEN": f"{HOST}:{port}",
             "EDGE_CAPACITY_LISTEN": f"{HOST}:{free_port()}",
             **(settings or {}),
@@ -250,7 +267,7 @@ def edge(
     )
     try:
         return Process(
-            nginx.nginx_argv(prefix),
+            [*via, *nginx.nginx_argv(prefix)],
             name=name,
             env={},
             log=prefix / f"{name}.log",

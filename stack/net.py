@@ -20,11 +20,12 @@ HOST = "127.0.0.1"
 T = TypeVar("T")
 
 
-def free_port() -> int:
-    """A TCP port on ``HOST`` that nothing listens on now (bound, then closed: until someone
-    binds it, connections to it are refused)."""
+def free_port(host: str = HOST) -> int:
+    """A TCP port on ``host`` that nothing listens on now (bound, then closed: until someone
+    binds it, connections to it are refused). Another host's address (``stack.netns``) is
+    bound from inside that host's namespace."""
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

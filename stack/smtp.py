@@ -93,6 +93,7 @@ class Received:
     content: bytes
     message_id: str
     at: float  # time.time() of the commit
+    peer: str = ""  # the client's address
 
     @property
     def recipient(self) -> str:
@@ -123,6 +124,7 @@ class InData:
     recipient: str
     accepted: int = -1
     port: int = 0  # the client's end of the session
+    peer: str = ""  # the client's address
 
 
 @dataclass
@@ -135,11 +137,17 @@ class Hold:
     reached: threading.Event = field(default_factory=threading.Event)
     peer_port: int = 0
     message_id: str = ""
+    peer: str = ""  # the client's address
 
 
 def _client_port(session: Session | None) -> int:
     peer = session.peer if session is not None else None
     return int(peer[1]) if isinstance(peer, tuple) else 0
+
+
+def _client_address(session: Session | None) -> str:
+    peer = session.peer if session is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) else ""
 
 
 class Handler:
@@ -211,6 +219,7 @@ class Handler:
         message_id = found.group(1).decode("ascii", "replace") if found else ""
         recipient = (envelope.rcpt_tos or [""])[0].lower()
         port = _client_port(session)
+        peer = _client_address(session)
         faults = self.faults
         with self.lock:
             self.counts["data_attempts"] += 1
@@ -236,16 +245,17 @@ class Handler:
                         content=content,
                         message_id=message_id,
                         at=time.time(),
+                        peer=peer,
                     )
                 )
                 self.in_data[port] = InData(
-                    "committed", message_id, recipient, len(self.envelopes) - 1, port
+                    "committed", message_id, recipient, len(self.envelopes) - 1, port, peer
                 )
                 self._received.notify_all()
             else:
-                self.in_data[port] = InData("data", message_id, recipient, port=port)
+                self.in_data[port] = InData("data", message_id, recipient, port=port, peer=peer)
         if hold is not None:
-            hold.peer_port, hold.message_id = port, message_id
+            hold.peer_port, hold.message_id, hold.peer = port, message_id, peer
             hold.reached.set()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -341,8 +351,10 @@ class _Controller(Controller):
 
 
 class SmtpServer:
-    """The server on ``HOST``:``port`` (a free port unless given), in a thread of its own.
-    ``start()`` returns once it answers; ``stop()`` closes it (refused connections after)."""
+    """The server on ``host``:``port`` (``HOST`` and a free port unless given), in a thread of
+    its own. ``start()`` returns once it answers; ``stop()`` closes it (refused connections
+    after). On another host (``stack.netns``), ``start()`` it inside that host's namespace:
+    its thread, and so its socket, are born there."""
 
     def __init__(
         self,
@@ -351,7 +363,9 @@ class SmtpServer:
         faults: Faults | None = None,
         smtputf8: bool = False,
         seed: int | None = None,
+        host: str = HOST,
     ) -> None:
+        self.host = host
         self.handler = Handler(faults or Faults(), seed)
         self.smtputf8 = smtputf8
         self._fixed_port = port
@@ -367,9 +381,9 @@ class SmtpServer:
         error: Exception | None = None
         # A free port may be taken by someone else before the server binds it: try others.
         for _ in range(1 if self._fixed_port else 5):
-            port = self._fixed_port or free_port()
+            port = self._fixed_port or free_port(self.host)
             controller = _Controller(
-                self.handler, hostname=HOST, port=port, enable_SMTPUTF8=self.smtputf8
+                self.handler, hostname=self.host, port=port, enable_SMTPUTF8=self.smtputf8
             )
             try:
                 controller.start()

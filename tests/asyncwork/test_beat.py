@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
+from asyncwork import beat as beat_module
 from asyncwork.beat import active_beat
 from asyncwork.health import check_beat
 from asyncwork.jobs import jobs_declared
@@ -151,3 +152,23 @@ def test_beat_warns_at_start_about_a_declared_job_it_has_no_schedule_for() -> No
         in (warnings[0])
     )
     assert {s.name for s in jobs_declared() if s.name in warnings[0]} == {"dlq-alert"}
+
+
+def test_the_leader_session_has_keepalives_at_the_server_end_too() -> None:
+    """PostgreSQL drops the lock session of a leader whose host vanished (a partition: no FIN,
+    no RST) within about 20 s, so a standby can take the lock: the server's keepalives are
+    set on that session (the system default would keep it for two hours). The chaos suite
+    across hosts shows the takeover itself (chaos/hosts.py, beat_host_cut)."""
+    conn = beat_module._connect()
+    try:
+        shown = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")
+        }
+    finally:
+        conn.close()
+    assert shown == {
+        "tcp_keepalives_idle": "5",
+        "tcp_keepalives_interval": "5",
+        "tcp_keepalives_count": "3",
+    }

@@ -50,6 +50,7 @@ def test_every_message_is_recorded_as_the_client_gave_it(server: SmtpServer) -> 
     assert received.message_id == "<in_42.abc@example.com>"
     assert received.smtputf8 is False
     assert before <= received.at <= time.time()
+    assert received.peer == HOST  # the client's address (across hosts: which host sent it)
     assert b"Invoice 42 is paid." in received.content
     [parsed] = server.messages
     assert (parsed["Subject"], parsed["Message-ID"]) == ("Invoice 42", "<in_42.abc@example.com>")
