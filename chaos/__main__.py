@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         "--hosts",
         action="store_true",
         help="each role on a host of its own (network namespaces; needs root), with network "
-        "partitions for faults: --profile hosts, or hosts-short with --short",
+        "partitions for faults: --profile hosts, or hosts-short with --short; with --broker "
+        "rabbitmq the node is on the data host, and the cuts from the broker are from it",
     )
     parser.add_argument(
         "--scale",
@@ -73,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.scale and not args.hosts:
         parser.error("--scale measures across hosts: add --hosts")
+    if args.scale and args.broker != REDIS:
+        parser.error("--scale measures on Redis only (--broker redis)")
     if args.hosts:
-        if args.broker != REDIS:
-            parser.error("--hosts runs on Redis only (--broker redis)")
         why_not = netns.available()
         if why_not:
             parser.error(f"--hosts: {why_not}")

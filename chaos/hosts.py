@@ -7,6 +7,8 @@ Hosts (network namespaces on one switch of the run's own, ``10.x.y.0/24``):
   moves its main thread there before it starts anything, so every thread and process it
   starts is born there and reaches the others through the switch;
 * ``data``: PostgreSQL and Redis (the broker and the cache), each on an address of its own;
+  with ``--broker rabbitmq``, the RabbitMQ node too (the broker), on an address of its own
+  (Redis stays for the cache, the breaker and the throttle);
 * ``mail``: the fault-injecting SMTP server (its thread and socket are born there);
 * ``web1``, ``web2``: gunicorn each, behind the nginx edge, which runs on ``ctl`` (as the
   production one, rendered by deploy/nginx/render.sh; a name in ``ctl``'s /etc/hosts resolves
@@ -25,8 +27,9 @@ The faults, each a partition (a silent drop, as ``stack.netns`` makes it):
   claim it held before the cut.
 * ``worker_db_cut``: a worker host mid-SMTP cut off from PostgreSQL alone (Redis and the SMTP
   server still reachable), for longer than the lease.
-* ``web_broker_cut``: a web host cut off from Redis while the load runs: what it commits
-  cannot be published; the rows unpublished at the heal must be published by the relay.
+* ``web_broker_cut``: a web host cut off from the broker (Redis, or the RabbitMQ node) while
+  the load runs: what it commits cannot be published; the rows unpublished at the heal must
+  be published by the relay. (Every cut "from the broker" is from the broker's address.)
 * ``beat_host_cut``: the leading beat's host (the one holding the ``beat-leader`` lock's
   session) cut off from everything; the standby must take over, and the old leader must
   dispatch nothing after the heal. Read from the beats' logs (they log at INFO here).
@@ -59,7 +62,15 @@ from chaos.faults import (
     Step,
 )
 from chaos.observe import Db, pending_invoices
-from chaos.stack import DATA_HOST, POSTGRES_SERVICE, REDIS_SERVICE, Stack
+from chaos.stack import (
+    DATA_HOST,
+    POSTGRES_SERVICE,
+    RABBITMQ,
+    RABBITMQ_SERVICE,
+    REDIS,
+    REDIS_SERVICE,
+    Stack,
+)
 from stack import launch
 from stack.netns import Topology
 from stack.smtp import IN_WINDOW
@@ -118,8 +129,11 @@ def behind_edge(stack: Stack, *, web_hosts: tuple[str, ...], workers: int) -> It
         yield edge.port
 
 
-def topology(hosts: tuple[str, ...] = HOSTS) -> Topology:
-    return Topology(hosts, services={POSTGRES_SERVICE: DATA_HOST, REDIS_SERVICE: DATA_HOST})
+def topology(hosts: tuple[str, ...] = HOSTS, *, broker: str = REDIS) -> Topology:
+    services = {POSTGRES_SERVICE: DATA_HOST, REDIS_SERVICE: DATA_HOST}
+    if broker == RABBITMQ:
+        services[RABBITMQ_SERVICE] = DATA_HOST
+    return Topology(hosts, services=services)
 
 
 def _net(ctx: Context) -> Topology:
@@ -242,16 +256,18 @@ def worker_db_cut(ctx: Context, step: Step) -> dict[str, Any]:
 def web_broker_cut(ctx: Context, step: Step) -> dict[str, Any]:
     net = _net(ctx)
     host = WEB_HOSTS[0]
+    service = ctx.stack.broker_service
     at = time.time()
     unpublished_before = len(_unpublished(ctx))
-    net.cut_service(host, REDIS_SERVICE)
+    net.cut_service(host, service)
     time.sleep(step.seconds)
-    net.heal_service(host, REDIS_SERVICE)
+    net.heal_service(host, service)
     healed = time.time()
     return {
         "at": at,
         "ended": healed,
         "host": host,
+        "service": service,
         "unpublished_rows_before": unpublished_before,
         "unpublished_at_end": _unpublished(ctx),
     }

@@ -169,7 +169,7 @@ def run_arm(
             net=None,
         )
     netns.stale_remove()
-    with hosts.topology() as net, net.inside(hosts.CTL):
+    with hosts.topology(broker=broker) as net, net.inside(hosts.CTL):
         return _run_arm(
             arm=arm,
             profile=profile,
@@ -258,7 +258,7 @@ def _run_arm(
                 seed=rng.getrandbits(32),
             )
             observed: Broker | RabbitBroker = (
-                RabbitBroker(HOST, stack.rabbit.port)
+                RabbitBroker(stack.rabbit.address, stack.rabbit.port)
                 if stack.rabbit is not None
                 else Broker(stack.redis.port, host=stack.redis.address)
             )

@@ -10,9 +10,10 @@ as on this machine, so a restart drops every queued message. They are the same b
 the machine's instances, on loopback only.
 
 With ``--broker rabbitmq`` the Celery broker is a RabbitMQ node of the suite's own
-(``stack.rabbitmq.RabbitNode``: its own node name, ports and data directory, on loopback), and
-Redis stays for the cache, the breaker and the throttle; the faults then restart and stall the
-node (its data survives a restart, as a real node's does).
+(``stack.rabbitmq.RabbitNode``: its own node name, ports and data directory, on loopback, or
+across hosts on the data host's address of its own), and Redis stays for the cache, the
+breaker and the throttle; the faults then restart and stall the node (its data survives a
+restart, as a real node's does), or cut hosts off from its address.
 
 The application's processes are started by the kit (``stack.launch``), each in a process
 group of its own, so a kill takes the whole process (a Celery worker's pool children too);
@@ -52,11 +53,13 @@ REDIS = "redis"
 RABBITMQ = "rabbitmq"
 BROKERS = (REDIS, RABBITMQ)
 
-# Across hosts (``chaos.hosts``): the host PostgreSQL and Redis run on, and their services'
-# names there (each service has an address of its own, so a host can be cut off from one).
+# Across hosts (``chaos.hosts``): the host PostgreSQL, Redis (and RabbitMQ when it is the
+# broker) run on, and their services' names there (each service has an address of its own, so
+# a host can be cut off from one).
 DATA_HOST = "data"
 POSTGRES_SERVICE = "postgres"
 REDIS_SERVICE = "redis"
+RABBITMQ_SERVICE = "rabbitmq"
 
 
 @dataclass(frozen=True)
@@ -310,8 +313,8 @@ class RedisServer:
 
 class Stack:
     """PostgreSQL, Redis and the application's processes for one arm of the suite; with
-    ``net``, across its hosts: PostgreSQL and Redis on ``DATA_HOST`` (each on its service's
-    address), every application process on the host its caller names."""
+    ``net``, across its hosts: PostgreSQL, Redis and the RabbitMQ node on ``DATA_HOST`` (each
+    on its service's address), every application process on the host its caller names."""
 
     def __init__(
         self,
@@ -321,8 +324,6 @@ class Stack:
         broker: str = REDIS,
         net: Topology | None = None,
     ) -> None:
-        if net is not None and broker != REDIS:
-            raise ValueError("across hosts, the broker is Redis")
         self.log_dir = log_dir
         self.app_env = dict(app_env)
         self.broker = broker
@@ -344,8 +345,13 @@ class Stack:
             )
             self.redis.start()
             if self.broker == RABBITMQ:
+                address, via = self._placed(RABBITMQ_SERVICE)
                 self.rabbit = RabbitNode(
-                    root=self.tmp, name=f"chaos-{self.tmp.name[-8:]}", log_dir=self.log_dir
+                    root=self.tmp,
+                    name=f"chaos-{self.tmp.name[-8:]}",
+                    log_dir=self.log_dir,
+                    address=address,
+                    via=via,
                 )
                 self.rabbit.start()
         except BaseException:
@@ -382,6 +388,11 @@ class Stack:
         return self.net.argv(host, [])
 
     # --- the broker's faults -----------------------------------------------------------------
+
+    @property
+    def broker_service(self) -> str:
+        """The broker's service name (across hosts: what a host is cut off from)."""
+        return RABBITMQ_SERVICE if self.broker == RABBITMQ else REDIS_SERVICE
 
     @property
     def broker_url(self) -> str:

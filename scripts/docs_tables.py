@@ -45,6 +45,7 @@ CHAOS_PROFILES = (
     "short-rabbitmq",
     "hosts",
     "hosts-short",
+    "hosts-short-rabbitmq",
 )
 
 

@@ -3,7 +3,11 @@ their broker: the machine's node is shared, and nothing a run does may stop or s
 anyone else.
 
 The node has its own name, AMQP port, distribution port, data directory and configuration
-(no plugins), listens on loopback only, and is removed with its directory. Its data survives
+(no plugins), listens on loopback only, and is removed with its directory. On another host
+(``stack.netns``) it is run ``via`` that host's ``ip netns exec``, with its AMQP listener on
+``address`` (an address of that host's): its Erlang distribution and epmd stay on the
+loopback of the host's namespace, so ``rabbitmqctl`` is run there too, and the ports are the
+standard ones (that namespace's own). Its data survives
 a restart on the same directory (durable quorum queues and persistent messages come back), as a
 real node's does. ``pause()`` stops the whole node (SIGSTOP): connections stay open and nothing
 answers, as in a stall.
@@ -17,7 +21,7 @@ import signal
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kombu import Connection
@@ -30,7 +34,9 @@ CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 
 
 class RabbitNode:
-    """One private node. ``config``: extra ``rabbitmq.conf`` lines (``consumer_timeout``...)."""
+    """One private node. ``config``: extra ``rabbitmq.conf`` lines (``consumer_timeout``...);
+    ``address`` and ``via``: where its AMQP listener is, and the command its programs are run
+    through (another host's namespace; see the module)."""
 
     def __init__(
         self,
@@ -39,19 +45,28 @@ class RabbitNode:
         name: str = "",
         config: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
+        address: str = HOST,
+        via: Sequence[str] = (),
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rabbit-", dir=root))
         self.name = name or f"private-{uuid.uuid4().hex[:8]}"
         self.node = f"{self.name}@localhost"
-        self.port = free_port()
-        self.dist_port = free_port()
+        self.address = address
+        self.via = list(via)
+        # In a namespace of its own the standard ports are free (a port free here says
+        # nothing about another namespace).
+        self.port = 5672 if via else free_port()
+        self.dist_port = 25672 if via else free_port()
         self.log_dir = log_dir or self.dir
         self.process: Process | None = None
         self.generation = 0
         lines = {
-            "listeners.tcp.local": f"{HOST}:{self.port}",
+            "listeners.tcp.local": f"{address}:{self.port}",
             "log.console": "true",
             "log.file": "false",
+            # guest may log in from loopback only, by default; off the loopback the clients
+            # are the run's hosts, on the subnet of the run's own namespace.
+            **({"loopback_users": "none"} if address != HOST else {}),
             **(config or {}),
         }
         (self.dir / "rabbitmq.conf").write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
@@ -61,7 +76,7 @@ class RabbitNode:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@{HOST}:{self.port}//"
+        return f"amqp://guest:guest@{self.address}:{self.port}//"
 
     def env(self) -> dict[str, str]:
         return {
@@ -90,7 +105,7 @@ class RabbitNode:
         """Start the node (again, on the same data) and return once it takes connections."""
         self.generation += 1
         self.process = Process(
-            [SERVER],
+            [*self.via, SERVER],
             name=f"rabbitmq-{self.generation}",
             env=self.env(),
             log=self.log_dir / f"rabbitmq-{self.name}.log",
@@ -105,7 +120,7 @@ class RabbitNode:
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """``rabbitmqctl -n <this node> args...``; its output."""
         done = subprocess.run(
-            [CTL, "-n", self.node, *args],
+            [*self.via, CTL, "-n", self.node, *args],
             env=self.env(),
             capture_output=True,
             text=True,

@@ -62,7 +62,7 @@ def test_beat_analysis_finds_the_takeover_and_what_the_old_leader_did_after_it(
 def test_hosts_options_are_refused_with_a_message() -> None:
     for argv, message in (
         (["--scale"], "--scale measures across hosts: add --hosts"),
-        (["--hosts", "--broker", "rabbitmq"], "--hosts runs on Redis only"),
+        (["--hosts", "--scale", "--broker", "rabbitmq"], "--scale measures on Redis only"),
         (["--profile", "hosts-short"], "runs across hosts: add --hosts"),
     ):
         done = subprocess.run(

@@ -1,7 +1,9 @@
 """stack.netns against real sockets: a cut host and a host cut off from one service see silence
 (a connect times out, an established connection stalls with nothing answered), never an
-error; healing restores both; a service cut leaves the host's other services reachable; and
-nothing of a run is left behind after it, whether it ended normally or by an exception.
+error; healing restores both; a service cut leaves the host's other services reachable; a
+RabbitMQ node started inside a host on a service's address answers the other hosts and is
+silent to one cut off from it; and nothing of a run is left behind after it, whether it ended
+normally or by an exception.
 
 Skipped where namespaces cannot be made (not root, or ``ip netns`` not permitted)."""
 
@@ -16,11 +18,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from stack import netns
 from stack.netns import Topology
+from stack.rabbitmq import RabbitNode
 from stack.smtp import SmtpServer
 
 _WHY_NOT = netns.available()
@@ -166,6 +170,30 @@ def test_a_server_started_inside_a_host_serves_there_and_names_each_client_host(
         assert [r.peer for r in smtp.handler.received()] == [net.address("a"), net.address("c")]
     finally:
         smtp.stop()
+
+
+@pytest.mark.slow
+def test_a_rabbitmq_node_on_a_host_answers_other_hosts_and_is_silent_when_cut_from_them(
+    tmp_path: Path,
+) -> None:
+    with Topology(["a", "b", "c"], services={"rabbitmq": "b"}) as topology:
+        address = topology.service_address("rabbitmq")
+        node = RabbitNode(root=tmp_path, address=address, via=topology.argv("b", []))
+        try:
+            with topology.inside("a"):
+                node.start()
+                assert node.url == f"amqp://guest:guest@{address}:5672//"
+                # rabbitmqctl reaches the node where it runs (epmd on b's own loopback).
+                assert node.node in node.ctl("status")
+                topology.cut_service("a", "rabbitmq")
+                assert not node.answers(1.0)
+            with topology.inside("c"):
+                assert node.answers(2.0)
+            topology.heal_service("a", "rabbitmq")
+            with topology.inside("a"):
+                assert node.answers(2.0)
+        finally:
+            node.remove()
 
 
 def test_a_process_runs_on_its_host() -> None:
