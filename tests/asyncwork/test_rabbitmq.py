@@ -4,6 +4,7 @@ reason. (A retry waits in the outbox on both brokers: test_scheduled.py.)"""
 
 from __future__ import annotations
 
+import signal
 import uuid
 from typing import Any
 
@@ -146,3 +147,31 @@ def test_rabbitmq_moves_a_message_past_its_delivery_limit_onto_dlq() -> None:
     [dead] = broker.queue_messages(queues.DLQ)
     assert dead["headers"]["x-first-death-reason"] == "delivery_limit"
     assert dead["headers"]["x-first-death-queue"] == default.name
+
+
+def test_a_worker_restarted_under_its_name_starts_while_the_node_holds_its_old_connection(
+    smtp_unreachable: int,
+) -> None:
+    """After a partition the node may still hold the cut worker's connection, and with it the
+    worker's remote-control queue (``<name>.celery.pidbox``). Its return under the same name
+    must start: with that queue exclusive (Celery's default) it was refused the queue
+    (RESOURCE_LOCKED), an unrecoverable error, and exited, at every restart, until the node
+    noticed the dead connection (about 70 s after the heal in the chaos run across hosts).
+    Here the first worker is stopped with SIGSTOP: its connection stays open, nothing on it
+    answers."""
+    env = worker_env(smtp_unreachable)
+    first = launch.celery_worker(env, name="twin", concurrency=1)
+    second = None
+    try:
+        first.wait_ready()
+        first.signal_group(signal.SIGSTOP)
+        second = launch.celery_worker(env, name="twin", concurrency=1)
+        second.wait_ready(timeout=60)
+        # The refusal came as the worker started its remote control, around "ready".
+        assert not wait_until(lambda: not second.alive(), timeout=3)
+        assert "RESOURCE_LOCKED" not in second.log_text()
+    finally:
+        first.signal_group(signal.SIGCONT)
+        first.stop()
+        if second is not None:
+            second.stop()
