@@ -30,15 +30,13 @@ from dataclasses import replace
 from typing import Any
 
 from bench.fullstack import backend, emails_check, pipeline_expected, serving, stored
-from bench.pipeline import ArmRun, Options, Pipeline, summarize
+from bench.pipeline import ArmRun, Options, Pipeline, arguments, config, options_from, summarize
 from bench.run import (
     NO_LIMITS,
     owned_measure,
     redis_prefix_delete,
     redis_queued,
     run_config,
-    stack_arguments,
-    stack_fields,
     verdict,
 )
 from stack.rabbitmq import RabbitNode
@@ -177,23 +175,8 @@ def parse(argv: Sequence[str] | None) -> Options:
     parser = argparse.ArgumentParser(
         prog="python -m bench.brokers", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--emails", type=int, default=1000, help="invoices per broker per round")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the two brokers")
-    parser.add_argument("--senders", type=int, default=8, help="concurrent HTTP senders")
-    parser.add_argument("--warmup", type=int, default=50, help="unmeasured emails per broker")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per arm")
-    stack_arguments(parser, name="brokers")
-    args = parser.parse_args(argv)
-    if args.emails < 1 or args.rounds < 1:
-        parser.error("--emails and --rounds must be positive")
-    return Options(
-        emails=args.emails,
-        rounds=args.rounds,
-        senders=args.senders,
-        warmup=args.warmup,
-        timeout=args.timeout,
-        **stack_fields(args),
-    )
+    arguments(parser, name="brokers", emails=1000, arm="broker per round")
+    return options_from(parser, parser.parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,14 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options,
         measure,
         benchmark="brokers",
-        config={
-            "workers": options.workers.describe(),
-            "senders": options.senders,
-            "emails_per_arm": options.emails,
-            "rounds": options.rounds,
-            "warmup": options.warmup,
-            "server_settings": NO_LIMITS,
-        },
+        config=config(options),
     )
     if isinstance(results, int):
         return results

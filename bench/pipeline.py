@@ -327,18 +327,20 @@ def report(options: Options, results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.pipeline", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--emails", type=int, default=2000, help="invoices (and no-ops) per arm")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the two arms")
+def arguments(parser: argparse.ArgumentParser, *, name: str, emails: int, arm: str) -> None:
+    """The options of a benchmark of emails through the pipeline (this one, ``bench.brokers``):
+    ``emails`` per ``arm`` and round by default."""
+    parser.add_argument("--emails", type=int, default=emails, help=f"invoices per {arm}")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the arms")
     parser.add_argument("--senders", type=int, default=8, help="concurrent HTTP senders")
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured items before")
     parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per arm")
-    stack_arguments(parser, name="pipeline")
-    parser.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
-    args = parser.parse_args(argv)
+    stack_arguments(parser, name=name)
+
+
+def options_from(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, pool: str = "prefork"
+) -> Options:
     if args.emails < 1 or args.rounds < 1:
         parser.error("--emails and --rounds must be positive")
     return Options(
@@ -347,8 +349,30 @@ def parse(argv: Sequence[str] | None) -> Options:
         senders=args.senders,
         warmup=args.warmup,
         timeout=args.timeout,
-        **stack_fields(args, pool=args.pool),
+        **stack_fields(args, pool=pool),
     )
+
+
+def config(options: Options) -> dict[str, Any]:
+    """What the results file records of the run's shape."""
+    return {
+        "workers": options.workers.describe(),
+        "senders": options.senders,
+        "emails_per_arm": options.emails,
+        "rounds": options.rounds,
+        "warmup": options.warmup,
+        "server_settings": NO_LIMITS,
+    }
+
+
+def parse(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.pipeline", description=__doc__.split("\n\n")[0]
+    )
+    arguments(parser, name="pipeline", emails=2000, arm="arm (and no-ops)")
+    parser.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
+    args = parser.parse_args(argv)
+    return options_from(parser, args, pool=args.pool)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -357,14 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options,
         measure,
         benchmark="pipeline",
-        config={
-            "workers": options.workers.describe(),
-            "senders": options.senders,
-            "emails_per_arm": options.emails,
-            "rounds": options.rounds,
-            "warmup": options.warmup,
-            "server_settings": NO_LIMITS,
-        },
+        config=config(options),
     )
     if isinstance(results, int):
         return results
