@@ -158,18 +158,12 @@ def run_arm(
     """One arm; with ``profile.hosts``, across the hosts of ``chaos.hosts``: the topology is
     made first and removed last (also on an error or Ctrl-C), and this thread runs the arm
     from the control host (every thread and process it starts is born there)."""
-    if not profile.hosts:
-        return _run_arm(
-            arm=arm,
-            profile=profile,
-            invoices=invoices,
-            seed=seed,
-            log_dir=log_dir,
-            broker=broker,
-            net=None,
-        )
-    netns.stale_remove()
-    with hosts.topology(broker=broker) as net, net.inside(hosts.CTL):
+    with contextlib.ExitStack() as scope:
+        net = None
+        if profile.hosts:
+            netns.stale_remove()
+            net = scope.enter_context(hosts.topology(broker=broker))
+            scope.enter_context(net.inside(hosts.CTL))
         return _run_arm(
             arm=arm,
             profile=profile,
