@@ -238,7 +238,7 @@ def publisher(queue: str, then: str, **env: str) -> tuple[Process, list[int]]:
 def test_marks_are_written_off_the_request_in_one_statement_within_the_interval(
     client: Client, settings: Any
 ) -> None:
-    settings.OUTBOX_MARK_SECONDS = 0.5
+    settings.OUTBOX_MARK_SECONDS = 2.0  # the five requests fit in one interval
     statements: list[str] = []
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -253,8 +253,8 @@ def test_marks_are_written_off_the_request_in_one_statement_within_the_interval(
     assert wait_until(
         lambda: not OutboxMessage.objects.filter(published_at__isnull=True).exists(), timeout=5
     )
-    # Within the interval (and the time the requests took), on a shared machine's clock.
-    assert time.monotonic() - started < 0.5 + 1.5
+    # Within the interval, give or take a shared machine's scheduling.
+    assert time.monotonic() - started < 2.0 + 1.5
     rows = OutboxMessage.objects.all()
     # One statement's now(): the five marks were one batch.
     assert len({row.published_at for row in rows}) == 1
@@ -346,7 +346,7 @@ def test_a_marker_that_falls_behind_leaves_the_request_to_mark_its_own_row(
     its own connection; the marker writes the rest once the database lets it."""
     from asyncwork import outbox
 
-    settings.OUTBOX_MARK_SECONDS = 1.0
+    settings.OUTBOX_MARK_SECONDS = 60  # the marker writes when told to (a flush), not before
     monkeypatch.setattr(outbox, "MARK_PENDING_MAX", 2)
     assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
     first = OutboxMessage.objects.get()
@@ -356,7 +356,8 @@ def test_a_marker_that_falls_behind_leaves_the_request_to_mark_its_own_row(
         host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=False
     ) as holder:
         holder.execute("SELECT 1 FROM asyncwork_outboxmessage WHERE id = %s FOR UPDATE", [first.pk])
-        assert wait_until(lambda: outbox._markers["marker"].writing == 1, timeout=5)
+        assert not outbox_marks_flush(timeout=0)  # the write starts, and waits for the lock
+        assert wait_until(lambda: outbox._markers["marker"].writing == 1, timeout=10)
         for _ in range(2):  # pending: 1, then full
             assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
         unmarked = set(
