@@ -3,12 +3,16 @@ left behind, and concurrent relays never publish one row twice."""
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from django.conf import settings
@@ -17,12 +21,16 @@ from django.db import connection
 from django.test import Client
 
 from asyncwork.models import OutboxMessage
-from asyncwork.outbox import _connection_drop, outbox_relay, outbox_task_id
+from asyncwork.outbox import _connection_drop, outbox_marks_flush, outbox_relay, outbox_task_id
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.net import HOST, wait_until
+from stack.process import Process
 from stack.smtp import SmtpServer
 from tests.helpers import broker
-from tests.helpers.processes import worker_thread
+from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.redis_server import PrivateRedis
-from tests.helpers.stripe import paid_event, post_event
+from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,6 +87,7 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_i
         smtp.handler.wait_for(1, timeout=20)
         # The state a crash after publishing but before committing "published" leaves behind:
         # the message went out, the row is still unpublished.
+        assert outbox_marks_flush()
         row = OutboxMessage.objects.get()
         OutboxMessage.objects.filter(pk=row.pk).update(published_at=None)
         app.send_task(
@@ -188,3 +197,174 @@ def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
         assert told == [(task, outbox_task_id(9), queue)] * 2
         told.clear()
     after_task_publish.disconnect(dispatch_uid="test-after-publish")
+
+
+# --- The marks of on-commit publishes (the marker) --------------------------------------------
+
+# A process that publishes three rows on commit, prints their ids, and waits for its stdin to
+# close ("wait") or exits at once ("exit").
+PUBLISHER = """
+import sys
+
+import django
+
+django.setup()
+from django.db import transaction
+
+from asyncwork.outbox import outbox_enqueue
+
+for i in range(3):
+    with transaction.atomic():
+        row = outbox_enqueue(task="core.does_not_exist", args=[i], queue=sys.argv[1])
+    print(row.pk, flush=True)
+if sys.argv[2] == "wait":
+    sys.stdin.read()
+"""
+
+
+def publisher(queue: str, then: str, **env: str) -> tuple[Process, list[int]]:
+    """``PUBLISHER`` in a process of its own, on this test's database and broker, once it has
+    published its three rows; their ids."""
+    process = Process(
+        [sys.executable, "-c", PUBLISHER, queue, then],
+        name="publisher",
+        env=worker_env(0, **env),
+        pipes=True,
+    )
+    ids = [int(process.stdout.readline()) for _ in range(3)]
+    return process, ids
+
+
+def test_marks_are_written_off_the_request_in_one_statement_within_the_interval(
+    client: Client, settings: Any
+) -> None:
+    settings.OUTBOX_MARK_SECONDS = 2.0  # the five requests fit in one interval
+    statements: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql.split()[0])
+        return execute(sql, params, many, context)
+
+    started = time.monotonic()
+    with connection.execute_wrapper(spy):
+        for _ in range(5):
+            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+    assert "UPDATE" not in statements  # no request marked its row
+    assert wait_until(
+        lambda: not OutboxMessage.objects.filter(published_at__isnull=True).exists(), timeout=5
+    )
+    # Within the interval, give or take a shared machine's scheduling.
+    assert time.monotonic() - started < 2.0 + 1.5
+    rows = OutboxMessage.objects.all()
+    # One statement's now(): the five marks were one batch.
+    assert len({row.published_at for row in rows}) == 1
+    assert {row.publish_attempts for row in rows} == {1}
+
+
+def test_a_process_killed_before_its_marks_are_written_leaves_its_rows_to_the_relay() -> None:
+    queue = f"relaytest-{uuid.uuid4().hex[:8]}"
+    # An interval far longer than the test: only an exit could write the marks.
+    process, ids = publisher(queue, "wait", OUTBOX_MARK_SECONDS="60")
+    try:
+        assert wait_until(lambda: len(broker.queue_messages(queue)) == 3, timeout=10)
+    finally:
+        process.kill()  # SIGKILL: no exit handler runs
+    assert process.returncode == -signal.SIGKILL
+    rows = OutboxMessage.objects.filter(pk__in=ids)
+    assert [(row.published_at, row.publish_attempts) for row in rows] == [(None, 0)] * 3
+
+    assert outbox_relay() == 3  # published again: the same messages, twice each
+    task_ids = [m["headers"]["id"] for m in broker.queue_messages(queue)]
+    broker.queue_delete(queue)
+    assert sorted(task_ids) == sorted([outbox_task_id(pk) for pk in ids] * 2)
+    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
+
+
+def test_a_process_that_exits_writes_its_pending_marks() -> None:
+    queue = f"relaytest-{uuid.uuid4().hex[:8]}"
+    process, ids = publisher(queue, "exit", OUTBOX_MARK_SECONDS="60")
+    try:
+        assert process.popen.wait(30) == 0
+    finally:
+        process.stop()
+    broker.queue_delete(queue)
+    rows = OutboxMessage.objects.filter(pk__in=ids)
+    assert all(row.published_at is not None for row in rows)
+    assert {row.publish_attempts for row in rows} == {1}
+
+
+def test_a_gunicorn_worker_that_stops_writes_its_pending_marks(tmp_path: Path) -> None:
+    with launch.gunicorn(
+        worker_env(0, OUTBOX_MARK_SECONDS="60"),
+        args=("-c", "python:core.gunicorn_conf", "core.wsgi"),
+        config=GunicornConfig(workers=1),
+        log=tmp_path / "gunicorn.log",
+    ) as server:
+        url = f"http://{HOST}:{server.port}{WEBHOOK_URL}"
+        assert post_signed(url, stripe_testing.encode(paid_event())).status_code == 200
+        assert OutboxMessage.objects.get().published_at is None  # pending, for a minute
+        server.stop()  # SIGTERM: the worker finishes and exits
+    assert OutboxMessage.objects.get().published_at is not None
+
+
+# Fails every mark (an UPDATE that sets published_at) while it exists.
+REFUSE_MARKS = """
+CREATE FUNCTION outbox_marks_refused() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'marks refused by the test'; END $$;
+CREATE TRIGGER outbox_marks_refused BEFORE UPDATE OF published_at ON asyncwork_outboxmessage
+FOR EACH ROW EXECUTE FUNCTION outbox_marks_refused();
+"""
+ALLOW_MARKS = """
+DROP TRIGGER IF EXISTS outbox_marks_refused ON asyncwork_outboxmessage;
+DROP FUNCTION IF EXISTS outbox_marks_refused();
+"""
+
+
+def test_a_failing_database_fails_no_request_and_the_marks_are_written_once_it_recovers(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_MARKS)
+    try:
+        for _ in range(3):
+            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+        assert not outbox_marks_flush(timeout=1)  # tried, refused, kept
+        assert OutboxMessage.objects.filter(published_at__isnull=True).count() == 3
+        assert "outbox marks failed" in caplog.text
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(ALLOW_MARKS)
+    assert outbox_marks_flush(timeout=10)  # tried again
+    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
+    assert {row.publish_attempts for row in OutboxMessage.objects.all()} == {1}
+
+
+def test_a_marker_that_falls_behind_leaves_the_request_to_mark_its_own_row(
+    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its bound reached (marks pending or being written), the next request marks its row on
+    its own connection; the marker writes the rest once the database lets it."""
+    from asyncwork import outbox
+
+    settings.OUTBOX_MARK_SECONDS = 60  # the marker writes when told to (a flush), not before
+    monkeypatch.setattr(outbox, "MARK_PENDING_MAX", 2)
+    assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+    first = OutboxMessage.objects.get()
+    # Another session holds the first row: the marker's write of it waits (being written: 1).
+    db = connection.settings_dict
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=False
+    ) as holder:
+        holder.execute("SELECT 1 FROM asyncwork_outboxmessage WHERE id = %s FOR UPDATE", [first.pk])
+        assert not outbox_marks_flush(timeout=0)  # the write starts, and waits for the lock
+        assert wait_until(lambda: outbox._markers["marker"].writing == 1, timeout=10)
+        for _ in range(2):  # pending: 1, then full
+            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+        unmarked = set(
+            OutboxMessage.objects.filter(published_at__isnull=True).values_list("pk", flat=True)
+        )
+        assert len(unmarked) == 2  # the first (held) and the second (pending)
+        assert first.pk in unmarked
+        holder.rollback()
+    assert outbox_marks_flush(timeout=10)
+    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
