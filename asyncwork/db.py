@@ -121,9 +121,10 @@ def _select_statement(meta: Options[Any]) -> tuple[list[str], list[tuple[int, An
 
 def row_get(model: type[M], pk: Any) -> M | None:
     """The row of ``model`` with primary key ``pk``, or None: ``filter(pk=pk).first()``
-    through a statement built once per model (it runs for every email a worker sends)."""
+    through a statement built once per model, prepared once per connection in autocommit
+    (it runs for every email a worker sends)."""
     names, converters, sql = _select_statement(model._meta)
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(sql, [pk])
         row = cursor.fetchone()
     if row is None:
@@ -157,6 +158,12 @@ def prepared_cursor() -> Iterator[CursorWrapper]:
     with connection.wrap_database_errors, _PreparingCursor(raw) as cursor:
         wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
         yield wrapper(cursor, connection)
+
+
+def statement_cursor() -> contextlib.AbstractContextManager[CursorWrapper]:
+    """For a statement run on every task or request: ``prepared_cursor`` in autocommit, where
+    it can be used; Django's own cursor inside a transaction block (a caller's, or a test's)."""
+    return connection.cursor() if connection.in_atomic_block else prepared_cursor()
 
 
 def statement_timeout() -> None:

@@ -45,7 +45,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.breaker import Breaker, Decision
-from asyncwork.db import insert_or_skip, row_get
+from asyncwork.db import insert_or_skip, row_get, statement_cursor
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import idempotent_perform
@@ -282,9 +282,10 @@ def email_claim(
 ) -> Claim | None:
     """Claim the right to send the email under ``key``; None if it is sent or held by a live
     claim. One statement, enforced by the UNIQUE key: no check-then-insert window; atomic on its
-    own, so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``)."""
+    own, so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``),
+    prepared once per connection: PostgreSQL parsed and planned it on every email otherwise."""
     message_id = message_id or invoice_email_message_id(invoice, key)
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(
             _CLAIM_SQL,
             {
@@ -337,7 +338,7 @@ def _claim_mark_sent(claim: Claim) -> bool:
     than turned into a retry that could send a duplicate."""
     for delay in (0.5, 1, 1.5, 3, None):
         try:
-            with connection.cursor() as cursor:
+            with statement_cursor() as cursor:
                 cursor.execute(
                     _MARK_SENT_SQL,
                     [timezone.now(), claim.delivery_id, claim.owner, claim.attempts],
