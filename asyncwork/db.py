@@ -103,35 +103,47 @@ def _insert(instance: models.Model, conflict_fields: tuple[str, ...]) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _select_statement(meta: Options[Any]) -> tuple[list[str], list[tuple[int, Any]], str]:
-    """The attribute names, the value converters (by position) and the SQL of ``row_get``
-    for one model, worked out once."""
+    """The attribute names, the value converters (by position) and the columns selected by
+    ``row_get`` for one model, worked out once."""
     fields = meta.concrete_fields
     converters = [
         (i, converter)
         for i, f in enumerate(fields)
         for converter in f.get_db_converters(connection)
     ]
-    assert meta.pk is not None
-    sql = (
-        f"SELECT {', '.join(_column(f) for f in fields)} "  # noqa: S608 - identifiers from model metadata
-        f"FROM {connection.ops.quote_name(meta.db_table)} WHERE {_column(meta.pk)} = %s"
-    )
-    return [f.attname for f in fields], converters, sql
+    return [f.attname for f in fields], converters, ", ".join(_column(f) for f in fields)
+
+
+def row_columns(model: type[models.Model]) -> str:
+    """The columns of ``model``'s row, in the order ``row_load`` reads them: for a statement
+    that returns the row with something else (``SELECT <these>, ...``)."""
+    return _select_statement(model._meta)[2]
+
+
+def row_load(model: type[M], values: Sequence[Any]) -> M:
+    """The instance of ``model`` whose row is ``values`` (``row_columns``' order), as the ORM
+    loads it."""
+    names, converters, _ = _select_statement(model._meta)
+    loaded = list(values)
+    for i, converter in converters:
+        loaded[i] = converter(loaded[i], None, connection)
+    return model.from_db(connection.alias, names, loaded)
 
 
 def row_get(model: type[M], pk: Any) -> M | None:
     """The row of ``model`` with primary key ``pk``, or None: ``filter(pk=pk).first()``
-    through a statement built once per model (it runs for every email a worker sends)."""
-    names, converters, sql = _select_statement(model._meta)
-    with connection.cursor() as cursor:
+    through a statement built once per model, prepared once per connection in autocommit
+    (it runs for every email a worker sends)."""
+    meta = model._meta
+    assert meta.pk is not None
+    sql = (
+        f"SELECT {row_columns(model)} "  # noqa: S608 - identifiers from model metadata
+        f"FROM {connection.ops.quote_name(meta.db_table)} WHERE {_column(meta.pk)} = %s"
+    )
+    with statement_cursor() as cursor:
         cursor.execute(sql, [pk])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    values = list(row)
-    for i, converter in converters:
-        values[i] = converter(values[i], None, connection)
-    return model.from_db(connection.alias, names, values)
+    return None if row is None else row_load(model, row)
 
 
 class _PreparingCursor(psycopg.Cursor[Any]):
@@ -157,6 +169,12 @@ def prepared_cursor() -> Iterator[CursorWrapper]:
     with connection.wrap_database_errors, _PreparingCursor(raw) as cursor:
         wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
         yield wrapper(cursor, connection)
+
+
+def statement_cursor() -> contextlib.AbstractContextManager[CursorWrapper]:
+    """For a statement run on every task or request: ``prepared_cursor`` in autocommit, where
+    it can be used; Django's own cursor inside a transaction block (a caller's, or a test's)."""
+    return connection.cursor() if connection.in_atomic_block else prepared_cursor()
 
 
 def statement_timeout() -> None:

@@ -10,9 +10,9 @@ send one email, and a run after success is a no-op.
 A claim records its owner, the worker process (``asyncwork.heartbeat.heartbeat_owner``), and a
 token (``attempts``, raised by every claim). Every later write of the owner (the release, the
 mark sent) is fenced on both (``Claim.held``): once the claim is taken over, a late owner (a
-process paused past the lapse, then resumed) changes nothing. The message is built before the
-claim, so the claim is followed at once by the SMTP conversation: a pause past the lapse there
-is the crash window below.
+process paused past the lapse, then resumed) changes nothing. The claim reads the invoice in
+the same statement, and the message is built from it under the claim, then sent: a pause past
+the lapse anywhere between the claim and the server's reply is the crash window below.
 
 The crash window: a worker that dies after the SMTP server accepted the message but before it
 marked the key sent leaves a claim in ``sending``. The claim blocks every other worker while
@@ -30,12 +30,15 @@ without spending an attempt (``ProviderUnavailable``, ``ReliableTask.defer``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -45,7 +48,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.breaker import Breaker, Decision
-from asyncwork.db import insert_or_skip, row_get
+from asyncwork.db import insert_or_skip, row_columns, row_get, row_load, statement_cursor
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import idempotent_perform
@@ -229,7 +232,11 @@ def invoice_payment_recorded(*, provider_time: datetime, values: tuple[object, .
 
 
 def invoice_email_key(invoice: Invoice) -> str:
-    return f"invoice_email_sent:{invoice.pk}"
+    return invoice_email_key_for(invoice.pk)
+
+
+def invoice_email_key_for(invoice_id: int) -> str:
+    return f"invoice_email_sent:{invoice_id}"
 
 
 def invoice_email_message_id(invoice: Invoice, key: str) -> str:
@@ -240,6 +247,18 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
 
 
+# What a claim takes over: a key pending or failed, a claim whose lease has expired or whose
+# owner is gone; the row, its token and whether it was taken over come back.
+_CLAIM_CONFLICT = f"""
+ON CONFLICT (key) DO UPDATE
+    SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
+        lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
+    WHERE d.state IN ('pending', 'failed')
+       OR (d.state = 'sending' AND d.lease_expires_at < now())
+       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
+RETURNING d.id, d.attempts, (d.xmax <> 0) AS reclaimed
+"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
+
 _CLAIM_SQL = f"""
 INSERT INTO invoicing_emaildelivery AS d
     (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
@@ -247,14 +266,38 @@ INSERT INTO invoicing_emaildelivery AS d
 VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
         now() + make_interval(secs => %(lease)s), %(message_id)s, '', %(requested_by)s,
         now(), now())
-ON CONFLICT (key) DO UPDATE
-    SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
-        lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
-    WHERE d.state IN ('pending', 'failed')
-       OR (d.state = 'sending' AND d.lease_expires_at < now())
-       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
-RETURNING id, attempts, (xmax <> 0) AS reclaimed, lease_expires_at
-"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
+{_CLAIM_CONFLICT}"""  # noqa: S608 - no input
+
+# ``invoice_email_message_id``'s provider part, from the invoice row: the same characters
+# dropped (a bracket range in PostgreSQL's regular expressions is one of code points, as in
+# Python's), the same 64 kept, the same stand-in for none (a test holds the two together).
+_MESSAGE_ID_PROVIDER_SQL = (
+    "coalesce(nullif(left(regexp_replace(invoice.provider_invoice_id, "
+    "'[^A-Za-z0-9_.-]', '', 'g'), 64), ''), 'invoice')"
+)
+
+
+@functools.cache
+def _claim_read_sql() -> str:
+    """The claim of the send path, which reads the invoice in the same statement: the invoice
+    row (``row_columns``' order), then the claim's row, token and take-over flag, all None
+    when it was not claimed. Only a paid invoice is claimed; no row at all: no such invoice.
+    Built on first use, from the model's columns."""
+    return f"""
+WITH invoice AS (
+    SELECT {row_columns(Invoice)} FROM {_INVOICE} WHERE id = %(invoice_id)s
+), claim AS (
+    INSERT INTO invoicing_emaildelivery AS d
+        (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
+         last_error, requested_by, created_at, updated_at)
+    SELECT %(key)s, invoice.id, 'sending', 1, %(owner)s,
+           now() + make_interval(secs => %(lease)s),
+           '<' || {_MESSAGE_ID_PROVIDER_SQL} || %(message_id_rest)s, '', '', now(), now()
+    FROM invoice WHERE invoice.status = 'paid'
+    {_CLAIM_CONFLICT}
+)
+SELECT invoice.*, claim.id, claim.attempts, claim.reclaimed FROM invoice LEFT JOIN claim ON true
+"""  # noqa: S608 - no input: table and columns from model metadata
 
 
 @dataclass(frozen=True)
@@ -282,9 +325,10 @@ def email_claim(
 ) -> Claim | None:
     """Claim the right to send the email under ``key``; None if it is sent or held by a live
     claim. One statement, enforced by the UNIQUE key: no check-then-insert window; atomic on its
-    own, so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``)."""
+    own, so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``),
+    prepared once per connection: PostgreSQL parsed and planned it on every email otherwise."""
     message_id = message_id or invoice_email_message_id(invoice, key)
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(
             _CLAIM_SQL,
             {
@@ -300,16 +344,63 @@ def email_claim(
         row = cursor.fetchone()
     if row is None:
         return None
-    delivery_id, attempts, reclaimed, _ = row
+    delivery_id, attempts, reclaimed = row
+    return _claim_taken(
+        invoice_id=invoice.pk,
+        key=key,
+        owner=owner,
+        message_id=message_id,
+        returned=(delivery_id, attempts, reclaimed),
+    )
+
+
+def _claim_taken(
+    *, invoice_id: int, key: str, owner: str, message_id: str, returned: Sequence[Any]
+) -> Claim:
+    delivery_id, attempts, reclaimed = returned
     if reclaimed:
         logger.info(
             "email claim taken (attempt %d)",
             attempts,
-            extra={"invoice_id": invoice.pk, "key": key, "attempt": attempts},
+            extra={"invoice_id": invoice_id, "key": key, "attempt": attempts},
         )
     return Claim(
         delivery_id=delivery_id, attempts=attempts, message_id=message_id, owner=owner[:255]
     )
+
+
+def _email_claim_read(*, invoice_id: int, key: str, owner: str) -> tuple[Invoice, Claim | None]:
+    """``email_claim`` for the invoice ``invoice_id``, which the same statement reads (one round
+    trip less per email): the invoice and the claim, None if it is unpaid, sent, or held by a
+    live claim. Raises ``PermanentError`` if there is no such invoice. The Message-ID the row
+    records for a new key is ``invoice_email_message_id``'s, worked out in SQL."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    with statement_cursor() as cursor:
+        cursor.execute(
+            _claim_read_sql(),
+            {
+                "key": key,
+                "invoice_id": invoice_id,
+                "owner": owner[:255],
+                "lease": settings.EMAIL_CLAIM_LEASE_SECONDS,
+                "message_id_rest": f".{digest}@{mail.message_id_domain()}>",
+                "heartbeat_lapse": lapse_seconds(),
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise PermanentError(f"invoice {invoice_id} does not exist")
+    invoice = row_load(Invoice, row[:-3])
+    if row[-3] is None:
+        return invoice, None
+    claim = _claim_taken(
+        invoice_id=invoice_id,
+        key=key,
+        owner=owner,
+        message_id=invoice_email_message_id(invoice, key),
+        returned=row[-3:],
+    )
+    return invoice, claim
 
 
 def _claim_release(claim: Claim, *, error: str) -> None:
@@ -337,7 +428,7 @@ def _claim_mark_sent(claim: Claim) -> bool:
     than turned into a retry that could send a duplicate."""
     for delay in (0.5, 1, 1.5, 3, None):
         try:
-            with connection.cursor() as cursor:
+            with statement_cursor() as cursor:
                 cursor.execute(
                     _MARK_SENT_SQL,
                     [timezone.now(), claim.delivery_id, claim.owner, claim.attempts],
@@ -414,21 +505,22 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
     Raises ``TransientError`` (retry), ``PermanentError`` (dead-letter) or
     ``ProviderUnavailable`` (the provider's breaker is open: defer, no attempt spent)."""
     log_context_bind(invoice_id=invoice_id)
-    invoice = row_get(Invoice, invoice_id)
-    if invoice is None:
-        raise PermanentError(f"invoice {invoice_id} does not exist")
-    if invoice.status != Invoice.Status.PAID:
-        logger.info("invoice not paid; no email", extra={"invoice_id": invoice_id})
-        return "not_paid"
     # Asked before the claim, so a deferred job holds no claim.
     breaker = email_breaker()
     decision = breaker.allow()
-    if not decision.allowed:
-        raise _provider_unavailable(decision.retry_in)
     try:
+        if not decision.allowed:
+            # Deferred only if there is an email to send: a job for an invoice gone or unpaid
+            # ends now, as it would with the breaker closed.
+            invoice = row_get(Invoice, invoice_id)
+            if invoice is None:
+                raise PermanentError(f"invoice {invoice_id} does not exist")
+            if invoice.status != Invoice.Status.PAID:
+                return _not_paid(invoice_id)
+            raise _provider_unavailable(decision.retry_in)
         return _invoice_email_send_claimed(
-            invoice=invoice,
-            key=key or invoice_email_key(invoice),
+            invoice_id=invoice_id,
+            key=key or invoice_email_key_for(invoice_id),
             owner=owner,
             breaker=breaker,
             decision=decision,
@@ -439,30 +531,28 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
         breaker.release_probe(decision)
 
 
+def _not_paid(invoice_id: int) -> str:
+    logger.info("invoice not paid; no email", extra={"invoice_id": invoice_id})
+    return "not_paid"
+
+
 def _invoice_email_send_claimed(
-    *, invoice: Invoice, key: str, owner: str, breaker: Breaker, decision: Decision
+    *, invoice_id: int, key: str, owner: str, breaker: Breaker, decision: Decision
 ) -> str:
-    invoice_id = invoice.pk
-    message_id = invoice_email_message_id(invoice, key)
-    # Built before the claim, so that nothing stands between the claim and the SMTP
-    # conversation: a process stopped (SIGSTOP, a long pause) past the lapse is stopped inside
-    # its send, where a resumed one sends the one duplicate with the same Message-ID, as a
-    # kill there does. A message that cannot be built fails under the claim all the same.
-    built: EmailMultiAlternatives | Exception
-    try:
-        built = mail.invoice_email_build(invoice=invoice, message_id=message_id)
-    except Exception as exc:  # noqa: BLE001 - raised below, under the claim, which it releases
-        built = exc
-    claim = email_claim(invoice=invoice, key=key, owner=owner, message_id=message_id)
+    invoice, claim = _email_claim_read(invoice_id=invoice_id, key=key, owner=owner)
+    if invoice.status != Invoice.Status.PAID:
+        return _not_paid(invoice_id)
     if claim is None:
         logger.info(
             "invoice email already sent or in progress",
             extra={"invoice_id": invoice_id, "key": key},
         )
         return "skipped"
+    # Built under the claim, from the invoice the claim read: a process stopped here (SIGSTOP,
+    # a long pause) past the lapse, and resumed once another took the claim over, sends the one
+    # duplicate with the same Message-ID, as one stopped inside its send does.
     try:
-        if isinstance(built, Exception):
-            raise built
+        built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
         _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release the claim whatever failed, so the retry (or a replay) can claim it again.

@@ -20,6 +20,7 @@ from invoicing.services import (
     _claim_release,
     email_claim,
     invoice_email_key,
+    invoice_email_message_id,
     invoice_email_send,
 )
 from invoicing.tasks import send_invoice_email
@@ -208,3 +209,26 @@ def test_unpaid_invoice_sends_nothing(smtp: SmtpServer) -> None:
     time.sleep(0.2)
     assert smtp.messages == []
     assert not EmailDelivery.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "provider_id",
+    [
+        "in_1Plain.id-0",
+        "in_Ünïcödé/../x y<z>@w",
+        "\u2603\u2603",  # nothing left: the stand-in
+        "in_" + "x" * 100,  # cut at 64
+        "in_\u212a\u0130\uff21\U0001d400_k",  # look like ASCII letters, are not
+    ],
+)
+def test_the_message_id_recorded_by_the_claim_is_the_one_sent(
+    smtp: SmtpServer, provider_id: str
+) -> None:
+    """The claim works out the Message-ID it records in SQL, the message's comes from
+    ``invoice_email_message_id``: the two are one."""
+    invoice = paid_invoice(provider_id, customer_email="jenny@example.com")
+    assert invoice_email_send(invoice_id=invoice.pk, owner="x") == "sent"
+    expected = invoice_email_message_id(invoice, invoice_email_key(invoice))
+    assert EmailDelivery.objects.get(invoice=invoice).message_id == expected
+    # As the message carries it, a long one folded over two lines.
+    assert ["".join(str(m["Message-ID"]).split()) for m in smtp.messages] == [expected]
