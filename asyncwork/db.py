@@ -130,18 +130,21 @@ def row_load(model: type[M], values: Sequence[Any]) -> M:
     return model.from_db(connection.alias, names, loaded)
 
 
+@functools.lru_cache(maxsize=64)
+def _row_get_sql(meta: Options[Any]) -> str:
+    assert meta.pk is not None
+    return (
+        f"SELECT {_select_statement(meta)[2]} "  # noqa: S608 - identifiers from model metadata
+        f"FROM {connection.ops.quote_name(meta.db_table)} WHERE {_column(meta.pk)} = %s"
+    )
+
+
 def row_get(model: type[M], pk: Any) -> M | None:
     """The row of ``model`` with primary key ``pk``, or None: ``filter(pk=pk).first()``
     through a statement built once per model, prepared once per connection in autocommit
     (it runs for every email a worker sends)."""
-    meta = model._meta
-    assert meta.pk is not None
-    sql = (
-        f"SELECT {row_columns(model)} "  # noqa: S608 - identifiers from model metadata
-        f"FROM {connection.ops.quote_name(meta.db_table)} WHERE {_column(meta.pk)} = %s"
-    )
     with statement_cursor() as cursor:
-        cursor.execute(sql, [pk])
+        cursor.execute(_row_get_sql(model._meta), [pk])
         row = cursor.fetchone()
     return None if row is None else row_load(model, row)
 

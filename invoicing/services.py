@@ -35,10 +35,9 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -247,27 +246,6 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
 
 
-# What a claim takes over: a key pending or failed, a claim whose lease has expired or whose
-# owner is gone; the row, its token and whether it was taken over come back.
-_CLAIM_CONFLICT = f"""
-ON CONFLICT (key) DO UPDATE
-    SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
-        lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
-    WHERE d.state IN ('pending', 'failed')
-       OR (d.state = 'sending' AND d.lease_expires_at < now())
-       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
-RETURNING d.id, d.attempts, (d.xmax <> 0) AS reclaimed
-"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
-
-_CLAIM_SQL = f"""
-INSERT INTO invoicing_emaildelivery AS d
-    (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
-     last_error, requested_by, created_at, updated_at)
-VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
-        now() + make_interval(secs => %(lease)s), %(message_id)s, '', %(requested_by)s,
-        now(), now())
-{_CLAIM_CONFLICT}"""  # noqa: S608 - no input
-
 # ``invoice_email_message_id``'s provider part, from the invoice row: the same characters
 # dropped (a bracket range in PostgreSQL's regular expressions is one of code points, as in
 # Python's), the same 64 kept, the same stand-in for none (a test holds the two together).
@@ -277,12 +255,17 @@ _MESSAGE_ID_PROVIDER_SQL = (
 )
 
 
+# Whose claim a claim may take over: one whose owner is gone (its heartbeat lapsed).
+_OWNER_GONE = owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")
+
+
 @functools.cache
 def _claim_read_sql() -> str:
-    """The claim of the send path, which reads the invoice in the same statement: the invoice
-    row (``row_columns``' order), then the claim's row, token and take-over flag, all None
-    when it was not claimed. Only a paid invoice is claimed; no row at all: no such invoice.
-    Built on first use, from the model's columns."""
+    """``email_claim``'s statement, which reads the invoice: the invoice row (``row_columns``'
+    order), then the claim's row, token and take-over flag, all None when it was not claimed.
+    Only a paid invoice is claimed, and of its key only a key pending or failed, a claim whose
+    lease has expired or whose owner is gone; no row at all: no such invoice. Built on first
+    use, from the model's columns."""
     return f"""
 WITH invoice AS (
     SELECT {row_columns(Invoice)} FROM {_INVOICE} WHERE id = %(invoice_id)s
@@ -294,7 +277,13 @@ WITH invoice AS (
            now() + make_interval(secs => %(lease)s),
            '<' || {_MESSAGE_ID_PROVIDER_SQL} || %(message_id_rest)s, '', '', now(), now()
     FROM invoice WHERE invoice.status = 'paid'
-    {_CLAIM_CONFLICT}
+    ON CONFLICT (key) DO UPDATE
+        SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
+            lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
+        WHERE d.state IN ('pending', 'failed')
+           OR (d.state = 'sending' AND d.lease_expires_at < now())
+           OR (d.state = 'sending' AND {_OWNER_GONE})
+    RETURNING d.id, d.attempts, (d.xmax <> 0) AS reclaimed
 )
 SELECT invoice.*, claim.id, claim.attempts, claim.reclaimed FROM invoice LEFT JOIN claim ON true
 """  # noqa: S608 - no input: table and columns from model metadata
@@ -320,60 +309,23 @@ class Claim:
         )
 
 
-def email_claim(
-    *, invoice: Invoice, key: str, owner: str, requested_by: str = "", message_id: str = ""
-) -> Claim | None:
-    """Claim the right to send the email under ``key``; None if it is sent or held by a live
-    claim. One statement, enforced by the UNIQUE key: no check-then-insert window; atomic on its
-    own, so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``),
-    prepared once per connection: PostgreSQL parsed and planned it on every email otherwise."""
-    message_id = message_id or invoice_email_message_id(invoice, key)
-    with statement_cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SQL,
-            {
-                "key": key,
-                "invoice_id": invoice.pk,
-                "owner": owner[:255],
-                "lease": settings.EMAIL_CLAIM_LEASE_SECONDS,
-                "message_id": message_id,
-                "requested_by": requested_by[:150],
-                "heartbeat_lapse": lapse_seconds(),
-            },
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    delivery_id, attempts, reclaimed = row
-    return _claim_taken(
-        invoice_id=invoice.pk,
-        key=key,
-        owner=owner,
-        message_id=message_id,
-        returned=(delivery_id, attempts, reclaimed),
-    )
+class ClaimRead(NamedTuple):
+    """What ``email_claim`` read and took: the invoice, and the claim (None if not taken)."""
+
+    invoice: Invoice
+    claim: Claim | None
 
 
-def _claim_taken(
-    *, invoice_id: int, key: str, owner: str, message_id: str, returned: Sequence[Any]
-) -> Claim:
-    delivery_id, attempts, reclaimed = returned
-    if reclaimed:
-        logger.info(
-            "email claim taken (attempt %d)",
-            attempts,
-            extra={"invoice_id": invoice_id, "key": key, "attempt": attempts},
-        )
-    return Claim(
-        delivery_id=delivery_id, attempts=attempts, message_id=message_id, owner=owner[:255]
-    )
+def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
+    """Claim the right to send the email of the invoice ``invoice_id`` under ``key``, reading
+    the invoice in the same statement. The claim is None if the invoice is not paid, or the key
+    is sent or held by a live claim. Raises ``PermanentError`` if there is no such invoice.
 
-
-def _email_claim_read(*, invoice_id: int, key: str, owner: str) -> tuple[Invoice, Claim | None]:
-    """``email_claim`` for the invoice ``invoice_id``, which the same statement reads (one round
-    trip less per email): the invoice and the claim, None if it is unpaid, sent, or held by a
-    live claim. Raises ``PermanentError`` if there is no such invoice. The Message-ID the row
-    records for a new key is ``invoice_email_message_id``'s, worked out in SQL."""
+    One statement, enforced by the UNIQUE key: no check-then-insert window; atomic on its own,
+    so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``),
+    prepared once per connection (PostgreSQL parsed and planned it on every email otherwise).
+    The Message-ID the row records for a new key is ``invoice_email_message_id``'s, worked out
+    in SQL (a test holds the two together)."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     with statement_cursor() as cursor:
         cursor.execute(
@@ -391,16 +343,22 @@ def _email_claim_read(*, invoice_id: int, key: str, owner: str) -> tuple[Invoice
     if row is None:
         raise PermanentError(f"invoice {invoice_id} does not exist")
     invoice = row_load(Invoice, row[:-3])
-    if row[-3] is None:
-        return invoice, None
-    claim = _claim_taken(
-        invoice_id=invoice_id,
-        key=key,
-        owner=owner,
+    delivery_id, attempts, reclaimed = row[-3:]
+    if delivery_id is None:
+        return ClaimRead(invoice, None)
+    if reclaimed:
+        logger.info(
+            "email claim taken (attempt %d)",
+            attempts,
+            extra={"invoice_id": invoice_id, "key": key, "attempt": attempts},
+        )
+    claim = Claim(
+        delivery_id=delivery_id,
+        attempts=attempts,
         message_id=invoice_email_message_id(invoice, key),
-        returned=row[-3:],
+        owner=owner[:255],
     )
-    return invoice, claim
+    return ClaimRead(invoice, claim)
 
 
 def _claim_release(claim: Claim, *, error: str) -> None:
@@ -539,7 +497,7 @@ def _not_paid(invoice_id: int) -> str:
 def _invoice_email_send_claimed(
     *, invoice_id: int, key: str, owner: str, breaker: Breaker, decision: Decision
 ) -> str:
-    invoice, claim = _email_claim_read(invoice_id=invoice_id, key=key, owner=owner)
+    invoice, claim = email_claim(invoice_id=invoice_id, key=key, owner=owner)
     if invoice.status != Invoice.Status.PAID:
         return _not_paid(invoice_id)
     if claim is None:

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from asyncwork.errors import PermanentError
 from asyncwork.models import WorkerHeartbeat
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import (
@@ -85,13 +86,15 @@ def test_two_worker_processes_given_the_job_ten_times_send_one_email(smtp: SmtpS
 def test_a_live_claim_blocks_and_an_expired_claim_is_taken_over() -> None:
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
-    first = email_claim(invoice=invoice, key=key, owner="a")
+    first = email_claim(invoice_id=invoice.pk, key=key, owner="a").claim
     assert first is not None
-    assert email_claim(invoice=invoice, key=key, owner="b") is None  # live: blocked
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="b").claim is None  # live: blocked
     EmailDelivery.objects.filter(key=key).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    second = email_claim(invoice=invoice, key=key, owner="b")  # the owner died: taken over
+    second = email_claim(
+        invoice_id=invoice.pk, key=key, owner="b"
+    ).claim  # the owner died: taken over
     assert second is not None
     assert second.attempts == 2
     assert second.message_id == first.message_id  # a duplicate would carry the same id
@@ -99,7 +102,7 @@ def test_a_live_claim_blocks_and_an_expired_claim_is_taken_over() -> None:
     EmailDelivery.objects.filter(key=key).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    assert email_claim(invoice=invoice, key=key, owner="c") is None  # sent: never again
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="c").claim is None  # sent: never again
 
 
 def beat(owner: str, *, ago: float = 0) -> None:
@@ -128,16 +131,16 @@ def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any
     key = invoice_email_key(invoice)
     beat("slow")
     beat("other")  # the process that would take it over beats too
-    first = email_claim(invoice=invoice, key=key, owner="slow")
+    first = email_claim(invoice_id=invoice.pk, key=key, owner="slow").claim
     assert first is not None
     claim_age(key, 60)  # a slow send, well past the lapse: its owner still beats
-    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="other").claim is None
     beat("slow", ago=9)  # one late heartbeat short of the lapse
     beat("other")
-    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="other").claim is None
     beat("slow", ago=11)  # gone
     beat("other")
-    second = email_claim(invoice=invoice, key=key, owner="other")
+    second = email_claim(invoice_id=invoice.pk, key=key, owner="other").claim
     assert second is not None
     assert second.attempts == 2
     lease = EmailDelivery.objects.get(key=key).lease_expires_at
@@ -146,12 +149,12 @@ def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any
 
     never = paid_invoice()
     never_key = invoice_email_key(never)
-    assert email_claim(invoice=never, key=never_key, owner="no-heartbeat") is not None
+    assert email_claim(invoice_id=never.pk, key=never_key, owner="no-heartbeat").claim is not None
     claim_age(never_key, 9)
-    assert email_claim(invoice=never, key=never_key, owner="other") is None
+    assert email_claim(invoice_id=never.pk, key=never_key, owner="other").claim is None
     claim_age(never_key, 11)
     beat("other")
-    assert email_claim(invoice=never, key=never_key, owner="other") is not None
+    assert email_claim(invoice_id=never.pk, key=never_key, owner="other").claim is not None
 
 
 def test_nobody_is_judged_gone_while_nobody_could_beat() -> None:
@@ -162,20 +165,20 @@ def test_nobody_is_judged_gone_while_nobody_could_beat() -> None:
     key = invoice_email_key(invoice)
     beat("owner", ago=30)
     beat("other", ago=29)
-    assert email_claim(invoice=invoice, key=key, owner="owner") is not None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="owner").claim is not None
     claim_age(key, 31)
-    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="other").claim is None
     beat("other")  # the database is back; "owner" has not beaten since, for 30 s
-    assert email_claim(invoice=invoice, key=key, owner="other") is not None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="other").claim is not None
 
 
 def test_rescue_by_heartbeat_off_leaves_the_lease_alone_to_decide(settings: Any) -> None:
     settings.WORKER_HEARTBEAT_LAPSE_SECONDS = 0
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
-    assert email_claim(invoice=invoice, key=key, owner="gone") is not None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="gone").claim is not None
     claim_age(key, 3600)
-    assert email_claim(invoice=invoice, key=key, owner="other") is None
+    assert email_claim(invoice_id=invoice.pk, key=key, owner="other").claim is None
 
 
 def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
@@ -184,12 +187,12 @@ def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
     its claim (``Claim.held``) is not on the row any more."""
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
-    old = email_claim(invoice=invoice, key=key, owner="zombie")
+    old = email_claim(invoice_id=invoice.pk, key=key, owner="zombie").claim
     assert old is not None
     claim_age(key, 60)
     beat("zombie", ago=60)
     beat("rescuer")
-    new = email_claim(invoice=invoice, key=key, owner="rescuer")
+    new = email_claim(invoice_id=invoice.pk, key=key, owner="rescuer").claim
     assert new is not None
     before = EmailDelivery.objects.values().get(key=key)
 
@@ -200,6 +203,33 @@ def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
 
     assert _claim_mark_sent(new)
     assert EmailDelivery.objects.get(key=key).state == EmailDelivery.State.SENT
+
+
+def test_the_claim_reads_the_invoice_claims_only_a_paid_one_and_knows_a_missing_one() -> None:
+    invoice = paid_invoice()
+    key = invoice_email_key(invoice)
+    Invoice.objects.filter(pk=invoice.pk).update(status="open", customer_name="Read Back")
+    read = email_claim(invoice_id=invoice.pk, key=key, owner="x")
+    assert (read.invoice.pk, read.invoice.status, read.invoice.customer_name) == (
+        invoice.pk,
+        "open",
+        "Read Back",
+    )
+    assert read.claim is None
+    assert not EmailDelivery.objects.exists()  # an unpaid invoice's key is not even written
+
+    Invoice.objects.filter(pk=invoice.pk).update(status="paid")
+    read = email_claim(invoice_id=invoice.pk, key=key, owner="x")
+    assert read.invoice.status == "paid"
+    assert read.claim is not None
+    row = EmailDelivery.objects.get()
+    assert (row.key, row.state, row.claimed_by, row.attempts) == (key, "sending", "x", 1)
+    assert row.message_id == read.claim.message_id
+
+    missing = Invoice.objects.order_by("pk").last().pk + 1  # type: ignore[union-attr]
+    with pytest.raises(PermanentError, match=f"invoice {missing} does not exist"):
+        email_claim(invoice_id=missing, key=f"invoice_email_sent:{missing}", owner="x")
+    assert EmailDelivery.objects.count() == 1
 
 
 def test_unpaid_invoice_sends_nothing(smtp: SmtpServer) -> None:

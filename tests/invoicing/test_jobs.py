@@ -29,8 +29,16 @@ def long_ago() -> Any:
 def test_recovery_releases_expired_claims_once_and_the_email_goes_out(smtp: SmtpServer) -> None:
     invoice = paid_invoice("in_stale")
     live = paid_invoice("in_live")
-    email_claim(invoice=invoice, key=invoice_email_key(invoice), owner="dead-worker")
-    email_claim(invoice=live, key=invoice_email_key(live), owner="live-worker")
+    assert (
+        email_claim(
+            invoice_id=invoice.pk, key=invoice_email_key(invoice), owner="dead-worker"
+        ).claim
+        is not None
+    )
+    assert (
+        email_claim(invoice_id=live.pk, key=invoice_email_key(live), owner="live-worker").claim
+        is not None
+    )
     EmailDelivery.objects.filter(invoice=invoice).update(lease_expires_at=long_ago())
 
     with worker_thread():
@@ -58,8 +66,14 @@ def test_rescue_releases_the_claims_of_gone_owners_at_once_and_the_email_goes_ou
             started_at=timezone.now(),
             beat_at=timezone.now() - timedelta(seconds=ago),
         )
-    email_claim(invoice=gone, key=invoice_email_key(gone), owner="gone-worker")
-    email_claim(invoice=alive, key=invoice_email_key(alive), owner="live-worker")
+    assert (
+        email_claim(invoice_id=gone.pk, key=invoice_email_key(gone), owner="gone-worker").claim
+        is not None
+    )
+    assert (
+        email_claim(invoice_id=alive.pk, key=invoice_email_key(alive), owner="live-worker").claim
+        is not None
+    )
     EmailDelivery.objects.update(updated_at=Now() - timedelta(seconds=60))
     before = RESCUES.labels(rescue="email-claims")._value.get()
 
@@ -100,7 +114,10 @@ def test_reconcile_enqueues_only_paid_invoices_with_nothing_pending() -> None:
         key=invoice_email_key(sent), invoice=sent, state="sent", message_id="<s>"
     )
     in_progress = paid_invoice("in_progress")
-    email_claim(invoice=in_progress, key=invoice_email_key(in_progress), owner="w")
+    assert (
+        email_claim(invoice_id=in_progress.pk, key=invoice_email_key(in_progress), owner="w").claim
+        is not None
+    )
     retrying = paid_invoice("in_retrying")  # failed a moment ago: its retry is in the broker
     EmailDelivery.objects.create(
         key=invoice_email_key(retrying), invoice=retrying, state="failed", message_id="<r>"
