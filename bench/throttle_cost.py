@@ -1,8 +1,9 @@
 """What one throttle check costs, and whether it counts right under concurrency.
 
 Compares DRF's ``SimpleRateThrottle`` (GET + SET of a per-address list of timestamps) with the
-webhook's fixed-window counter (``webhooks.throttle``: one Lua INCR + EXPIRE round trip), both
-on Django's Redis cache, against the real Redis:
+webhook's fixed-window counter (``webhooks.throttle``: one Lua INCRBY + EXPIRE round trip per
+batch of permits; batches of 1, a round trip per check, and of 10, the default), both on
+Django's Redis cache, against the real Redis:
 
 * median time per check for a quiet address (DRF's list holds a few hundred timestamps) and
   for a flooding one (5,500 requests made against the default limit of 6000/min);
@@ -111,8 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         print(f"median time per check, {args.calls} calls, Redis {settings.REDIS_URL}")
-        for name, check in (("DRF SimpleRateThrottle", drf("6000/min")), ("fixed window", ours)):
-            fresh = per_call_us(check, request_from("10.0.0.1"), 200)
+        arms = (
+            ("DRF SimpleRateThrottle", drf("6000/min"), 1),
+            ("fixed window, batch 1", ours, 1),
+            ("fixed window, batch 10", ours, 10),
+        )
+        for name, check, batch in arms:
+            settings.WEBHOOK_THROTTLE_BATCH = batch  # permits taken per round trip
+            fresh = per_call_us(check, request_from(f"10.0.0.{secrets.randbelow(250)}"), 200)
             # A flooding address: fill its history close to the limit, then measure.
             flooder = request_from(f"10.0.1.{secrets.randbelow(250)}")
             for _ in range(5500):
@@ -120,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             full = per_call_us(check, flooder, min(args.calls, 400))
             print(f"  {name:<24} fresh address {fresh:8.1f} us   flooding address {full:8.1f} us")
         settings.WEBHOOK_THROTTLE_RATE = "200/min"
+        settings.WEBHOOK_THROTTLE_BATCH = 1
         print("8 threads x 100 requests from one address, limit 200/min:")
         print(f"  DRF SimpleRateThrottle   admitted {admitted(drf('200/min'), 8, 100)}")
         print(f"  fixed window             admitted {admitted(ours, 8, 100)}")

@@ -498,6 +498,10 @@ WEBHOOK_THROTTLE_RATE = env.str("WEBHOOK_THROTTLE_RATE", default="6000/min").str
 # HTTPS, above).
 # Seconds the throttle may wait on Redis; past that it lets requests through (fails open).
 WEBHOOK_THROTTLE_TIMEOUT = env.float("WEBHOOK_THROTTLE_TIMEOUT", default=0.2)
+# Permits of an address's window one process takes from the shared counter per Redis round
+# trip (at most a hundredth of the limit, at least 1; 1: a round trip per request). Never more
+# than the limit is let in; up to (this - 1) x processes of it may go unused in a window.
+WEBHOOK_THROTTLE_BATCH = env.int("WEBHOOK_THROTTLE_BATCH", default=10)
 # Backlog (the larger of unpublished outbox rows and messages waiting on the email queue) at
 # which webhook events we do not act on are refused with 503 and not stored...
 BACKPRESSURE_SOFT_MARK = env.int("BACKPRESSURE_SOFT_MARK", default=5000)
@@ -519,6 +523,8 @@ _count, _, _period = WEBHOOK_THROTTLE_RATE.partition("/")
 _periods = {"s", "sec", "m", "min", "h", "hour", "d", "day"}
 if WEBHOOK_THROTTLE_RATE and not (_count.isdigit() and int(_count) > 0 and _period in _periods):
     raise ImproperlyConfigured("WEBHOOK_THROTTLE_RATE must look like 6000/min (or be empty).")
+if WEBHOOK_THROTTLE_BATCH < 1:
+    raise ImproperlyConfigured("WEBHOOK_THROTTLE_BATCH must be 1 or more.")
 if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
 if HEALTH_CACHE_SECONDS < 0:

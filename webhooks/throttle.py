@@ -6,7 +6,14 @@ Django view, which is the fast path.
 
 The algorithm is a fixed-window counter: the key ``throttle_webhook_<address>_<window>`` is
 incremented (and given its expiry when created) by one Lua script, atomically, in one round
-trip to Django's Redis cache. DRF's own ``SimpleRateThrottle.allow_request`` is not used. It
+trip to Django's Redis cache. A process takes its permits in batches (``WEBHOOK_THROTTLE_BATCH``,
+at most a hundredth of the limit): one increment by the batch, and the next requests of that
+address in that window are let in from what it took, without a round trip; once the counter
+has passed the limit, the process refuses the address until the window ends, again without one.
+The counter still counts every permit taken, so never more than the limit is let in across
+processes; the price is that up to (batch - 1) permits per process may be left unused when the
+window ends (a sender refused that close to its limit). A batch of 1 is a round trip per
+request and exact both ways. DRF's own ``SimpleRateThrottle.allow_request`` is not used. It
 keeps a list of timestamps per address and GETs and SETs the whole pickled list on every
 request, so its cost grows with the limit, exactly when a flood fills the list; and its
 read-modify-write is not atomic, so concurrent requests from one address overwrite each
@@ -28,6 +35,7 @@ import math
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
@@ -85,23 +93,69 @@ class WebhookRateThrottle(SimpleRateThrottle):
         window = int(self.now // self.duration)
         self.window_end = (window + 1) * self.duration
         self.key = f"{self.get_cache_key(request, view)}_{window}"
-        self.count = _count_hit(self.key, ttl=self.duration + 1)
-        return self.count <= self.num_requests
+        batch = min(settings.WEBHOOK_THROTTLE_BATCH, max(1, self.num_requests // 100))
+        self.allowed, self.first_refusal = _permits.take(
+            self.key, limit=self.num_requests, batch=batch, ttl=self.duration + 1
+        )
+        return self.allowed
 
     def wait(self) -> float:
         """Seconds until the current window ends."""
         return max(self.window_end - self.now, 0.0)
 
 
-# INCR, and EXPIRE on the first hit of a window, as one atomic command: a process dying between
-# the two cannot leave a key without an expiry.
+# INCRBY, and EXPIRE on the first hit of a window, as one atomic command: a process dying
+# between the two cannot leave a key without an expiry.
 _HIT = (
-    "local n = redis.call('INCR', KEYS[1]) "
-    "if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end "
+    "local n = redis.call('INCRBY', KEYS[1], ARGV[2]) "
+    "if n == tonumber(ARGV[2]) then redis.call('EXPIRE', KEYS[1], ARGV[1]) end "
     "return n"
 )
 _HIT_SHA = hashlib.sha1(_HIT.encode(), usedforsecurity=False).hexdigest()
 
+
+@dataclass
+class _Held:
+    """What this process holds of one address's window."""
+
+    left: int = 0  # permits taken from the shared counter and not used yet
+    spent: bool = False  # the counter has reached the limit: nothing more to take this window
+
+
+class _Permits:
+    """This process's permits, per key (an address and its window)."""
+
+    # Keys held at most; past it every key is dropped (their permits go unused; refused keys
+    # cost a round trip again). A window's keys are of no use once it has ended.
+    MAX_KEYS = 10_000
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, *, limit: int, batch: int, ttl: int) -> tuple[bool, bool]:
+        """Whether one more request of ``key`` is let in, and whether this is the first refusal
+        of ``key`` in this process. Raises ``RedisError`` when the cache does not answer."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and held.left:
+                held.left -= 1
+                return True, False
+            if held is not None and held.spent:
+                return False, False
+        count = _count_hit(key, ttl=ttl, by=batch)  # a round trip, outside the lock
+        granted = max(0, min(batch, limit - (count - batch)))
+        with self._lock:
+            if key not in self._held and len(self._held) >= self.MAX_KEYS:
+                self._held.clear()
+            held = self._held.setdefault(key, _Held())
+            held.left += max(granted - 1, 0)
+            first_refusal = granted == 0 and not held.spent
+            held.spent = held.spent or granted < batch
+        return granted > 0, first_refusal
+
+
+_permits = _Permits()
 
 _clients: dict[tuple[str, float], Redis] = {}
 _clients_lock = threading.Lock()
@@ -135,8 +189,8 @@ def _redis_client(location: str | list[str]) -> Redis:
     return client
 
 
-def _count_hit(key: str, *, ttl: int) -> int:
-    """Add one to ``key`` in the default cache and return the new count, atomically."""
+def _count_hit(key: str, *, ttl: int, by: int = 1) -> int:
+    """Add ``by`` to ``key`` in the default cache and return the new count, atomically."""
     cache = caches["default"]
     if isinstance(cache, RedisCache):
         # One round trip. Django's cache API needs three (add; incr, which checks EXISTS
@@ -144,12 +198,12 @@ def _count_hit(key: str, *, ttl: int) -> int:
         full_key = cache.make_key(key)  # the cache's KEY_PREFIX and version
         client = _redis_client(settings.CACHES["default"]["LOCATION"])
         try:
-            count = client.evalsha(_HIT_SHA, 1, full_key, ttl)
+            count = client.evalsha(_HIT_SHA, 1, full_key, ttl, by)
         except NoScriptError:  # first use since Redis started: EVAL also caches the script
-            count = client.eval(_HIT, 1, full_key, ttl)
+            count = client.eval(_HIT, 1, full_key, ttl, by)
         return int(count)
     cache.add(key, 0, timeout=ttl)  # any other backend (development with locmem)
-    return int(cache.incr(key))
+    return int(cache.incr(key, by))
 
 
 def webhook_throttle_wait(*, request: HttpRequest) -> int | None:
@@ -171,8 +225,8 @@ def webhook_throttle_wait(*, request: HttpRequest) -> int | None:
         return None
     if allowed:
         return None
-    if throttle.count == (throttle.num_requests or 0) + 1:
-        # Once per address and window, not once per refused request of a flood.
+    if throttle.first_refusal:
+        # Once per address, window and process, not once per refused request of a flood.
         logger.warning(
             "webhook rate limit reached",
             extra={"throttle_key": throttle.key, "rate": throttle.rate},

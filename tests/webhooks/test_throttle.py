@@ -6,16 +6,24 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 
-from stack.net import free_port
-from tests.helpers.stripe import paid_event, post_event
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.net import HOST, free_port
+from tests.helpers.processes import worker_env
+from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event
 from tests.helpers.throttle import an_address, fresh_window
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
@@ -212,3 +220,39 @@ def test_concurrent_requests_from_one_address_are_counted_exactly(settings: Any)
 
     assert sorted(statuses) == [200] * 10 + [429] * 20
     assert WebhookEvent.objects.count() == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_processes_take_permits_in_batches_and_never_let_in_more_than_the_limit(
+    tmp_path: Path,
+) -> None:
+    """Three gunicorn workers, 600/min (a batch of 6: a hundredth of the limit), 900 requests
+    from one address: at most the limit let in, at most 5 permits per process left unused, and
+    about one round trip to Redis per batch rather than one per request (the counter is raised
+    by a whole batch per round trip). Unsigned bodies: the throttle answers before the body is
+    read (429), a request it lets in is refused after it (400)."""
+    limit, batch, workers, sent = 600, 6, 3, 900
+    address = an_address()
+    fresh_window(margin=30)
+    env = worker_env(0, WEBHOOK_THROTTLE_RATE=f"{limit}/min", NUM_PROXIES="1")
+    with launch.gunicorn(
+        env, config=GunicornConfig(workers=workers), log=tmp_path / "gunicorn.log"
+    ) as server:
+        url = f"http://{HOST}:{server.port}{WEBHOOK_URL}"
+        headers = {"X-Forwarded-For": address, "Content-Type": "application/json"}
+
+        def status(_: int) -> int:
+            return requests.post(url, data=b"", headers=headers, timeout=10).status_code
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            statuses = Counter(pool.map(status, range(sent)))
+        window = int(time.time() // 60)
+
+    assert set(statuses) == {400, 429}, statuses
+    assert limit - (batch - 1) * workers <= statuses[400] <= limit, statuses
+    counted = cache.get(f"throttle_webhook_{address}_{window}")
+    assert counted % batch == 0
+    # Permits taken: what was let in, what sits unused, and each process's one batch past the
+    # limit that told it the window is spent; every refusal after that is answered locally.
+    assert limit <= counted <= limit + batch * workers, counted
+    assert counted // batch <= limit // batch + workers
