@@ -11,6 +11,8 @@ COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --st
 
 .PHONY: demo test bench lock
 
+PYTEST_PROCESSES := -n 2 --dist loadfile
+
 $(STAMP): pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --require-hashes -r requirements/dev.txt
@@ -25,10 +27,12 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest
+	# Two test processes (pytest-xdist), each module's tests in one of them: most tests wait on
+	# real timeouts, and each process is a run of its own (tests/settings.py).
+	$(VENV)/bin/pytest $(PYTEST_PROCESSES)
 	# The tests that prove the pipeline through the broker, again on RabbitMQ (tests/conftest.py
-	# BOTH_BROKERS), in a virtual host the run creates and deletes.
-	TESTS_BROKER=rabbitmq $(VENV)/bin/pytest
+	# BOTH_BROKERS), in a virtual host each process creates and deletes.
+	TESTS_BROKER=rabbitmq $(VENV)/bin/pytest $(PYTEST_PROCESSES)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench

@@ -19,7 +19,8 @@ What a run shares with the machine, and why, and how it stays out of others' way
 * The chaos suite's test runs its own PostgreSQL cluster and redis-server, which it restarts.
 
 So running ``make test`` twice at once, or beside ``make demo`` or a local stack, changes
-nothing outside each run's own resources."""
+nothing outside each run's own resources. Under pytest-xdist (``make test`` runs two test
+processes) each process is a run of its own: the run id with the process's name after it."""
 
 import os
 import uuid
@@ -43,7 +44,21 @@ os.environ.update(
         "DJANGO_SECURE_SSL_REDIRECT": "0",
     }
 )
-_RUN = os.environ.setdefault("TEST_RUN_ID", uuid.uuid4().hex[:10])
+_BASE = os.environ.setdefault("TEST_RUN_ID", uuid.uuid4().hex[:10])
+# Each pytest-xdist worker is a run of its own (its database, key prefixes, virtual host); the
+# processes its tests start inherit the worker's name, and so its resources.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_RUN = _BASE + _WORKER
+
+
+def _run_own(name: str, value: str) -> None:
+    """``name`` is ``value``, a resource named after the run, unless the developer set it; under
+    pytest-xdist the value the controller process set (after the run alone) is the worker's."""
+    current = os.environ.get(name)
+    if current is None or (_WORKER and current == value.replace(_RUN, _BASE)):
+        os.environ[name] = value
+
+
 # The broker: Redis unless TESTS_BROKER=rabbitmq (not TEST_BROKER: Celery's test worker takes
 # that for the broker's host name), which runs the tests that prove the pipeline
 # through the broker (tests/conftest.py BOTH_BROKERS) on the machine's RabbitMQ, in a virtual
@@ -51,14 +66,14 @@ _RUN = os.environ.setdefault("TEST_RUN_ID", uuid.uuid4().hex[:10])
 # that a poison message is dead-lettered after three deliveries, not ten.
 TESTS_BROKER = os.environ.setdefault("TESTS_BROKER", "redis")
 if TESTS_BROKER == "rabbitmq":
-    os.environ.setdefault("CELERY_BROKER_URL", f"amqp://guest:guest@127.0.0.1:5672/test-{_RUN}")
+    _run_own("CELERY_BROKER_URL", f"amqp://guest:guest@127.0.0.1:5672/test-{_RUN}")
     os.environ.setdefault("BROKER_DELIVERY_LIMIT", "3")
 elif TESTS_BROKER != "redis":
     raise ValueError(f"TESTS_BROKER={TESTS_BROKER!r}: redis or rabbitmq")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
-os.environ.setdefault("CELERY_BROKER_KEY_PREFIX", f"test-{_RUN}:")
+_run_own("CELERY_BROKER_KEY_PREFIX", f"test-{_RUN}:")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
-os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{_RUN}")
+_run_own("REDIS_KEY_PREFIX", f"test-{_RUN}")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
 os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
