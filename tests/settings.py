@@ -61,7 +61,7 @@ def _run_own(name: str, value: str) -> None:
 
 # The broker: Redis unless TESTS_BROKER=rabbitmq (not TEST_BROKER: Celery's test worker takes
 # that for the broker's host name), which runs the tests that prove the pipeline
-# through the broker (tests/conftest.py BOTH_BROKERS) on the machine's RabbitMQ, in a virtual
+# through the broker (tests/helpers/broker.py BOTH_BROKERS) on the machine's RabbitMQ, in a virtual
 # host of the run's own that the run creates and deletes. The delivery limit is lowered so
 # that a poison message is dead-lettered after three deliveries, not ten.
 TESTS_BROKER = os.environ.setdefault("TESTS_BROKER", "redis")
