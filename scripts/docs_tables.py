@@ -278,6 +278,7 @@ FLOOR_STAGES = (
     ("second pass", "pass2-13"),
     ("third pass", "pass3-13"),
     ("fourth pass", "pass4-13"),
+    ("fifth pass", "pass5-13"),
     ("after", None),
 )
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
