@@ -19,7 +19,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
+from asyncwork import outbox
 from asyncwork.models import OutboxMessage
 from asyncwork.outbox import _connection_drop, outbox_marks_flush, outbox_relay, outbox_task_id
 from stack import launch
@@ -153,7 +155,6 @@ def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
     tells ``after_task_publish``'s receivers as ``send_task`` does."""
     from celery.signals import after_task_publish
 
-    from asyncwork import outbox
     from asyncwork.logging import log_context
     from core.celery import app
 
@@ -344,7 +345,6 @@ def test_a_marker_that_falls_behind_leaves_the_request_to_mark_its_own_row(
 ) -> None:
     """Its bound reached (marks pending or being written), the next request marks its row on
     its own connection; the marker writes the rest once the database lets it."""
-    from asyncwork import outbox
 
     settings.OUTBOX_MARK_SECONDS = 60  # the marker writes when told to (a flush), not before
     monkeypatch.setattr(outbox, "MARK_PENDING_MAX", 2)
@@ -368,3 +368,56 @@ def test_a_marker_that_falls_behind_leaves_the_request_to_mark_its_own_row(
         holder.rollback()
     assert outbox_marks_flush(timeout=10)
     assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
+
+
+def test_a_mark_reads_its_rows_by_key_however_many_rows_the_partial_index_holds() -> None:
+    """A batch of marks looks its rows up by primary key, so its cost does not grow with the
+    entries of the index of unpublished rows: rows marked since the last vacuum (every on-commit
+    publish leaves one) and rows left unpublished (a broker outage's backlog). A condition on
+    ``published_at`` let PostgreSQL choose that index instead, and read every entry of it for
+    each batch of marks, once its statistics said it was small."""
+    table = OutboxMessage._meta.db_table
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(task="core.does_not_exist", args=[i], queue="relaytest-marks")
+        for i in range(3000)
+    )
+    with connection.cursor() as cursor:
+        # The 3,000 rows marked and analysed, their entries left in the index (no vacuum).
+        cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        try:
+            cursor.execute(f"UPDATE {table} SET published_at = now()")
+            cursor.execute(f"ANALYZE {table}")
+            rows = OutboxMessage.objects.bulk_create(
+                OutboxMessage(task="core.does_not_exist", args=[i], queue="relaytest-marks")
+                for i in range(10)
+            )
+            ids = [row.pk for row in rows]
+            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {outbox._MARK_PUBLISHED}", [ids])
+            plan = cursor.fetchone()[0][0]["Plan"]
+        finally:
+            cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+    scans = [node for node in _plan_nodes(plan) if "Scan" in node["Node Type"]]
+    assert scans
+    read = [(node["Node Type"], node.get("Index Name"), node["Actual Rows"]) for node in scans]
+    assert all(index != "outbox_unpublished_idx" for _, index, _ in read), read
+    # Each scan read about the ten rows, not the index's 3,000 entries.
+    assert max(rows for _, _, rows in read) <= 2 * len(ids), read
+    marked = OutboxMessage.objects.filter(pk__in=ids)
+    assert {(row.published_at is not None, row.publish_attempts) for row in marked} == {(True, 1)}
+
+
+def test_a_mark_leaves_a_row_marked_meanwhile_as_it_was() -> None:
+    """A row the relay (or an operator's republish) marked before this process's marker got to
+    it keeps its mark: its time and its count of publishes."""
+    row = OutboxMessage.objects.create(task="core.does_not_exist", args=[1], queue="relaytest-x")
+    OutboxMessage.objects.filter(pk=row.pk).update(
+        published_at=timezone.now() - timedelta(minutes=1), publish_attempts=1
+    )
+    before = OutboxMessage.objects.get(pk=row.pk)
+    outbox._mark_here([row.pk])
+    after = OutboxMessage.objects.get(pk=row.pk)
+    assert (after.published_at, after.publish_attempts) == (before.published_at, 1)
