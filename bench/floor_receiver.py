@@ -7,9 +7,12 @@ Per request: verify the ``v1`` HMAC (constant time, timestamp within tolerance),
 JSON, run ONE transaction of one statement (insert-or-skip the event; upsert the invoice
 without moving it backwards; insert the outbox row when the invoice becomes paid), commit,
 publish the invoice id to the broker through one prebuilt message and one producer per process,
-answer 200. No throttle, no backpressure, no logging, no metrics, no field checks: what it
-skips is what the application pays for on top of the floor. The outbox row is never marked
-published: its task (``bench.floor_send``) is left out of the benchmarks' relay and checks.
+answer 200. On Redis the producer's channel is the one the workers use (``asyncwork.broker``):
+kombu's own builds a new Redis client for every command it sends, a cost no design has to pay
+and which made up about half of this receiver's own CPU (``docs/performance.md``). No throttle,
+no backpressure, no logging, no metrics, no field checks: what it skips is what the
+application pays for on top of the floor. The outbox row is never marked published: its task
+(``bench.floor_send``) is left out of the benchmarks' relay and checks.
 """
 
 from __future__ import annotations
@@ -75,8 +78,11 @@ def _state() -> dict[str, Any]:
     """This process's connection and producer, made on its first request (after the fork)."""
     if _process.get("pid") != os.getpid():
         database = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        url = os.environ["CELERY_BROKER_URL"]
         broker = Connection(
-            os.environ["CELERY_BROKER_URL"],
+            url,
+            # As the application's settings choose it (core.settings, CELERY_BROKER_TRANSPORT).
+            transport="asyncwork.broker:Transport" if url.startswith("redis://") else None,
             transport_options={"global_keyprefix": os.environ.get("CELERY_BROKER_KEY_PREFIX", "")},
         )
         _process.update(
