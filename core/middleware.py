@@ -1,0 +1,27 @@
+"""The project's own middleware: Django's, where Django's does work a request may not need."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from django.contrib.messages import middleware
+from django.contrib.messages.storage import default_storage
+from django.http import HttpRequest, HttpResponse
+from django.utils.functional import SimpleLazyObject, empty
+
+
+class MessageMiddleware(middleware.MessageMiddleware):
+    """Django's message middleware, with a request's message storage made when the request
+    first uses it rather than for every request: making it reads the message cookie and sets
+    up a signer, which the webhook, the API and the probes never use (``docs/performance.md``
+    has its cost). A storage never used has nothing to store, as Django's own ``update`` would
+    find, so the response is left as it is."""
+
+    def process_request(self, request: HttpRequest) -> None:
+        request._messages = SimpleLazyObject(partial(default_storage, request))  # type: ignore[attr-defined]
+
+    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        storage = getattr(request, "_messages", None)
+        if isinstance(storage, SimpleLazyObject) and storage._wrapped is empty:
+            return response
+        return super().process_response(request, response)
