@@ -185,7 +185,7 @@ INVOICE_PAYMENT_UNSETTLED = (
 # The invoice upserted (None: a stale event), the invoice before, the outbox row written.
 INVOICE_PAYMENT_RETURNING = (
     "(SELECT id FROM invoice), (SELECT id FROM invoice_before), "
-    "(SELECT id FROM invoice_outbox), (SELECT created_at FROM invoice_outbox)"
+    "(SELECT id FROM invoice_outbox), (SELECT created FROM invoice_outbox)"
 )
 
 
@@ -210,7 +210,7 @@ def invoice_payment_recorded(*, provider_time: datetime, values: tuple[object, .
     """After ``INVOICE_PAYMENT_CTES`` did their work: what ``invoice_record_payment`` does
     besides writing (the log context, the outbox row's publish once committed); returns the
     invoice's id, or None for a stale event."""
-    invoice_id, before_id, outbox_id, outbox_created_at = values
+    invoice_id, before_id, outbox_id, outbox_created = values
     if invoice_id is None:
         logger.info(
             "stale invoice event ignored",
@@ -221,9 +221,10 @@ def invoice_payment_recorded(*, provider_time: datetime, values: tuple[object, .
     log_context_bind(invoice_id=invoice_id)
     if outbox_id is not None:
         assert isinstance(outbox_id, int)
+        assert isinstance(outbox_created, float)
         outbox_enqueued(
             pk=outbox_id,
-            created_at=outbox_created_at,
+            created=outbox_created,
             task=SEND_INVOICE_EMAIL_TASK,
             args=[invoice_id],
         )
