@@ -19,10 +19,11 @@ Levels, and what is shed at each, in this order:
 A 200 is only ever sent for work committed to PostgreSQL: what is shed was never
 acknowledged, so the sender delivers it again later. Nothing acknowledged is dropped.
 
-The check is cheap and measures nothing of its own: each process reads the outbox and queue
-probes (``asyncwork.probes``, the figures ``/health/``, ``/metrics`` and the dashboard show) at
-most once per ``BACKPRESSURE_CHECK_SECONDS``, and reuses the figures in between. The outbox
-count is capped at the hard mark, so its cost stops growing once the backlog passes it. The
+The check is cheap and measures nothing of its own: each process reads the outbox backlog and
+the queue probe (``asyncwork.probes``, the figures ``/health/``, ``/metrics`` and the dashboard
+show) at most once per ``BACKPRESSURE_CHECK_SECONDS``, and reuses the figures in between. The
+outbox count is capped at the hard mark, so its cost stops growing once the backlog passes it
+(and it is the count alone: not the probe's oldest row, which reads the whole backlog). The
 figures are cached, not the level: the marks are read from settings on every decision.
 
 A figure that cannot be measured (PostgreSQL or the broker down) is unknown, and an unknown figure
@@ -42,9 +43,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import DatabaseError
+from django.utils import timezone
 
 from asyncwork import queues
-from asyncwork.probes import BrokerUnreadable, outbox_probe, queues_probe
+from asyncwork.probes import BrokerUnreadable, outbox_backlog, queues_probe
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ def pressure_measure() -> Pressure:
     outbox: int | None = None
     depth: int | None = None
     try:
-        outbox = outbox_probe().unpublished
+        outbox = outbox_backlog(now=timezone.now(), cap=settings.BACKPRESSURE_HARD_MARK)
     except DatabaseError as exc:
         logger.warning("backpressure: cannot measure the outbox backlog: %r", exc)
     names = queues.pressure_queues()

@@ -83,14 +83,21 @@ class OutboxProbe:
         return age is not None and age > settings.OUTBOX_STALE_SECONDS
 
 
+def outbox_backlog(*, now: datetime, cap: int) -> int:
+    """The outbox rows waiting to be published at ``now``, counted up to ``cap``: rows
+    scheduled for later (a retry inside its backoff) are no backlog until due. A count over a
+    LIMIT: the scan of the partial index stops at the cap. ``outbox_probe``'s first figure, and
+    all that backpressure reads (each second, in every web process), without the search for
+    the oldest row, which reads every waiting row however many there are."""
+    return OutboxMessage.objects.waiting(now)[:cap].count()
+
+
 def outbox_probe() -> OutboxProbe:
     cap = settings.BACKPRESSURE_HARD_MARK
     now = timezone.now()
-    # Rows scheduled for later (a retry inside its backoff) are no backlog until due, and a
-    # due row has waited since its due time.
+    unpublished = outbox_backlog(now=now, cap=cap)
+    # A due row has waited since its due time.
     waiting = OutboxMessage.objects.waiting(now)
-    # count(*) over a LIMIT: the scan of the partial index stops at the cap.
-    unpublished = waiting[:cap].count()
     oldest = (
         waiting.annotate(since=Coalesce("due_at", "created_at"))
         .order_by("since")

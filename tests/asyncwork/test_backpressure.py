@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings as django_settings
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
+from asyncwork.backpressure import pressure_measure
 from asyncwork.broker import queue_keys
 from asyncwork.models import OutboxMessage
 from asyncwork.probes import queue_depth
@@ -205,3 +208,17 @@ def test_an_unmeasurable_backlog_sheds_nothing(client: Client, marks: Any) -> No
     event = ignored_event()
     assert deliver(client, event).status_code == 200
     assert stored(event)
+
+
+def test_the_outbox_backlog_is_one_count_stopped_at_the_hard_mark(marks: Any) -> None:
+    """Each measurement reads the outbox once: the waiting rows counted up to the hard mark,
+    so however large a broker outage's backlog grows, no more than the mark's rows are read
+    (and not the probes' oldest row, an ordering of the whole backlog)."""
+    backlog(25)  # past the hard mark (20)
+    with CaptureQueriesContext(connection) as queries:
+        pressure = pressure_measure()
+    assert pressure.outbox_backlog == 20
+    outbox = [q["sql"] for q in queries if OutboxMessage._meta.db_table in q["sql"]]
+    assert len(outbox) == 1, outbox
+    assert "LIMIT 20" in outbox[0]
+    assert "ORDER BY" not in outbox[0]
