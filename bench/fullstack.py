@@ -31,7 +31,6 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.floor_receiver import FLOOR_TASK
 from bench.run import RESULTS, ROOT, RunConfig, stack_env, stack_pids, web
 from bench.tasks import NOOP_COUNTER, READY_KEY
 from stack import launch
@@ -270,21 +269,19 @@ def serving(
 
 
 def stored(database_url: str) -> dict[str, int]:
-    """What the pipeline left in PostgreSQL. The floor receiver's outbox rows are never marked
-    published (``bench.floor_receiver``): they are not counted as unpublished."""
+    """What the pipeline left in PostgreSQL (the floor receiver writes its outbox rows
+    published: ``bench.floor_receiver``)."""
     with psycopg.connect(database_url) as connection:
         row = connection.execute(
             """
             SELECT (SELECT count(*) FROM webhooks_webhookevent),
                    (SELECT count(*) FROM invoicing_invoice),
                    (SELECT count(*) FROM asyncwork_outboxmessage),
-                   (SELECT count(*) FROM asyncwork_outboxmessage
-                    WHERE published_at IS NULL AND task <> %(floor)s),
+                   (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL),
                    (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
                    (SELECT count(*) FROM invoicing_emaildelivery WHERE state <> 'sent'),
                    (SELECT count(*) FROM asyncwork_deadletter)
-            """,
-            {"floor": FLOOR_TASK},
+            """
         ).fetchone()
     assert row is not None
     names = (
@@ -300,13 +297,12 @@ def stored(database_url: str) -> dict[str, int]:
 
 
 def outbox_stranded(database_url: str, grace: float) -> int:
-    """Outbox rows unpublished for longer than ``grace`` seconds (the floor receiver's left
-    out: they are never marked published)."""
+    """Outbox rows unpublished for longer than ``grace`` seconds."""
     with psycopg.connect(database_url) as connection:
         row = connection.execute(
             "SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL "
-            "AND created_at < now() - make_interval(secs => %s) AND task <> %s",
-            [grace, FLOOR_TASK],
+            "AND created_at < now() - make_interval(secs => %s)",
+            [grace],
         ).fetchone()
     return int(row[0]) if row else 0
 

@@ -21,7 +21,7 @@ as ``celery -A core worker``, an SMTP sink in this process):
 Goals: pipeline emails/s at least 0.6 of the floor's (issue 13); the ratio to the no-op task
 rate (issues 3 and 6, retired) is printed too. At the end: one invoice and one sent email per
 event, exactly one email per invoice in the sink, no dead letter, no unpublished outbox row
-(the floor's are never marked published), nothing left in the broker's queues.
+(the floor receiver writes its rows published), nothing left in the broker's queues.
 
     .venv/bin/python -m bench.pipeline [--emails 2000 --rounds 2 --worker-concurrency 4 ...]
 """

@@ -285,8 +285,7 @@ def report(options: Options, arms: dict[str, dict[str, Any]], verdict: dict[str,
 def checks(options: Options, prefix: str, acknowledged: int) -> dict[str, Any]:
     """What the run left behind must match what it was told: every new event stored once,
     with its invoice and its outbox row, every outbox row published to Redis (``acknowledged``:
-    by the application and the floor receiver; the floor's rows are never marked published,
-    and ``stored`` leaves them out of ``outbox_unpublished``)."""
+    by the application and the floor receiver, which writes its rows published)."""
     counts = stored(options.database_url)
     found = {
         **{name: counts[name] for name in ("events", "invoices", "outbox", "outbox_unpublished")},

@@ -70,3 +70,5 @@ def test_the_floor_receiver_stores_an_event_once_with_its_invoice_and_outbox_row
     assert list(OutboxMessage.objects.values_list("task", "args")) == [
         (floor_receiver.FLOOR_TASK, [invoice.pk])
     ]
+    # Written published: no backlog for the application's probes, backpressure or relay.
+    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
