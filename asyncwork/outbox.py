@@ -167,7 +167,7 @@ def outbox_insert_sql(*, args: str, rows: str) -> str:
     data-modifying CTE). What it returned goes to ``outbox_enqueued``, which publishes the row
     once it commits."""
     return (
-        f"INSERT INTO {OutboxMessage._meta.db_table} ({_INSERT_COLUMNS}) "  # noqa: S608 - the caller's SQL, no input
+        f"INSERT INTO {OutboxMessage._meta.db_table} ({_INSERT_COLUMNS}) "  # noqa: S608 - no input
         f"SELECT %(outbox_task)s, {args}, '{{}}'::jsonb, %(outbox_queue)s, now(), NULL, 0, '', "
         f"NULL, '', '{{}}'::jsonb {rows} "
         "RETURNING id, extract(epoch FROM created_at)::float8 AS created"
