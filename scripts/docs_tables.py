@@ -279,6 +279,7 @@ FLOOR_STAGES = (
     ("third pass", "pass3-13"),
     ("fourth pass", "pass4-13"),
     ("fifth pass", "pass5-13"),
+    ("sixth pass", "pass6-13"),
     ("after", None),
 )
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
