@@ -280,9 +280,17 @@ FLOOR_STAGES = (
     ("fourth pass", "pass4-13"),
     ("fifth pass", "pass5-13"),
     ("sixth pass", "pass6-13"),
+    ("seventh pass", "pass7-13"),
     ("after", None),
 )
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
+
+
+def _against(ratio: float, goal: float) -> str:
+    """A ratio whose goal is ``>= goal``, as the benchmark's summary prints it
+    (``bench.report.ratio_text``): three decimals when two would round a miss onto the goal."""
+    text = f"{ratio:.2f}"
+    return f"{ratio:.3f}" if float(text) == goal and ratio < goal else text
 
 
 def _arm_cpu(document: dict[str, Any], arm: str, group: str) -> float:
@@ -309,12 +317,12 @@ def _floor_figures(
         rows += [
             (
                 "webhook ingest/s ÷ floor receiver/s",
-                f"{arms['unique']['rate'] / arms['floor']['rate']:.2f} "
+                f"{_against(arms['unique']['rate'] / arms['floor']['rate'], 0.6)} "
                 f"({arms['unique']['rate']:.0f} / {arms['floor']['rate']:.0f} per s)",
             ),
             (
                 "100% duplicate deliveries/s ÷ unique/s",
-                f"{arms['duplicate']['rate'] / arms['unique']['rate']:.2f} "
+                f"{_against(arms['duplicate']['rate'] / arms['unique']['rate'], 1.0)} "
                 f"({arms['duplicate']['rate']:.0f} / {arms['unique']['rate']:.0f} per s)",
             ),
         ]
@@ -323,7 +331,7 @@ def _floor_figures(
         rows.append(
             (
                 "emails/s ÷ floor emails/s",
-                f"{flow['emails']['rate'] / flow['floor']['rate']:.2f} "
+                f"{_against(flow['emails']['rate'] / flow['floor']['rate'], 0.6)} "
                 f"({flow['emails']['rate']:.1f} / {flow['floor']['rate']:.1f} per s)",
             )
         )
