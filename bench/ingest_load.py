@@ -186,14 +186,7 @@ class IngestLoad:
         capacity of the path the overload's admitted events take (nginx's proxying runs on the
         same cores as the application), which the overload's edge is set from and its goodput
         is measured against."""
-        unlimited = 1_000_000
-        with launch.edge(
-            server.port,
-            rate=unlimited,
-            burst=unlimited,
-            # Each address gets half of the whole (stack.nginx): room for every sender.
-            in_flight=4 * self.options.senders,
-        ) as front:
+        with edge_unlimited(server.port, senders=self.options.senders) as front:
             return self.maximum(server, port=front.port, path=" through the edge")
 
     def paced(
@@ -221,6 +214,14 @@ class IngestLoad:
         summary["goodput"] = summary["accepted"] / result.elapsed if result.elapsed else 0.0
         summary["cpu_ms_per_request"] = cpu_per_item(cpu, count)
         return summary
+
+
+def edge_unlimited(upstream_port: int, *, senders: int) -> Process:
+    """nginx of the edge's template in front of ``upstream_port`` with its limits out of the
+    way for ``senders`` closed-loop senders from one address, which gets half of each limit
+    (``stack.nginx``): the path of the edge without its admission."""
+    unlimited = 1_000_000
+    return launch.edge(upstream_port, rate=unlimited, burst=unlimited, in_flight=4 * senders)
 
 
 def checks(bench: IngestLoad, options: Options) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import requests
 
+from bench.ingest_load import edge_unlimited
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.nginx import RenderError, nginx_check, render, rendered, setting_names
@@ -208,6 +209,28 @@ def test_edge_refuses_what_is_over_its_in_flight_limit_at_once() -> None:
             assert seconds < 1  # not queued behind the slow upstream
             assert answer.json() == {"error": "overloaded"}
             assert answer.headers["Retry-After"] == "1"
+
+
+def test_the_benchmarks_edge_without_limits_refuses_none_of_its_senders() -> None:
+    """``bench.ingest_load`` measures the overload's reference through the edge with its limits
+    out of the way: every one of its closed-loop senders, all from one address and all in
+    flight at once on a slow upstream, is let through (a per-address limit of half the
+    whole would refuse half of them if the whole were only the senders)."""
+    senders = 16
+    ready = threading.Barrier(senders)
+
+    def post(_: int) -> Answer:
+        ready.wait()
+        return send(port, body=b"{}")
+
+    with (
+        slow_upstream() as upstream,
+        edge_unlimited(upstream, senders=senders) as nginx,
+        ThreadPoolExecutor(senders) as pool,
+    ):
+        port = nginx.port
+        answers = list(pool.map(post, range(senders)))
+    assert [answer.status for answer in answers] == [200] * senders
 
 
 def test_gunicorn_down_is_a_503_to_retry() -> None:
