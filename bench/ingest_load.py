@@ -271,8 +271,9 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
                 # Behind nginx: the app's throttle off, the client address from the proxy.
                 admission = {"WEBHOOK_THROTTLE_RATE": "", "NUM_PROXIES": "1", **DEFAULT_MARKS}
             else:
-                admission = {"WEBHOOK_THROTTLE_RATE": f"{limit_of(fraction, top)}/s"}
-                admission |= DEFAULT_MARKS
+                limit = limit_of(fraction, top)
+                label = f"app throttle {limit}/s"
+                admission = {"WEBHOOK_THROTTLE_RATE": f"{limit}/s", **DEFAULT_MARKS}
             log = f"ingest_load.overload-{fraction:g}"
             with contextlib.ExitStack() as running:
                 server = running.enter_context(serving(stack, settings=admission, log=log))
@@ -292,8 +293,6 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
                             in_flight=2 * options.gunicorn.workers * options.gunicorn.threads,
                         )
                     ).port
-                else:
-                    label = f"app throttle {limit_of(fraction, top)}/s"
                 rate = options.overload * reference["rate"]
                 over = bench.paced(
                     server,

@@ -405,7 +405,7 @@ def test_a_mark_reads_its_rows_by_key_however_many_rows_the_partial_index_holds(
     read = [(node["Node Type"], node.get("Index Name"), node["Actual Rows"]) for node in scans]
     assert all(index != "outbox_unpublished_idx" for _, index, _ in read), read
     # Each scan read about the ten rows, not the index's 3,000 entries.
-    assert max(rows for _, _, rows in read) <= 2 * len(ids), read
+    assert max(actual for _, _, actual in read) <= 2 * len(ids), read
     marked = OutboxMessage.objects.filter(pk__in=ids)
     assert {(row.published_at is not None, row.publish_attempts) for row in marked} == {(True, 1)}
 
