@@ -1,6 +1,6 @@
 # One image for every process of the application: web (gunicorn, the default command), the
 # Celery worker and beat, and one-off management commands. compose.yaml shows each command.
-FROM python:3.11-slim
+FROM python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 # Production mode: no DJANGO_DEBUG here (DEBUG is off unless it is set), so a container started
 # without DJANGO_SECRET_KEY or STRIPE_WEBHOOK_SECRET stops with one line naming what is missing.

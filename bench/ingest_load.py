@@ -63,9 +63,9 @@ from stack.process import Process
 P999_GOAL_MS = 500.0
 GOODPUT_GOAL = 0.9
 SHED_P99_GOAL_MS = 20.0
-# Where the overload through the edge comes from: a provider's handful of addresses (Stripe's
-# list has about a dozen), each of which the edge limits to half the capacity.
-EDGE_SOURCES = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
+# Where the overload through the edge comes from: a provider's addresses (Stripe's list has a
+# dozen), each of which the edge limits to a quarter of the capacity.
+EDGE_SOURCES = tuple(f"127.0.0.{n}" for n in range(1, 9))
 # The application's defaults (core/settings.py), restored for the overload phase.
 DEFAULT_MARKS = {"BACKPRESSURE_SOFT_MARK": "5000", "BACKPRESSURE_HARD_MARK": "50000"}
 
@@ -218,8 +218,8 @@ class IngestLoad:
 
 def edge_unlimited(upstream_port: int, *, senders: int) -> Process:
     """nginx of the edge's template in front of ``upstream_port`` with its limits out of the
-    way for ``senders`` closed-loop senders from one address, which gets half of each limit
-    (``stack.nginx``): the path of the edge without its admission."""
+    way for ``senders`` closed-loop senders from one address, which gets a quarter of each
+    webhook limit (``stack.nginx``): the path of the edge without its admission."""
     unlimited = 1_000_000
     return launch.edge(upstream_port, rate=unlimited, burst=unlimited, in_flight=4 * senders)
 

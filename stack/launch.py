@@ -241,18 +241,20 @@ def edge(
     rate: int,
     burst: int,
     in_flight: int,
+    webhook_port: int | None = None,
     settings: nginx.Settings | None = None,
     name: str = "edge",
     upstream_host: str = HOST,
     via: Sequence[str] = (),
 ) -> Process:
-    """nginx on a free port of ``HOST`` in front of ``upstream_host``:``upstream_port``,
-    configured by ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second
-    in all (``burst`` at once), ``in_flight`` at a time, and any other of render.sh's settings
-    in ``settings`` (the per-address ones default to half of these). Stopped gracefully
-    (SIGQUIT: what is in flight is answered). ``upstream_host`` may be a name that resolves to
-    several addresses: nginx balances over them (across hosts, ``via`` runs it where the name
-    is known: ``stack.netns.Topology.hosts_file``)."""
+    """nginx on a free port of ``HOST`` in front of ``upstream_host``:``upstream_port`` (every
+    path) and ``upstream_host``:``webhook_port`` (the webhook; the same gunicorn unless given),
+    configured by ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second in
+    all (``burst`` at once), ``in_flight`` at a time, any address may post webhooks, and any
+    other of render.sh's settings in ``settings`` (the per-address ones default to a quarter of
+    these). Stopped gracefully (SIGQUIT: what is in flight is answered). ``upstream_host`` may
+    be a name that resolves to several addresses: nginx balances over them (across hosts,
+    ``via`` runs it where the name is known: ``stack.netns.Topology.hosts_file``)."""
     port = free_port()
     prefix = nginx.prefix_make(
         {
@@ -260,6 +262,8 @@ def edge(
             "WEBHOOK_EDGE_BURST": burst,
             "WEBHOOK_EDGE_CONNECTIONS": in_flight,
             "APP_UPSTREAM": f"{upstream_host}:{upstream_port}",
+            "WEBHOOK_UPSTREAM": f"{upstream_host}:{webhook_port or upstream_port}",
+            "WEBHOOK_ALLOWED_SOURCES": "any",
             "EDGE_LISTEN": f"{HOST}:{port}",
             "EDGE_CAPACITY_LISTEN": f"{HOST}:{free_port()}",
             **(settings or {}),

@@ -72,11 +72,12 @@ def setting_names() -> list[str]:
 def prefix_make(settings: Settings) -> Path:
     """A new directory (readable by nginx's unprivileged workers) holding nginx.conf, a
     minimal main configuration like the nginx image's, which includes the server
-    configuration rendered from ``settings``. The caller removes it."""
+    configuration rendered from ``settings``; the access log is ``access.log`` there unless
+    ``settings`` say otherwise. The caller removes it."""
     prefix = Path(tempfile.mkdtemp(prefix="edge-"))
     try:
         prefix.chmod(0o755)
-        render(settings, prefix / "server.conf")
+        render({"EDGE_ACCESS_LOG": prefix / "access.log", **settings}, prefix / "server.conf")
         (prefix / "nginx.conf").write_text(
             f"""daemon off;
 worker_processes 1;

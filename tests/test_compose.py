@@ -7,6 +7,7 @@ variable compose sets must be one core/settings.py reads, commands must match th
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shlex
@@ -28,7 +29,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SETTINGS = ROOT / "core" / "settings.py"
 
-APP_SERVICES = ("web", "worker", "beat")
+APP_SERVICES = ("web", "webhooks", "worker", "beat")
+PASSWORDS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "RABBITMQ_PASSWORD")
 REQUIRED_APP_ENV = (
     "DATABASE_URL",
     "CELERY_BROKER_URL",
@@ -105,7 +107,7 @@ def test_services_exist(services: dict[str, dict[str, Any]]) -> None:
     for name in ("postgres", "redis", *APP_SERVICES):
         assert name in services, name
     mail_catcher(services)
-    assert services["postgres"]["image"].startswith("postgres:16")
+    assert services["postgres"]["image"].startswith("postgres:16-alpine@")
     assert services["postgres"]["environment"]["POSTGRES_DB"] == "invoicing"
 
 
@@ -115,8 +117,11 @@ def test_settings_regex_finds_the_names_it_should() -> None:
     assert {"DATABASE_URL", "DJANGO_SECRET_KEY", "STRIPE_WEBHOOK_SECRET", "EMAIL_PORT"} <= names
 
 
-def test_web_runs_gunicorn_on_all_interfaces(services: dict[str, dict[str, Any]]) -> None:
-    cmd = command(services["web"])
+@pytest.mark.parametrize("name", ["web", "webhooks"])
+def test_web_and_webhooks_run_gunicorn_on_all_interfaces(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    cmd = command(services[name])
     assert cmd[0] == "gunicorn"
     assert "core.wsgi" in cmd
     assert "0.0.0.0:8000" in cmd
@@ -124,14 +129,16 @@ def test_web_runs_gunicorn_on_all_interfaces(services: dict[str, dict[str, Any]]
 
 
 def test_metrics_are_summed_across_processes(services: dict[str, dict[str, Any]]) -> None:
-    """Several web processes and a prefork worker: each needs prometheus-client's multiprocess
-    directory, its own (each clears it at start-up), or /metrics shows one process's counts."""
-    web, worker = environment(services["web"]), environment(services["worker"])
-    cmd = command(services["web"])
-    assert cmd[cmd.index("-c") + 1] == "python:core.gunicorn_conf"  # clears and marks dead
-    assert int(worker["WORKER_METRICS_PORT"]) > 0
-    directories = {web["PROMETHEUS_MULTIPROC_DIR"], worker["PROMETHEUS_MULTIPROC_DIR"]}
-    assert len(directories) == 2
+    """Several gunicorn processes and a prefork worker: each group needs prometheus-client's
+    multiprocess directory, its own (each clears it at start-up), or /metrics shows one
+    process's counts."""
+    groups = ("web", "webhooks", "worker")
+    for name in ("web", "webhooks"):
+        cmd = command(services[name])
+        assert cmd[cmd.index("-c") + 1] == "python:core.gunicorn_conf"  # clears and marks dead
+    assert int(environment(services["worker"])["WORKER_METRICS_PORT"]) > 0
+    directories = {environment(services[n])["PROMETHEUS_MULTIPROC_DIR"] for n in groups}
+    assert len(directories) == len(groups)
     assert "PROMETHEUS_MULTIPROC_DIR" not in environment(services["beat"])
 
 
@@ -175,16 +182,16 @@ def test_healthchecks_probe_the_right_things(services: dict[str, dict[str, Any]]
     assert "celery@$$HOSTNAME" in worker_test
     # Liveness, with no I/O: a database or Redis outage must not mark web or the edge
     # unhealthy (tests/asyncwork/test_health.py: /health/live answers with both down).
-    web_test = " ".join(services["web"]["healthcheck"]["test"])
-    assert "http://127.0.0.1:8000/health/live'" in web_test
+    for name in ("web", "webhooks"):
+        web_test = " ".join(services[name]["healthcheck"]["test"])
+        assert "http://127.0.0.1:8000/health/live'" in web_test, name
     edge_test = services["edge"]["healthcheck"]["test"]
     assert edge_test[-1] == "http://127.0.0.1:8080/health/live"
     assert services["edge"]["environment"]["EDGE_LISTEN"] == "8080"
 
 
 def test_redis_persists_the_broker(services: dict[str, dict[str, Any]]) -> None:
-    cmd = command(services["redis"])
-    assert cmd[cmd.index("--appendonly") + 1] == "yes"
+    assert "--appendonly yes" in command(services["redis"])[-1]
     assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
 
 
@@ -215,23 +222,32 @@ def test_worker_metrics_are_served_inside_the_network_only(
     assert "WORKER_METRICS_ADDR" not in environment(services["web"])
 
 
+# What a user puts in .env for the required values (passwords URL-safe, as compose.yaml says).
+REQUIRED = {name: f"{name.lower()}-value" for name in PASSWORDS}
+
+
 def interpolated(value: str, secrets: dict[str, str]) -> str:
-    """``value`` as Compose substitutes it: ``${NAME:?...}`` (required) from ``secrets``,
-    ``${NAME:-default}`` from its default, ``$$`` as ``$``."""
+    """``value`` as Compose substitutes it: ``${NAME:?...}`` (required) from ``secrets`` (the
+    passwords from REQUIRED unless given), ``${NAME:-default}`` from its default, innermost
+    first, ``$$`` as ``$``."""
+    given = {**REQUIRED, **secrets}
 
     def substitute(match: re.Match[str]) -> str:
         name, operator, rest = match.groups()
         if operator == ":?":
-            return secrets[name]
+            return given[name]
         assert operator == ":-", match.group(0)
         return rest
 
-    return re.sub(r"\$\{([A-Z][A-Z0-9_]*)(:\?|:-)([^}]*)\}", substitute, value).replace("$$", "$")
+    pattern = re.compile(r"\$\{([A-Z][A-Z0-9_]*)(:\?|:-)([^${}]*)\}")
+    while (substituted := pattern.sub(substitute, value)) != value:
+        value = substituted
+    return value.replace("$$", "$")
 
 
 def secret_key_as_documented() -> str:
     """A DJANGO_SECRET_KEY made by the command the top of compose.yaml tells the user to run."""
-    match = re.search(r'DJANGO_SECRET_KEY="\$\((.+?)\)"', COMPOSE.read_text())
+    match = re.search(r"DJANGO_SECRET_KEY=\.\.\.\s+(python3 -c '[^']+')", COMPOSE.read_text())
     assert match, "compose.yaml no longer says how to make DJANGO_SECRET_KEY"
     made = subprocess.run(
         ["sh", "-c", match.group(1)], capture_output=True, text=True, timeout=30, check=True
@@ -255,7 +271,7 @@ def test_check_deploy_passes_with_the_environment_compose_gives(
         name: interpolated(value, secrets) for name, value in environment(services[service]).items()
     }
     if broker == "rabbitmq":
-        env["CELERY_BROKER_URL"] = rabbitmq_broker_url()
+        env["CELERY_BROKER_URL"] = rabbitmq_broker_url(REQUIRED["RABBITMQ_PASSWORD"])
     if "PROMETHEUS_MULTIPROC_DIR" in env:  # a path inside the container
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
     shell = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
@@ -290,28 +306,72 @@ def test_every_app_variable_is_read_by_settings(services: dict[str, dict[str, An
 
 def test_urls_point_at_their_services(services: dict[str, dict[str, Any]]) -> None:
     env = environment(services["web"])
-    database = urlsplit(env["DATABASE_URL"])
+    database = urlsplit(interpolated(env["DATABASE_URL"], {}))
     assert database.scheme in ("postgres", "postgresql", "pgsql")
     assert database.hostname == "postgres"
     assert database.path == "/" + services["postgres"]["environment"]["POSTGRES_DB"]
     assert database.username == services["postgres"]["environment"]["POSTGRES_USER"]
-    assert database.password == services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert database.password == interpolated(
+        services["postgres"]["environment"]["POSTGRES_PASSWORD"], {}
+    )
+    redis_password = interpolated(environment(services["redis"])["REDIS_PASSWORD"], {})
     for var in ("CELERY_BROKER_URL", "REDIS_URL"):
         url = urlsplit(interpolated(env[var], {}))
         assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379), var
+        assert url.password == redis_password, var
     # The broker and the cache do not share a Redis database.
     assert (
-        urlsplit(interpolated(env["CELERY_BROKER_URL"], {})).path != urlsplit(env["REDIS_URL"]).path
+        urlsplit(interpolated(env["CELERY_BROKER_URL"], {})).path
+        != urlsplit(interpolated(env["REDIS_URL"], {})).path
     )
 
 
-def rabbitmq_broker_url() -> str:
-    """The broker URL compose.yaml's comment gives for the rabbitmq profile."""
+def test_every_password_is_required_and_redis_asks_for_one(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """No password has a default a copy would run with: Compose refuses to start without each
+    one (``${NAME:?...}``), and Redis refuses clients without its own."""
+    text = COMPOSE.read_text()
+    for name in PASSWORDS:
+        uses = re.findall(r"\$\{" + name + r"(:[?-])?", text)
+        assert uses, name
+        assert set(uses) == {":?"}, f"{name} is used without :? somewhere"
+    redis = services["redis"]
+    assert '--requirepass "$$REDIS_PASSWORD"' in command(redis)[-1]
+    assert environment(redis)["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    # The healthcheck's redis-cli authenticates from the environment (REDISCLI_AUTH).
+    assert environment(redis)["REDISCLI_AUTH"] == environment(redis)["REDIS_PASSWORD"]
+
+
+def test_every_image_is_pinned_by_digest_and_rabbitmq_is_supported(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    pinned = re.compile(r"[a-z0-9./-]+:[A-Za-z0-9.-]+@sha256:[0-9a-f]{64}")
+    for name, service in services.items():
+        if "build" in service:  # the application's image, built from the Dockerfile
+            continue
+        assert pinned.fullmatch(service["image"]), name
+    base = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("FROM ")]
+    assert base
+    assert all(pinned.fullmatch(line.split()[1]) for line in base), base
+    assert re.fullmatch(r"rabbitmq:4\.[\d.]+-management-alpine@.*", services["rabbitmq"]["image"])
+
+
+def test_nothing_is_published_beyond_loopback(services: dict[str, dict[str, Any]]) -> None:
+    published = {name: s["ports"] for name, s in services.items() if "ports" in s}
+    assert set(published) == {"edge", "rabbitmq", "mailpit"}, published
+    for name, ports in published.items():
+        assert all(str(port).startswith("127.0.0.1:") for port in ports), (name, ports)
+
+
+def rabbitmq_broker_url(password: str) -> str:
+    """The broker URL compose.yaml's comment gives for the rabbitmq profile, with ``password``
+    where it says $RABBITMQ_PASSWORD."""
     match = re.search(
         r"COMPOSE_PROFILES=rabbitmq CELERY_BROKER_URL=(\S+) docker compose up", COMPOSE.read_text()
     )
     assert match, "compose.yaml no longer says how to run on RabbitMQ"
-    return match.group(1)
+    return match.group(1).replace("$RABBITMQ_PASSWORD", password)
 
 
 def test_the_rabbitmq_profile_is_a_healthy_broker_the_app_can_be_pointed_at(
@@ -319,12 +379,14 @@ def test_the_rabbitmq_profile_is_a_healthy_broker_the_app_can_be_pointed_at(
 ) -> None:
     rabbitmq = services["rabbitmq"]
     assert rabbitmq["profiles"] == ["rabbitmq"]  # not started unless asked for
-    assert re.fullmatch(r"rabbitmq:[\d.]+-management(-alpine)?", rabbitmq["image"])
+    assert re.fullmatch(
+        r"rabbitmq:[\d.]+-management(-alpine)?@sha256:[0-9a-f]{64}", rabbitmq["image"]
+    )
     assert rabbitmq["healthcheck"]["test"] == ["CMD", "rabbitmq-diagnostics", "-q", "ping"]
     assert any(v.endswith(":/var/lib/rabbitmq") for v in rabbitmq["volumes"])
     assert rabbitmq["hostname"] == "rabbitmq"  # the node name, which its data is kept under
     env = environment(rabbitmq)
-    url = urlsplit(rabbitmq_broker_url())
+    url = urlsplit(rabbitmq_broker_url(REQUIRED["RABBITMQ_PASSWORD"]))
     assert (url.scheme, url.hostname, url.port) == ("amqp", "rabbitmq", 5672)
     assert (url.username, url.password) == (
         env["RABBITMQ_DEFAULT_USER"],
@@ -438,18 +500,13 @@ def test_dockerignore_keeps_local_state_out() -> None:
     assert {".venv", ".git", "bench/results", ".env", "staticfiles"} <= patterns
 
 
-def unset(value: str) -> str:
-    """A compose value as Compose gives it when the variables it names are not set:
-    ``${NAME:-default}`` is the default, ``${NAME}`` nothing."""
-    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m[1] or "", value)
-
-
-def test_edge_fronts_web_with_the_shipped_nginx_configuration(
-    services: dict[str, dict[str, Any]],
+def test_edge_fronts_both_gunicorns_with_the_shipped_nginx_configuration(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
     """The published port is nginx's (admission control before gunicorn), configured by
     deploy/nginx/render.sh from the edge's environment, as stack/nginx.py and the tests do; nginx
-    starts only once it rendered, and accepts what it renders from compose's defaults."""
+    starts only once it rendered, and accepts what it renders from compose's values. Who may
+    post webhooks has no default; the webhook has a gunicorn of its own."""
     edge = services["edge"]
     assert str(edge["image"]).startswith("nginx:")
     mount = next(v for v in edge["volumes"] if v.split(":")[1] == "/etc/nginx/edge")
@@ -462,13 +519,26 @@ def test_edge_fronts_web_with_the_shipped_nginx_configuration(
     env = environment(edge)
     # Every name is one render.sh reads: a misspelled setting would be silently ignored.
     assert set(env) <= set(setting_names()), set(env) - set(setting_names())
-    assert env["APP_UPSTREAM"] == "web:8000"  # gunicorn binds 0.0.0.0:8000
-    settings = {name: unset(value) for name, value in env.items()}
-    nginx_check({**settings, "APP_UPSTREAM": "127.0.0.1:8000"})  # "web" resolves in compose only
+    assert env["WEBHOOK_ALLOWED_SOURCES"].startswith("${WEBHOOK_ALLOWED_SOURCES:?")
+    # gunicorn binds 0.0.0.0:8000 in each
+    assert (env["APP_UPSTREAM"], env["WEBHOOK_UPSTREAM"]) == ("web:8000", "webhooks:8000")
+    settings = {
+        name: interpolated(value, {"WEBHOOK_ALLOWED_SOURCES": "any"}) for name, value in env.items()
+    }
+    # "web" and "webhooks" resolve inside compose only
+    nginx_check(
+        {**settings, "APP_UPSTREAM": "127.0.0.1:8000", "WEBHOOK_UPSTREAM": "127.0.0.1:8001"}
+    )
     assert edge["ports"] == [f"127.0.0.1:8000:{env['EDGE_LISTEN']}"]
-    assert "ports" not in services["web"]  # nothing reaches gunicorn around the edge
-    # The app takes the client address from nginx's X-Forwarded-For, one proxy deep.
-    web = environment(services["web"])
-    assert web["NUM_PROXIES"] == "1"
-    # The edge refuses larger webhooks than the application would, never smaller ones.
-    assert web["WEBHOOK_MAX_BODY_BYTES"] == env["WEBHOOK_MAX_BODY_BYTES"]
+    # The gunicorns trust forwarded headers from the edge's fixed address alone, and nothing
+    # reaches them around it.
+    address = edge["networks"]["default"]["ipv4_address"]
+    subnet = compose["networks"]["default"]["ipam"]["config"][0]["subnet"]
+    assert ipaddress.ip_address(address) in ipaddress.ip_network(subnet)
+    for name in ("web", "webhooks"):
+        assert "ports" not in services[name], name
+        assert environment(services[name])["NUM_PROXIES"] == "1", name
+        # The edge refuses larger webhooks than the application would, never smaller ones.
+        assert (
+            environment(services[name])["WEBHOOK_MAX_BODY_BYTES"] == env["WEBHOOK_MAX_BODY_BYTES"]
+        )

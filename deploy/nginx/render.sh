@@ -16,38 +16,52 @@
 # are addresses, and the host settings refuse spaces, quotes, braces and semicolons.
 #
 # Settings (empty counts as unset):
-#   APP_UPSTREAM                 host:port of gunicorn (required)
+#   APP_UPSTREAM                 host:port of the gunicorn serving every path but the webhook
+#                                (required)
+#   WEBHOOK_UPSTREAM             host:port of the gunicorn serving the webhook alone (required)
 #   EDGE_LISTEN                  the public port, or address:port (required)
+#   WEBHOOK_ALLOWED_SOURCES      required: comma-separated networks that may post webhooks
+#                                (CIDRs or addresses; stripe-webhook-sources.txt beside this
+#                                script lists Stripe's), or "any"; anyone else gets 403
 #   EDGE_CAPACITY_LISTEN         127.0.0.1:8081: the internal capacity hop (see the template);
 #                                keep it on loopback, nothing else should reach it
+#   EDGE_ADDRESS_RATE            20: requests per second one client may make, on any path
+#                                without a limit of its own
+#   EDGE_ADDRESS_BURST           40: how many above that rate at once (a page and its files)
+#   EDGE_ADDRESS_CONNECTIONS     10: requests one client may have in progress at once
 #   WEBHOOK_EDGE_RATE            50: webhooks per second admitted in all (the capacity)
 #   WEBHOOK_EDGE_BURST           10: how many above that rate at once
 #   WEBHOOK_EDGE_CONNECTIONS     6: webhooks in flight to gunicorn at once (2 per worker)
-#   WEBHOOK_EDGE_ADDRESS_RATE    half the rate, rounded up: per client address
-#   WEBHOOK_EDGE_ADDRESS_BURST   half the burst, rounded up: per client address
-#   WEBHOOK_EDGE_ADDRESS_CONNECTIONS  half the connections, rounded up: per client address
-#   WEBHOOK_ALLOWED_SOURCES      empty (everyone): comma-separated networks that may post
-#                                webhooks (CIDRs or addresses); anyone else gets 403
+#   WEBHOOK_EDGE_ADDRESS_RATE    a quarter of the rate, rounded up: per client
+#   WEBHOOK_EDGE_ADDRESS_BURST   a quarter of the burst, rounded up: per client
+#   WEBHOOK_EDGE_ADDRESS_CONNECTIONS  a quarter of the connections, rounded up: per client
 #   EDGE_TRUSTED_PROXIES         empty (none): comma-separated networks of proxies in front of
-#                                the edge whose X-Forwarded-For names the client
+#                                the edge whose X-Forwarded-For names the client and whose
+#                                X-Forwarded-Proto says the scheme
+#   EDGE_METRICS_SOURCES         empty (none): networks that may fetch /metrics through the
+#                                edge; everyone else gets 404
 #   WEBHOOK_MAX_BODY_BYTES       1048576: larger webhook bodies get 413 (the app's default)
 #   EDGE_HEADER_TIMEOUT          5: seconds for a client to send its request headers
 #   EDGE_BODY_TIMEOUT            5: seconds a client may pause while sending its body (and
 #                                while reading the response)
-#   EDGE_HEALTH_RATE             2: GET /health/ per second per client address
+#   EDGE_KEEPALIVE_TIMEOUT       5: seconds an idle connection is kept open; behind a load
+#                                balancer, longer than the balancer's own idle timeout
+#   EDGE_HEALTH_RATE             2: GET /health/ per second per client
 #   EDGE_HEALTH_BURST            10
-#   EDGE_LOGIN_RATE              10: requests to /admin/login/ per minute per client address
+#   EDGE_LOGIN_RATE              10: requests to /admin/login/ per minute per client
 #   EDGE_LOGIN_BURST             5
+#   EDGE_ACCESS_LOG              /var/log/nginx/access.log (the nginx image's standard output)
 
 set -eu
 
-SETTINGS="APP_UPSTREAM EDGE_LISTEN EDGE_CAPACITY_LISTEN WEBHOOK_EDGE_RATE WEBHOOK_EDGE_BURST
+SETTINGS="APP_UPSTREAM WEBHOOK_UPSTREAM EDGE_LISTEN WEBHOOK_ALLOWED_SOURCES EDGE_CAPACITY_LISTEN
+EDGE_ADDRESS_RATE EDGE_ADDRESS_BURST EDGE_ADDRESS_CONNECTIONS WEBHOOK_EDGE_RATE WEBHOOK_EDGE_BURST
 WEBHOOK_EDGE_CONNECTIONS WEBHOOK_EDGE_ADDRESS_RATE WEBHOOK_EDGE_ADDRESS_BURST
-WEBHOOK_EDGE_ADDRESS_CONNECTIONS WEBHOOK_ALLOWED_SOURCES EDGE_TRUSTED_PROXIES
-WEBHOOK_MAX_BODY_BYTES EDGE_HEADER_TIMEOUT EDGE_BODY_TIMEOUT EDGE_HEALTH_RATE EDGE_HEALTH_BURST
-EDGE_LOGIN_RATE EDGE_LOGIN_BURST"
+WEBHOOK_EDGE_ADDRESS_CONNECTIONS EDGE_TRUSTED_PROXIES EDGE_METRICS_SOURCES WEBHOOK_MAX_BODY_BYTES
+EDGE_HEADER_TIMEOUT EDGE_BODY_TIMEOUT EDGE_KEEPALIVE_TIMEOUT EDGE_HEALTH_RATE EDGE_HEALTH_BURST
+EDGE_LOGIN_RATE EDGE_LOGIN_BURST EDGE_ACCESS_LOG"
 # Filled in by this script, not set by the operator.
-DERIVED="EDGE_LOGIN_RETRY_AFTER"
+DERIVED="EDGE_LOGIN_RETRY_AFTER EDGE_TRUSTED_PROXIES_GEO"
 
 if [ "${1:-}" = "--settings" ]; then
     for name in $SETTINGS; do echo "$name"; done
@@ -161,23 +175,33 @@ host_port() {  # host_port NAME VALUE: one word nginx reads as a port, host:port
 # --- settings -------------------------------------------------------------------------------
 
 # ":=" also replaces an empty value: empty and unset are the same.
-: "${APP_UPSTREAM:=}" "${EDGE_LISTEN:=}" "${EDGE_CAPACITY_LISTEN:=127.0.0.1:8081}"
-[ -n "$APP_UPSTREAM" ] || fail "APP_UPSTREAM is required (host:port of gunicorn)"
+: "${APP_UPSTREAM:=}" "${WEBHOOK_UPSTREAM:=}" "${EDGE_LISTEN:=}"
+: "${EDGE_CAPACITY_LISTEN:=127.0.0.1:8081}"
+[ -n "$APP_UPSTREAM" ] || fail "APP_UPSTREAM is required (host:port of the gunicorn serving" \
+    "every path but the webhook)"
+[ -n "$WEBHOOK_UPSTREAM" ] || fail "WEBHOOK_UPSTREAM is required (host:port of the gunicorn" \
+    "serving the webhook alone)"
 [ -n "$EDGE_LISTEN" ] || fail "EDGE_LISTEN is required (the port to listen on)"
 host_port APP_UPSTREAM "$APP_UPSTREAM"
+host_port WEBHOOK_UPSTREAM "$WEBHOOK_UPSTREAM"
 host_port EDGE_LISTEN "$EDGE_LISTEN"
 host_port EDGE_CAPACITY_LISTEN "$EDGE_CAPACITY_LISTEN"
+
+: "${EDGE_ADDRESS_RATE:=20}" "${EDGE_ADDRESS_BURST:=40}" "${EDGE_ADDRESS_CONNECTIONS:=10}"
+count EDGE_ADDRESS_RATE "$EDGE_ADDRESS_RATE"
+count EDGE_ADDRESS_BURST "$EDGE_ADDRESS_BURST"
+count EDGE_ADDRESS_CONNECTIONS "$EDGE_ADDRESS_CONNECTIONS"
 
 : "${WEBHOOK_EDGE_RATE:=50}" "${WEBHOOK_EDGE_BURST:=10}" "${WEBHOOK_EDGE_CONNECTIONS:=6}"
 count WEBHOOK_EDGE_RATE "$WEBHOOK_EDGE_RATE"
 count WEBHOOK_EDGE_BURST "$WEBHOOK_EDGE_BURST"
 count WEBHOOK_EDGE_CONNECTIONS "$WEBHOOK_EDGE_CONNECTIONS"
-# One address gets at most half of each global budget, so a single sender flooding (or holding
-# connections open) leaves the other half to everyone else; a provider sending from several
-# addresses, as Stripe does, still gets the whole rate.
-: "${WEBHOOK_EDGE_ADDRESS_RATE:=$(((WEBHOOK_EDGE_RATE + 1) / 2))}"
-: "${WEBHOOK_EDGE_ADDRESS_BURST:=$(((WEBHOOK_EDGE_BURST + 1) / 2))}"
-: "${WEBHOOK_EDGE_ADDRESS_CONNECTIONS:=$(((WEBHOOK_EDGE_CONNECTIONS + 1) / 2))}"
+# One address gets at most a quarter of each global budget, so senders flooding from up to three
+# allowed addresses (or holding connections open) still leave a quarter to everyone else; a
+# provider sending from several addresses, as Stripe does, still gets the whole rate.
+: "${WEBHOOK_EDGE_ADDRESS_RATE:=$(((WEBHOOK_EDGE_RATE + 3) / 4))}"
+: "${WEBHOOK_EDGE_ADDRESS_BURST:=$(((WEBHOOK_EDGE_BURST + 3) / 4))}"
+: "${WEBHOOK_EDGE_ADDRESS_CONNECTIONS:=$(((WEBHOOK_EDGE_CONNECTIONS + 3) / 4))}"
 count WEBHOOK_EDGE_ADDRESS_RATE "$WEBHOOK_EDGE_ADDRESS_RATE"
 count WEBHOOK_EDGE_ADDRESS_BURST "$WEBHOOK_EDGE_ADDRESS_BURST"
 count WEBHOOK_EDGE_ADDRESS_CONNECTIONS "$WEBHOOK_EDGE_ADDRESS_CONNECTIONS"
@@ -189,9 +213,11 @@ not_above WEBHOOK_EDGE_ADDRESS_CONNECTIONS "$WEBHOOK_EDGE_ADDRESS_CONNECTIONS" \
     WEBHOOK_EDGE_CONNECTIONS "$WEBHOOK_EDGE_CONNECTIONS"
 
 : "${WEBHOOK_MAX_BODY_BYTES:=1048576}" "${EDGE_HEADER_TIMEOUT:=5}" "${EDGE_BODY_TIMEOUT:=5}"
+: "${EDGE_KEEPALIVE_TIMEOUT:=5}"
 count WEBHOOK_MAX_BODY_BYTES "$WEBHOOK_MAX_BODY_BYTES"
 count EDGE_HEADER_TIMEOUT "$EDGE_HEADER_TIMEOUT"
 count EDGE_BODY_TIMEOUT "$EDGE_BODY_TIMEOUT"
+count EDGE_KEEPALIVE_TIMEOUT "$EDGE_KEEPALIVE_TIMEOUT"
 : "${EDGE_HEALTH_RATE:=2}" "${EDGE_HEALTH_BURST:=10}"
 : "${EDGE_LOGIN_RATE:=10}" "${EDGE_LOGIN_BURST:=5}"
 count EDGE_HEALTH_RATE "$EDGE_HEALTH_RATE"
@@ -201,23 +227,48 @@ count EDGE_LOGIN_BURST "$EDGE_LOGIN_BURST"
 # shellcheck disable=SC2034  # reaches awk through the environment, exported below
 EDGE_LOGIN_RETRY_AFTER=$(((60 + EDGE_LOGIN_RATE - 1) / EDGE_LOGIN_RATE))
 
-# The two lists become lines of nginx configuration (a geo entry, a set_real_ip_from each).
-: "${WEBHOOK_ALLOWED_SOURCES:=}" "${EDGE_TRUSTED_PROXIES:=}"
-sources=$(networks WEBHOOK_ALLOWED_SOURCES "$WEBHOOK_ALLOWED_SOURCES")
-if [ -z "$sources" ]; then
-    WEBHOOK_ALLOWED_SOURCES="default 1;  # WEBHOOK_ALLOWED_SOURCES is empty: every address"
-else
-    WEBHOOK_ALLOWED_SOURCES="default 0;
-$(printf '%s\n' "$sources" | sed 's/$/ 1;/')"
-fi
+# Who may post webhooks is a decision, never a default: the networks, or "any".
+: "${WEBHOOK_ALLOWED_SOURCES:=}"
+case $(printf '%s' "$WEBHOOK_ALLOWED_SOURCES" | tr -d ' \t\r\n') in
+    '') fail "WEBHOOK_ALLOWED_SOURCES is required: the networks that may post webhooks" \
+        "(Stripe's are in deploy/nginx/stripe-webhook-sources.txt), or 'any'" ;;
+    any) WEBHOOK_ALLOWED_SOURCES="default 1;  # WEBHOOK_ALLOWED_SOURCES=any: every address" ;;
+    *)
+        # A plain assignment, so that a refused entry stops the script (set -e).
+        sources=$(networks WEBHOOK_ALLOWED_SOURCES "$WEBHOOK_ALLOWED_SOURCES")
+        WEBHOOK_ALLOWED_SOURCES="default 0;
+$(printf '%s\n' "$sources" | sed 's/$/ 1;/')" ;;
+esac
+
+# The lists become lines of nginx configuration (geo entries, a set_real_ip_from each).
+: "${EDGE_TRUSTED_PROXIES:=}" "${EDGE_METRICS_SOURCES:=}"
 proxies=$(networks EDGE_TRUSTED_PROXIES "$EDGE_TRUSTED_PROXIES")
 if [ -z "$proxies" ]; then
     EDGE_TRUSTED_PROXIES="# EDGE_TRUSTED_PROXIES is empty: the client is the connection's address"
+    EDGE_TRUSTED_PROXIES_GEO="default 0;  # EDGE_TRUSTED_PROXIES is empty"
 else
     EDGE_TRUSTED_PROXIES="$(printf '%s\n' "$proxies" | sed 's/^/set_real_ip_from /; s/$/;/')
 real_ip_header X-Forwarded-For;
 real_ip_recursive on;"
+    EDGE_TRUSTED_PROXIES_GEO="default 0;
+$(printf '%s\n' "$proxies" | sed 's/$/ 1;/')"
 fi
+metrics=$(networks EDGE_METRICS_SOURCES "$EDGE_METRICS_SOURCES")
+if [ -z "$metrics" ]; then
+    EDGE_METRICS_SOURCES="default 0;  # EDGE_METRICS_SOURCES is empty: /metrics is 404 for all"
+else
+    EDGE_METRICS_SOURCES="default 0;
+$(printf '%s\n' "$metrics" | sed 's/$/ 1;/')"
+fi
+
+: "${EDGE_ACCESS_LOG:=/var/log/nginx/access.log}"
+case $EDGE_ACCESS_LOG in
+    /*) ;;
+    *) fail "EDGE_ACCESS_LOG must be an absolute path (got '$EDGE_ACCESS_LOG')" ;;
+esac
+[ -z "$(printf '%s' "$EDGE_ACCESS_LOG" | tr -d 'A-Za-z0-9._/-')" ] ||
+    fail "EDGE_ACCESS_LOG may hold letters, digits, '.', '_', '-' and '/' only" \
+        "(got '$EDGE_ACCESS_LOG')"
 
 # --- render ---------------------------------------------------------------------------------
 

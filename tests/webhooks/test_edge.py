@@ -1,10 +1,13 @@
 """The nginx edge shipped in deploy/nginx (compose.yaml's ``edge`` service), rendered by its own
-render.sh and run for real in front of the application (gunicorn on this run's PostgreSQL):
-over-limit webhooks are refused by nginx and never reach Django, one sender cannot take the
-capacity others need, slow senders are cut off, and the client address is the real one.
+render.sh and run for real in front of the application (two gunicorns on this run's PostgreSQL,
+as compose runs them: one for the webhook alone, one for every other path): over-limit requests
+are refused by nginx and never reach Django, no client can take the capacity others need on
+any path, slow and idle connections are cut off, and the client address and scheme are the
+real ones.
 
-Senders are told apart by the loopback address they connect from (127.0.0.1, .2, .3: Linux
-routes all of 127.0.0.0/8 to the loopback interface)."""
+Senders are told apart by the loopback address they connect from (127.0.0.1, .2, .3...: Linux
+routes all of 127.0.0.0/8 to the loopback interface); IPv6 clients by the address a trusted
+proxy names in X-Forwarded-For."""
 
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ import http.server
 import json
 import re
 import socket
+import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +33,8 @@ import requests
 from bench.ingest_load import edge_unlimited
 from stack import launch
 from stack.launch import GunicornConfig
-from stack.nginx import RenderError, nginx_check, render, rendered, setting_names
+from stack.nginx import RENDERER, RenderError, nginx_check, render, rendered, setting_names
+from stack.process import ROOT, Process
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event
 from webhooks import testing as stripe_testing
@@ -40,26 +45,52 @@ from webhooks.models import WebhookEvent
 uses_app = pytest.mark.django_db(transaction=True)
 
 SIGNED, FLOOD, SLOW = "127.0.0.1", "127.0.0.2", "127.0.0.3"
+STRIPE_SOURCES = ROOT / "deploy" / "nginx" / "stripe-webhook-sources.txt"
 
 
 # --- the application behind the edge ----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Pools:
+    """The two gunicorns' ports: ``web`` serves every path but the webhook, ``webhooks`` the
+    webhook alone (compose's ``web`` and ``webhooks`` services)."""
+
+    web: int
+    webhooks: int
+
+
 @pytest.fixture(scope="module")
-def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """gunicorn (3 sync workers, as compose runs it) on this run's test database; its port.
-    Behind the edge, the client address is the last X-Forwarded-For hop (NUM_PROXIES=1)."""
-    log = tmp_path_factory.mktemp("edge") / "gunicorn.log"
+def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
+    """gunicorn for the webhook (3 sync workers) and for the rest (2), as compose runs them,
+    on this run's test database. Behind the edge, the client address is the last
+    X-Forwarded-For hop."""
+    logs = tmp_path_factory.mktemp("edge")
     env = worker_env(0, NUM_PROXIES="1")
     # An unsigned POST answered 400 by Django: the application is loaded, not just listening.
-    with launch.gunicorn(
-        env, config=GunicornConfig(workers=3), log=log, ready_path=WEBHOOK_URL
-    ) as server:
+    with (
+        launch.gunicorn(
+            env,
+            config=GunicornConfig(workers=3),
+            log=logs / "webhooks.log",
+            ready_path=WEBHOOK_URL,
+            name="webhooks",
+        ) as webhooks,
+        launch.gunicorn(
+            env, config=GunicornConfig(workers=2), log=logs / "web.log", ready_path=WEBHOOK_URL
+        ) as web,
+    ):
         # Every worker past its first request (its first database connection): the tests time
         # the edge, not a cold start.
         with ThreadPoolExecutor(6) as pool:
-            list(pool.map(lambda _: send(server.port, body=b"{}"), range(12)))
-        yield server.port
+            for port in (webhooks.port, web.port):
+                list(pool.map(lambda _, port=port: send(port, body=b"{}"), range(12)))
+        yield Pools(web=web.port, webhooks=webhooks.port)
+
+
+def edge(pools: Pools, **options: Any) -> Process:
+    """The edge in front of both pools (``launch.edge``'s other options as given)."""
+    return launch.edge(pools.web, webhook_port=pools.webhooks, **options)
 
 
 # --- a client that says which address it sends from -------------------------------------------
@@ -76,9 +107,10 @@ class Answer:
 
     @property
     def from_edge(self) -> bool:
-        """nginx answered itself: Django's middleware puts X-Frame-Options on every response it
-        makes, and nginx's own answers have none."""
-        return "X-Frame-Options" not in self.headers
+        """nginx answered itself: Django's SecurityMiddleware puts X-Content-Type-Options on
+        every response the application makes (WhiteNoise's static files included), and nginx's
+        own answers have none."""
+        return "X-Content-Type-Options" not in self.headers
 
 
 def send(
@@ -135,7 +167,7 @@ def stored() -> set[str]:
 
 
 @uses_app
-def test_edge_refuses_what_is_over_its_rate_before_the_application(app: int) -> None:
+def test_edge_refuses_what_is_over_its_rate_before_the_application(app: Pools) -> None:
     """The capacity guard across senders: eight deliveries at once, each from an address of its
     own (so no sender's own limit is reached), against 1 per second with a burst of 2: three
     get through, and only those reach the application."""
@@ -145,7 +177,7 @@ def test_edge_refuses_what_is_over_its_rate_before_the_application(app: int) -> 
         ready.wait()
         return deliver(port, source=f"127.0.0.{index + 1}")
 
-    with launch.edge(app, rate=1, burst=2, in_flight=8) as nginx, ThreadPoolExecutor(8) as pool:
+    with edge(app, rate=1, burst=2, in_flight=8) as nginx, ThreadPoolExecutor(8) as pool:
         port = nginx.port
         answers = list(pool.map(one, range(8)))
     statuses = sorted(answer.status for _, answer in answers)
@@ -161,30 +193,57 @@ def test_edge_refuses_what_is_over_its_rate_before_the_application(app: int) -> 
     assert stored() == {event_id for event_id, answer in answers if answer.status == 200}
 
 
-class SlowUpstream(http.server.BaseHTTPRequestHandler):
-    """An upstream that takes 1 s per request, like gunicorn stuck behind a slow database."""
+def upstream_handler(delay: float) -> type[http.server.BaseHTTPRequestHandler]:
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        """Takes ``delay`` seconds per request (gunicorn stuck behind a slow database), then
+        answers 200 with the path and headers nginx sent it, as JSON."""
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        time.sleep(1)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
+        protocol_version = "HTTP/1.1"
 
-    def log_message(self, *args: Any) -> None:
-        pass
+        def answer(self) -> None:
+            if length := int(self.headers.get("Content-Length") or 0):
+                self.rfile.read(length)
+            time.sleep(delay)
+            body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Upstream
 
 
 @contextlib.contextmanager
-def slow_upstream() -> Iterator[int]:
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowUpstream)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+def upstream(delay: float = 0.0) -> Iterator[int]:
+    """A stand-in for gunicorn (``upstream_handler``) on a free port of loopback; its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), upstream_handler(delay))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield upstream.server_address[1]
+        yield server.server_address[1]
     finally:
-        upstream.shutdown()
-        upstream.server_close()
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def silent_upstream() -> Iterator[int]:
+    """A port that accepts connections (the kernel's backlog) and never answers: gunicorn with
+    every worker stuck."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        yield listener.getsockname()[1]
+
+
+def slow_upstream() -> contextlib.AbstractContextManager[int]:
+    return upstream(delay=1.0)
 
 
 def test_edge_refuses_what_is_over_its_in_flight_limit_at_once() -> None:
@@ -245,11 +304,16 @@ def test_gunicorn_down_is_a_503_to_retry() -> None:
     assert answer.headers["Retry-After"] == "1"
 
 
-# --- the flood: one sender must not take what the others need ---------------------------------
+# --- the attack: no stranger keeps signed deliveries out -----------------------------------------
 
-RATE = 40  # the capacity guard in the flood test, webhooks per second in all
-FLOOD_SECONDS = 15.0
+RATE = 40  # the capacity guard in the attack test, webhooks per second in all
+ATTACK_SECONDS = 15.0
 BODY_TIMEOUT = 2
+# Who sends what in the attack (SIGNED, the provider, is allowed too).
+WEBHOOK_FLOODERS = {"127.0.0.2": "allowed", "127.0.0.3": "allowed", "127.0.0.4": "outside"}
+PAGE_FLOODERS = ("127.0.0.5", "127.0.0.6")
+IDLE = "127.0.0.7"  # allowed, and sends idle keep-alives, silent connections, slow bodies
+IDLE_CONNECTIONS = 300
 
 
 @dataclass
@@ -261,6 +325,9 @@ class Tally:
     def add(self, what: str) -> None:
         with self.lock:
             self.answers[what] += 1
+
+    def count(self, predicate: Callable[[str], bool]) -> int:
+        return sum(n for what, n in self.answers.items() if predicate(what))
 
 
 def paced(rate: float, deadline: float, threads: int, send_one: Any) -> None:
@@ -289,15 +356,41 @@ def paced(rate: float, deadline: float, threads: int, send_one: Any) -> None:
         worker.join()
 
 
-class Flood:
-    """Unsigned POSTs from FLOOD, over kept-alive connections, one per thread."""
+# What a flood sends as its request number n: method, path, body, headers.
+Request = tuple[str, str, bytes, dict[str, str]]
 
-    def __init__(self, port: int) -> None:
+
+def unsigned_webhook(_: int) -> Request:
+    return "POST", WEBHOOK_URL, b'{"id": "evt_forged"}', {}
+
+
+def api_and_static(n: int) -> Request:
+    path = "/api/invoices/" if n % 2 else "/static/admin/css/base.css"
+    return "GET", path, b"", {}
+
+
+def missing_pages_and_bad_hosts(n: int) -> Request:
+    if n % 2:
+        return "GET", f"/no-such-page-{n}/", b"", {}
+    return "GET", "/", b"", {"Host": f"attacker-{n}.example"}
+
+
+class Flood:
+    """Requests from ``source`` over kept-alive connections, one per thread, opened again when
+    the edge closes one."""
+
+    def __init__(self, port: int, source: str, request: Callable[[int], Request]) -> None:
         self.port = port
+        self.source = source
+        self.request = request
         self.tally = Tally()
         self.local = threading.local()
         self.connections: list[http.client.HTTPConnection] = []
         self.seconds = 0.0  # from the first request sent to the last answer
+
+    @property
+    def rate(self) -> float:
+        return self.tally.sent / self.seconds if self.seconds else 0.0
 
     def run(self, rate: float, deadline: float) -> None:
         started = time.monotonic()
@@ -312,17 +405,16 @@ class Flood:
         connection = getattr(self.local, "connection", None)
         if connection is None:
             connection = http.client.HTTPConnection(
-                "127.0.0.1", self.port, timeout=10, source_address=(FLOOD, 0)
+                "127.0.0.1", self.port, timeout=10, source_address=(self.source, 0)
             )
             self.local.connection = connection
             with self.tally.lock:
                 self.connections.append(connection)
         with self.tally.lock:
             self.tally.sent += 1
+        method, path, body, headers = self.request(index)
         try:
-            connection.request(
-                "POST", WEBHOOK_URL, body=b'{"id": "evt_forged"}', headers={"X-Flood": "1"}
-            )
+            connection.request(method, path, body=body or None, headers=headers)
             response = connection.getresponse()
             answer = Answer(response.status, response.headers, response.read())
         except (OSError, http.client.HTTPException) as exc:
@@ -338,11 +430,12 @@ class Flood:
 
 @dataclass
 class SlowSender:
-    """Connections from SLOW that send their headers, then a body one byte at a time with a
-    pause of ``every`` seconds between bytes, each opened again 0.1 s after it ends."""
+    """Connections from ``source`` that send their headers, then a body one byte at a time with
+    a pause of ``every`` seconds between bytes, each opened again 0.1 s after it ends."""
 
     port: int
     every: float
+    source: str = SLOW
     tally: Tally = field(default_factory=Tally)
     closed_after: list[float] = field(default_factory=list)  # from the last byte to the close
 
@@ -356,7 +449,7 @@ class SlowSender:
             f"POST {WEBHOOK_URL} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             "Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
         ).encode()
-        with socket.create_connection(("127.0.0.1", self.port), 10, (SLOW, 0)) as sock:
+        with socket.create_connection(("127.0.0.1", self.port), 10, (self.source, 0)) as sock:
             sock.sendall(head + b"{")
             last = time.monotonic()
             sock.settimeout(self.every)
@@ -382,20 +475,83 @@ class SlowSender:
                 return
 
 
+class IdleHolder:
+    """Keeps ``count`` connections from ``source`` open and idle, as many as it can: half of
+    them after one request each (kept alive), half never sending a byte; each one the edge
+    closes is opened again at once."""
+
+    def __init__(self, port: int, source: str, count: int) -> None:
+        self.port, self.source, self.count = port, source, count
+        self.tally = Tally()
+        self.held_most = 0
+
+    def open(self, index: int) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port), 5, (self.source, 0))
+            if index % 2:
+                sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                sock.recv(65536)  # the answer, in one read on loopback
+                self.tally.add("opened, one request, kept alive")
+            else:
+                self.tally.add("opened, nothing sent")
+        except OSError as exc:
+            self.tally.add(f"error {type(exc).__name__}")
+            return None
+        sock.setblocking(False)
+        return sock
+
+    def run(self, deadline: float) -> None:
+        held: dict[int, socket.socket | None] = {i: self.open(i) for i in range(self.count)}
+        try:
+            while time.monotonic() < deadline:
+                for index, sock in list(held.items()):
+                    if sock is not None:
+                        try:
+                            if sock.recv(65536):
+                                continue  # late bytes of an answer: still open
+                        except BlockingIOError:
+                            continue  # idle and open
+                        except OSError:
+                            pass
+                        sock.close()
+                        self.tally.add("closed by the edge while idle")
+                    held[index] = self.open(index)
+                self.held_most = max(self.held_most, sum(s is not None for s in held.values()))
+                time.sleep(0.2)
+        finally:
+            for sock in held.values():
+                if sock is not None:
+                    sock.close()
+
+
 @uses_app
 @pytest.mark.slow
-def test_a_flood_and_slow_bodies_do_not_keep_signed_deliveries_out(
-    app: int, record_property: Any
+def test_floods_on_every_path_and_idle_connections_do_not_keep_signed_deliveries_out(
+    app: Pools, record_property: Any
 ) -> None:
-    """The issue's scenario: from 127.0.0.2 unsigned POSTs at 5x the edge's rate, from 127.0.0.3
-    eight connections at a time dribbling their bodies too slowly, and from 127.0.0.1 a signed
-    sender at 20% of the rate. At least 99% of the signed deliveries are answered 200 the first
-    time they are sent."""
-    settings = {"EDGE_BODY_TIMEOUT": BODY_TIMEOUT, "EDGE_HEADER_TIMEOUT": BODY_TIMEOUT}
-    with launch.edge(app, rate=RATE, burst=10, in_flight=8, settings=settings) as nginx:
+    """Unsigned POSTs to the webhook at 5x the edge's rate from each of three addresses (two
+    inside the allow-list, one outside); GET floods of /api/, /static/, missing pages and bad
+    Hosts at 5x the rate from two more; from another, inside the allow-list, 300 idle
+    connections (kept alive, or never sending) and eight webhook bodies dribbled too slowly;
+    and a signed sender from an allowed address at 20% of the rate. At least 99% of the signed
+    deliveries are answered 200 the first time."""
+    settings = {
+        "EDGE_BODY_TIMEOUT": BODY_TIMEOUT,
+        "EDGE_HEADER_TIMEOUT": BODY_TIMEOUT,
+        "EDGE_KEEPALIVE_TIMEOUT": BODY_TIMEOUT,
+        "WEBHOOK_ALLOWED_SOURCES": ",".join(
+            [SIGNED, IDLE, *(a for a, where in WEBHOOK_FLOODERS.items() if where == "allowed")]
+        ),
+    }
+    with edge(app, rate=RATE, burst=10, in_flight=8, settings=settings) as nginx:
         port = nginx.port
-        flood = Flood(port)
-        slow = SlowSender(port, every=BODY_TIMEOUT + 1)
+        webhook_floods = [Flood(port, source, unsigned_webhook) for source in WEBHOOK_FLOODERS]
+        page_floods = [
+            Flood(port, PAGE_FLOODERS[0], api_and_static),
+            Flood(port, PAGE_FLOODERS[1], missing_pages_and_bad_hosts),
+        ]
+        idle = IdleHolder(port, IDLE, IDLE_CONNECTIONS)
+        slow = SlowSender(port, every=BODY_TIMEOUT + 1, source=IDLE)
         signed_tally = Tally()
         admitted: list[str] = []
 
@@ -413,11 +569,13 @@ def test_a_flood_and_slow_bodies_do_not_keep_signed_deliveries_out(
                     admitted.append(event_id)
 
         started = time.monotonic()
-        deadline = started + FLOOD_SECONDS
+        deadline = started + ATTACK_SECONDS
         senders = [
-            threading.Thread(target=flood.run, args=(5 * RATE, deadline)),
-            threading.Thread(target=paced, args=(0.2 * RATE, deadline, 2, signed_one)),
+            *(threading.Thread(target=f.run, args=(5 * RATE, deadline)) for f in webhook_floods),
+            *(threading.Thread(target=f.run, args=(5 * RATE, deadline)) for f in page_floods),
+            threading.Thread(target=idle.run, args=(deadline,)),
             *(threading.Thread(target=slow.run, args=(deadline,)) for _ in range(8)),
+            threading.Thread(target=paced, args=(0.2 * RATE, deadline, 2, signed_one)),
         ]
         for sender in senders:
             sender.start()
@@ -426,6 +584,14 @@ def test_a_flood_and_slow_bodies_do_not_keep_signed_deliveries_out(
         elapsed = time.monotonic() - started
 
     first_try = signed_tally.answers["200 app"] / signed_tally.sent
+
+    def flood_figures(flood: Flood) -> dict[str, Any]:
+        return {
+            "sent": flood.tally.sent,
+            "rate_per_s": round(flood.rate, 1),
+            "answers": dict(flood.tally.answers),
+        }
+
     figures = {
         "seconds": round(elapsed, 1),
         "edge_rate_per_s": RATE,
@@ -434,12 +600,12 @@ def test_a_flood_and_slow_bodies_do_not_keep_signed_deliveries_out(
             "answers": dict(signed_tally.answers),
             "200_first_try": round(first_try, 4),
         },
-        "flood": {
-            "sent": flood.tally.sent,
-            "rate_per_s": round(flood.tally.sent / flood.seconds, 1),
-            "answers": dict(flood.tally.answers),
+        "webhook_floods": {
+            f"{f.source} ({WEBHOOK_FLOODERS[f.source]})": flood_figures(f) for f in webhook_floods
         },
-        "slow": {
+        "page_floods": {f.source: flood_figures(f) for f in page_floods},
+        "idle": {"held_at_most": idle.held_most, "events": dict(idle.tally.answers)},
+        "slow_bodies": {
             "answers": dict(slow.tally.answers),
             "closed_after_s": {
                 "min": round(min(slow.closed_after, default=0), 2),
@@ -447,22 +613,38 @@ def test_a_flood_and_slow_bodies_do_not_keep_signed_deliveries_out(
             },
         },
     }
-    record_property("edge_flood", figures)
-    print("\nedge flood:", json.dumps(figures))
+    record_property("edge_attack", figures)
+    print("\nedge attack:", json.dumps(figures))
 
-    # The attack happened as described: the flood at about 5x the rate, the slow bodies held
-    # open until the edge cut them off.
-    assert flood.tally.sent / flood.seconds >= 4.5 * RATE
-    assert signed_tally.sent >= 0.2 * RATE * FLOOD_SECONDS - 2
-    assert slow.closed_after
+    # The attack happened as described: each flood at about 5x the rate, the idle connections
+    # held, the slow bodies held open until the edge cut them off.
+    for flood in (*webhook_floods, *page_floods):
+        assert flood.rate >= 4.5 * RATE, figures
+    assert idle.held_most >= IDLE_CONNECTIONS * 0.9, figures
+    assert idle.tally.answers["closed by the edge while idle"] >= IDLE_CONNECTIONS, figures
+    assert slow.closed_after, figures
+    assert signed_tally.sent >= 0.2 * RATE * ATTACK_SECONDS - 2
+
     # The measure.
     assert first_try >= 0.99, figures
     assert stored() == set(admitted)
-    # The flood's share reached Django (its unsigned POSTs answered 400 there) at its own rate,
-    # half the edge's, and nothing else of it did: the rest was refused by nginx.
-    reached = sum(n for what, n in flood.tally.answers.items() if " app" in what)
-    assert reached <= RATE / 2 * elapsed + 10, figures
-    assert flood.tally.answers["429 edge rate limited"] >= flood.tally.sent - reached - 5
+
+    # Each refused where it should be: outside the allow-list 403 at the edge, every time; an
+    # allowed flooder reached Django at its own share of the webhook's rate, a page flooder at
+    # the per-client rate, and nothing else of theirs did.
+    for flood in webhook_floods:
+        reached = flood.tally.count(lambda what: " app" in what)
+        if WEBHOOK_FLOODERS[flood.source] == "outside":
+            assert flood.tally.answers["403 edge source address not allowed"] == (
+                flood.tally.sent
+            ), figures
+        else:
+            assert reached <= RATE / 4 * elapsed + 10, figures
+            assert flood.tally.answers["429 edge rate limited"] >= flood.tally.sent - reached - 5
+    for flood in page_floods:
+        reached = flood.tally.count(lambda what: " app" in what)
+        assert reached <= 20 * elapsed + 40, figures  # EDGE_ADDRESS_RATE, _BURST defaults
+        assert flood.tally.answers["429 edge rate limited"] >= flood.tally.sent - reached - 5
     # A body pausing longer than EDGE_BODY_TIMEOUT is cut off then, not after nginx's 60 s.
     assert max(slow.closed_after) < BODY_TIMEOUT + 1.0, figures
     assert min(slow.closed_after) > BODY_TIMEOUT - 0.5, figures
@@ -487,9 +669,9 @@ def closed_after(port: int, request: bytes, *, limit: float = 30) -> float:
 
 
 @pytest.mark.slow
-def test_stalled_headers_and_bodies_are_closed_after_their_timeouts(app: int) -> None:
+def test_stalled_headers_and_bodies_are_closed_after_their_timeouts(app: Pools) -> None:
     settings = {"EDGE_HEADER_TIMEOUT": 2, "EDGE_BODY_TIMEOUT": 3}
-    with launch.edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
         port = nginx.port
         headers = closed_after(port, f"POST {WEBHOOK_URL} HTTP/1.1\r\nHost: 127.0".encode())
         head = f"POST {WEBHOOK_URL} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
@@ -501,13 +683,13 @@ def test_stalled_headers_and_bodies_are_closed_after_their_timeouts(app: int) ->
 
 @uses_app
 @pytest.mark.slow
-def test_bodies_sent_slowly_do_not_take_the_capacity(app: int) -> None:
+def test_bodies_sent_slowly_do_not_take_the_capacity(app: Pools) -> None:
     """Bodies dribbled just fast enough never to time out: one address holds at most its own
     connections (then 429 at once), and none of them counts against the in-flight limit to
-    gunicorn, which nginx charges only once it has the whole body. (Charged on the headers, two
-    such connections took both slots here, and every delivery got 503.)"""
+    gunicorn, which nginx charges only once it has the whole body (were it charged on the
+    headers, two such connections would take both slots, and every delivery would get 503)."""
     settings = {"EDGE_BODY_TIMEOUT": 2, "WEBHOOK_EDGE_ADDRESS_CONNECTIONS": 2}
-    with launch.edge(app, rate=100, burst=20, in_flight=2, settings=settings) as nginx:
+    with edge(app, rate=100, burst=20, in_flight=2, settings=settings) as nginx:
         port = nginx.port
         stop = threading.Event()
         head = (
@@ -550,13 +732,243 @@ def test_bodies_sent_slowly_do_not_take_the_capacity(app: int) -> None:
     assert stored() == {event_id for event_id, _ in results}
 
 
+@pytest.mark.slow
+def test_an_idle_connection_is_closed_after_the_keepalive_timeout() -> None:
+    with (
+        upstream() as up,
+        launch.edge(
+            up, rate=10, burst=10, in_flight=4, settings={"EDGE_KEEPALIVE_TIMEOUT": 2}
+        ) as nginx,
+    ):
+        port = nginx.port
+        with socket.create_connection(("127.0.0.1", port), 10, (SLOW, 0)) as sock:
+            sock.sendall(b"GET /api/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answered = sock.recv(65536)
+            idle_from = time.monotonic()
+            sock.settimeout(30)
+            closed = sock.recv(4096)
+            idle = time.monotonic() - idle_from
+    print(f"\nan idle kept-alive connection closed after {idle:.2f} s")
+    assert answered.startswith(b"HTTP/1.1 200 ")
+    assert closed == b""
+    assert 1.5 < idle < 3.0
+
+
+# --- every path, per client -------------------------------------------------------------------
+
+
+def gets_at_once(port: int, requests_: list[tuple[str, str, Mapping[str, str]]]) -> list[Answer]:
+    """GETs sent all at once, one per ``(source, path, headers)``, in order."""
+    ready = threading.Barrier(len(requests_))
+
+    def one(request: tuple[str, str, Mapping[str, str]]) -> Answer:
+        source, path, headers = request
+        ready.wait()
+        return send(port, source=source, method="GET", path=path, headers=headers)
+
+    with ThreadPoolExecutor(len(requests_)) as pool:
+        return list(pool.map(one, requests_))
+
+
+def test_every_path_is_rate_limited_per_client() -> None:
+    """One client, whatever it asks for (the API, static files, a missing page, a bad Host, a
+    mix): EDGE_ADDRESS_RATE with EDGE_ADDRESS_BURST above it, then 429 from the edge; another
+    client at the same moment is let through."""
+    settings = {"EDGE_ADDRESS_RATE": 1, "EDGE_ADDRESS_BURST": 2}
+    kinds: list[tuple[str, Mapping[str, str]]] = [
+        ("/api/invoices/", {}),
+        ("/static/admin/css/base.css", {}),
+        ("/no-such-page/", {}),
+        ("/", {"Host": "attacker.example"}),
+    ]
+    with (
+        upstream() as up,
+        launch.edge(up, rate=10, burst=10, in_flight=4, settings=settings) as nginx,
+    ):
+        port = nginx.port
+        for number, (path, headers) in enumerate(kinds):
+            client, other = f"127.0.1.{number + 1}", f"127.0.2.{number + 1}"
+            answers = gets_at_once(port, [(client, path, headers)] * 5 + [(other, path, headers)])
+            statuses = sorted(answer.status for answer in answers[:5])
+            assert statuses == [200] * 3 + [429] * 2, path
+            assert answers[5].status == 200, path
+            for answer in answers[:5]:
+                if answer.status == 429:
+                    assert answer.json() == {"error": "rate limited"}
+                    assert answer.headers["Retry-After"] == "1"
+        # The limit is the client's across paths: one of each kind at once, then refused.
+        mixed = gets_at_once(port, [("127.0.3.1", path, headers) for path, headers in kinds])
+    assert sorted(answer.status for answer in mixed) == [200] * 3 + [429]
+
+
+def test_requests_in_progress_are_limited_per_client() -> None:
+    """EDGE_ADDRESS_CONNECTIONS requests of one client in progress at once (here on a slow
+    upstream); beyond that, 429 at once, while another client is served."""
+    settings = {"EDGE_ADDRESS_CONNECTIONS": 2}
+    with (
+        slow_upstream() as up,
+        launch.edge(up, rate=10, burst=10, in_flight=4, settings=settings) as nginx,
+    ):
+        port = nginx.port
+        ready = threading.Barrier(7)
+
+        def one(source: str) -> tuple[float, Answer]:
+            ready.wait()
+            started = time.monotonic()
+            answer = send(port, source=source, method="GET", path="/api/invoices/")
+            return time.monotonic() - started, answer
+
+        with ThreadPoolExecutor(7) as pool:
+            results = list(pool.map(one, [FLOOD] * 6 + [SLOW]))
+    flood, other = results[:6], results[6]
+    assert sorted(answer.status for _, answer in flood) == [200] * 2 + [429] * 4
+    assert all(seconds < 0.5 for seconds, answer in flood if answer.status == 429)
+    assert other[1].status == 200
+
+
+# IPv6 clients, named by a trusted proxy: pairs of addresses in one /64 whose text differs in
+# where nginx puts the "::" (one pair per way it can fall), and addresses of other /64s.
+SAME_64 = [
+    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::7"),
+    ("2001:db8:a:0:5:6:7:8", "2001:db8:a::5"),
+    ("2001:db8::1", "2001:db8:0:0:1:2:3:4"),
+    ("2001:db9::1:0:0:1", "2001:db9::ffff"),
+    ("2001::5:6:7:8:9", "2001:0:0:5::1"),
+    ("2002::1", "2002:0:0:0:1:2:3:4"),
+    ("::1:2:3:4:5:6", "0:0:1:2::1"),
+    ("::1:2:3:4:5", "0:0:0:1::1"),
+    ("::2", "::3"),
+]
+OTHER_64 = ["2001:db8:1:3::1", "2001:db8:b::5", "2001:db8:0:1::1", "2001:0:0:6::1", "2002:0:0:1::1"]
+
+
+def test_an_ipv6_client_is_its_64() -> None:
+    """Every address of a /64 shares one limit (a host commonly holds a whole /64), however
+    nginx writes it; another /64 has a limit of its own; an IPv4 address written in IPv6 is
+    that address alone."""
+    settings = {"EDGE_TRUSTED_PROXIES": SIGNED, "EDGE_ADDRESS_RATE": 1, "EDGE_ADDRESS_BURST": 1}
+
+    def status(port: int, client: str) -> int:
+        headers = {"X-Forwarded-For": client}
+        return send(port, method="GET", path="/api/", headers=headers).status
+
+    with (
+        upstream() as up,
+        launch.edge(up, rate=10, burst=10, in_flight=4, settings=settings) as nginx,
+    ):
+        port = nginx.port
+        # Each first address spends its /64's limit (1 per second, burst 1: two pass)...
+        spent = {first: [status(port, first), status(port, first)] for first, _ in SAME_64}
+        # ...which the second address of the pair finds spent, while other /64s are whole.
+        second = {pair: status(port, pair[1]) for pair in SAME_64}
+        others = {address: status(port, address) for address in OTHER_64}
+        mapped = [status(port, "::ffff:192.0.2.1") for _ in range(3)] + [
+            status(port, "::ffff:192.0.2.2")
+        ]
+    assert spent == {first: [200, 200] for first, _ in SAME_64}
+    assert second == dict.fromkeys(SAME_64, 429)
+    assert others == dict.fromkeys(OTHER_64, 200)
+    assert mapped == [200, 200, 429, 200]
+
+
+# --- the webhook's own workers ------------------------------------------------------------------
+
+
+@uses_app
+def test_the_webhook_is_served_when_every_other_worker_is_stuck(app: Pools) -> None:
+    """Every other path on a gunicorn that answers nothing (each of its workers stuck): signed
+    deliveries are still answered 200 at once, by the webhook's own gunicorn."""
+    with (
+        silent_upstream() as stuck,
+        launch.edge(stuck, webhook_port=app.webhooks, rate=50, burst=10, in_flight=6) as nginx,
+    ):
+        port = nginx.port
+        with ThreadPoolExecutor(12) as pool:
+            hanging = [
+                pool.submit(
+                    send, port, source=f"127.0.4.{n}", method="GET", path="/api/", timeout=3
+                )
+                for n in range(1, 11)
+            ]
+            time.sleep(0.5)
+            timed = []
+            for _ in range(5):
+                started = time.monotonic()
+                event_id, answer = deliver(port)
+                timed.append((time.monotonic() - started, event_id, answer.status))
+            stuck_answers = [future.exception() for future in hanging]
+    assert [status for _, _, status in timed] == [200] * 5
+    assert max(seconds for seconds, _, _ in timed) < 1.0
+    assert all(isinstance(error, TimeoutError) for error in stuck_answers)
+    assert stored() == {event_id for _, event_id, _ in timed}
+
+
+# --- /metrics, the scheme, the access log ----------------------------------------------------
+
+
+@uses_app
+def test_metrics_is_404_at_the_edge_unless_its_sources_are_configured(app: Pools) -> None:
+    with edge(app, rate=10, burst=10, in_flight=4) as nginx:
+        default = send(nginx.port, method="GET", path="/metrics")
+    settings = {"EDGE_METRICS_SOURCES": f"{SIGNED}/32"}
+    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+        allowed = send(nginx.port, method="GET", path="/metrics")
+        other = send(nginx.port, source=FLOOD, method="GET", path="/metrics")
+    assert (default.status, default.from_edge) == (404, True)
+    assert (other.status, other.from_edge) == (404, True)
+    # Passed on: the application's own answer (its allow-list judges the address the edge
+    # forwards).
+    assert not allowed.from_edge
+    assert allowed.status == 200
+    assert b"invoicing_" in allowed.body
+
+
+def test_x_forwarded_proto_counts_from_a_trusted_proxy_alone() -> None:
+    """What the application is told about the scheme: a trusted proxy's X-Forwarded-Proto
+    (https or http), anyone else's replaced by the edge's own scheme."""
+    settings = {"EDGE_TRUSTED_PROXIES": f"{SIGNED}/32"}
+
+    def told(port: int, source: str, proto: str) -> str:
+        answer = send(
+            port, source=source, method="GET", path="/", headers={"X-Forwarded-Proto": proto}
+        )
+        return str(answer.json()["headers"]["X-Forwarded-Proto"])
+
+    with (
+        upstream() as up,
+        launch.edge(up, rate=10, burst=10, in_flight=4, settings=settings) as nginx,
+    ):
+        port = nginx.port
+        trusted = {proto: told(port, SIGNED, proto) for proto in ("https", "http", "gopher")}
+        untrusted = {proto: told(port, FLOOD, proto) for proto in ("https", "http")}
+    assert trusted == {"https": "https", "http": "http", "gopher": "http"}
+    assert untrusted == {"https": "http", "http": "http"}
+
+
+def test_the_access_log_keeps_no_query_string_and_no_referer() -> None:
+    address = "jenny.rosen@example.com"
+    with upstream() as up, launch.edge(up, rate=10, burst=10, in_flight=4) as nginx:
+        answer = send(
+            nginx.port,
+            method="GET",
+            path=f"/admin/invoicing/invoice/?q={address}",
+            headers={"Referer": f"http://127.0.0.1/admin/?q={address.replace('@', '%40')}"},
+        )
+        assert answer.status == 200
+        assert answer.json()["path"].endswith(f"?q={address}")  # the application gets it all
+        log = (Path(str(nginx.owns)) / "access.log").read_text()
+    assert '"GET /admin/invoicing/invoice/ HTTP/1.1" 200' in log
+    assert "jenny" not in log
+    assert "?q=" not in log
+
+
 # --- who may send ------------------------------------------------------------------------------
 
 
 @uses_app
-def test_outside_the_allowed_sources_is_403_at_the_edge(app: int) -> None:
+def test_outside_the_allowed_sources_is_403_at_the_edge(app: Pools) -> None:
     settings = {"WEBHOOK_ALLOWED_SOURCES": "10.0.0.0/8, 127.0.0.1/32"}
-    with launch.edge(app, rate=1, burst=1, in_flight=4, settings=settings) as nginx:
+    with edge(app, rate=1, burst=1, in_flight=4, settings=settings) as nginx:
         port = nginx.port
         refused = [deliver(port, source=FLOOD) for _ in range(20)]
         # Refused before any limit was charged: the capacity (1 per second, burst 1) is whole.
@@ -573,9 +985,9 @@ def test_outside_the_allowed_sources_is_403_at_the_edge(app: int) -> None:
 
 
 @uses_app
-def test_an_allowed_source_behind_a_trusted_proxy_is_judged_by_its_own_address(app: int) -> None:
+def test_an_allowed_source_behind_a_trusted_proxy_is_judged_by_its_own_address(app: Pools) -> None:
     settings = {"WEBHOOK_ALLOWED_SOURCES": "203.0.113.0/24", "EDGE_TRUSTED_PROXIES": SIGNED}
-    with launch.edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
         port = nginx.port
         body = stripe_testing.encode(paid_event())
         inside = send(port, body=body, headers={**signed(body), "X-Forwarded-For": "203.0.113.9"})
@@ -611,14 +1023,16 @@ def at_once(port: int, senders: list[tuple[str, str]]) -> list[str]:
 
 
 @uses_app
-def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: int) -> None:
+def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: Pools) -> None:
     settings = {
         "EDGE_TRUSTED_PROXIES": f"{SIGNED}/32",
         # One request per second and address, one more at once: 2 of 4 at once get through.
         "WEBHOOK_EDGE_ADDRESS_RATE": 1,
         "WEBHOOK_EDGE_ADDRESS_BURST": 1,
+        # /metrics passed on from anywhere: the application's own allow-list judges.
+        "EDGE_METRICS_SOURCES": "0.0.0.0/0",
     }
-    with launch.edge(app, rate=1000, burst=100, in_flight=16, settings=settings) as nginx:
+    with edge(app, rate=1000, burst=100, in_flight=16, settings=settings) as nginx:
         port = nginx.port
         # Through the trusted proxy (127.0.0.1): one limit per address it names, and that is
         # the rightmost address that is not a trusted proxy, whatever the client put before it.
@@ -655,14 +1069,14 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: in
 
 
 @uses_app
-def test_health_and_admin_login_are_limited_per_address(app: int) -> None:
+def test_health_and_admin_login_are_limited_per_address(app: Pools) -> None:
     settings = {
         "EDGE_HEALTH_RATE": 1,
         "EDGE_HEALTH_BURST": 2,
         "EDGE_LOGIN_RATE": 1,
         "EDGE_LOGIN_BURST": 2,
     }
-    with launch.edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
+    with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
         port = nginx.port
         for path, retry_after in (("/health/", "1"), ("/admin/login/", "60")):
             # Six at once from one address: the limit is 1 per second (per minute for the
@@ -688,7 +1102,12 @@ def test_health_and_admin_login_are_limited_per_address(app: int) -> None:
 
 # --- the renderer ------------------------------------------------------------------------------
 
-BASE = {"APP_UPSTREAM": "web:8000", "EDGE_LISTEN": 8080}
+BASE = {
+    "APP_UPSTREAM": "web:8000",
+    "WEBHOOK_UPSTREAM": "webhooks:8000",
+    "EDGE_LISTEN": 8080,
+    "WEBHOOK_ALLOWED_SOURCES": "any",
+}
 
 
 def test_render_fills_in_the_settings_and_derives_the_per_address_ones() -> None:
@@ -700,28 +1119,56 @@ def test_render_fills_in_the_settings_and_derives_the_per_address_ones() -> None
             "WEBHOOK_EDGE_CONNECTIONS": 6,
             "WEBHOOK_ALLOWED_SOURCES": "3.18.12.63, 2001:db8::/32",
             "EDGE_TRUSTED_PROXIES": "10.0.0.0/8",
+            "EDGE_METRICS_SOURCES": "10.1.2.3",
         }
     )
     assert 'limit_req_zone "webhooks" zone=webhooks:1m rate=7r/s;' in text
     assert "burst=3 nodelay" in text
     assert "limit_conn webhooks_in_flight 6;" in text
-    # One address: half of each, rounded up.
-    assert "zone=webhook_address:10m rate=4r/s;" in text
-    assert "limit_req zone=webhook_address burst=2 nodelay;" in text
-    assert "limit_conn webhook_address_open 3;" in text
+    # One address: a quarter of each, rounded up.
+    assert "zone=webhook_address:10m rate=2r/s;" in text
+    assert "limit_req zone=webhook_address burst=1 nodelay;" in text
+    assert "limit_conn webhook_address_open 2;" in text
     assert "    default 0;\n    3.18.12.63 1;\n    2001:db8::/32 1;\n" in text
     assert "    set_real_ip_from 10.0.0.0/8;\n    real_ip_header X-Forwarded-For;\n" in text
+    assert "$realip_remote_addr $edge_peer_trusted {\n    default 0;\n    10.0.0.0/8 1;\n" in text
+    assert "$edge_metrics_allowed {\n    default 0;\n    10.1.2.3 1;\n" in text
+    assert "server web:8000;" in text
+    assert "server webhooks:8000;" in text
     assert "$binary_remote_addr" in text  # nginx's own variables are left alone
     assert "${" not in text.replace("${...}", "")
 
 
-def test_render_with_the_defaults_lets_every_address_in_and_trusts_no_proxy() -> None:
+def test_render_with_any_lets_every_address_post_and_trusts_no_proxy() -> None:
     text = rendered(BASE)
-    assert "    default 1;" in text
+    assert "$webhook_source_allowed {\n    default 1;" in text
     assert "set_real_ip_from" not in text
+    assert "$edge_peer_trusted {\n    default 0;  #" in text
+    assert "$edge_metrics_allowed {\n    default 0;  #" in text
     assert "rate=50r/s" in text
     assert "client_body_timeout 5s;" in text
+    assert "keepalive_timeout 5s;" in text
+    assert "limit_req zone=address burst=40 nodelay;" in text
+    assert "limit_conn address_open 10;" in text
+    assert "access_log /var/log/nginx/access.log edge;" in text
     assert "client_max_body_size 1048576;" in text  # the application's WEBHOOK_MAX_BODY_BYTES
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", " , "])
+def test_render_refuses_to_guess_who_may_post_webhooks(value: str | None) -> None:
+    settings = {name: v for name, v in BASE.items() if name != "WEBHOOK_ALLOWED_SOURCES"}
+    if value is not None:
+        settings["WEBHOOK_ALLOWED_SOURCES"] = value
+    with pytest.raises(RenderError) as error:
+        rendered(settings)
+    message = str(error.value)
+    if value == " , ":  # not blank: a list with empty entries
+        assert "WEBHOOK_ALLOWED_SOURCES has an empty entry" in message
+    else:
+        assert message.startswith("edge: WEBHOOK_ALLOWED_SOURCES is required:"), message
+        assert "stripe-webhook-sources.txt" in message
+        assert "'any'" in message
+        assert "\n" not in message  # one line
 
 
 @pytest.mark.parametrize(
@@ -738,6 +1185,13 @@ def test_render_with_the_defaults_lets_every_address_in_and_trusts_no_proxy() ->
         ({"WEBHOOK_EDGE_ADDRESS_RATE": 60}, "WEBHOOK_EDGE_ADDRESS_RATE (60) is above"),
         ({"APP_UPSTREAM": "web:8000; include /etc/passwd"}, "APP_UPSTREAM must be"),
         ({"EDGE_LISTEN": ""}, "EDGE_LISTEN is required"),
+        ({"WEBHOOK_UPSTREAM": ""}, "WEBHOOK_UPSTREAM is required"),
+        ({"WEBHOOK_ALLOWED_SOURCES": "anyone"}, "'anyone' is not a network"),
+        ({"EDGE_METRICS_SOURCES": "10.0.0.0/8,x"}, "EDGE_METRICS_SOURCES: 'x' is not a network"),
+        ({"EDGE_ADDRESS_RATE": 0}, "EDGE_ADDRESS_RATE must be a whole number of at least 1"),
+        ({"EDGE_KEEPALIVE_TIMEOUT": "5s"}, "EDGE_KEEPALIVE_TIMEOUT must be a whole number"),
+        ({"EDGE_ACCESS_LOG": "access.log"}, "EDGE_ACCESS_LOG must be an absolute path"),
+        ({"EDGE_ACCESS_LOG": "/tmp/a b;"}, "EDGE_ACCESS_LOG may hold"),
     ],
 )
 def test_render_refuses_a_bad_setting_with_a_message_naming_it(
@@ -762,9 +1216,12 @@ def test_nginx_accepts_what_render_makes_of_every_list() -> None:
     nginx_check(
         {
             **BASE,
-            "APP_UPSTREAM": "127.0.0.1:8000",  # "web" resolves inside compose only
+            # "web" and "webhooks" resolve inside compose only
+            "APP_UPSTREAM": "127.0.0.1:8000",
+            "WEBHOOK_UPSTREAM": "127.0.0.1:8001",
             "WEBHOOK_ALLOWED_SOURCES": "3.18.12.63,10.0.0.0/8,2001:db8::/32,::ffff:192.0.2.1",
             "EDGE_TRUSTED_PROXIES": "172.16.0.0/12,::1",
+            "EDGE_METRICS_SOURCES": "10.0.0.0/8,fd00::/8",
         }
     )
 
@@ -773,7 +1230,102 @@ def test_the_settings_render_reads_are_the_templates() -> None:
     names = set(setting_names())
     template = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "default.conf.template"
     used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", template.read_text()))
-    assert used - {"EDGE_LOGIN_RETRY_AFTER"} == names
+    assert used - {"EDGE_LOGIN_RETRY_AFTER", "EDGE_TRUSTED_PROXIES_GEO"} == names
+
+
+# --- Stripe's senders ---------------------------------------------------------------------------
+
+
+def stripe_sources(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_stripe_s_senders_are_shipped_with_their_source_and_date_and_render() -> None:
+    text = STRIPE_SOURCES.read_text()
+    assert "# Source: https://stripe.com/files/ips/ips_webhooks.txt" in text
+    assert re.search(r"^# Taken: \d{4}-\d\d-\d\d\b", text, re.MULTILINE)
+    sources = stripe_sources(text)
+    assert len(sources) >= 10
+    # The way the file's header says to use it, as a shell runs it.
+    joined = subprocess.run(
+        ["sh", "-c", f"grep -v '^#' {STRIPE_SOURCES} | paste -sd, -"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert joined == ",".join(sources)
+    conf = rendered({**BASE, "WEBHOOK_ALLOWED_SOURCES": joined})
+    assert "    default 0;\n" + "".join(f"    {s} 1;\n" for s in sources) in conf
+
+
+def test_compose_shows_stripe_s_senders_as_shipped() -> None:
+    comment = re.search(
+        r"Stripe's senders.*?\n((?:\s*#\s+[0-9.,]+\n)+)",
+        (ROOT / "compose.yaml").read_text(),
+        re.DOTALL,
+    )
+    assert comment, "compose.yaml's comment on WEBHOOK_ALLOWED_SOURCES lists Stripe's senders"
+    listed = "".join(line.strip(" #\n") for line in comment.group(1).splitlines(True))
+    assert listed.split(",") == stripe_sources(STRIPE_SOURCES.read_text())
+
+
+@contextlib.contextmanager
+def serving(body: bytes) -> Iterator[str]:
+    """A URL on loopback that answers ``body``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/ips_webhooks.txt"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def refresh(url: str, output: Path) -> subprocess.CompletedProcess[str]:
+    script = RENDERER.parent / "stripe-webhook-sources.sh"
+    return subprocess.run(
+        ["sh", str(script), url, str(output)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_refresh_writes_stripe_s_list_with_its_date(tmp_path: Path) -> None:
+    output = tmp_path / "sources.txt"
+    with serving(b"3.18.12.63\r\n3.130.192.231\r\n2001:db8::1\r\n") as url:
+        run = refresh(url, output)
+    assert run.returncode == 0, run.stderr
+    assert "3 addresses" in run.stderr
+    text = output.read_text()
+    assert stripe_sources(text) == ["3.18.12.63", "3.130.192.231", "2001:db8::1"]
+    assert f"# Source: {url} " in text
+    assert f"# Taken: {time.strftime('%Y-%m-%d', time.gmtime())}" in text
+
+
+@pytest.mark.parametrize(
+    "answer", [b"<html><body>Service Unavailable</body></html>\n", b"", b"3.18.12.63\n1.2.3\n"]
+)
+def test_the_refresh_refuses_what_is_not_a_list_and_changes_nothing(
+    tmp_path: Path, answer: bytes
+) -> None:
+    output = tmp_path / "sources.txt"
+    output.write_text("the list before\n")
+    with serving(answer) as url:
+        run = refresh(url, output)
+    assert run.returncode == 1
+    assert run.stderr.startswith("stripe sources: ")
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert output.read_text() == "the list before\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["sources.txt"]
 
 
 def test_the_healthchecks_compose_runs_pass_through_the_edge(live_server: Any) -> None:
