@@ -40,6 +40,10 @@ rosen"@example.com``) and a percent-encoded at-sign (``jenny%40example.com`` in 
 a mail provider's trouble from one mailbox's. The database keeps the full address: the admin
 and the API, not the logs, are where an operator reads it. Masking takes time linear in the
 line's length, whatever a client put in it (a Host header, a path).
+
+A request Django refuses as suspicious (``SuspiciousRequestFilter``, on
+``django.security.DisallowedHost`` in ``settings.LOGGING``: a Host not in ``ALLOWED_HOSTS``)
+is one WARNING line, without a traceback, and a count in ``/metrics``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from typing import Any
 from celery import current_task
 from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
+
+from asyncwork.metrics import suspicious_request_count
 
 # The fields a log context may hold, and their order on a text line.
 CONTEXT_FIELDS = ("event_id", "invoice_id")
@@ -107,6 +113,20 @@ class ContextFilter(logging.Filter):
                 record.task_id = request.id
             if getattr(record, "attempt", None) is None:
                 record.attempt = (request.retries or 0) + 1
+        return True
+
+
+class SuspiciousRequestFilter(logging.Filter):
+    """On a ``django.security.<kind>`` logger (Django names it after the ``SuspiciousOperation``
+    it caught, and logs there once per request, at ERROR with the traceback): the request was
+    a client's mistake or a probe, already answered 400, not a fault of the server. Its record
+    becomes one WARNING line, without the traceback (the message says what was refused), and is
+    counted in ``invoicing_http_suspicious_requests_total{kind}``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        suspicious_request_count(record.name.rpartition(".")[2])
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
         return True
 
 
