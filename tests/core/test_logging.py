@@ -3,7 +3,7 @@ gunicorn (two workers, multiprocess metrics) on this run's database, with ``DJAN
 set and email pointed at a real SMTP server, as a production deployment with an alert
 address is. A refused Host is one WARNING line and a count per request, never a mail; a
 server error is never mailed either; a Host built to make a backtracking mask take seconds is
-answered in milliseconds."""
+answered in milliseconds; the access log keeps no query string."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 
 from stack import launch
 from stack.launch import GunicornConfig
-from stack.net import HOST
+from stack.net import HOST, wait_until
 from stack.process import ROOT, Process
 from stack.smtp import SmtpServer
 from tests.helpers.metrics import METRICS_URL, Samples, parse, value
@@ -149,3 +149,24 @@ def test_a_host_of_8_kb_ending_in_an_at_sign_is_answered_within_50_ms(web: Web) 
         times.append(time.perf_counter() - started)
     assert statistics.median(times) < 0.050, times
     assert "a" * 7999 + "@" in web.server.log_text()  # logged in full, once masked
+
+
+@pytest.mark.slow
+def test_the_access_log_keeps_no_query_string(web: Web) -> None:
+    search = "/admin/invoicing/invoice/?q=jenny.rosen%40example.com"
+    status = web.get(
+        "/admin/?q=jenny.rosen@example.com",
+        {"Referer": f"http://{HOST}{search}", "User-Agent": "access-log-test"},
+    )
+    assert status == 302  # to the login page
+
+    def line() -> str:
+        text = web.access_log.read_text() if web.access_log.exists() else ""
+        return next((ln for ln in text.splitlines() if "access-log-test" in ln), "")
+
+    assert wait_until(line, timeout=10)
+    assert f'"GET /admin/ HTTP/1.1" {status} ' in line()
+    assert line().endswith('"-" "access-log-test"')  # no Referer
+    text = web.access_log.read_text()
+    assert "jenny" not in text
+    assert "q=" not in text
