@@ -34,9 +34,16 @@ these fields. A worker or beat logs at the more verbose of ``LOG_LEVEL`` and its
 Personal data: unless ``LOG_PII=1``, both formatters mask every email address in the finished
 line (``jenny@example.com`` -> ``j***@example.com``), wherever it came from: a message, an
 ``extra`` field, an exception's text (an SMTP server's "550 <jenny@...> unknown"), a
-traceback, or Celery's own lines about a task. The domain stays, as operators need it to tell a
-mail provider's trouble from one mailbox's. The database keeps the full address: the admin
-and the API, not the logs, are where an operator reads it.
+traceback, or Celery's own lines about a task; a quoted local part (``"jenny
+rosen"@example.com``) and a percent-encoded at-sign (``jenny%40example.com`` in a URL,
+``%2540`` in a URL inside a query string) too. The domain stays, as operators need it to tell
+a mail provider's trouble from one mailbox's. The database keeps the full address: the admin
+and the API, not the logs, are where an operator reads it. Masking takes time linear in the
+line's length, whatever a client put in it (a Host header, a path).
+
+A request Django refuses as suspicious (``SuspiciousRequestFilter``, on
+``django.security.DisallowedHost`` in ``settings.LOGGING``: a Host not in ``ALLOWED_HOSTS``)
+is one WARNING line, without a traceback, and a count in ``/metrics``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from typing import Any
 from celery import current_task
 from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
+
+from asyncwork.metrics import suspicious_request_count
 
 # The fields a log context may hold, and their order on a text line.
 CONTEXT_FIELDS = ("event_id", "invoice_id")
@@ -107,26 +116,73 @@ class ContextFilter(logging.Filter):
         return True
 
 
-# An address as it appears in log text: a local part of anything but separators, "@", and a
-# domain with at least one dot. Deliberately generous (quoted local parts, non-ASCII letters,
-# JSON's \\u escapes of them, "<...>" around it): masking a false positive costs a little
-# readability, missing one costs a customer's address in a log store.
-_PART = r"""[^\s@<>()\[\],;:"'`=/]+"""
-_EMAIL = re.compile(rf"({_PART})@({_PART}\.{_PART})")
+class SuspiciousRequestFilter(logging.Filter):
+    """On a ``django.security.<kind>`` logger (Django names it after the ``SuspiciousOperation``
+    it caught, and logs there once per request, at ERROR with the traceback): the request was
+    a client's mistake or a probe, already answered 400, not a fault of the server. Its record
+    becomes one WARNING line, without the traceback (the message says what was refused), and is
+    counted in ``invoicing_http_suspicious_requests_total{kind}``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        suspicious_request_count(record.name.rpartition(".")[2])
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+# An address as it appears in log text: a local part, an at-sign, and a domain with at least one
+# dot. Deliberately generous (non-ASCII letters, JSON's \\u escapes of them, "<...>" around it):
+# masking a false positive costs a little readability, missing one costs a customer's address in
+# a log store.
+#
+# * The local part is a whole run of anything but separators, starting at a separator (the text
+#   gets a space in front, so one at its start has one too), or a quoted string: "jenny
+#   rosen"@example.com, or \"jenny rosen\"@example.com as JSON writes it. Quotes pair up both
+#   escaped or neither, so a match never starts or ends inside a JSON escape.
+# * The at-sign is "@", or percent-encoded once (%40: a URL) or twice (%2540: a URL carried in a
+#   query string, as the admin login's ?next= carries a search). An encoded one sits inside a
+#   run (jenny%40example.com): the run backs off to its last at-sign.
+# * The domain is the rest of the run: labels of anything but separators and dots, with a dot
+#   between two of them.
+#
+# Linear time, whatever the line holds: a match starts only at a separator, and every piece is
+# possessive, or atomic once its at-sign is found, so no character is tried again from another
+# start or another split (an unanchored, backtracking pattern costs the square of a run's
+# length: seconds for one 32 KB line).
+_SEP = r"""\s@<>()\[\],;:"'`=/"""
+_AT = r"@|%(?:25)?40"
+_LABEL = rf"[^{_SEP}.]++"
+_EMAIL = re.compile(
+    rf"""
+    (?P<pre>[{_SEP}])
+    (?>
+        (?:
+            (?P<local>[^{_SEP}]+)
+            | "(?P<quoted>[^"\\\r\n]++)"
+            | \\"(?P<quoted_json>(?:[^"\\\r\n]++|\\u[0-9a-fA-F]{{4}})++)\\"
+        )
+        (?P<at>{_AT})
+    )
+    (?P<domain>\.*+{_LABEL}(?:\.++{_LABEL})++\.*+)
+    """,
+    re.VERBOSE,
+)
 
 
 def _masked(match: re.Match[str]) -> str:
-    local = match.group(1)
+    pre, local, quoted, quoted_json, at, domain = match.groups()
+    first = (local or quoted or quoted_json)[0]
     # Keep the first letter, not a backslash: "\\***" would break a JSON escape.
-    keep = local[0] if local[0].isalnum() else ""
-    return f"{keep}***@{match.group(2)}"
+    keep = first if first.isalnum() else ""
+    return f"{pre}{keep}***{at}{domain}"
 
 
 def pii_mask(text: str) -> str:
-    """``jenny.rosen@example.com`` -> ``j***@example.com``, for every address in ``text``."""
-    if "@" not in text:  # the common case costs one scan
+    """``jenny.rosen@example.com`` -> ``j***@example.com``, for every address in ``text``
+    (``"jenny rosen"@example.com`` and ``jenny%40example.com`` too)."""
+    if "@" not in text and "%40" not in text and "%2540" not in text:  # the common case
         return text
-    return _EMAIL.sub(_masked, text)
+    return _EMAIL.sub(_masked, " " + text)[1:]
 
 
 class TextFormatter(logging.Formatter):

@@ -17,7 +17,9 @@ database sources are skipped, so a dead database costs one connect timeout, not 
 
 **Events, counted where they happen** (prometheus-client counters and a histogram):
 
-* web process: what the apps count as they answer (webhook deliveries by outcome), and outbox
+* web process: what the apps count as they answer (webhook deliveries by outcome), requests
+  Django refused as suspicious (a Host header not in ``ALLOWED_HOSTS``: a scan shows here, in
+  one WARNING line per request, ``asyncwork.logging.SuspiciousRequestFilter``), and outbox
   publishes (latency from the row's creation to its publish, and failures). gunicorn runs
   several worker processes: with ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus-client keeps
   every process's values in memory-mapped files there and ``/metrics`` sums them
@@ -87,6 +89,19 @@ TASK_ATTEMPTS = Counter(
     "(dead-lettered), rejected (requeued).",
     ["task", "outcome"],
 )
+
+SUSPICIOUS_REQUESTS = Counter(
+    "invoicing_http_suspicious_requests",
+    "Requests Django answered 400 as suspicious, by kind (the SuspiciousOperation): "
+    "DisallowedHost, a Host header not in ALLOWED_HOSTS.",
+    ["kind"],
+)
+
+
+def suspicious_request_count(kind: str) -> None:
+    """One request refused as suspicious; ``kind`` names the ``SuspiciousOperation`` (a class
+    name, never the client's text: the label's values stay few)."""
+    SUSPICIOUS_REQUESTS.labels(kind=kind).inc()
 
 
 @dataclass(frozen=True)

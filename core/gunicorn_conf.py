@@ -4,8 +4,9 @@
 gunicorn reads it in the master, before it logs, binds or forks anything: settings that do not
 load stop it there with one line (``core.startup``), rather than in every worker with a
 traceback and the arbiter's "Worker failed to boot". Whether a request came over HTTPS is
-Django's to decide, from ``NUM_PROXIES`` (core/settings.py), not gunicorn's. Its hooks serve
-prometheus-client's multiprocess mode; without ``PROMETHEUS_MULTIPROC_DIR`` they do nothing.
+Django's to decide, from ``NUM_PROXIES`` (core/settings.py), not gunicorn's. The access log
+holds no query string. Its hooks serve prometheus-client's multiprocess mode; without
+``PROMETHEUS_MULTIPROC_DIR`` they do nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from core.startup import settings_load_or_exit
 
-__all__ = ["child_exit", "on_starting", "secure_scheme_headers"]
+__all__ = ["access_log_format", "child_exit", "on_starting", "secure_scheme_headers"]
 
 settings_load_or_exit()
 
@@ -24,6 +25,13 @@ settings_load_or_exit()
 # proxy that passes the client's header on, a plain-HTTP client could pass as HTTPS whatever
 # NUM_PROXIES says. Without it, Django alone reads the header, and only behind NUM_PROXIES.
 secure_scheme_headers: dict[str, str] = {}
+
+# The access log (``--access-logfile``: compose and the Docker image write it to stdout) in
+# gunicorn's default, combined-log shape, without query strings: an admin search's is the
+# address searched for (``?q=jenny@example.com``), and the pages after it carry it in their
+# Referer. The request line is method, path and protocol; the Referer, which no gunicorn field
+# gives without its query, is left out ("-").
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "-" "%(a)s"'
 
 
 def on_starting(server: Any) -> None:

@@ -666,7 +666,10 @@ LOGGING = {
             "mask_pii": not LOG_PII,
         },
     },
-    "filters": {"context": {"()": "asyncwork.logging.ContextFilter"}},
+    "filters": {
+        "context": {"()": "asyncwork.logging.ContextFilter"},
+        "suspicious": {"()": "asyncwork.logging.SuspiciousRequestFilter"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -676,6 +679,15 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
+        # Django's own lines reach the console handler like every other, and nothing else:
+        # naming the handlers here replaces Django's default list, whose mail_admins would mail
+        # ADMINS every ERROR (a 500, a refused Host) from the web worker, synchronously and
+        # through the invoices' SMTP account. ADMINS get the dead-letter alert (the scheduled
+        # dlq-alert job) and nothing else.
+        "django": {"handlers": []},
+        # A Host not in ALLOWED_HOSTS (a scan, a misrouted client) is one WARNING line and a
+        # count per request (asyncwork.logging.SuspiciousRequestFilter), not an ERROR traceback.
+        "django.security.DisallowedHost": {"filters": ["suspicious"]},
         "django.db.backends": {"level": "INFO"},
     },
 }
