@@ -168,13 +168,28 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
     return ReplayResult(replayed=replayed, skipped=skipped)
 
 
-def dead_letter_purge(*, older_than: timedelta) -> int:
-    """Delete dead letters created before ``now - older_than``; returns how many."""
-    doomed = DeadLetter.objects.filter(created_at__lt=timezone.now() - older_than)
-    ids = list(doomed.values_list("pk", flat=True))
+DEAD_LETTER_PURGE = "dead_letter.purge"
+
+
+def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
+    """Delete dead letters created before ``now - older_than``; returns how many. Each one
+    deleted is recorded as an operator action of ``actor`` (its label outlives it), in the
+    transaction that deletes it."""
+    cutoff = timezone.now() - older_than
+    ids = list(DeadLetter.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True))
     dlq_broker_remove(dead_letter_ids=ids)
-    deleted, _ = DeadLetter.objects.filter(pk__in=ids).delete()
-    return deleted
+    with transaction.atomic():
+        doomed = list(DeadLetter.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        for letter in doomed:
+            operator_action_record(
+                action=DEAD_LETTER_PURGE,
+                actor=actor,
+                target=letter,
+                detail=f"purged: older than {older_than.days} day(s), "
+                + ("replayed" if letter.replayed_at else "never replayed"),
+            )
+        DeadLetter.objects.filter(pk__in=[letter.pk for letter in doomed]).delete()
+    return len(doomed)
 
 
 def dead_letters_waiting() -> QuerySet[DeadLetter]:

@@ -50,7 +50,8 @@ class IdempotencyKeyReused(Exception):
 
 @dataclass(frozen=True)
 class Performed(Generic[M]):
-    # What the key's request created; None only if it was deleted since.
+    # What the key's request created; None if it was deleted since, or if the request made
+    # no one row to answer with (a batch).
     result: M | None
     replayed: bool  # True: the key's request was made before; nothing was done now
 
@@ -95,12 +96,12 @@ def idempotent_perform(
     key: str,
     fingerprint: str,
     request: str,
-    perform: Callable[[], M],
+    perform: Callable[[], M | None],
 ) -> Performed[M]:
     """Run ``perform`` once per (``user``, ``key``): the first call runs it and records what
-    it returned, in one transaction; a later or concurrent call with the same fingerprint
-    returns that instead. Raises ``IdempotencyKeyReused`` when the fingerprint differs, and
-    whatever ``perform`` raises (nothing is recorded then)."""
+    it returned (if anything), in one transaction; a later or concurrent call with the same
+    fingerprint returns that instead. Raises ``IdempotencyKeyReused`` when the fingerprint
+    differs, and whatever ``perform`` raises (nothing is recorded then)."""
     if user.pk is None:
         raise TypeError("an idempotency key belongs to a signed-in user")
     record = IdempotencyRecord(
@@ -109,9 +110,10 @@ def idempotent_perform(
     with transaction.atomic():
         if insert_or_skip(record, conflict_fields=["user", "key"]):
             result = perform()
-            record.target_type = ContentType.objects.get_for_model(result)
-            record.target_id = result.pk
-            record.save(update_fields=["target_type", "target_id"])
+            if result is not None:
+                record.target_type = ContentType.objects.get_for_model(result)
+                record.target_id = result.pk
+                record.save(update_fields=["target_type", "target_id"])
             return Performed(result=result, replayed=False)
     # The record is committed: the INSERT above waited for a concurrent one to finish.
     existing = IdempotencyRecord.objects.select_related("target_type").get(user_id=user.pk, key=key)

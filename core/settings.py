@@ -584,10 +584,17 @@ except ValueError as exc:
 OPERATOR_APPS = ["asyncwork", "operators", "invoicing", "webhooks", "django_celery_beat"]
 # --- API tokens and admin logins ------------------------------------------------------------
 # API tokens (django-rest-knox) are stored as a SHA-512 digest, never the token itself, and
-# expire this many hours after they are issued (`manage.py api_token create USERNAME`).
+# expire this many hours after they are issued (`manage.py api_token create USERNAME`), or
+# after `--hours N`, which may not exceed the maximum: a forgotten token dies within it.
 API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24)
+API_TOKEN_MAX_HOURS = env.int("API_TOKEN_MAX_HOURS", default=90 * 24)
 if API_TOKEN_TTL_HOURS < 1:
     raise ImproperlyConfigured("API_TOKEN_TTL_HOURS must be at least 1: API tokens expire.")
+if API_TOKEN_TTL_HOURS > API_TOKEN_MAX_HOURS:
+    raise ImproperlyConfigured(
+        f"API_TOKEN_TTL_HOURS ({API_TOKEN_TTL_HOURS}) must not exceed API_TOKEN_MAX_HOURS "
+        f"({API_TOKEN_MAX_HOURS}): the default lifetime of a token is one it may have."
+    )
 REST_KNOX = {
     "TOKEN_TTL": timedelta(hours=API_TOKEN_TTL_HOURS),
     # Same header as DRF's tokens: Authorization: Token <token>.

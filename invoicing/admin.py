@@ -5,7 +5,8 @@ Every field of an invoice is the provider's, and read-only here: the provider's 
 replace an edit anyway. Where the emails go is corrected by its own permissioned form ("Correct
 recipient" on the invoice's page), kept apart from the provider's address and recorded with its
 before and after. Each action needs its permission (``resend_invoice_email``,
-``correct_invoice_recipient``)."""
+``correct_invoice_recipient``). A resend asks first, stating the count, and sends a selection
+once however often its confirmation is submitted (through the API's idempotency store)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -24,6 +26,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from asyncwork.deadletters import dead_letter_age, dead_letter_failure, dead_letter_replay_state
+from asyncwork.idempotency import IdempotencyKeyReused
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
@@ -33,8 +36,12 @@ from invoicing.selectors import (
     invoice_dead_letters,
     invoices_with_email_status,
 )
-from invoicing.services import invoice_email_resend_request, invoice_recipient_correct
+from invoicing.services import invoice_email_resend_selection_once, invoice_recipient_correct
 from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
+
+# Invoices one confirmation resends at most: beyond that a misclick ("select all") would mail
+# a whole customer base in one transaction. More go through the API, one invoice a request.
+RESEND_SELECTION_MAX = 100
 
 PROVIDER_FIELDS = (
     "provider_invoice_id",
@@ -317,29 +324,95 @@ class InvoiceAdmin(ReadOnlyAdmin):
         )
 
     @admin.action(description="Resend invoice email", permissions=["resend_email"])
-    def resend_email(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
+    def resend_email(
+        self, request: HttpRequest, queryset: QuerySet[Invoice]
+    ) -> TemplateResponse | None:
         """A deliberate new email per selected paid invoice, each under a key of its own (the
         payment email's key is never touched), recording who asked; the service decides what
-        may be resent."""
-        # One idempotency key per click: the service derives each invoice's key from it.
-        click = str(uuid.uuid4())
-        actor = admin_actor(request)
-        requested, skipped = 0, []
-        for invoice in queryset.order_by("pk"):
-            try:
-                invoice_email_resend_request(
-                    invoice_id=invoice.pk, idempotency_key=click, actor=actor
-                )
-            except (Invoice.DoesNotExist, ValueError):
-                skipped.append(str(invoice))
-                continue
-            requested += 1
-        self.message_user(
-            request, f"Requested {requested} invoice email resend(s).", messages.SUCCESS
-        )
-        if skipped:
+        may be resent. First a confirmation page with the count, carrying a key made for this
+        selection; confirming sends under that key, so submitting it twice sends once."""
+        selected = list(queryset.order_by("pk")[: RESEND_SELECTION_MAX + 1])
+        if len(selected) > RESEND_SELECTION_MAX:
             self.message_user(
                 request,
-                f"Skipped {len(skipped)} unpaid invoice(s): {', '.join(skipped[:20])}.",
+                f"{queryset.count()} invoices selected: at most {RESEND_SELECTION_MAX} are "
+                "resent from here at once, and nothing was sent. For more, use the API from "
+                "the command line, one request per invoice: POST "
+                "/api/invoices/<id>/resend-email/ with an Idempotency-Key (docs/operations.md).",
+                messages.ERROR,
+            )
+            return None
+        if request.POST.get("post") != "yes":
+            return self._resend_email_confirmation(request, selected)
+        try:
+            key = str(uuid.UUID(request.POST.get("idempotency_key", "")))
+        except ValueError:
+            self.message_user(
+                request,
+                "This confirmation carries no valid key, and nothing was sent: choose the "
+                "action again.",
+                messages.ERROR,
+            )
+            return None
+        try:
+            result = invoice_email_resend_selection_once(
+                invoice_ids=[invoice.pk for invoice in selected],
+                user=request.user,
+                idempotency_key=key,
+                actor=admin_actor(request),
+            )
+        except IdempotencyKeyReused:
+            self.message_user(
+                request,
+                "This confirmation was made for another selection, and nothing was sent: "
+                "choose the action again.",
+                messages.ERROR,
+            )
+            return None
+        if result.replayed:
+            self.message_user(
+                request,
+                f"This confirmation was already submitted: its {len(result.requested)} invoice "
+                "email resend(s) were requested then, and nothing was sent again.",
                 messages.WARNING,
             )
+            return None
+        self.message_user(
+            request, f"Requested {len(result.requested)} invoice email resend(s).", messages.SUCCESS
+        )
+        if result.skipped:
+            skipped = set(result.skipped)
+            names = [str(invoice) for invoice in selected if invoice.pk in skipped]
+            self.message_user(
+                request,
+                f"Skipped {len(names)} unpaid invoice(s): {', '.join(names[:20])}.",
+                messages.WARNING,
+            )
+        return None
+
+    def _resend_email_confirmation(
+        self, request: HttpRequest, selected: list[Invoice]
+    ) -> TemplateResponse | None:
+        paid = [invoice for invoice in selected if invoice.status == Invoice.Status.PAID]
+        if not paid:
+            self.message_user(
+                request,
+                "None of the selected invoices is paid: nothing to resend.",
+                messages.WARNING,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Resend invoice emails?",
+            "opts": self.opts,
+            "selected": selected,
+            "paid": paid,
+            "unpaid": [invoice for invoice in selected if invoice.status != Invoice.Status.PAID],
+            # The selection's key, made once for this page: submitting it twice sends once.
+            "idempotency_key": uuid.uuid4(),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request, "admin/invoicing/invoice/resend_email_confirmation.html", context
+        )

@@ -35,6 +35,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
@@ -50,7 +51,7 @@ from asyncwork.breaker import Breaker, Decision
 from asyncwork.db import insert_or_skip, row_columns, row_get, row_load, statement_cursor
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
-from asyncwork.idempotency import idempotent_perform
+from asyncwork.idempotency import Performed, idempotent_perform
 from asyncwork.logging import log_context_bind
 from asyncwork.outbox import (
     outbox_enqueue,
@@ -549,6 +550,24 @@ class ResendRequest:
     created: bool  # False: this idempotency key was seen before; nothing more was sent
 
 
+@dataclass(frozen=True)
+class ResendSelection:
+    requested: list[EmailDelivery]  # one per paid invoice of the selection, in invoice order
+    skipped: list[int]  # the selection's invoices that got none: not paid, or gone
+    replayed: bool  # True: this key's selection was requested before; nothing more was sent
+
+
+def invoice_email_resend_key(invoice_id: int, idempotency_key: str) -> str:
+    """The key of the resend of ``invoice_id`` asked for under ``idempotency_key``."""
+    digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+    return f"invoice_email_resend:{invoice_id}:{digest}"
+
+
+def _user_key(user: AbstractBaseUser | AnonymousUser, idempotency_key: str) -> str:
+    """An email's idempotency key derived from a user's own: unique per user and key."""
+    return f"user:{user.pk}:{idempotency_key}"
+
+
 def invoice_email_resend_request(
     *, invoice_id: int, idempotency_key: str, actor: str
 ) -> ResendRequest:
@@ -561,8 +580,7 @@ def invoice_email_resend_request(
     invoice = Invoice.objects.get(pk=invoice_id)
     if invoice.status != Invoice.Status.PAID:
         raise ValueError("only a paid invoice's email can be resent")
-    digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
-    key = f"invoice_email_resend:{invoice.pk}:{digest}"
+    key = invoice_email_resend_key(invoice.pk, idempotency_key)
     delivery = EmailDelivery(
         key=key,
         invoice=invoice,
@@ -664,8 +682,7 @@ def invoice_email_resend_request_once(
         perform=lambda: (
             invoice_email_resend_request(
                 invoice_id=invoice_id,
-                # The email's own key, derived from this one: unique per user and key.
-                idempotency_key=f"user:{user.pk}:{idempotency_key}",
+                idempotency_key=_user_key(user, idempotency_key),
                 actor=f"api:{user.get_username()}",
             ).delivery
         ),
@@ -673,3 +690,48 @@ def invoice_email_resend_request_once(
     if performed.result is None:
         raise ValueError("the email requested under this Idempotency-Key no longer exists")
     return ResendRequest(delivery=performed.result, created=not performed.replayed)
+
+
+def invoice_email_resend_selection_once(
+    *,
+    invoice_ids: Collection[int],
+    user: AbstractBaseUser | AnonymousUser,
+    idempotency_key: str,
+    actor: str,
+) -> ResendSelection:
+    """The admin's bulk resend: ``invoice_email_resend_request`` for each invoice of a
+    selection, all in one transaction, done once per (``user``, ``idempotency_key``) in the
+    store the API's resend uses (``asyncwork.idempotency``). The same key and selection again
+    (a double submit, concurrent or later) sends nothing more and says what the first one
+    requested; the same key for another selection raises ``IdempotencyKeyReused``. Invoices
+    that are not paid, or gone, are skipped; the key is used even if every one was."""
+    ids = sorted(set(invoice_ids))
+    email_key = _user_key(user, idempotency_key)
+
+    def perform() -> None:
+        for invoice_id in ids:
+            try:
+                invoice_email_resend_request(
+                    invoice_id=invoice_id, idempotency_key=email_key, actor=actor
+                )
+            except (Invoice.DoesNotExist, ValueError):
+                continue  # reported from what was requested, below: the same for a replay
+
+    canonical = ",".join(map(str, ids))
+    performed: Performed[EmailDelivery] = idempotent_perform(
+        user=user,
+        key=idempotency_key,
+        fingerprint=hashlib.sha256(
+            f"invoice_email_resend_selection:{canonical}".encode()
+        ).hexdigest(),
+        request=f"resend invoice email: {len(ids)} invoice(s) selected in the admin",
+        perform=perform,
+    )
+    keys = [invoice_email_resend_key(invoice_id, email_key) for invoice_id in ids]
+    requested = list(EmailDelivery.objects.filter(key__in=keys).order_by("invoice_id"))
+    got = {delivery.invoice_id for delivery in requested}
+    return ResendSelection(
+        requested=requested,
+        skipped=[invoice_id for invoice_id in ids if invoice_id not in got],
+        replayed=performed.replayed,
+    )

@@ -21,6 +21,7 @@ from django.utils.html import format_html
 from knox.models import AuthToken
 
 from operators.models import OperatorAction
+from operators.tokens import api_tokens_revoke
 
 
 def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
@@ -139,8 +140,8 @@ class OperatorActionAdmin(ReadOnlyAdmin):
 
 
 # knox's own admin can add a token, and one with no expiry if the field is left empty; here
-# tokens are only listed and revoked (deleted). They are issued by `manage.py api_token create`,
-# which always sets an expiry (operators/tokens.py).
+# tokens are only listed and revoked (deleted, and recorded like the command's revoke). They
+# are issued by `manage.py api_token create`, which always sets an expiry (operators/tokens.py).
 admin.site.unregister(AuthToken)
 
 
@@ -157,3 +158,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def delete_model(self, request: HttpRequest, obj: AuthToken) -> None:
+        api_tokens_revoke(tokens=AuthToken.objects.filter(pk=obj.pk), actor=admin_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AuthToken]) -> None:
+        api_tokens_revoke(tokens=queryset, actor=admin_actor(request))

@@ -9,6 +9,7 @@ actor: an audit row that says nobody did it is worth nothing.
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import os
 from typing import Any
@@ -46,10 +47,36 @@ def operator_action_record(
     )
 
 
-def cli_actor() -> str:
-    """``cli:<os user>``, the actor of an action taken from a management command."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # a container's uid with no passwd entry and no $USER
-        user = f"uid {os.getuid()}"
-    return f"cli:{user}"
+ACTOR_NAME_MAX = 100
+
+
+def _actor_name(value: str) -> str:
+    name = value.strip()
+    if not name or len(name) > ACTOR_NAME_MAX or not name.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"give who is acting: 1 to {ACTOR_NAME_MAX} printable characters"
+        )
+    return name
+
+
+def cli_actor_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--actor NAME`` to a command (or subcommand) that acts; ``cli_actor`` reads it."""
+    parser.add_argument(
+        "--actor",
+        type=_actor_name,
+        metavar="NAME",
+        help="Who is acting, for the operator actions' record (default: your login name). "
+        "Where everyone runs commands as one account, as in a container, name yourself.",
+    )
+
+
+def cli_actor(name: str | None = None) -> str:
+    """``cli:<name>``, the actor of an action taken from a management command: the
+    ``--actor`` given, else the OS login name (``getpass.getuser``: $LOGNAME, $USER, then the
+    account of the process's uid, so no terminal is needed)."""
+    if name is None:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):  # a container's uid with no passwd entry and no $USER
+            name = f"uid {os.getuid()}"
+    return f"cli:{name}"

@@ -18,7 +18,8 @@ class OperatorAction(models.Model):
     action that rolled back leaves no row, and one that committed always has one."""
 
     action = models.CharField(max_length=100, db_index=True)
-    # ``admin:<user>``, ``api:<user>`` or ``cli:<os user>``: where it came from, and who.
+    # ``admin:<user>``, ``api:<user>`` or ``cli:<--actor, else the login name>``: where it came
+    # from, and who.
     actor = models.CharField(max_length=150, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     target_type = models.ForeignKey(

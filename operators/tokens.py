@@ -2,25 +2,38 @@
 
 The token is shown once, when issued; the database keeps its SHA-512 digest and the first
 15 characters (knox's lookup prefix), so a copy of the database authenticates nobody. Each
-token expires ``API_TOKEN_TTL_HOURS`` after it is issued (knox deletes it at its first use
-after that, and the API answers 401). Tokens are issued from the command line
-(``manage.py api_token create USERNAME``), by someone who can already run commands on the
-deployment: no HTTP endpoint trades a password for a token, so there is no second password
-form to guess at beside the admin's, which django-axes limits.
+token expires ``API_TOKEN_TTL_HOURS`` after it is issued, or after the lifetime asked for,
+which is never above ``API_TOKEN_MAX_HOURS`` (knox deletes it at its first use after that,
+and the API answers 401). Tokens are issued from the command line (``manage.py api_token
+create USERNAME``), by someone who can already run commands on the deployment: no HTTP
+endpoint trades a password for a token, so there is no second password form to guess at
+beside the admin's, which django-axes limits.
+
+Issuing and revoking a token are operator actions, recorded on the token's user in the same
+transaction: the token's lookup prefix and expiry, never the token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import QuerySet
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from knox.auth import TokenAuthentication
 from knox.models import AuthToken
 from rest_framework.exceptions import AuthenticationFailed
+
+from operators.audit import operator_action_record
+
+# The operator actions' names (ruff's S105 reads any *_TOKEN_* name as a password).
+ACTION_ISSUE = "api_token.issue"
+ACTION_REVOKE = "api_token.revoke"
 
 
 class ApiTokenAuthentication(TokenAuthentication):
@@ -64,25 +77,65 @@ def _user(username: str) -> AbstractBaseUser:
     return user
 
 
-def api_token_create(*, username: str, ttl: timedelta | None = None) -> IssuedToken:
+def _token_state(token: AuthToken) -> dict[str, Any]:
+    """What the audit trail keeps of a token: its lookup prefix (which authenticates nobody)
+    and its expiry."""
+    expiry = token.expiry.isoformat() if token.expiry else None
+    return {"token_key": token.token_key, "expiry": expiry}
+
+
+def api_token_create(*, username: str, actor: str, ttl: timedelta | None = None) -> IssuedToken:
     """Issue a token for ``username`` that expires after ``ttl`` (``API_TOKEN_TTL_HOURS`` by
-    default). Raises ``TokenRefused`` for an unknown or inactive user or a lifetime not above
-    zero."""
+    default), recorded as an operator action of ``actor``. Raises ``TokenRefused`` for an
+    unknown or inactive user or a lifetime not above zero or above ``API_TOKEN_MAX_HOURS``."""
     ttl = ttl if ttl is not None else timedelta(hours=settings.API_TOKEN_TTL_HOURS)
     if ttl <= timedelta(0):
         raise TokenRefused("a token's lifetime must be above zero")
+    longest = timedelta(hours=settings.API_TOKEN_MAX_HOURS)
+    if ttl > longest:
+        raise TokenRefused(
+            f"a token lives at most {settings.API_TOKEN_MAX_HOURS} hours "
+            f"(API_TOKEN_MAX_HOURS); {ttl.total_seconds() / 3600:g} asked for"
+        )
     user = _user(username)
-    instance, token = AuthToken.objects.create(user=user, expiry=ttl)
-    assert instance.expiry is not None  # given a ttl, knox always sets one
+    with transaction.atomic():
+        instance, token = AuthToken.objects.create(user=user, expiry=ttl)
+        assert instance.expiry is not None  # given a ttl, knox always sets one
+        operator_action_record(
+            action=ACTION_ISSUE,
+            actor=actor,
+            target=user,
+            detail=f"token {instance.token_key}..., expires {instance.expiry:%Y-%m-%d %H:%M %Z}",
+            after=_token_state(instance),
+        )
     return IssuedToken(token=token, expiry=instance.expiry, user=user)
 
 
-def api_token_revoke(*, username: str) -> int:
-    """Delete every token of ``username``; returns how many. Raises ``TokenRefused`` for an
-    unknown user (an inactive one's tokens are deleted too)."""
+def api_token_revoke(*, username: str, actor: str) -> int:
+    """Delete every token of ``username``, recorded as operator actions of ``actor``; returns
+    how many. Raises ``TokenRefused`` for an unknown user (an inactive one's tokens are deleted
+    too)."""
     model = get_user_model()
     user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
     if user is None:
         raise TokenRefused(f"no user named {username!r}")
-    deleted, _ = AuthToken.objects.filter(user=user).delete()
-    return deleted
+    return api_tokens_revoke(tokens=AuthToken.objects.filter(user=user), actor=actor)
+
+
+def api_tokens_revoke(*, tokens: QuerySet[AuthToken], actor: str) -> int:
+    """Delete ``tokens`` (the command's, or those the admin deletes), each recorded on its user
+    as an operator action of ``actor``; returns how many."""
+    with transaction.atomic():
+        doomed = list(
+            tokens.select_related("user").select_for_update(of=("self",)).order_by("created")
+        )
+        for token in doomed:
+            operator_action_record(
+                action=ACTION_REVOKE,
+                actor=actor,
+                target=token.user,
+                detail=f"token {token.token_key}...",
+                before=_token_state(token),
+            )
+        AuthToken.objects.filter(pk__in=[token.pk for token in doomed]).delete()
+    return len(doomed)

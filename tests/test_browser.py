@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from stack.net import wait_until
 from stack.process import ROOT, Process
 from stack.smtp import SmtpServer
 from tests.helpers.deadletters import refused_invoice_dead_letter
-from tests.helpers.factories import staff_user
+from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.processes import worker_thread
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_signed
 from tests.helpers.web import hashed_name
@@ -326,3 +327,48 @@ def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the
         ("invoice.recipient_correct", "admin:ops", invoice),
         ("dead_letter.replay", "admin:ops", letter),
     ]
+
+
+def test_an_operator_confirms_a_bulk_resend_that_states_its_count(
+    operator: Operator, smtp: SmtpServer
+) -> None:
+    """The action asks first, in the admin's own look: how many emails, to whom; confirmed, each
+    is sent once."""
+    browser, wait = operator.driver, operator.wait
+    chosen = [paid_invoice(customer_name="Ada Lovelace") for _ in range(2)]
+    paid_invoice()  # listed, not chosen
+    operator.open("/admin/invoicing/invoice/")
+    wait.until(expected_conditions.presence_of_element_located((By.ID, "result_list")))
+    for invoice in chosen:
+        browser.find_element(By.CSS_SELECTOR, f"input.action-select[value='{invoice.pk}']").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_visible_text("Resend invoice email")
+    browser.find_element(By.CSS_SELECTOR, "button[name='index']").click()
+
+    wait.until(expected_conditions.presence_of_element_located((By.ID, "resend-email-form")))
+    assert browser.find_element(By.ID, "resend-count").text.startswith(
+        "Resend the invoice email of 2 invoices?"
+    )
+    listed = browser.find_elements(By.CSS_SELECTOR, "#resend-invoices li")
+    assert [item.text for item in listed] == [f"{i} to {i.customer_email}" for i in chosen]
+    assert "Resend invoice emails" in browser.find_element(By.CSS_SELECTOR, ".breadcrumbs").text
+    operator.assert_styled("resend-confirmation", *ADMIN_HEADER)
+    # The confirm button is the admin's default (primary) button: --default-button-bg.
+    confirm = browser.find_element(By.CSS_SELECTOR, "#resend-email-form input[type=submit]")
+    assert confirm.get_attribute("value") == "Yes, resend 2 emails"
+    assert operator.computed("#resend-email-form input.default", "backgroundColor") == (
+        "rgb(32, 80, 103)"
+    )
+
+    with worker_thread():
+        confirm.click()
+        success = wait.until(
+            expected_conditions.visibility_of_element_located(
+                (By.CSS_SELECTOR, ".messagelist .success")
+            )
+        )
+        assert success.text == "Requested 2 invoice email resend(s)."
+        smtp.handler.wait_for(2, timeout=20)
+        time.sleep(1)
+    assert sorted(m["To"] for m in smtp.messages) == sorted(
+        f"Ada Lovelace <{i.customer_email}>" for i in chosen
+    )

@@ -21,7 +21,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork.deadletters import dead_letter_record, dlq_alert
+from asyncwork.deadletters import dead_letter_purge, dead_letter_record, dlq_alert
 from asyncwork.errors import PermanentError
 from asyncwork.models import DeadLetter
 from core.celery import app
@@ -174,14 +174,33 @@ def test_recording_the_same_task_twice_keeps_one_dead_letter_and_one_broker_copy
     assert dlq_broker_depth() == 1
 
 
-def test_purge_older_than_days() -> None:
-    record("old")
+def test_purge_older_than_days_is_recorded_per_dead_letter() -> None:
+    old = record("old")
     record("new")
+    assert old is not None
     DeadLetter.objects.filter(task_id="old").update(created_at=timezone.now() - timedelta(days=40))
-    assert "purged 1 dead letter(s)" in dlq("purge", "--older-than", "30")
+    assert "purged 1 dead letter(s)" in dlq("purge", "--older-than", "30", "--actor", "ops-ann")
     assert list(DeadLetter.objects.values_list("task_id", flat=True)) == ["new"]
+    [purged] = OperatorAction.objects.all()
+    assert (purged.action, purged.actor, purged.target_id) == (
+        "dead_letter.purge",
+        "cli:ops-ann",
+        str(old.pk),
+    )
+    # The row is gone; what it was stays readable in the trail.
+    assert purged.target_label == str(old)
+    assert purged.detail == "purged: older than 30 day(s), never replayed"
     with pytest.raises(CommandError):
         dlq("purge", "--older-than", "-1")
+
+
+def test_a_purge_that_cannot_be_recorded_deletes_nothing() -> None:
+    record("old")
+    DeadLetter.objects.update(created_at=timezone.now() - timedelta(days=40))
+    with pytest.raises(ValueError, match="needs an actor"):
+        dead_letter_purge(older_than=timedelta(days=30), actor="")
+    assert DeadLetter.objects.count() == 1
+    assert not OperatorAction.objects.exists()
 
 
 def test_dlq_alert_logs_and_mails_once_per_period(

@@ -303,6 +303,7 @@ def test_scope_and_link_settings_are_read_and_normalised() -> None:
         ("INVOICE_URL_ALLOWED_HOSTS", "https://invoice.stripe.com", "is not a host name"),
         ("INVOICE_URL_ALLOWED_HOSTS", "*.stripe.com", "is not a host name"),
         ("API_TOKEN_TTL_HOURS", "0", "API_TOKEN_TTL_HOURS must be at least 1"),
+        ("API_TOKEN_MAX_HOURS", "12", "API_TOKEN_TTL_HOURS (24) must not exceed"),
         ("ADMIN_LOGIN_FAILURE_LIMIT", "0", "ADMIN_LOGIN_FAILURE_LIMIT and"),
         ("ADMIN_LOGIN_COOLOFF_SECONDS", "0", "ADMIN_LOGIN_COOLOFF_SECONDS must be"),
         ("HEALTH_CACHE_SECONDS", "-1", "HEALTH_CACHE_SECONDS must be 0 or more"),
@@ -318,3 +319,23 @@ def test_bad_settings_stop_start_up_with_a_clear_message(
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_default_token_lifetime_above_the_maximum_stops_start_up_naming_both() -> None:
+    result = manage(
+        "check", env={**PRODUCTION, "API_TOKEN_TTL_HOURS": "3000", "API_TOKEN_MAX_HOURS": "2160"}
+    )
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "Configuration error: API_TOKEN_TTL_HOURS (3000) must not exceed API_TOKEN_MAX_HOURS "
+        "(2160): the default lifetime of a token is one it may have."
+    ]
+    allowed = manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from django.conf import settings as s; "
+        "print(s.API_TOKEN_TTL_HOURS, s.API_TOKEN_MAX_HOURS)",
+        env={**PRODUCTION, "API_TOKEN_TTL_HOURS": "2160"},
+    )
+    assert allowed.stdout.split() == ["2160", "2160"], allowed.stderr

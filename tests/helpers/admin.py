@@ -1,6 +1,7 @@
 """The admin as an operator uses it: logged in as a given user, reading a change list row by
 row, each cell by its column (the ``field-<name>`` class Django gives it), the messages at the
-top and the actions offered, and running an action."""
+top and the actions offered, running an action, and submitting the form a page shows (an
+action's confirmation)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,35 @@ def action_choices(response: Any) -> list[str]:
         page.index('name="action"') : page.index("</select>", page.index('name="action"'))
     ]
     return [value for value in re.findall(r'<option value="([^"]*)"', select) if value]
+
+
+class _Form(HTMLParser):
+    def __init__(self, form_id: str) -> None:
+        super().__init__()
+        self.form_id = form_id
+        self.found = False
+        self.data: dict[str, list[str]] = {}
+        self._inside = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        if tag == "form" and named.get("id") == self.form_id:
+            self.found = self._inside = True
+        elif self._inside and tag == "input" and named.get("type") != "submit":
+            name = named.get("name")
+            if name:
+                self.data.setdefault(name, []).append(named.get("value") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._inside = False
+
+
+def form_data(response: Any, form_id: str) -> dict[str, list[str]]:
+    """What submitting the form ``form_id`` on the page sends: each named input's values (the
+    submit button's aside)."""
+    assert response.status_code == 200, response.status_code
+    form = _Form(form_id)
+    form.feed(response.content.decode())
+    assert form.found, f"no form #{form_id} on the page"
+    return form.data

@@ -1,5 +1,7 @@
 """The invoices admin: the email's status at a glance, search, and a "Resend invoice email"
-action that sends a deliberate new email under its own key and records who asked. Every field
+action that sends a deliberate new email under its own key and records who asked, after a
+confirmation page that states the count and carries one key for the selection (submitted
+twice, even at once, it sends once), for at most RESEND_SELECTION_MAX invoices. Every field
 the provider gives is read-only; the recipient is corrected through its own permissioned form,
 recorded with its before and after, and the provider's next event does not undo it."""
 
@@ -7,23 +9,35 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 import time
+import uuid
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import IdempotencyRecord, OutboxMessage
+from invoicing.admin import RESEND_SELECTION_MAX
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import RESEND_INVOICE_EMAIL_TASK, invoice_email_key, invoice_email_send
 from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer
-from tests.helpers.admin import EMPTY, action_choices, admin_as, messages, rows, run_action
+from tests.helpers.admin import (
+    EMPTY,
+    action_choices,
+    admin_as,
+    form_data,
+    messages,
+    rows,
+    run_action,
+)
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
@@ -66,6 +80,16 @@ def invoice(number: str, *, status: str = "paid", **fields: Any) -> Invoice:
     )
 
 
+def confirmation(client: Client, pks: list[Any]) -> dict[str, list[str]]:
+    """Choose "Resend invoice email" for ``pks``: what its confirmation page's form sends."""
+    return form_data(run_action(client, INVOICES, "resend_email", pks), "resend-email-form")
+
+
+def resend_confirmed(client: Client, pks: list[Any]) -> Any:
+    """Choose "Resend invoice email" for ``pks`` and confirm: the page it comes back to."""
+    return client.post(INVOICES, confirmation(client, pks), follow=True)
+
+
 def test_list_search_filter_and_detail(staff: Client, smtp: SmtpServer) -> None:
     sent, pending, unpaid = invoice("INV-1"), invoice("INV-2"), invoice("INV-3", status="open")
     assert invoice_email_send(invoice_id=sent.pk, owner="test") == "sent"
@@ -100,9 +124,9 @@ def test_resend_sends_a_new_email_under_its_own_key_and_records_who_asked(
     asked_at = timezone.now()
 
     with worker_thread():
-        response = run_action(staff, INVOICES, "resend_email", [paid.pk, unpaid.pk])
+        response = resend_confirmed(staff, [paid.pk, unpaid.pk])
         smtp.handler.wait_for(2, timeout=20)
-        again = run_action(staff, INVOICES, "resend_email", [paid.pk])  # a second click
+        again = resend_confirmed(staff, [paid.pk])  # chosen again: a new confirmation, a new email
         smtp.handler.wait_for(3, timeout=20)
         time.sleep(1)
 
@@ -144,6 +168,159 @@ def test_resend_sends_a_new_email_under_its_own_key_and_records_who_asked(
         assert len(re.findall(rf'class="field-{column}">\s*<p>admin:op</p>', page)) == 2
 
 
+def test_the_confirmation_states_the_count_and_a_double_submit_sends_once(
+    staff: Client, smtp: SmtpServer
+) -> None:
+    paid = [invoice(f"INV-3{n}") for n in range(3)]
+    unpaid = invoice("INV-39", status="open")
+    pks = [i.pk for i in (*paid, unpaid)]
+
+    page = run_action(staff, INVOICES, "resend_email", pks)
+
+    assert page.status_code == 200
+    assert page.templates[0].name == "admin/invoicing/invoice/resend_email_confirmation.html"
+    assert "admin/base_site.html" in [t.name for t in page.templates]
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", page.content.decode())).split())
+    assert "Resend the invoice email of 3 invoices?" in text
+    assert "1 of the selected invoice is not paid and gets nothing: INV-39." in text
+    assert "Yes, resend 3 emails" in page.content.decode()
+    data = form_data(page, "resend-email-form")
+    assert sorted(map(int, data["_selected_action"])) == sorted(pks)
+    assert (data["action"], data["post"]) == (["resend_email"], ["yes"])
+    assert uuid.UUID(data["idempotency_key"][0])
+    # Nothing is sent, nor a key taken, until it is confirmed.
+    assert not EmailDelivery.objects.exists()
+    assert not IdempotencyRecord.objects.exists()
+
+    with worker_thread():
+        first = staff.post(INVOICES, data, follow=True)
+        again = staff.post(INVOICES, data, follow=True)  # the same confirmation, resubmitted
+        smtp.handler.wait_for(3, timeout=20)
+        time.sleep(1)
+
+    assert messages(first) == [
+        ("success", "Requested 3 invoice email resend(s)."),
+        ("warning", "Skipped 1 unpaid invoice(s): INV-39."),
+    ]
+    assert messages(again) == [
+        (
+            "warning",
+            "This confirmation was already submitted: its 3 invoice email resend(s) were "
+            "requested then, and nothing was sent again.",
+        )
+    ]
+    assert sorted(m["To"] for m in smtp.messages) == [
+        f"Jenny Rosen <inv-3{n}@example.com>" for n in range(3)
+    ]
+    assert EmailDelivery.objects.count() == 3
+    assert OutboxMessage.objects.filter(task=RESEND_INVOICE_EMAIL_TASK).count() == 3
+    [record] = IdempotencyRecord.objects.all()  # the API's store, under the operator
+    assert (record.user.get_username(), record.key) == ("op", data["idempotency_key"][0])
+    assert OperatorAction.objects.filter(actor="admin:op").count() == 3
+
+
+def test_one_confirmation_submitted_twice_at_once_sends_once(
+    staff: Client, smtp: SmtpServer
+) -> None:
+    """Two threads post the same confirmation at once, as a double click does. The first is
+    held in its transaction (a lock on the outbox table) until the second waits on PostgreSQL
+    for the selection's key: they overlap, and each invoice's email is sent once."""
+    paid = [invoice("INV-40"), invoice("INV-41")]
+    data = confirmation(staff, [i.pk for i in paid])
+    user = get_user_model().objects.get(username="op")
+    pages: list[Any] = []
+
+    def submit() -> None:
+        try:
+            pages.append(admin_as(user).post(INVOICES, data, follow=True))
+        finally:
+            connections.close_all()
+
+    holder = connections.create_connection("default")
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    with worker_thread():
+        try:
+            with holder.cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
+                for thread in threads:
+                    thread.start()
+                assert wait_until(lambda: lock_waiters() == 2, timeout=20)
+                cursor.execute("COMMIT")
+            for thread in threads:
+                thread.join(30)
+        finally:
+            holder.close()
+        smtp.handler.wait_for(2, timeout=20)
+        time.sleep(2)
+
+    assert sorted(messages(page)[0][0] for page in pages) == ["success", "warning"]
+    assert sorted(m["To"] for m in smtp.messages) == [
+        "Jenny Rosen <inv-40@example.com>",
+        "Jenny Rosen <inv-41@example.com>",
+    ]
+    assert EmailDelivery.objects.count() == 2
+    assert OutboxMessage.objects.filter(task=RESEND_INVOICE_EMAIL_TASK).count() == 2
+    assert IdempotencyRecord.objects.count() == 1
+    assert OperatorAction.objects.count() == 2
+
+
+def lock_waiters() -> int:
+    """Sessions of this database waiting for a lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_more_than_the_bound_is_refused_with_a_pointer_and_sends_nothing(staff: Client) -> None:
+    many = [invoice(f"INV-B{n}").pk for n in range(RESEND_SELECTION_MAX + 1)]
+
+    at_bound = run_action(staff, INVOICES, "resend_email", many[:RESEND_SELECTION_MAX])
+    assert f"Resend the invoice email of <strong>{RESEND_SELECTION_MAX} invoices" in (
+        at_bound.content.decode()
+    )
+    refused = run_action(staff, INVOICES, "resend_email", many)
+    # Back on the list, with the reason and where to go instead.
+    assert refused.templates[0].name == "admin/change_list.html"
+    [(level, text)] = messages(refused)
+    assert level == "error"
+    assert text.startswith(f"{RESEND_SELECTION_MAX + 1} invoices selected: at most ")
+    assert "POST /api/invoices/<id>/resend-email/ with an Idempotency-Key" in text
+    # A confirmation made up for more is refused the same way.
+    forged = {**form_data(at_bound, "resend-email-form"), "_selected_action": many}
+    assert messages(staff.post(INVOICES, forged, follow=True))[0][0] == "error"
+    assert not EmailDelivery.objects.exists()
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_confirmation_for_another_selection_or_without_a_key_sends_nothing(
+    staff: Client,
+) -> None:
+    a, b = invoice("INV-50"), invoice("INV-51")
+    data = confirmation(staff, [a.pk])
+    assert messages(staff.post(INVOICES, data, follow=True))[0][0] == "success"
+    other = {**data, "_selected_action": [b.pk]}
+    assert messages(staff.post(INVOICES, other, follow=True)) == [
+        (
+            "error",
+            "This confirmation was made for another selection, and nothing was sent: choose "
+            "the action again.",
+        )
+    ]
+    for key in ("", "not-a-uuid"):
+        keyless = {**data, "idempotency_key": [key]}
+        assert messages(staff.post(INVOICES, keyless, follow=True))[0] == (
+            "error",
+            "This confirmation carries no valid key, and nothing was sent: choose the action "
+            "again.",
+        )
+    assert list(EmailDelivery.objects.values_list("invoice_id", flat=True)) == [a.pk]
+
+
 def test_a_viewer_sees_invoices_and_no_action_nor_correction(
     viewer: Client, smtp: SmtpServer
 ) -> None:
@@ -158,6 +335,13 @@ def test_a_viewer_sees_invoices_and_no_action_nor_correction(
     refused = correct(viewer, paid, email="evil@example.com", reason="because")
     assert refused.status_code == 403
     assert messages(run_action(viewer, INVOICES, "resend_email", [paid.pk])) == []
+    confirmed = {
+        "action": "resend_email",
+        "_selected_action": [paid.pk],
+        "post": "yes",
+        "idempotency_key": str(uuid.uuid4()),
+    }
+    assert b"resend-email-form" not in viewer.post(INVOICES, confirmed, follow=True).content
 
     paid.refresh_from_db()
     assert paid.recipient_override == ""

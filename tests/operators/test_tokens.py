@@ -1,10 +1,14 @@
 """API tokens (django-rest-knox) issued by ``manage.py api_token``: the token works over real
-HTTP to the API, the database holds only its digest, an expired or revoked one gets 401."""
+HTTP to the API, the database holds only its digest, an expired or revoked one gets 401, no
+token lives longer than ``API_TOKEN_MAX_HOURS``, and issuing and revoking one (from the
+command line or the admin) are operator actions, recorded with the change or not at all."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -20,8 +24,11 @@ from drf_spectacular.generators import SchemaGenerator
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from operators.tokens import api_token_create
+from operators.models import OperatorAction
+from operators.tokens import api_token_create, api_token_revoke
+from stack.process import ROOT
 from tests.helpers.factories import staff_user
+from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server reads what we wrote
 
@@ -69,7 +76,7 @@ def test_an_issued_token_works_and_only_its_digest_is_stored(live_server: Any, o
 def test_a_token_expires_after_the_configured_ttl(settings: Any, ops: Any) -> None:
     settings.API_TOKEN_TTL_HOURS = 3
     before = timezone.now()
-    issued = api_token_create(username="ops")
+    issued = api_token_create(username="ops", actor="cli:test")
     assert before + timedelta(hours=3) <= issued.expiry <= timezone.now() + timedelta(hours=3)
     issue("ops", "--hours", "1")
     latest = AuthToken.objects.order_by("-created").first()
@@ -151,9 +158,96 @@ def test_the_admin_lists_and_revokes_tokens_but_never_issues_one(
     assert deleted.status_code == 302
     assert not AuthToken.objects.exists()
     assert get(live_server, token).status_code == 401
+    # Deleting from the list (the bulk action) revokes the same way; both are recorded.
+    issue("ops")
+    issue("ops")
+    keys = set(AuthToken.objects.values_list("token_key", flat=True))
+    listed = admin.post(
+        "/admin/knox/authtoken/",
+        {
+            "action": "delete_selected",
+            "_selected_action": list(AuthToken.objects.values_list("pk", flat=True)),
+            "post": "yes",
+        },
+    )
+    assert listed.status_code == 302
+    assert not AuthToken.objects.exists()
+    revoked = OperatorAction.objects.filter(action="api_token.revoke").order_by("pk")
+    assert [(a.actor, a.target) for a in revoked] == [("admin:root", ops)] * 3
+    before = [a.before or {} for a in revoked]
+    assert before[0]["token_key"] == row.token_key
+    assert {b["token_key"] for b in before[1:]} == keys
 
 
 def test_the_schema_names_the_token_scheme() -> None:
     schema = SchemaGenerator().get_schema(request=None, public=True)
     scheme = schema["components"]["securitySchemes"]["knoxApiToken"]
     assert scheme == {**scheme, "type": "apiKey", "in": "header", "name": "Authorization"}
+
+
+def audit_text() -> str:
+    """Every stored value of every operator action, as one string."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM operators_operatoraction")
+        return " ".join(str(value) for row in cursor.fetchall() for value in row)
+
+
+def test_issuing_and_revoking_are_recorded_without_the_token(ops: Any) -> None:
+    token, _ = issue("ops", "--actor", "alice")
+    row = AuthToken.objects.get(user=ops)
+    out = io.StringIO()
+    call_command("api_token", "revoke", "ops", "--actor", "bob", stdout=out)
+
+    issued, revoked = OperatorAction.objects.order_by("pk")
+    assert (issued.action, issued.actor, issued.target) == ("api_token.issue", "cli:alice", ops)
+    assert issued.after == {"token_key": row.token_key, "expiry": row.expiry.isoformat()}
+    assert row.token_key in issued.detail
+    assert (revoked.action, revoked.actor, revoked.target) == ("api_token.revoke", "cli:bob", ops)
+    assert revoked.before == issued.after
+    # Neither the token nor its digest is in the trail: only the lookup prefix.
+    assert token not in audit_text()
+    assert row.digest not in audit_text()
+    assert token[len(row.token_key) :] not in audit_text()
+
+
+def test_a_token_is_issued_or_revoked_with_its_record_or_not_at_all(ops: Any) -> None:
+    # An action the trail refuses to record (no actor) rolls the change back with it.
+    with pytest.raises(ValueError, match="needs an actor"):
+        api_token_create(username="ops", actor="")
+    assert not AuthToken.objects.exists()
+    issue("ops")
+    with pytest.raises(ValueError, match="needs an actor"):
+        api_token_revoke(username="ops", actor="")
+    assert AuthToken.objects.filter(user=ops).count() == 1
+    assert list(OperatorAction.objects.values_list("action", flat=True)) == ["api_token.issue"]
+
+
+def test_no_token_outlives_the_maximum_lifetime(settings: Any, ops: Any) -> None:
+    assert settings.API_TOKEN_MAX_HOURS == 90 * 24  # the default: 90 days
+    settings.API_TOKEN_MAX_HOURS = 48
+    _, note = issue("ops", "--hours", "48")  # the maximum itself is allowed
+    assert "expires at" in note
+    with pytest.raises(CommandError, match=r"at most 48 hours \(API_TOKEN_MAX_HOURS\); 49 asked"):
+        issue("ops", "--hours", "49")
+    assert AuthToken.objects.count() == 1
+    assert OperatorAction.objects.count() == 1  # the one token issued
+
+
+def test_hours_above_the_maximum_exit_non_zero_with_one_line_and_no_token(ops: Any) -> None:
+    """Through a real ``python manage.py``: the exit status and the message an operator sees."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", "api_token", "create", "ops", "--hours", "2161"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""  # nothing a script would take for a token
+    assert result.stderr.splitlines() == [
+        "CommandError: a token lives at most 2160 hours (API_TOKEN_MAX_HOURS); 2161 asked for"
+    ]
+    assert not AuthToken.objects.exists()
+    assert not OperatorAction.objects.exists()

@@ -7,7 +7,8 @@ every stored field, the same keys as ever, plus ``subject``, ``failure``, ``age_
 ``replay_state``.
 
 Replay calls the same service as the admin action and the API, so every replay is one code
-path, and replaying a dead letter twice replays it once.
+path, and replaying a dead letter twice replays it once. Replay and purge are recorded as
+operator actions of ``cli:<--actor, else the login name>``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from asyncwork.deadletters import (
     duration_short,
 )
 from asyncwork.models import DeadLetter
-from operators.audit import cli_actor
+from operators.audit import cli_actor, cli_actor_argument
 
 WIDTH = 100  # the whole line, in characters
 
@@ -152,6 +153,7 @@ class Command(BaseCommand):
         replay.add_argument(
             "--all", action="store_true", help="Replay every dead letter not yet replayed."
         )
+        cli_actor_argument(replay)
         purge = sub.add_parser("purge", help="Delete old dead letters.")
         purge.add_argument(
             "--older-than",
@@ -160,6 +162,7 @@ class Command(BaseCommand):
             metavar="DAYS",
             help="Delete dead letters created more than DAYS days ago.",
         )
+        cli_actor_argument(purge)
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"_{options['action']}")(options)
@@ -192,7 +195,7 @@ class Command(BaseCommand):
             )
             if unknown:
                 raise CommandError(f"no dead letter with id {', '.join(map(str, unknown))}")
-        result = dead_letter_replay(ids=ids or None, actor=cli_actor())
+        result = dead_letter_replay(ids=ids or None, actor=cli_actor(options["actor"]))
         for pk in result.replayed:
             self.stdout.write(f"replayed dead letter {pk}")
         for pk in result.skipped:
@@ -205,5 +208,7 @@ class Command(BaseCommand):
         days = options["older_than"]
         if days < 0:
             raise CommandError("--older-than must be zero or more days")
-        deleted = dead_letter_purge(older_than=timedelta(days=days))
+        deleted = dead_letter_purge(
+            older_than=timedelta(days=days), actor=cli_actor(options["actor"])
+        )
         self.stdout.write(self.style.SUCCESS(f"purged {deleted} dead letter(s)"))

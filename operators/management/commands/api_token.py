@@ -2,6 +2,8 @@
 
 ``create`` prints the token alone on standard output (``TOKEN=$(manage.py api_token create
 ops)``) and when it expires on standard error; it is not stored, so it cannot be shown again.
+``--hours`` may not exceed ``API_TOKEN_MAX_HOURS``. Both actions are recorded as operator
+actions of ``cli:<--actor, else the login name>``.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from operators.audit import cli_actor, cli_actor_argument
 from operators.tokens import TokenRefused, api_token_create, api_token_revoke
 
 
@@ -25,10 +29,14 @@ class Command(BaseCommand):
             "--hours",
             type=int,
             default=None,
-            help="Lifetime in hours (default: API_TOKEN_TTL_HOURS).",
+            help=f"Lifetime in hours (default: API_TOKEN_TTL_HOURS, "
+            f"{settings.API_TOKEN_TTL_HOURS}; at most API_TOKEN_MAX_HOURS, "
+            f"{settings.API_TOKEN_MAX_HOURS}).",
         )
+        cli_actor_argument(create)
         revoke = sub.add_parser("revoke", help="Delete every token of USERNAME.")
         revoke.add_argument("username")
+        cli_actor_argument(revoke)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -42,6 +50,7 @@ class Command(BaseCommand):
             raise CommandError("--hours must be at least 1")
         issued = api_token_create(
             username=options["username"],
+            actor=cli_actor(options["actor"]),
             ttl=None if hours is None else timedelta(hours=hours),
         )
         self.stdout.write(issued.token)
@@ -51,5 +60,5 @@ class Command(BaseCommand):
         )
 
     def _revoke(self, options: dict[str, Any]) -> None:
-        deleted = api_token_revoke(username=options["username"])
+        deleted = api_token_revoke(username=options["username"], actor=cli_actor(options["actor"]))
         self.stdout.write(self.style.SUCCESS(f"revoked {deleted} token(s)"))
