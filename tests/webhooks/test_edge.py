@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ from bench.ingest_load import edge_unlimited
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.nginx import RenderError, nginx_check, render, rendered, setting_names
+from tests.helpers.http import Answer, send
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event
 from webhooks import testing as stripe_testing
@@ -60,47 +61,6 @@ def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         with ThreadPoolExecutor(6) as pool:
             list(pool.map(lambda _: send(server.port, body=b"{}"), range(12)))
         yield server.port
-
-
-# --- a client that says which address it sends from -------------------------------------------
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def from_edge(self) -> bool:
-        """nginx answered itself: Django's middleware puts X-Frame-Options on every response it
-        makes, and nginx's own answers have none."""
-        return "X-Frame-Options" not in self.headers
-
-
-def send(
-    port: int,
-    *,
-    source: str = SIGNED,
-    method: str = "POST",
-    path: str = WEBHOOK_URL,
-    body: bytes = b"",
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 10,
-) -> Answer:
-    """One request on a new connection from ``source``."""
-    connection = http.client.HTTPConnection(
-        "127.0.0.1", port, timeout=timeout, source_address=(source, 0)
-    )
-    try:
-        connection.request(method, path, body=body or None, headers=dict(headers or {}))
-        response = connection.getresponse()
-        return Answer(response.status, response.headers, response.read())
-    finally:
-        connection.close()
 
 
 def signed(body: bytes) -> dict[str, str]:
