@@ -467,8 +467,10 @@ def test_edge_fronts_web_with_the_shipped_nginx_configuration(
     nginx_check({**settings, "APP_UPSTREAM": "127.0.0.1:8000"})  # "web" resolves in compose only
     assert edge["ports"] == [f"127.0.0.1:8000:{env['EDGE_LISTEN']}"]
     assert "ports" not in services["web"]  # nothing reaches gunicorn around the edge
-    # The app takes the client address from nginx's X-Forwarded-For, one proxy deep.
+    # The app takes the client address (and HTTPS) from the edge's forwarded headers, and only
+    # on a request whose peer is the edge: its address, pinned in compose's network.
     web = environment(services["web"])
-    assert web["NUM_PROXIES"] == "1"
+    pinned = {network["ipv4_address"] for network in edge["networks"].values()}
+    assert web["TRUSTED_PROXIES"] in pinned
     # The edge refuses larger webhooks than the application would, never smaller ones.
     assert web["WEBHOOK_MAX_BODY_BYTES"] == env["WEBHOOK_MAX_BODY_BYTES"]

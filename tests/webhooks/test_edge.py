@@ -49,9 +49,10 @@ SIGNED, FLOOD, SLOW = "127.0.0.1", "127.0.0.2", "127.0.0.3"
 @pytest.fixture(scope="module")
 def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """gunicorn (3 sync workers, as compose runs it) on this run's test database; its port.
-    Behind the edge, the client address is the last X-Forwarded-For hop (NUM_PROXIES=1)."""
+    Behind the edge, the client address is the X-Forwarded-For the edge sets (the edge connects
+    from 127.0.0.1, the one trusted proxy)."""
     log = tmp_path_factory.mktemp("edge") / "gunicorn.log"
-    env = worker_env(0, NUM_PROXIES="1")
+    env = worker_env(0, TRUSTED_PROXIES=SIGNED)
     # An unsigned POST answered 400 by Django: the application is loaded, not just listening.
     with launch.gunicorn(
         env, config=GunicornConfig(workers=3), log=log, ready_path=WEBHOOK_URL
@@ -589,14 +590,15 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: in
         other = at_once(port, [(SIGNED, "203.0.113.8")] * 2)
         # Not a trusted proxy (127.0.0.2): changing X-Forwarded-For does not buy a new limit.
         untrusted = at_once(port, [(FLOOD, f"198.51.100.{n}") for n in range(4)])
-        # The application sees the address the edge judged (NUM_PROXIES=1): /metrics answers
-        # only loopback and private addresses.
+        # The application sees the address the edge judged (TRUSTED_PROXIES is the edge):
+        # /metrics answers only loopback addresses (its default).
         metrics = {
             forwarded: send(port, source=source, method="GET", path="/metrics", headers=xff).status
             for source, forwarded, xff in [
                 (SIGNED, "public", {"X-Forwarded-For": "203.0.113.50"}),
                 (SIGNED, "private", {"X-Forwarded-For": "10.9.8.7"}),
-                (SIGNED, "private, then public", {"X-Forwarded-For": "10.9.8.7, 203.0.113.50"}),
+                (SIGNED, "loopback", {"X-Forwarded-For": "127.0.0.9"}),
+                (SIGNED, "loopback, then public", {"X-Forwarded-For": "127.0.0.9, 203.0.113.50"}),
                 (FLOOD, "public, untrusted", {"X-Forwarded-For": "203.0.113.50"}),
             ]
         }
@@ -605,8 +607,9 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: in
     assert untrusted == ["app", "app", "edge", "edge"]
     assert metrics == {
         "public": 403,
-        "private": 200,
-        "private, then public": 403,
+        "private": 403,
+        "loopback": 200,
+        "loopback, then public": 403,
         "public, untrusted": 200,  # judged as 127.0.0.2
     }
 
