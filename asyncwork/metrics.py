@@ -43,15 +43,13 @@ The event counters are per process group and restart from zero with it (Promethe
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_init
 from django.conf import settings
@@ -72,6 +70,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from asyncwork.db import bounded
 from asyncwork.errors import Deferred
+from operators.http import (
+    address_parse,
+    address_within,
+    client_address,
+    networks,
+    peer_is_trusted_proxy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -199,13 +204,6 @@ def metrics_exposition() -> bytes:
 # --- The view -----------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=8)
-def _networks(
-    entries: tuple[str, ...],
-) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(entry, strict=False) for entry in entries)
-
-
 def metrics_token_presented(request: HttpRequest) -> bool:
     """True when ``METRICS_TOKEN`` is set and the request carries it as ``Authorization:
     Bearer <token>`` (compared in constant time). It opens ``/metrics`` and the details of
@@ -219,10 +217,11 @@ def metrics_token_presented(request: HttpRequest) -> bool:
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
     """Who may read /metrics: with ``METRICS_TOKEN`` set, whoever presents it as a bearer
-    token; otherwise a client inside ``METRICS_ALLOWED_NETWORKS``, judged on the address the
-    webhook throttle uses (the socket's, or through ``NUM_PROXIES`` trusted proxies). With
-    ``NUM_PROXIES`` 0, a request carrying ``X-Forwarded-For`` came through a proxy the app
-    does not know, whose own (internal) address says nothing about the client: refused."""
+    token; otherwise a client inside ``METRICS_ALLOWED_NETWORKS`` (loopback by default),
+    judged on the application's client address (``operators.http.client_address``). A request
+    carrying ``X-Forwarded-For`` from a peer that is not one of ``TRUSTED_PROXIES`` came
+    through a proxy the app was not told about, whose own (internal) address says nothing
+    about the client: refused."""
     if settings.METRICS_TOKEN:
         if metrics_token_presented(request):
             return None
@@ -230,20 +229,11 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     forbidden = HttpResponse("forbidden\n", status=403, content_type="text/plain")
-    if settings.NUM_PROXIES == 0 and "HTTP_X_FORWARDED_FOR" in request.META:
+    if "HTTP_X_FORWARDED_FOR" in request.META and not peer_is_trusted_proxy(request):
         return forbidden
-    # Imported here, not at the top: core/__init__ loads the Celery app, and with it this
-    # module, while core.settings is still loading, and DRF reads the settings on import.
-    from rest_framework.request import Request
-    from rest_framework.throttling import BaseThrottle
-
-    try:
-        address = ipaddress.ip_address(BaseThrottle().get_ident(cast(Request, request)) or "")
-    except ValueError:
-        return forbidden
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
-    if any(address in network for network in _networks(tuple(settings.METRICS_ALLOWED_NETWORKS))):
+    address = address_parse(client_address(request))
+    allowed = networks(tuple(settings.METRICS_ALLOWED_NETWORKS))
+    if address is not None and address_within(address, allowed):
         return None
     return forbidden
 

@@ -57,6 +57,7 @@ from bench.run import (
 )
 from stack import launch
 from stack.launch import GunicornConfig
+from stack.net import HOST
 from stack.nginx import nginx_binary
 from stack.process import Process
 
@@ -269,7 +270,7 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
         for fraction in options.throttle:
             if options.admission == "edge":
                 # Behind nginx: the app's throttle off, the client address from the proxy.
-                admission = {"WEBHOOK_THROTTLE_RATE": "", "NUM_PROXIES": "1", **DEFAULT_MARKS}
+                admission = {"WEBHOOK_THROTTLE_RATE": "", "TRUSTED_PROXIES": HOST, **DEFAULT_MARKS}
             else:
                 limit = limit_of(fraction, top)
                 label = f"app throttle {limit}/s"

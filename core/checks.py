@@ -20,7 +20,7 @@ def https_opt_out_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             "HTTPS, no HSTS, cookies not Secure-only; Django's warnings about them are "
             f"silenced ({', '.join(settings.HTTPS_OPT_OUT_CHECKS)}).",
             hint="Fine for plain HTTP on a laptop or a closed network. Serving the internet, "
-            "terminate TLS in front of the app, set NUM_PROXIES, and leave "
+            "terminate TLS in front of the app, list its address in TRUSTED_PROXIES, and leave "
             "DJANGO_SECURE_SSL_REDIRECT unset.",
             id="core.I001",
         )

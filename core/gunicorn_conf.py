@@ -4,7 +4,7 @@
 gunicorn reads it in the master, before it logs, binds or forks anything: settings that do not
 load stop it there with one line (``core.startup``), rather than in every worker with a
 traceback and the arbiter's "Worker failed to boot". Whether a request came over HTTPS is
-Django's to decide, from ``NUM_PROXIES`` (core/settings.py), not gunicorn's. The access log
+Django's to decide, from ``TRUSTED_PROXIES`` (core/settings.py), not gunicorn's. The access log
 holds no query string. Its hooks serve prometheus-client's multiprocess mode; without
 ``PROMETHEUS_MULTIPROC_DIR`` they do nothing.
 """
@@ -23,7 +23,8 @@ settings_load_or_exit()
 # gunicorn would otherwise set the scheme to https itself for X-Forwarded-Proto: https from any
 # peer in forwarded_allow_ips (loopback by default, and every Unix-socket peer): behind a local
 # proxy that passes the client's header on, a plain-HTTP client could pass as HTTPS whatever
-# NUM_PROXIES says. Without it, Django alone reads the header, and only behind NUM_PROXIES.
+# TRUSTED_PROXIES says. Without it, Django alone reads the header, and only from a peer in
+# TRUSTED_PROXIES (operators.http.ForwardedProtoMiddleware).
 secure_scheme_headers: dict[str, str] = {}
 
 # The access log (``--access-logfile``: compose and the Docker image write it to stdout) in

@@ -74,6 +74,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: X-Forwarded-Proto from a peer that is not a trusted proxy is dropped before
+    # anything reads it (Proxies and HTTPS, below).
+    "operators.http.ForwardedProtoMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's and the browsable API's CSS and JavaScript) are answered here,
     # before sessions, authentication or the database are touched (Static files, below).
@@ -173,10 +176,18 @@ STORAGES = {
 }
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
-# Proxies in front of the app (a load balancer, the nginx edge): the webhook throttle and the
-# /metrics allow-list take the client from X-Forwarded-For, and HTTPS from X-Forwarded-Proto,
-# only behind this many; 0 ignores both headers, which a client can send itself.
-NUM_PROXIES = env.int("NUM_PROXIES", default=0)
+# The proxies in front of the app (addresses or networks; behind the nginx edge, the edge's
+# address): X-Forwarded-For and X-Forwarded-Proto count only on a request whose peer is one of
+# them (operators/http.py), for the client address of the webhook throttle, the /metrics
+# allow-list and the admin login limit, and for HTTPS. Empty: no forwarded header counts; a
+# client can send them itself.
+TRUSTED_PROXIES = [entry.strip() for entry in env.list("TRUSTED_PROXIES", default=[])]
+if "NUM_PROXIES" in env:
+    raise ImproperlyConfigured(
+        "NUM_PROXIES is replaced by TRUSTED_PROXIES: unset it, and set TRUSTED_PROXIES to the "
+        "addresses or networks of the proxies in front of the app (behind the nginx edge: the "
+        "edge's address, e.g. TRUSTED_PROXIES=10.0.0.2)."
+    )
 # On by default in production; DJANGO_SECURE_SSL_REDIRECT=0 turns the HTTPS-only settings off
 # for plain HTTP on loopback (tests, stripe-cli, compose.yaml on a laptop) while keeping the
 # rest of production.
@@ -187,13 +198,13 @@ CSRF_COOKIE_SECURE = HTTPS_ONLY
 SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31536000 if HTTPS_ONLY else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
-if NUM_PROXIES > 0:
-    # The TLS-terminating proxy says whether the client's connection was HTTPS: the nearest
-    # proxy must set this header itself, replacing any the client sent (deploy/nginx does).
-    # With no proxy configured the header can only be the client's own, and is not trusted: a
-    # plain-HTTP request cannot pass as HTTPS, and a proxy terminating TLS in front of an app
-    # that was not told about it gets a redirect to HTTPS for every request (a loop): set
-    # NUM_PROXIES.
+if TRUSTED_PROXIES:
+    # The TLS-terminating proxy says whether the client's connection was HTTPS: the proxy the
+    # app talks to must set this header itself, replacing any the client sent (deploy/nginx
+    # does). From any other peer it is dropped before Django reads it
+    # (operators.http.ForwardedProtoMiddleware), so a plain-HTTP client cannot pass as HTTPS.
+    # A proxy terminating TLS in front of an app that was not told about it gets a redirect to
+    # HTTPS for every request (a loop): list it in TRUSTED_PROXIES.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision, not an oversight: `check --deploy`
 # then leaves out the four warnings about exactly what it turned off (the redirect, HSTS and
@@ -495,8 +506,8 @@ DLQ_ALERT_PERIOD_SECONDS = env.int("DLQ_ALERT_PERIOD_SECONDS", default=3600)
 # Webhook requests one client address may make per period ("N/s", "N/min", "N/hour", "N/day");
 # empty turns the throttle off. Stripe sends from a few addresses: this stops a flood from one.
 WEBHOOK_THROTTLE_RATE = env.str("WEBHOOK_THROTTLE_RATE", default="6000/min").strip()
-# The client address comes from X-Forwarded-For only behind NUM_PROXIES proxies (Proxies and
-# HTTPS, above).
+# The client address comes from X-Forwarded-For only from TRUSTED_PROXIES (Proxies and HTTPS,
+# above).
 # Seconds the throttle may wait on Redis; past that it lets requests through (fails open).
 WEBHOOK_THROTTLE_TIMEOUT = env.float("WEBHOOK_THROTTLE_TIMEOUT", default=0.2)
 # Permits of an address's window one process takes from the shared counter per Redis round
@@ -533,19 +544,14 @@ if HEALTH_CACHE_SECONDS < 0:
 
 # --- Observability (asyncwork/metrics.py, asyncwork/logging.py) -------------------------------
 # GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
-# one, only clients in these networks (the address the webhook throttle uses, see NUM_PROXIES).
+# one, only clients in these networks (the address the webhook throttle uses, see
+# TRUSTED_PROXIES). Loopback by default: a private network is not a trusted one (behind a load
+# balancer or Docker's gateway, every client would be in it).
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="").strip()
-METRICS_ALLOWED_NETWORKS = env.list(
-    "METRICS_ALLOWED_NETWORKS",
-    default=[
-        "127.0.0.0/8",
-        "::1/128",
-        "10.0.0.0/8",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "fc00::/7",
-    ],
-)
+METRICS_ALLOWED_NETWORKS = [
+    entry.strip()
+    for entry in env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+]
 # A Celery worker serves its own counters on this port (0: not served), from its main process.
 # Under the prefork pool that needs PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself,
 # in the environment of the web and the worker processes alike): a directory of its own per
@@ -571,11 +577,17 @@ WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
 # own network, the port never published).
 WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="127.0.0.1")
 
-try:
-    for _network in METRICS_ALLOWED_NETWORKS:
-        ipaddress.ip_network(_network, strict=False)
-except ValueError as exc:
-    raise ImproperlyConfigured(f"METRICS_ALLOWED_NETWORKS: {exc}") from exc
+for _name, _entries in (
+    ("TRUSTED_PROXIES", TRUSTED_PROXIES),
+    ("METRICS_ALLOWED_NETWORKS", METRICS_ALLOWED_NETWORKS),
+):
+    for _entry in _entries:
+        try:
+            ipaddress.ip_network(_entry, strict=False)
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"{_name}: {_entry!r} is not an address or network (like 10.0.0.2 or 10.0.0.0/24)."
+            ) from exc
 
 # --- Operators (manage.py setup_groups) ------------------------------------------------------
 # The apps whose models operators see: "viewers" get each model's view permission, "operators"
@@ -605,7 +617,7 @@ REST_KNOX = {
 # Admin login attempts (django-axes): after this many failures for one username from one
 # client address, that pair is refused (429) until no failure has come for the cool-off;
 # a success clears its count. The address is judged like the webhook throttle's: the socket's,
-# or the NUM_PROXIES-th from the right of X-Forwarded-For (operators/http.py).
+# or from a trusted proxy, the X-Forwarded-For entry it vouches for (operators/http.py).
 ADMIN_LOGIN_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
 ADMIN_LOGIN_COOLOFF_SECONDS = env.int("ADMIN_LOGIN_COOLOFF_SECONDS", default=900)
 if ADMIN_LOGIN_FAILURE_LIMIT < 1 or ADMIN_LOGIN_COOLOFF_SECONDS < 1:
@@ -624,8 +636,10 @@ AXES_VERBOSE = False
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    # Client addresses for throttling come from X-Forwarded-For only behind this many proxies.
-    "NUM_PROXIES": NUM_PROXIES,
+    # DRF's own get_ident (its throttles; none is configured) reads only REMOTE_ADDR, never a
+    # header a client can write. The application's client address is
+    # operators.http.client_address (TRUSTED_PROXIES), which the webhook throttle uses.
+    "NUM_PROXIES": 0,
     # Tokens first: the first class names the challenge of a 401 (WWW-Authenticate: Token), so
     # a missing, wrong or expired token is 401; with sessions first it would be 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -537,7 +537,7 @@ def test_edge_fronts_both_gunicorns_with_the_shipped_nginx_configuration(
     assert ipaddress.ip_address(address) in ipaddress.ip_network(subnet)
     for name in ("web", "webhooks"):
         assert "ports" not in services[name], name
-        assert environment(services[name])["NUM_PROXIES"] == "1", name
+        assert environment(services[name])["TRUSTED_PROXIES"] == address, name
         # The edge refuses larger webhooks than the application would, never smaller ones.
         assert (
             environment(services[name])["WEBHOOK_MAX_BODY_BYTES"] == env["WEBHOOK_MAX_BODY_BYTES"]

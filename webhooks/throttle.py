@@ -1,8 +1,8 @@
 """A rate limit per client address on the webhook endpoint, checked before the body is read.
 
-DRF's throttle machinery (rate strings, ``get_ident`` honouring ``X-Forwarded-For`` only
-through ``REST_FRAMEWORK["NUM_PROXIES"]``) without DRF's ``APIView``: the webhook stays a plain
-Django view, which is the fast path.
+DRF's throttle machinery (rate strings) without DRF's ``APIView``: the webhook stays a plain
+Django view, which is the fast path. The address is the application's one client address
+(``operators.http.client_address``: ``X-Forwarded-For`` counts only from ``TRUSTED_PROXIES``).
 
 The algorithm is a fixed-window counter: the key ``throttle_webhook_<address>_<window>`` is
 incremented (and given its expiry when created) by one Lua script, atomically, in one round
@@ -36,7 +36,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.cache import caches
@@ -48,9 +48,10 @@ from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 from rest_framework.throttling import SimpleRateThrottle
 
+from operators.http import client_address
+
 if TYPE_CHECKING:
     from django.views import View
-    from rest_framework.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +79,8 @@ class WebhookRateThrottle(SimpleRateThrottle):
         return settings.WEBHOOK_THROTTLE_RATE or None
 
     def get_cache_key(self, request: HttpRequest, view: View | None) -> str:
-        # DRF's get_ident reads only request.headers and request.META, which a plain
-        # HttpRequest has.
-        ident = self.get_ident(cast("Request", request)) or "unknown"
-        return self.cache_format % {"scope": self.scope, "ident": ident[:100]}
+        ident = client_address(request) or "unknown"
+        return self.cache_format % {"scope": self.scope, "ident": ident}
 
     def allow_request(self, request: HttpRequest, view: View | None) -> bool:
         """Count this request in its window; False when the window's limit is exceeded.

@@ -1,5 +1,5 @@
 """Configuration: production is the default and refuses to start without secrets, passes
-check --deploy, trusts X-Forwarded-Proto only behind a configured proxy, and Celery is
+check --deploy, trusts X-Forwarded-Proto only from a trusted proxy, and Celery is
 configured for at-least-once delivery."""
 
 from __future__ import annotations
@@ -8,16 +8,18 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
-import requests
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from core.celery import app
 from stack import launch
 from stack.net import HOST
 from tests.helpers.environment import PRODUCTION, clean_env, manage
+from tests.helpers.http import Answer, send
 
 
 def settings_read(*names: str, env: dict[str, str]) -> list[str]:
@@ -68,8 +70,9 @@ def test_production_without_any_secret_names_both_at_once() -> None:
     ]
 
 
-def test_production_configuration_passes_check_deploy() -> None:
-    result = manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
+@pytest.mark.parametrize("proxies", [{}, {"TRUSTED_PROXIES": "10.0.0.2"}])
+def test_production_configuration_passes_check_deploy(proxies: dict[str, str]) -> None:
+    result = manage("check", "--deploy", "--fail-level", "WARNING", env={**PRODUCTION, **proxies})
     assert result.returncode == 0, result.stderr
     assert "System check identified no issues (0 silenced)." in result.stdout
 
@@ -126,9 +129,9 @@ GUNICORN_COMMANDS = {
 
 
 @contextmanager
-def gunicorn(args: list[str], *, static_root: Path, **env: str) -> Iterator[str]:
+def gunicorn(args: list[str], *, static_root: Path, **env: str) -> Iterator[int]:
     """``gunicorn <args>`` on core.settings, as production runs it, with ``env`` and the static
-    files collected in ``static_root``; yields its URL once it answers. The database is this
+    files collected in ``static_root``; yields its port once it answers. The database is this
     test's."""
     db = connection.settings_dict
     server = launch.gunicorn(
@@ -147,52 +150,191 @@ def gunicorn(args: list[str], *, static_root: Path, **env: str) -> Iterator[str]
         ready_status=None,  # any answer: Django's redirect, or its refusal of the Host
     )
     with server:
-        yield f"http://{HOST}:{server.port}"
+        yield server.port
 
 
-def login_page(url: str, *, forwarded_proto: str) -> requests.Response:
-    """A plain-HTTP request as a proxy forwards it: its Host, and what it says the client's
-    scheme was."""
-    return requests.get(
-        f"{url}/admin/login/",
-        headers={"Host": "billing.example.com", "X-Forwarded-Proto": forwarded_proto},
-        allow_redirects=False,
-        timeout=10,
+PROXY, AROUND = HOST, "127.0.0.2"  # the trusted proxy, and a client reaching gunicorn directly
+SITE = "billing.example.com"
+LOGIN_URL = "/admin/login/"
+
+
+def login_page(port: int, *, forwarded_proto: str, source: str = PROXY) -> Answer:
+    """A plain-HTTP request from ``source`` as a proxy forwards it: its Host, and what it says
+    the client's scheme was."""
+    return send(
+        port,
+        source=source,
+        method="GET",
+        path=LOGIN_URL,
+        headers={"Host": SITE, "X-Forwarded-Proto": forwarded_proto},
     )
+
+
+def cookies(answer: Answer) -> dict[str, str]:
+    """Each cookie the answer sets, by name: its whole Set-Cookie line."""
+    lines = answer.headers.get_all("Set-Cookie") or []
+    return {line.partition("=")[0]: line for line in lines}
+
+
+def secure(cookie: str) -> bool:
+    return "secure" in [part.strip().lower() for part in cookie.split(";")]
 
 
 @pytest.mark.slow
 @pytest.mark.django_db
 @pytest.mark.parametrize("command", GUNICORN_COMMANDS)
-def test_x_forwarded_proto_is_ignored_without_a_configured_proxy(
+def test_x_forwarded_proto_is_ignored_without_a_trusted_proxy(
     command: str, collected_static: Path
 ) -> None:
     # From loopback, the peer gunicorn itself would trust (core/gunicorn_conf.py).
     args = GUNICORN_COMMANDS[command]
-    with gunicorn(
-        args, static_root=collected_static, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="0"
-    ) as url:
-        spoofed = login_page(url, forwarded_proto="https")
+    with gunicorn(args, static_root=collected_static, DJANGO_SECURE_SSL_REDIRECT="1") as port:
+        spoofed = login_page(port, forwarded_proto="https")
     # The client's own header: a plain-HTTP request is still sent to HTTPS.
-    assert spoofed.status_code == 301
-    assert spoofed.headers["Location"] == "https://billing.example.com/admin/login/"
+    assert spoofed.status == 301
+    assert spoofed.headers["Location"] == f"https://{SITE}{LOGIN_URL}"
 
 
 @pytest.mark.slow
 @pytest.mark.django_db
-def test_x_forwarded_proto_is_trusted_behind_a_configured_proxy(collected_static: Path) -> None:
+def test_behind_a_tls_balancer_and_the_edge_https_holds_and_a_client_cannot_claim_it(
+    collected_static: Path,
+) -> None:
+    """Production's gunicorn (HTTPS redirect, Secure cookies, HSTS) behind the real edge, and
+    the edge behind a TLS load balancer (PROXY, in EDGE_TRUSTED_PROXIES): what the balancer
+    says (https) is served with Secure cookies, not redirected again; a client reaching the
+    edge directly and claiming https is redirected (the edge replaced its header)."""
+    args = GUNICORN_COMMANDS["gunicorn -c python:core.gunicorn_conf core.wsgi"]
+    with (
+        gunicorn(
+            args,
+            static_root=collected_static,
+            DJANGO_SECURE_SSL_REDIRECT="1",
+            TRUSTED_PROXIES=f"{HOST}/32",  # the edge connects from loopback's 127.0.0.1
+        ) as port,
+        launch.edge(
+            port, rate=10, burst=10, in_flight=4, settings={"EDGE_TRUSTED_PROXIES": f"{PROXY}/32"}
+        ) as edge,
+    ):
+        balanced = login_page(edge.port, forwarded_proto="https")
+        claimed = login_page(edge.port, forwarded_proto="https", source=AROUND)
+    assert balanced.status == 200
+    assert "Strict-Transport-Security" in balanced.headers
+    assert secure(cookies(balanced)["csrftoken"])
+    assert claimed.status == 301
+    assert claimed.headers["Location"] == f"https://{SITE}{LOGIN_URL}"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_x_forwarded_proto_counts_only_from_a_trusted_proxy(collected_static: Path) -> None:
+    get_user_model().objects.create_superuser("boss", "boss@example.com", "right-horse-battery")
     args = GUNICORN_COMMANDS["gunicorn core.wsgi"]
     with gunicorn(
-        args, static_root=collected_static, DJANGO_SECURE_SSL_REDIRECT="1", NUM_PROXIES="1"
-    ) as url:
-        over_https = login_page(url, forwarded_proto="https")
-        over_http = login_page(url, forwarded_proto="http")
-    # TLS ended at the proxy: served, not redirected again (no loop), and HTTPS-only headers.
-    assert over_https.status_code == 200
+        args,
+        static_root=collected_static,
+        DJANGO_SECURE_SSL_REDIRECT="1",
+        TRUSTED_PROXIES=f"{PROXY}/32",
+    ) as port:
+        over_https = login_page(port, forwarded_proto="https")
+        token = cookies(over_https)["csrftoken"].partition("=")[2].partition(";")[0]
+        form = {"username": "boss", "password": "right-horse-battery"}
+        logged_in = send(
+            port,
+            path=f"{LOGIN_URL}?next=/admin/",
+            body=urlencode({**form, "csrfmiddlewaretoken": token}).encode(),
+            headers={
+                "Host": SITE,
+                "X-Forwarded-Proto": "https",
+                "Origin": f"https://{SITE}",  # CSRF's check of an HTTPS request
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Cookie": f"csrftoken={token}",
+            },
+        )
+        over_http = login_page(port, forwarded_proto="http")
+        spoofed = login_page(port, forwarded_proto="https", source=AROUND)
+    # TLS ended at the proxy: served, not redirected again (no loop), with HTTPS-only headers
+    # and cookies sent only over HTTPS.
+    assert over_https.status == 200
     assert "Strict-Transport-Security" in over_https.headers
+    assert secure(cookies(over_https)["csrftoken"])
+    assert logged_in.status == 302, logged_in.body[:500]
+    assert secure(cookies(logged_in)["sessionid"])
     # The proxy says the client came over plain HTTP: redirected.
-    assert over_http.status_code == 301
-    assert over_http.headers["Location"] == "https://billing.example.com/admin/login/"
+    assert over_http.status == 301
+    assert over_http.headers["Location"] == f"https://{SITE}{LOGIN_URL}"
+    # A client reaching gunicorn around the proxy cannot pass as HTTPS: redirected.
+    assert spoofed.status == 301
+    assert spoofed.headers["Location"] == f"https://{SITE}{LOGIN_URL}"
+    assert "Strict-Transport-Security" not in spoofed.headers
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_metrics_answer_loopback_only_or_the_token(collected_static: Path) -> None:
+    """Production's /metrics: loopback only, judged on the client the trusted proxy names (a
+    private address is not enough); with METRICS_TOKEN, the token."""
+    args = GUNICORN_COMMANDS["gunicorn core.wsgi"]
+
+    def metrics(port: int, **headers: str) -> int:
+        return send(port, method="GET", path="/metrics", headers={"Host": SITE, **headers}).status
+
+    with gunicorn(args, static_root=collected_static, TRUSTED_PROXIES=f"{PROXY}/32") as port:
+        by_network = {
+            forwarded: metrics(port, **({"X-Forwarded-For": forwarded} if forwarded else {}))
+            for forwarded in ("", "127.0.0.1", "203.0.113.5", "10.1.2.3", "172.17.0.1")
+        }
+    assert by_network == {
+        "": 200,  # the proxy's own request, from loopback
+        "127.0.0.1": 200,
+        "203.0.113.5": 403,
+        "10.1.2.3": 403,
+        "172.17.0.1": 403,  # Docker's gateway
+    }
+    token = "metrics-" + "t0k3n" * 6
+    with gunicorn(
+        args, static_root=collected_static, TRUSTED_PROXIES=f"{PROXY}/32", METRICS_TOKEN=token
+    ) as port:
+        assert metrics(port) == 401  # even from loopback
+        assert metrics(port, Authorization="Bearer wrong") == 401
+        assert metrics(port, Authorization=f"Bearer {token}") == 200
+        assert (
+            metrics(port, Authorization=f"Bearer {token}", **{"X-Forwarded-For": "203.0.113.5"})
+            == 200
+        )
+
+
+def test_num_proxies_stops_start_up_naming_its_replacement() -> None:
+    result = manage("check", env={**PRODUCTION, "NUM_PROXIES": "1"})
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "Configuration error: NUM_PROXIES is replaced by TRUSTED_PROXIES: unset it, and set "
+        "TRUSTED_PROXIES to the addresses or networks of the proxies in front of the app "
+        "(behind the nginx edge: the edge's address, e.g. TRUSTED_PROXIES=10.0.0.2)."
+    ]
+
+
+@pytest.mark.parametrize("setting", ["TRUSTED_PROXIES", "METRICS_ALLOWED_NETWORKS"])
+@pytest.mark.parametrize("entry", ["10.0.0.300", "edge", "10.0.0.0/33"])
+def test_a_bad_network_stops_start_up_naming_it(setting: str, entry: str) -> None:
+    result = manage("check", env={**PRODUCTION, setting: f"10.0.0.2, {entry}"})
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        f"Configuration error: {setting}: {entry!r} is not an address or network (like "
+        "10.0.0.2 or 10.0.0.0/24)."
+    ]
+
+
+def test_trusted_proxies_are_read_as_networks() -> None:
+    env = {**PRODUCTION, "TRUSTED_PROXIES": "10.0.0.2, 2001:db8::/32"}
+    trusted, header = settings_read("TRUSTED_PROXIES", "SECURE_PROXY_SSL_HEADER", env=env)
+    assert trusted == "['10.0.0.2', '2001:db8::/32']"
+    assert header == "('HTTP_X_FORWARDED_PROTO', 'https')"
+    # None by default: no header counts.
+    assert settings_read("TRUSTED_PROXIES", "SECURE_PROXY_SSL_HEADER", env=PRODUCTION) == [
+        "[]",
+        "None",
+    ]
 
 
 def test_zero_tolerance_is_refused() -> None:

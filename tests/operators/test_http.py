@@ -1,19 +1,32 @@
 """The client address (``operators.http.client_address``), and the admin login limit that keys on
-it: django-axes through the real admin login form, PostgreSQL holding the attempts."""
+it: django-axes through the real admin login form, PostgreSQL holding the attempts. Through real
+gunicorn behind a trusted proxy: a client reaching it around the proxy is one client to the
+webhook throttle, the login limit and the /metrics allow-list, however it rotates
+X-Forwarded-For."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from axes.models import AccessAttempt
 from django.conf import settings as django_settings
 from django.contrib.auth import SESSION_KEY, get_user_model
+from django.core.cache import cache
 from django.test import Client, RequestFactory
 
 from operators.http import client_address
+from stack import launch
+from stack.launch import GunicornConfig
+from stack.net import HOST
+from tests.helpers.http import Answer, send
+from tests.helpers.processes import worker_env
+from tests.helpers.throttle import a_loopback_address, an_address, fresh_window
 
 pytestmark = pytest.mark.django_db
 
@@ -21,32 +34,55 @@ LOGIN = "/admin/login/?next=/admin/"
 PASSWORD = "right-horse-battery-staple"
 
 
-def proxies(settings: Any, count: int) -> None:
-    # DRF reads NUM_PROXIES from REST_FRAMEWORK (and reloads when it changes).
-    settings.NUM_PROXIES = count
-    settings.REST_FRAMEWORK = {**django_settings.REST_FRAMEWORK, "NUM_PROXIES": count}
-
-
 XFF = "HTTP_X_FORWARDED_FOR"
+EDGE = ["10.0.0.9", "::1"]  # the proxy in front, by address
+RECURSIVE = ["10.0.0.0/24", "2001:db8:ffff::/48"]  # a network of proxies, one behind another
 
 
 @pytest.mark.parametrize(
-    ("num_proxies", "meta", "expected"),
+    ("trusted", "meta", "expected"),
     [
-        (0, {"REMOTE_ADDR": "10.1.2.3"}, "10.1.2.3"),
-        (0, {"REMOTE_ADDR": "10.1.2.3", XFF: "6.6.6.6"}, "10.1.2.3"),
-        (1, {"REMOTE_ADDR": "10.0.0.9", XFF: "6.6.6.6, 203.0.113.5"}, "203.0.113.5"),
-        (2, {"REMOTE_ADDR": "10.0.0.9", XFF: "6.6.6.6, 203.0.113.5, 10.0.0.8"}, "203.0.113.5"),
-        (1, {"REMOTE_ADDR": "10.0.0.9"}, "10.0.0.9"),  # no header: the socket
-        (1, {"REMOTE_ADDR": "10.0.0.9", XFF: "not-an-address"}, "10.0.0.9"),
-        (1, {"REMOTE_ADDR": "::1", XFF: "2001:db8::1"}, "2001:db8::1"),
-        (0, {"REMOTE_ADDR": ""}, None),
+        ([], {"REMOTE_ADDR": "10.1.2.3"}, "10.1.2.3"),
+        ([], {"REMOTE_ADDR": "10.0.0.9", XFF: "6.6.6.6"}, "10.0.0.9"),  # nothing trusted
+        # The peer is not a trusted proxy: whatever the header says, the peer is the client.
+        (EDGE, {"REMOTE_ADDR": "10.1.2.3", XFF: "6.6.6.6"}, "10.1.2.3"),
+        (EDGE, {"REMOTE_ADDR": "10.1.2.3", XFF: "10.0.0.9"}, "10.1.2.3"),
+        # From the trusted proxy: the rightmost entry; the client wrote the rest.
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: "6.6.6.6, 203.0.113.5"}, "203.0.113.5"),
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: " 203.0.113.5 "}, "203.0.113.5"),
+        (EDGE, {"REMOTE_ADDR": "::1", XFF: "2001:db8::1"}, "2001:db8::1"),
+        (EDGE, {"REMOTE_ADDR": "::ffff:10.0.0.9", XFF: "203.0.113.5"}, "203.0.113.5"),
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: "::ffff:203.0.113.5"}, "203.0.113.5"),
+        # Trusted entries are skipped, as nginx's real_ip_recursive does; all trusted: leftmost.
+        (
+            RECURSIVE,
+            {"REMOTE_ADDR": "10.0.0.1", XFF: "6.6.6.6, 203.0.113.5, 10.0.0.8"},
+            "203.0.113.5",
+        ),
+        (RECURSIVE, {"REMOTE_ADDR": "10.0.0.1", XFF: "10.0.0.7,10.0.0.8"}, "10.0.0.7"),
+        (
+            RECURSIVE,
+            {"REMOTE_ADDR": "10.0.0.1", XFF: "2001:db8::5, 2001:db8:ffff::2"},
+            "2001:db8::5",
+        ),
+        # With only the edge trusted, 10.0.0.8 is the client (not a proxy the app knows).
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: "203.0.113.5, 10.0.0.8"}, "10.0.0.8"),
+        # No header, an empty one, or an entry that is not an address: the peer.
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9"}, "10.0.0.9"),
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: ""}, "10.0.0.9"),
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: "not-an-address"}, "10.0.0.9"),
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: "203.0.113.5, "}, "10.0.0.9"),
+        (RECURSIVE, {"REMOTE_ADDR": "10.0.0.1", XFF: "203.0.113.5, unknown, 10.0.0.8"}, "10.0.0.1"),
+        (EDGE, {"REMOTE_ADDR": "10.0.0.9", XFF: "203.0.113.5:4711"}, "10.0.0.9"),
+        # An IPv6 scope is no part of an address PostgreSQL stores.
+        (EDGE, {"REMOTE_ADDR": "fe80::1%eth0"}, "fe80::1"),
+        ([], {"REMOTE_ADDR": ""}, None),
     ],
 )
 def test_client_address(
-    settings: Any, num_proxies: int, meta: dict[str, Any], expected: Any
+    settings: Any, trusted: list[str], meta: dict[str, Any], expected: Any
 ) -> None:
-    proxies(settings, num_proxies)
+    settings.TRUSTED_PROXIES = trusted
     request = RequestFactory().get("/", **meta)
     assert client_address(request) == expected
 
@@ -125,7 +161,7 @@ def test_the_lock_is_per_username_and_address(admin_user: Any, limit: int) -> No
 def test_behind_a_proxy_the_trusted_hop_is_the_address(
     settings: Any, admin_user: Any, limit: int
 ) -> None:
-    proxies(settings, 1)
+    settings.TRUSTED_PROXIES = ["127.0.0.1"]  # the test client's address
     for n in range(limit):
         # The client writes what it likes on the left; the proxy appends the real address.
         log_in(Client(), "wrong", HTTP_X_FORWARDED_FOR=f"198.51.100.{n}, 203.0.113.5")
@@ -148,7 +184,7 @@ def test_without_trusted_proxies_a_forged_header_does_not_escape_the_lock(
 
 
 def test_a_garbage_forwarded_header_is_no_500(settings: Any, admin_user: Any) -> None:
-    proxies(settings, 1)
+    settings.TRUSTED_PROXIES = ["127.0.0.1"]
     response = log_in(Client(), "wrong", HTTP_X_FORWARDED_FOR="<script>, ::zz")
     assert response.status_code == 200
     assert AccessAttempt.objects.get().ip_address == "127.0.0.1"
@@ -172,3 +208,131 @@ def test_hostile_login_input_is_a_form_error_never_a_500(
     for attempt in AccessAttempt.objects.all():  # filed within axes' columns, if at all
         assert len(attempt.username) <= 255
         assert "\x00" not in attempt.username
+
+
+# --- Through real gunicorn, behind a trusted proxy ---------------------------------------------
+
+PROXY = HOST  # the trusted proxy connects from 127.0.0.1
+INNER_PROXIES = "192.0.2.0/24"  # proxies further out, trusted too (recursive skipping)
+GUNICORN_LIMIT = 3  # webhooks per minute and address, and login failures per address
+
+through_gunicorn = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """gunicorn (2 sync workers) on this run's test database, trusting 127.0.0.1 and the
+    inner proxies; its port."""
+    env = worker_env(
+        0,
+        TRUSTED_PROXIES=f"{PROXY}/32,{INNER_PROXIES}",
+        WEBHOOK_THROTTLE_RATE=f"{GUNICORN_LIMIT}/min",
+        ADMIN_LOGIN_FAILURE_LIMIT=str(GUNICORN_LIMIT),
+        METRICS_ALLOWED_NETWORKS=f"{PROXY}/32",
+    )
+    log = tmp_path_factory.mktemp("proxies") / "gunicorn.log"
+    with launch.gunicorn(env, config=GunicornConfig(workers=2), log=log) as server:
+        yield server.port
+
+
+def webhook_from(port: int, source: str, forwarded: str) -> int:
+    """An unsigned webhook: the throttle answers before the body is read (429), and a request
+    it lets in is refused after it (400)."""
+    return send(port, source=source, body=b"{}", headers={"X-Forwarded-For": forwarded}).status
+
+
+def log_in_from(port: int, source: str, password: str, forwarded: str | None = None) -> Answer:
+    """The admin login form, filled in and posted from ``source`` (its CSRF token fetched from
+    there too), with ``forwarded`` as X-Forwarded-For on the POST."""
+    page = send(port, source=source, method="GET", path=LOGIN)
+    cookie = page.headers.get_all("Set-Cookie") or []
+    token = re.search(r"csrftoken=([^;]+)", " ".join(cookie))
+    assert token, cookie
+    form = {"username": "boss", "password": password, "csrfmiddlewaretoken": token[1]}
+    headers = {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "Cookie": f"csrftoken={token[1]}",
+    }
+    if forwarded is not None:
+        headers["X-Forwarded-For"] = forwarded
+    return send(port, source=source, path=LOGIN, body=urlencode(form).encode(), headers=headers)
+
+
+@through_gunicorn
+def test_a_client_around_the_proxy_is_one_client_to_the_webhook_throttle(app: int) -> None:
+    around = a_loopback_address()
+    over_the_limit = [400] * GUNICORN_LIMIT + [429]
+    fresh_window(margin=10)
+    rotating = [webhook_from(app, around, an_address()) for _ in range(GUNICORN_LIMIT + 1)]
+    assert rotating == over_the_limit
+    # Counted under the peer's address, the one the header could not replace.
+    assert cache.get(f"throttle_webhook_{around}_{int(time.time() // 60)}") > GUNICORN_LIMIT
+
+    # From the trusted proxy, each forwarded address has a limit of its own.
+    first, second = an_address(), an_address()
+    assert [webhook_from(app, PROXY, first) for _ in range(GUNICORN_LIMIT + 1)] == over_the_limit
+    assert webhook_from(app, PROXY, second) == 400
+    # What a client wrote before the proxy's entry does not buy it a new limit.
+    assert webhook_from(app, PROXY, f"{an_address()}, {first}") == 429
+
+
+@through_gunicorn
+def test_a_client_around_the_proxy_is_one_client_to_the_login_limit(app: int) -> None:
+    get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    around = a_loopback_address()
+    failures = [
+        log_in_from(app, around, "wrong", forwarded=an_address()).status
+        for _ in range(GUNICORN_LIMIT)
+    ]
+    assert failures == [200] * (GUNICORN_LIMIT - 1) + [429]
+    assert log_in_from(app, around, PASSWORD, forwarded=an_address()).status == 429
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {around}
+
+    # From the trusted proxy, each forwarded address counts on its own: nobody is locked out.
+    forwarded = [an_address() for _ in range(GUNICORN_LIMIT)]
+    statuses = {log_in_from(app, PROXY, "wrong", forwarded=f).status for f in forwarded}
+    assert statuses == {200}
+    assert log_in_from(app, PROXY, PASSWORD, forwarded=an_address()).status == 302
+    attempts = set(AccessAttempt.objects.values_list("ip_address", flat=True))
+    assert attempts == {around, *forwarded}
+
+
+@through_gunicorn
+def test_trusted_entries_are_skipped_from_the_right(app: int) -> None:
+    """The login limit files each failure under the address the rule gives: the first entry
+    from the right that is not a trusted proxy (nginx's real_ip_recursive)."""
+    get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    cases = {
+        # The client, then a trusted inner proxy: skipped.
+        "198.51.100.9, 192.0.2.7": "198.51.100.9",
+        "6.6.6.6, 198.51.100.10, 192.0.2.7, 192.0.2.8": "198.51.100.10",
+        # An untrusted entry is the client, whatever trusted address the client put before it.
+        "192.0.2.9, 198.51.100.11": "198.51.100.11",
+        # Every entry a trusted proxy: the farthest.
+        "192.0.2.20, 192.0.2.7": "192.0.2.20",
+        # An entry that is not an address: the peer.
+        "198.51.100.12, garbage, 192.0.2.7": PROXY,
+    }
+    for forwarded, expected in cases.items():
+        AccessAttempt.objects.all().delete()
+        assert log_in_from(app, PROXY, "wrong", forwarded=forwarded).status == 200, forwarded
+        filed = list(AccessAttempt.objects.values_list("ip_address", flat=True))
+        assert filed == [expected], forwarded
+
+
+@through_gunicorn
+def test_the_metrics_allow_list_judges_the_client_not_its_header(app: int) -> None:
+    def metrics(source: str, forwarded: str | None = None) -> int:
+        headers = {"X-Forwarded-For": forwarded} if forwarded is not None else {}
+        return send(app, source=source, method="GET", path="/metrics", headers=headers).status
+
+    around = "127.0.0.2"
+    assert metrics(PROXY) == 200
+    assert metrics(around) == 403
+    # Around the proxy, naming an allowed address (or one after another) changes nothing.
+    assert metrics(around, forwarded=PROXY) == 403
+    assert metrics(around, forwarded=f"203.0.113.5, {PROXY}") == 403
+    # Through the proxy, the client it names is judged.
+    assert metrics(PROXY, forwarded=PROXY) == 200
+    assert metrics(PROXY, forwarded=around) == 403
+    assert metrics(PROXY, forwarded=f"{PROXY}, 203.0.113.5") == 403

@@ -35,6 +35,7 @@ from stack import launch
 from stack.launch import GunicornConfig
 from stack.nginx import RENDERER, RenderError, nginx_check, render, rendered, setting_names
 from stack.process import ROOT, Process
+from tests.helpers.http import Answer, send
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event
 from webhooks import testing as stripe_testing
@@ -63,10 +64,10 @@ class Pools:
 @pytest.fixture(scope="module")
 def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
     """gunicorn for the webhook (3 sync workers) and for the rest (2), as compose runs them,
-    on this run's test database. Behind the edge, the client address is the last
-    X-Forwarded-For hop."""
+    on this run's test database. Behind the edge, the client address is the X-Forwarded-For
+    the edge sets (the edge connects from 127.0.0.1, the one trusted proxy)."""
     logs = tmp_path_factory.mktemp("edge")
-    env = worker_env(0, NUM_PROXIES="1")
+    env = worker_env(0, TRUSTED_PROXIES=SIGNED)
     # An unsigned POST answered 400 by Django: the application is loaded, not just listening.
     with (
         launch.gunicorn(
@@ -91,48 +92,6 @@ def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def edge(pools: Pools, **options: Any) -> Process:
     """The edge in front of both pools (``launch.edge``'s other options as given)."""
     return launch.edge(pools.web, webhook_port=pools.webhooks, **options)
-
-
-# --- a client that says which address it sends from -------------------------------------------
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def from_edge(self) -> bool:
-        """nginx answered itself: Django's SecurityMiddleware puts X-Content-Type-Options on
-        every response the application makes (WhiteNoise's static files included), and nginx's
-        own answers have none."""
-        return "X-Content-Type-Options" not in self.headers
-
-
-def send(
-    port: int,
-    *,
-    source: str = SIGNED,
-    method: str = "POST",
-    path: str = WEBHOOK_URL,
-    body: bytes = b"",
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 10,
-) -> Answer:
-    """One request on a new connection from ``source``."""
-    connection = http.client.HTTPConnection(
-        "127.0.0.1", port, timeout=timeout, source_address=(source, 0)
-    )
-    try:
-        connection.request(method, path, body=body or None, headers=dict(headers or {}))
-        response = connection.getresponse()
-        return Answer(response.status, response.headers, response.read())
-    finally:
-        connection.close()
 
 
 def signed(body: bytes) -> dict[str, str]:
@@ -688,7 +647,12 @@ def test_bodies_sent_slowly_do_not_take_the_capacity(app: Pools) -> None:
     connections (then 429 at once), and none of them counts against the in-flight limit to
     gunicorn, which nginx charges only once it has the whole body (were it charged on the
     headers, two such connections would take both slots, and every delivery would get 503)."""
-    settings = {"EDGE_BODY_TIMEOUT": 2, "WEBHOOK_EDGE_ADDRESS_CONNECTIONS": 2}
+    settings = {
+        "EDGE_BODY_TIMEOUT": 2,
+        "WEBHOOK_EDGE_ADDRESS_CONNECTIONS": 2,
+        # The signed sender's own rate out of the way: ten deliveries in a moment.
+        "WEBHOOK_EDGE_ADDRESS_BURST": 20,
+    }
     with edge(app, rate=100, burst=20, in_flight=2, settings=settings) as nginx:
         port = nginx.port
         stop = threading.Event()
@@ -880,7 +844,14 @@ def test_the_webhook_is_served_when_every_other_worker_is_stuck(app: Pools) -> N
     deliveries are still answered 200 at once, by the webhook's own gunicorn."""
     with (
         silent_upstream() as stuck,
-        launch.edge(stuck, webhook_port=app.webhooks, rate=50, burst=10, in_flight=6) as nginx,
+        launch.edge(
+            stuck,
+            webhook_port=app.webhooks,
+            rate=50,
+            burst=10,
+            in_flight=6,
+            settings={"WEBHOOK_EDGE_ADDRESS_BURST": 10},  # the five deliveries at once
+        ) as nginx,
     ):
         port = nginx.port
         with ThreadPoolExecutor(12) as pool:
@@ -1043,14 +1014,15 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: Po
         other = at_once(port, [(SIGNED, "203.0.113.8")] * 2)
         # Not a trusted proxy (127.0.0.2): changing X-Forwarded-For does not buy a new limit.
         untrusted = at_once(port, [(FLOOD, f"198.51.100.{n}") for n in range(4)])
-        # The application sees the address the edge judged (NUM_PROXIES=1): /metrics answers
-        # only loopback and private addresses.
+        # The application sees the address the edge judged (TRUSTED_PROXIES is the edge):
+        # /metrics answers only loopback addresses (its default).
         metrics = {
             forwarded: send(port, source=source, method="GET", path="/metrics", headers=xff).status
             for source, forwarded, xff in [
                 (SIGNED, "public", {"X-Forwarded-For": "203.0.113.50"}),
                 (SIGNED, "private", {"X-Forwarded-For": "10.9.8.7"}),
-                (SIGNED, "private, then public", {"X-Forwarded-For": "10.9.8.7, 203.0.113.50"}),
+                (SIGNED, "loopback", {"X-Forwarded-For": "127.0.0.9"}),
+                (SIGNED, "loopback, then public", {"X-Forwarded-For": "127.0.0.9, 203.0.113.50"}),
                 (FLOOD, "public, untrusted", {"X-Forwarded-For": "203.0.113.50"}),
             ]
         }
@@ -1059,8 +1031,9 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: Po
     assert untrusted == ["app", "app", "edge", "edge"]
     assert metrics == {
         "public": 403,
-        "private": 200,
-        "private, then public": 403,
+        "private": 403,
+        "loopback": 200,
+        "loopback, then public": 403,
         "public, untrusted": 200,  # judged as 127.0.0.2
     }
 

@@ -81,8 +81,13 @@ def test_the_throttle_runs_before_the_body_is_verified(client: Client, settings:
     assert WebhookEvent.objects.count() == 1
 
 
-def test_x_forwarded_for_is_ignored_without_trusted_proxies(client: Client, settings: Any) -> None:
-    """NUM_PROXIES = 0: a flood cannot dodge its limit by inventing an X-Forwarded-For."""
+@pytest.mark.parametrize("trusted", [[], ["10.255.255.1"]])
+def test_x_forwarded_for_from_an_untrusted_peer_is_ignored(
+    client: Client, settings: Any, trusted: list[str]
+) -> None:
+    """No trusted proxy, or a peer that is not one: a flood cannot dodge its limit by
+    inventing an X-Forwarded-For."""
+    settings.TRUSTED_PROXIES = trusted
     settings.WEBHOOK_THROTTLE_RATE = "2/min"
     address = an_address()
     fresh_window()
@@ -99,8 +104,8 @@ def test_behind_a_trusted_proxy_each_client_has_its_own_limit(
     client: Client, settings: Any
 ) -> None:
     settings.WEBHOOK_THROTTLE_RATE = "1/min"
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
     proxy, first, second = an_address(), an_address(), an_address()
+    settings.TRUSTED_PROXIES = [proxy]
     fresh_window()
 
     def via_proxy(client_address: str) -> int:
@@ -234,7 +239,7 @@ def test_processes_take_permits_in_batches_and_never_let_in_more_than_the_limit(
     limit, batch, workers, sent = 600, 6, 3, 900
     address = an_address()
     fresh_window(margin=30)
-    env = worker_env(0, WEBHOOK_THROTTLE_RATE=f"{limit}/min", NUM_PROXIES="1")
+    env = worker_env(0, WEBHOOK_THROTTLE_RATE=f"{limit}/min", TRUSTED_PROXIES=HOST)
     with launch.gunicorn(
         env, config=GunicornConfig(workers=workers), log=tmp_path / "gunicorn.log"
     ) as server:
