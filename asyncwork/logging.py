@@ -39,7 +39,8 @@ rosen"@example.com``) and a percent-encoded at-sign (``jenny%40example.com`` in 
 ``%2540`` in a URL inside a query string) too. The domain stays, as operators need it to tell
 a mail provider's trouble from one mailbox's. The database keeps the full address: the admin
 and the API, not the logs, are where an operator reads it. Masking takes time linear in the
-line's length, whatever a client put in it (a Host header, a path).
+line's length, whatever a client put in it (a Host header, a path), and a record keeps at most
+``TEXT_MAX`` (8 KiB) of its message and of its traceback, their first and last halves.
 
 A request Django refuses as suspicious (``SuspiciousRequestFilter``, on
 ``django.security.DisallowedHost`` in ``settings.LOGGING``: a Host not in ``ALLOWED_HOSTS``)
@@ -185,15 +186,54 @@ def pii_mask(text: str) -> str:
     return _EMAIL.sub(_masked, " " + text)[1:]
 
 
+# A record keeps at most this many characters of its message, and of its traceback: the first
+# and the last half of each, cut at whitespace. A client controls some of what is logged (a
+# path, a Host header of up to 8 KB), and masking costs time in proportion to the line.
+TEXT_MAX = 8 * 1024
+_WHITESPACE = re.compile(r"\s")
+
+
+def text_bounded(text: str) -> str:
+    """``text`` itself, or, over ``TEXT_MAX`` characters, its first and last halves with a note
+    of how much was left out between them. Each half is cut at whitespace, which no address
+    holds: no part of one is left at a cut, too short to be recognised and masked."""
+    if len(text) <= TEXT_MAX:
+        return text
+    half = TEXT_MAX // 2
+    head, tail = text[:half], text[-half:]
+    last = _WHITESPACE.search(head[::-1])
+    head = head[: len(head) - last.start()] if last else ""
+    first = _WHITESPACE.search(tail)
+    tail = tail[first.start() :] if first else ""
+    return f"{head}[... {len(text) - len(head) - len(tail)} characters left out ...]{tail}"
+
+
+def record_bounded(record: logging.LogRecord, formatter: logging.Formatter) -> logging.LogRecord:
+    """``record`` when its message and traceback are within ``TEXT_MAX``; otherwise a copy with
+    both ``text_bounded`` (the other handlers see the record as it came)."""
+    if record.exc_info and not record.exc_text:  # cached on the record, as logging does
+        record.exc_text = formatter.formatException(record.exc_info)
+    message = record.getMessage()
+    if len(message) <= TEXT_MAX and len(record.exc_text or "") <= TEXT_MAX:
+        return record
+    bounded = logging.makeLogRecord(record.__dict__)
+    bounded.msg, bounded.args = text_bounded(message), None
+    if record.exc_text:
+        bounded.exc_info, bounded.exc_text = None, text_bounded(record.exc_text)
+    return bounded
+
+
 class TextFormatter(logging.Formatter):
-    """The standard format, then `` name=value`` for each context field the record has; email
-    addresses masked unless ``mask_pii`` is False (``LOG_PII=1``)."""
+    """The standard format, then `` name=value`` for each context field the record has; the
+    message and traceback bounded (``record_bounded``); email addresses masked unless
+    ``mask_pii`` is False (``LOG_PII=1``)."""
 
     def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mask_pii = mask_pii
 
     def format(self, record: logging.LogRecord) -> str:
+        record = record_bounded(record, self)
         line = super().format(record)
         suffix = " ".join(
             f"{name}={value}"
@@ -208,16 +248,17 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(JsonFormatterBase):
-    """python-json-logger's formatter (every field a top-level key), with email addresses
-    masked in the finished object unless ``mask_pii`` is False (``LOG_PII=1``). Masking the
-    serialised text keeps it valid JSON: the replacement holds no quote or backslash."""
+    """python-json-logger's formatter (every field a top-level key), the message and traceback
+    bounded (``record_bounded``), with email addresses masked in the finished object unless
+    ``mask_pii`` is False (``LOG_PII=1``). Masking the serialised text keeps it valid JSON: the
+    replacement holds no quote or backslash."""
 
     def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mask_pii = mask_pii
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = super().format(record_bounded(record, self))
         return pii_mask(line) if self.mask_pii else line
 
 

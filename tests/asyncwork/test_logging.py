@@ -9,6 +9,8 @@ import io
 import json
 import logging
 import logging.config
+import re
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -215,6 +217,11 @@ HOSTILE = {
     "%40.": "%40." * 8192,
     '"a run"@': '"' + "a" * 32766 + '"@',
 }
+# The same with a space every 100 characters, where a record's message may be cut (each keeps
+# the 8 KiB a record holds at most, all of it hostile).
+HOSTILE |= {
+    f"{name}, spaced": " ".join(re.findall(".{1,99}", text)) for name, text in HOSTILE.items()
+}
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
@@ -235,6 +242,47 @@ def test_masking_a_32_kb_hostile_line_takes_under_5_ms(log_format: str, message:
     # This thread's CPU time, the best of five: what the formatter costs, not what the
     # machine's other work does to a wall clock.
     assert min(cpu_seconds() for _ in range(5)) < 0.005
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_long_message_and_traceback_keep_their_ends_and_no_part_of_an_address(
+    log_format: str,
+) -> None:
+    """Over 8 KiB, a message keeps its first and last 4 KiB, cut at whitespace: an address
+    across a cut is left out whole, not left in part (too short to be masked); the line says
+    how much was left out. The traceback likewise; JSON stays JSON."""
+    stream = io.StringIO()
+    handler = console_handler(log_format, stream)
+    assert handler.formatter is not None
+    # An address across each cut (4,096 characters from either end), others near the ends.
+    filler = "lorem ipsum " * 2000
+    message = (
+        "first jenny.rosen@example.com "
+        + "x" * 4070
+        + " straddling.head@example.com "
+        + filler
+        + " straddling.tail@example.com "
+        + "y" * 4070
+        + " last john.doe@example.org"
+    )
+    try:
+        raise ValueError("failed for " + filler + " mary@example.net")
+    except ValueError:
+        record = logging.LogRecord(
+            "invoicing.mail", logging.ERROR, __file__, 1, "%s", (message,), sys.exc_info()
+        )
+    handler.handle(record)
+    line = stream.getvalue()
+    text = json.dumps(json.loads(line)) if log_format == "json" else line
+    assert "j***@example.com" in text
+    assert "j***@example.org" in text
+    assert "m***@example.net" in text  # the end of the traceback, where its message is
+    assert "straddling" not in text
+    assert "characters left out ...]" in text
+    assert "Traceback (most recent call last)" in text
+    assert len(line) < 3 * 8192
+    # The record itself is left as it came, for any other handler.
+    assert record.getMessage() == message
 
 
 @pytest.mark.slow
