@@ -2,6 +2,9 @@
 # hashes of requirements/dev.txt (a file pip refuses to install from if any download differs),
 # then the project itself, without touching its dependencies.
 PYTHON ?= python3
+# A pipe fails when any of its commands fails (pip piped through grep, below).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VENV := .venv
 STAMP := $(VENV)/.installed
 # How requirements/*.txt are made from pyproject.toml (`make lock`): every package pinned with
@@ -13,11 +16,18 @@ COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --st
 
 PYTEST_PROCESSES := -n 2 --dist loadfile
 
+# The first install takes a minute or two: each step says what it does, and pip names each
+# package as it takes it.
 $(STAMP): pyproject.toml requirements/dev.txt
+	@echo "make: creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --require-hashes -r requirements/dev.txt
-	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	@echo "make: installing requirements/dev.txt ($$(grep -c '^[a-z]' requirements/dev.txt) pinned packages)"
+	$(VENV)/bin/pip install --progress-bar off --disable-pip-version-check --require-hashes \
+		-r requirements/dev.txt | grep --line-buffered -E '^(Collecting|Successfully installed)'
+	@echo "make: installing the project"
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 demo: $(STAMP)
 	$(VENV)/bin/python scripts/demo.py

@@ -5,6 +5,8 @@ traceback."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from stack.net import free_port
 from stack.process import ROOT
-from tests.helpers.environment import PRODUCTION, clean_env
+from tests.helpers.environment import PRODUCTION, clean_env, manage
 
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {
@@ -97,3 +99,31 @@ def test_gunicorn_started_elsewhere_stops_without_a_traceback(tmp_path: Path) ->
     naming = [line for line in result.stderr.splitlines() if "DJANGO_SECRET_KEY" in line]
     assert naming == [refusal("DJANGO_SECRET_KEY")], result.stderr
     assert "App failed to load." in result.stderr
+
+
+def test_a_missing_database_is_one_line_saying_how_to_create_it() -> None:
+    name = f"invoicing_missing_{os.getpid()}"
+    run = manage(
+        "migrate",
+        env={"DJANGO_DEBUG": "1", "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{name}"},
+    )
+    assert run.returncode == 1
+    assert run.stderr == (
+        f'Database error: database "{name}" does not exist on 127.0.0.1:5432 (DATABASE_URL '
+        f"names it): create it with `createdb -h 127.0.0.1 -p 5432 -U postgres {name}`\n"
+    )
+
+
+def test_a_database_server_that_does_not_answer_is_one_line() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = unused.getsockname()[1]
+        run = manage(
+            "migrate",
+            env={"DJANGO_DEBUG": "1", "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/any"},
+        )
+    assert run.returncode == 1
+    assert run.stderr == (
+        f"Database error: PostgreSQL does not answer on 127.0.0.1:{port} (DATABASE_URL): start "
+        "it, or set DATABASE_URL to one that does\n"
+    )
