@@ -8,9 +8,9 @@ Goals (the exit code). Safe arm: nothing lost (and nothing acknowledged left uns
 every refused recipient dead-lettered and every dead letter a permanent refusal; duplicates no
 more than the sends our kills cut inside the crash window, each duplicate carrying its
 invoice's one Message-ID; nothing marked sent that was not delivered; every relay kill landed
-between a publish and its mark (a fault that did not land proves nothing); the work hit by
-every worker kill, broker restart and PostgreSQL restart done within ``RECOVERY_BOUND``
-seconds; no worker idle for more than ``STALL_GAP`` seconds while emails waited. Control arm:
+between a publish and its mark (a fault that did not land proves nothing); in a profile with
+a ``recovery_bound``, the work hit by every worker kill, broker restart and PostgreSQL restart
+done within it; no worker idle for more than ``STALL_GAP`` seconds while emails waited. Control arm:
 at least one loss. Reported beside the goals, not part of them: whether every fault recovered
 (the relay kills and the broker stall have no bound), the processes that died by themselves
 (restarted, as a process manager would), the tasks workers terminated themselves on broker
@@ -108,8 +108,8 @@ DEFINITIONS = {
     'message that failed (Celery\'s "Couldn\'t ack" / "Couldn\'t reject"), from its log; each '
     "holds one of the worker's prefetch slots until its broker connection is re-established",
     "recovery_over_bound": "the worker kills, broker restarts and PostgreSQL restarts whose "
-    "recovery took longer than recovery_bound_seconds, or never came (seconds null): each "
-    "misses the goal recovery_within_30_s",
+    "recovery took longer than recovery_bound_seconds (the profile's; null: no bound), or never "
+    "came (seconds null): each misses the goal recovery_within_<bound>_s",
     "safety_net_actions": "from the processes' logs: what the scheduled jobs email-claims-"
     "recover (the lease-expiry recovery) and email-reconcile (periodic and on recovery) "
     "re-enqueued, what each rescue of workers-rescue released (email-claims: claims of a "
@@ -305,21 +305,32 @@ class _Analysis:
 
 STALL_GAP = 10.0  # seconds without finishing a task, while emails wait, that make a stall
 
-# The faults whose recovery is bounded, and the bound: the work each hit done within it.
+# The faults whose recovery a profile's ``recovery_bound`` bounds.
 BOUNDED_FAULTS = (WORKER_KILL, REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART)
-RECOVERY_BOUND = 30.0
 
 
-def recovery_over_bound(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The bounded faults (``BOUNDED_FAULTS``) that ran and did not recover within
-    ``RECOVERY_BOUND`` seconds (``seconds`` None: never)."""
+def over_bound(fault: dict[str, Any], bound: float | None) -> bool:
+    """Whether ``fault`` is bounded, ran, and did not recover within ``bound`` seconds."""
+    seconds = fault.get("recovery_seconds")
+    return (
+        bound is not None
+        and fault["kind"] in BOUNDED_FAULTS
+        and "skipped" not in fault
+        and (seconds is None or seconds > bound)
+    )
+
+
+def recovery_over_bound(faults: list[dict[str, Any]], bound: float | None) -> list[dict[str, Any]]:
+    """The bounded faults that did not recover within ``bound`` (``seconds`` None: never)."""
     return [
         {"kind": f["kind"], "at": f["at"], "seconds": f.get("recovery_seconds")}
         for f in faults
-        if f["kind"] in BOUNDED_FAULTS
-        and "skipped" not in f
-        and (f.get("recovery_seconds") is None or f["recovery_seconds"] > RECOVERY_BOUND)
+        if over_bound(f, bound)
     ]
+
+
+def recovery_goal(bound: float) -> str:
+    return f"recovery_within_{bound:g}_s"
 
 
 def _waiting_stretch(timeline: list[dict[str, Any]], start: float, end: float) -> list[Any]:
@@ -470,8 +481,8 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "relay_rows_published_unmarked": sum(len(r["left_unmarked"]) for r in relay_kills),
         },
         "every_fault_recovered": all(f.get("recovered", False) for f in faults),
-        "recovery_bound_seconds": RECOVERY_BOUND,
-        "recovery_over_bound": recovery_over_bound(faults),
+        "recovery_bound_seconds": inputs.profile.recovery_bound,
+        "recovery_over_bound": recovery_over_bound(faults, inputs.profile.recovery_bound),
         "workers_stalled_with_work_waiting": stalled_workers(inputs, a.rel),
         "worker_failed_acks": inputs.failed_acks,
         "unexpected_process_exits": [
@@ -495,8 +506,9 @@ def build(inputs: Inputs) -> dict[str, Any]:
             # A fault that was planned but did not land proves nothing: the run does not count.
             "relay_kills_landed": all(r["landed"] for r in relay_kills),
         }
-        if any(f["kind"] in BOUNDED_FAULTS for f in faults):
-            goals["recovery_within_30_s"] = not results["recovery_over_bound"]
+        bound = inputs.profile.recovery_bound
+        if bound is not None and any(f["kind"] in BOUNDED_FAULTS for f in faults):
+            goals[recovery_goal(bound)] = not results["recovery_over_bound"]
         goals["no_worker_stalled_with_work_waiting"] = not results[
             "workers_stalled_with_work_waiting"
         ]
@@ -645,13 +657,12 @@ def summary(report: dict[str, Any]) -> str:
             POSTGRES_RESTART: lambda f: f"{f['pending_invoices_at_fault']} invoices pending",
         }.get(fault["kind"], _partition_detail)(fault)
         recovery = fault.get("recovery_seconds")
-        over = (
-            fault["kind"] in BOUNDED_FAULTS and recovery is not None and recovery > RECOVERY_BOUND
-        )
+        bound = r["recovery_bound_seconds"]
+        over = recovery is not None and over_bound(fault, bound)
         lines.append(
             f"  +{fault['at']:>6} s {fault['kind']} ({detail}): "
             + (f"recovered in {recovery} s" if recovery is not None else "NOT RECOVERED")
-            + (f" (OVER {RECOVERY_BOUND:g} s)" if over else "")
+            + (f" (OVER {bound:g} s)" if over else "")
             + "; emails flowing again "
             + (
                 f"after {fault['email_flow_resumed']} s"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from chaos import ablation
+from chaos import ablation, config
 from chaos.observe import net_actions
 from chaos.report import recovery_over_bound
 from stack.process import ROOT
@@ -123,8 +123,10 @@ def _safe(name: str) -> dict[str, Any]:
 def test_recovery_over_30_s_reads_the_committed_runs_as_the_issue_does() -> None:
     # The committed Redis run recovered from everything within 30 s; the RabbitMQ one did not
     # from its third kill, the node's restart and PostgreSQL's.
-    assert recovery_over_bound(_safe("full.json")["faults"]) == []
-    over = recovery_over_bound(_safe("full-rabbitmq.json")["faults"])
+    bound = config.FULL.recovery_bound
+    assert bound == 30
+    assert recovery_over_bound(_safe("full.json")["faults"], bound) == []
+    over = recovery_over_bound(_safe("full-rabbitmq.json")["faults"], bound)
     assert [(f["kind"], f["seconds"]) for f in over] == [
         ("worker_kill", 35.5),
         ("rabbitmq_restart", 39.2),
