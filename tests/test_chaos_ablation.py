@@ -114,6 +114,16 @@ def test_the_ablation_refuses_an_unknown_net_and_the_committed_results() -> None
     run = _chaos("chaos.ablation", "--results", str(RESULTS))
     assert run.returncode == 2
     assert "not chaos/results" in run.stderr
+    first = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    run = _chaos("chaos.ablation", "--results", "/tmp/x", "--revision", first)
+    assert run.returncode == 2
+    assert "its chaos suite has no --without" in run.stderr
 
 
 def _safe(name: str) -> dict[str, Any]:

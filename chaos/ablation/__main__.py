@@ -84,13 +84,14 @@ def worktree(revision: str, patch: str | None) -> Iterator[Path]:
     (``chaos/ablation/<net>.patch``) applied; removed afterwards, on an error too."""
     parent = Path(tempfile.mkdtemp(prefix="chaos-ablation-"))
     tree = parent / "tree"
-    _git("worktree", "add", "--detach", "--quiet", str(tree), revision)
     try:
+        _git("worktree", "add", "--detach", "--quiet", str(tree), revision)
         if patch is not None:
             _git("apply", patch, cwd=tree)
         yield tree
     finally:
-        _git("worktree", "remove", "--force", str(tree))
+        if tree.exists():
+            _git("worktree", "remove", "--force", str(tree))
         shutil.rmtree(parent, ignore_errors=True)
 
 
@@ -122,9 +123,12 @@ def run_one(
         "chaos",
         "--arm",
         config.SAFE,
-        "--profile",
-        profile.name,
-        *(["--hosts"] if profile.hosts else []),
+        # Across hosts, chaos picks the profile from --short.
+        *(
+            ["--hosts", *(["--short"] if profile is config.HOSTS_SHORT else [])]
+            if profile.hosts
+            else ["--profile", profile.name]
+        ),
         "--broker",
         broker,
         "--seed",
@@ -367,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         revision = _git("rev-parse", "--verify", f"{args.revision}^{{commit}}")
     except subprocess.CalledProcessError:
         parser.error(f"--revision {args.revision}: not a commit of {ROOT}")
+    try:
+        _git("cat-file", "-e", f"{revision}:chaos/ablation/__init__.py")
+    except subprocess.CalledProcessError:
+        parser.error(
+            f"--revision {args.revision}: its chaos suite has no --without (chaos.ablation)"
+        )
     if args.revision == "HEAD" and _git("status", "--porcelain", "--untracked-files=no"):
         print(f"ablation: runs {revision[:12]}; the uncommitted changes in {ROOT} are not in it")
     plan = [
