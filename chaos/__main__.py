@@ -5,6 +5,7 @@ the processes' logs under ``<results>/logs/<arm>/``, and the run's result file
 ``<results>/<profile>.json`` (date, machine, every arm's report), kept in the repository and
 rendered into docs/chaos.md by ``python -m scripts.docs_tables``. Exits non-zero if the safe
 arm misses a goal, or if the control arm shows no loss (then the suite could not see one).
+``--without NET`` switches a safety net off in the safe arm (``chaos.ablation``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from chaos import config, report, scale
+from chaos import ablation, config, report, scale
 from chaos.run import run_arm
 from chaos.stack import BROKERS, REDIS
 from stack import netns
+from stack.process import ROOT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,6 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--without",
+        action="append",
+        choices=list(ablation.NETS),
+        default=[],
+        metavar="NET",
+        help="a safety net switched off, for an ablation (repeatable; safe arm, its own "
+        f"--results): {', '.join(f'{n.name} {n.title}' for n in ablation.NETS.values())}. "
+        "A net switched off by a patch needs it applied to this checkout: python -m "
+        "chaos.ablation does that in a throwaway worktree",
+    )
     args = parser.parse_args(argv)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate)
@@ -76,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--scale measures across hosts: add --hosts")
     if args.scale and args.broker != REDIS:
         parser.error("--scale measures on Redis only (--broker redis)")
+    if args.scale and args.without:
+        parser.error("--scale measures without faults: --without means nothing there")
     if args.hosts:
         why_not = netns.available()
         if why_not:
@@ -93,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if profile.hosts and not args.hosts:
         parser.error(f"--profile {profile.name} runs across hosts: add --hosts")
+    without = tuple(dict.fromkeys(args.without))
+    if without and args.arm != config.SAFE:
+        parser.error("--without switches a safety net off in the safe arm: add --arm safe")
+    if without and args.results.resolve() == RESULTS:
+        parser.error(f"--without: give --results DIR (an ablated run must not replace {RESULTS})")
+    for name in without:
+        if args.broker not in ablation.NETS[name].brokers:
+            parser.error(f"--without {name}: that net does not act on {args.broker}")
+    mismatch = ablation.patches_mismatch(without, ROOT)
+    if mismatch:
+        parser.error(mismatch)
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     arms = [config.SAFE, config.CONTROL] if args.arm == "both" else [args.arm]
     failed = []
@@ -117,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=seed,
             log_dir=log_dir,
             broker=args.broker,
+            without=without,
         )
         path = report.write(result, args.results)
         reports.append(result)

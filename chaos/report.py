@@ -8,10 +8,13 @@ Goals (the exit code). Safe arm: nothing lost (and nothing acknowledged left uns
 every refused recipient dead-lettered and every dead letter a permanent refusal; duplicates no
 more than the sends our kills cut inside the crash window, each duplicate carrying its
 invoice's one Message-ID; nothing marked sent that was not delivered; every relay kill landed
-between a publish and its mark (a fault that did not land proves nothing). Control arm: at least
-one loss. Reported beside the goals, not part of them: whether every fault recovered, the
-processes that died by themselves (restarted, as a process manager would), the workers that
-stalled with work waiting, and the tasks workers terminated themselves on broker loss.
+between a publish and its mark (a fault that did not land proves nothing); in a profile with
+a ``recovery_bound``, the work hit by every worker kill, broker restart and PostgreSQL restart
+done within it; no worker idle for more than ``STALL_GAP`` seconds while emails waited. Control arm:
+at least one loss. Reported beside the goals, not part of them: whether every fault recovered
+(the relay kills and the broker stall have no bound), the processes that died by themselves
+(restarted, as a process manager would), the tasks workers terminated themselves on broker
+loss, and what each safety net did (from the processes' logs).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from chaos.faults import (
     WORKER_KILL,
 )
 from chaos.load import Plan, Sender
-from chaos.observe import Facts
+from chaos.observe import Facts, NetActions
 from chaos.stack import Exit
 from stack.machine import describe, revision
 from stack.smtp import Received, SmtpServer
@@ -104,6 +107,14 @@ DEFINITIONS = {
     "worker_failed_acks": "per worker, acknowledgements or rejections of a finished task's "
     'message that failed (Celery\'s "Couldn\'t ack" / "Couldn\'t reject"), from its log; each '
     "holds one of the worker's prefetch slots until its broker connection is re-established",
+    "recovery_over_bound": "the worker kills, broker restarts and PostgreSQL restarts whose "
+    "recovery took longer than recovery_bound_seconds (the profile's; null: no bound), or never "
+    "came (seconds null): each misses the goal recovery_within_<bound>_s",
+    "safety_net_actions": "from the processes' logs: what the scheduled jobs email-claims-"
+    "recover (the lease-expiry recovery) and email-reconcile (periodic and on recovery) "
+    "re-enqueued, what each rescue of workers-rescue released (email-claims: claims of a "
+    "worker whose heartbeat lapsed; held-jobs: the jobs its consumer held), the beat leader's "
+    "recovery dispatches by reason, and the worker watchdog's exits",
     "unexpected_process_exits": "application processes that exited without being killed or "
     "stopped by the suite; workers and beat are started again a second later, as the "
     "deployment's process manager would",
@@ -133,6 +144,8 @@ class Inputs:
     log_dir: Path
     broker: str = "redis"
     hosts: dict[str, Any] | None = None  # across hosts: the topology, the beats, the zombies
+    net_actions: NetActions | None = None
+    without: tuple[str, ...] = ()  # the safety nets switched off (chaos.ablation)
 
 
 def outbox_ids_of(records: list[dict[str, Any]]) -> list[int]:
@@ -292,6 +305,33 @@ class _Analysis:
 
 STALL_GAP = 10.0  # seconds without finishing a task, while emails wait, that make a stall
 
+# The faults whose recovery a profile's ``recovery_bound`` bounds.
+BOUNDED_FAULTS = (WORKER_KILL, REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART)
+
+
+def over_bound(fault: dict[str, Any], bound: float | None) -> bool:
+    """Whether ``fault`` is bounded, ran, and did not recover within ``bound`` seconds."""
+    seconds = fault.get("recovery_seconds")
+    return (
+        bound is not None
+        and fault["kind"] in BOUNDED_FAULTS
+        and "skipped" not in fault
+        and (seconds is None or seconds > bound)
+    )
+
+
+def recovery_over_bound(faults: list[dict[str, Any]], bound: float | None) -> list[dict[str, Any]]:
+    """The bounded faults that did not recover within ``bound`` (``seconds`` None: never)."""
+    return [
+        {"kind": f["kind"], "at": f["at"], "seconds": f.get("recovery_seconds")}
+        for f in faults
+        if over_bound(f, bound)
+    ]
+
+
+def recovery_goal(bound: float) -> str:
+    return f"recovery_within_{bound:g}_s"
+
 
 def _waiting_stretch(timeline: list[dict[str, Any]], start: float, end: float) -> list[Any]:
     """The longest run of consecutive samples between ``start`` and ``end`` in which emails
@@ -441,6 +481,8 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "relay_rows_published_unmarked": sum(len(r["left_unmarked"]) for r in relay_kills),
         },
         "every_fault_recovered": all(f.get("recovered", False) for f in faults),
+        "recovery_bound_seconds": inputs.profile.recovery_bound,
+        "recovery_over_bound": recovery_over_bound(faults, inputs.profile.recovery_bound),
         "workers_stalled_with_work_waiting": stalled_workers(inputs, a.rel),
         "worker_failed_acks": inputs.failed_acks,
         "unexpected_process_exits": [
@@ -449,6 +491,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
         "email_jobs_enqueued_beyond_the_first": sum(
             n - 1 for n in facts.email_jobs_per_invoice.values() if n > 1
         ),
+        "safety_net_actions": asdict(inputs.net_actions) if inputs.net_actions else None,
     }
     if inputs.arm == config.SAFE:
         goals = {
@@ -463,6 +506,12 @@ def build(inputs: Inputs) -> dict[str, Any]:
             # A fault that was planned but did not land proves nothing: the run does not count.
             "relay_kills_landed": all(r["landed"] for r in relay_kills),
         }
+        bound = inputs.profile.recovery_bound
+        if bound is not None and any(f["kind"] in BOUNDED_FAULTS for f in faults):
+            goals[recovery_goal(bound)] = not results["recovery_over_bound"]
+        goals["no_worker_stalled_with_work_waiting"] = not results[
+            "workers_stalled_with_work_waiting"
+        ]
     else:
         goals = {"loss_observed": bool(lost)}
     if inputs.hosts is not None:
@@ -499,6 +548,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "worker_settings": config.worker_settings(inputs.arm),
             "gunicorn_workers": profile.web_workers,
             "timing_env": config.TIMING,
+            "safety_nets_off": list(inputs.without),
             "periodic_tasks": inputs.schedules,
             "fault_plan": [
                 {"at_share_of_load": s.at, "kind": s.kind, "window": s.window, "seconds": s.seconds}
@@ -523,7 +573,12 @@ def summary(report: dict[str, Any]) -> str:
     lines = [
         f"== chaos, {report['arm']} arm ({report['profile']} profile, seed {report['seed']}): "
         f"{cfg['workers']} workers x {cfg['worker_concurrency']} ({cfg['worker_settings']}), "
-        f"{report['duration_seconds']} s",
+        f"{report['duration_seconds']} s"
+        + (
+            f"; safety nets off: {', '.join(cfg['safety_nets_off'])}"
+            if cfg["safety_nets_off"]
+            else ""
+        ),
         f"load: {load['deliveries']} deliveries of {load['unique_events']} events for "
         f"{load['invoices']} invoices ({load['duplicate_share']:.0%} duplicates, "
         f"{load['invoices_with_both_event_types']} invoices with both event types) from "
@@ -569,6 +624,7 @@ def summary(report: dict[str, Any]) -> str:
         )
         + "; failed acks: "
         + (", ".join(f"{w} {n}" for w, n in r["worker_failed_acks"].items()) or "none"),
+        f"safety nets acted: {net_actions_text(r['safety_net_actions'])}",
         "faults (seconds from the start; recovery as defined in the JSON); every one "
         f"recovered: {_mark(r['every_fault_recovered'])}",
     ]
@@ -601,9 +657,12 @@ def summary(report: dict[str, Any]) -> str:
             POSTGRES_RESTART: lambda f: f"{f['pending_invoices_at_fault']} invoices pending",
         }.get(fault["kind"], _partition_detail)(fault)
         recovery = fault.get("recovery_seconds")
+        bound = r["recovery_bound_seconds"]
+        over = recovery is not None and over_bound(fault, bound)
         lines.append(
             f"  +{fault['at']:>6} s {fault['kind']} ({detail}): "
             + (f"recovered in {recovery} s" if recovery is not None else "NOT RECOVERED")
+            + (f" (OVER {bound:g} s)" if over else "")
             + "; emails flowing again "
             + (
                 f"after {fault['email_flow_resumed']} s"
@@ -617,6 +676,22 @@ def summary(report: dict[str, Any]) -> str:
     goals = ", ".join(f"{name} {_mark(ok)}" for name, ok in report["goals"].items())
     lines.append(f"goals: {goals} => {'PASS' if report['passed'] else 'FAIL'}")
     return "\n".join(lines)
+
+
+def net_actions_text(actions: dict[str, Any] | None) -> str:
+    """What the safety nets did, in one line (``safety_net_actions``)."""
+    if actions is None:
+        return "not read"
+    enqueued, rescued = actions["job_results"], actions["rescued"]
+    dispatches = actions["recovery_dispatches"]
+    return (
+        f"lease recovery re-enqueued {enqueued.get('email-claims-recover', 0)}; "
+        f"heartbeat rescue released {rescued.get('email-claims', 0)} claim(s) and "
+        f"{rescued.get('held-jobs', 0)} held job(s); reconcile re-enqueued "
+        f"{enqueued.get('email-reconcile', 0)}, dispatched on recovery "
+        + (", ".join(f"{reason} x {n}" for reason, n in dispatches.items()) or "never")
+        + f"; watchdog exits {actions['watchdog_exits']}"
+    )
 
 
 def _partition_detail(fault: dict[str, Any]) -> str:

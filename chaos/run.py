@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chaos import config, hosts, report
+from chaos import ablation, config, hosts, report
 from chaos.faults import RABBITMQ_RESTART, REDIS_RESTART, Context, FaultRunner
 from chaos.load import Plan, Sender, plan_build
 from chaos.observe import (
@@ -30,6 +30,7 @@ from chaos.observe import (
     Sources,
     Timeline,
     facts_collect,
+    net_actions,
     worker_failed_acks,
     worker_outcomes,
     worker_self_terminations,
@@ -54,16 +55,21 @@ SELECT (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
 """
 
 
-def schedules_tune(db: Db, *, arm: str) -> dict[str, Any]:
-    """Shorten the beat intervals (and, in the control arm, disable the safety nets) in the
-    chaos database. Returns what the periodic tasks look like afterwards."""
+def schedules_tune(db: Db, *, arm: str, disabled: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Shorten the beat intervals (and, in the control arm, disable the safety nets; in any
+    arm, the periodic tasks ``disabled``) in the chaos database. Returns what the periodic
+    tasks look like afterwards."""
+    unknown = set(disabled) - set(config.INTERVALS)
+    if unknown:
+        raise ValueError(f"not a periodic task the suite schedules: {sorted(unknown)}")
+    off = set(disabled) | (set(config.SAFETY_NETS) if arm == config.CONTROL else set())
     for name, every in config.INTERVALS.items():
         interval = db.value(
             "INSERT INTO django_celery_beat_intervalschedule (every, period) "
             "VALUES (%s, 'seconds') RETURNING id",
             [every],
         )
-        enabled = arm == config.SAFE or name not in config.SAFETY_NETS
+        enabled = name not in off
         updated = db.value(
             "UPDATE django_celery_beat_periodictask SET interval_id = %s, expire_seconds = %s, "
             "enabled = %s WHERE name = %s RETURNING id",
@@ -154,10 +160,13 @@ def run_arm(
     seed: int,
     log_dir: Path,
     broker: str = REDIS,
+    without: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One arm; with ``profile.hosts``, across the hosts of ``chaos.hosts``: the topology is
     made first and removed last (also on an error or Ctrl-C), and this thread runs the arm
-    from the control host (every thread and process it starts is born there)."""
+    from the control host (every thread and process it starts is born there). ``without``:
+    the safety nets switched off (``chaos.ablation``: their periodic tasks and environment
+    values here; their patches, if any, applied to this checkout by the caller)."""
     with contextlib.ExitStack() as scope:
         net = None
         if profile.hosts:
@@ -172,6 +181,7 @@ def run_arm(
             log_dir=log_dir,
             broker=broker,
             net=net,
+            without=without,
         )
 
 
@@ -184,6 +194,7 @@ def _run_arm(
     log_dir: Path,
     broker: str,
     net: Topology | None,
+    without: tuple[str, ...],
 ) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
     # On RabbitMQ the plan's broker restart is the node's (Redis, the cache, is not restarted).
@@ -210,6 +221,7 @@ def _run_arm(
             # The edge forwards the client's Host: its loopback address on the control host.
             web_hosts=(HOST, *(net.address(h) for h in hosts.WEB_HOSTS)),
         )
+    env.update(ablation.env_of(without))
     extra: dict[str, Any] | None = None
     try:
         with (
@@ -222,7 +234,7 @@ def _run_arm(
             stack.manage("migrate", "--noinput")
             stack.manage("setup_periodic_tasks")
             db = Db(stack.postgres.url("chaos"))
-            schedules = schedules_tune(db, arm=arm)
+            schedules = schedules_tune(db, arm=arm, disabled=ablation.jobs_off(without))
             workers = WorkerPool(
                 stack,
                 count=profile.workers,
@@ -330,5 +342,7 @@ def _run_arm(
             log_dir=log_dir,
             broker=broker,
             hosts=extra,
+            net_actions=net_actions(log_dir),
+            without=without,
         )
     )

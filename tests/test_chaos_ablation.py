@@ -1,0 +1,200 @@
+"""The chaos suite's ablation tool, without running the suite: each net's patch applies to this
+revision and is recognised once applied, ``python -m chaos --without`` refuses a run whose
+checkout does not match the nets it names, the goals that bound recovery and idle workers read
+the committed result files as the issue's bar does, and ``python -m chaos.ablation --table``
+renders those files' figures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos import ablation, config
+from chaos.observe import net_actions
+from chaos.report import recovery_over_bound
+from stack.process import ROOT
+
+RESULTS = ROOT / "chaos" / "results"
+PATCHED = [net for net in ablation.NETS.values() if net.patched]
+
+
+def _chaos(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_every_patch_file_belongs_to_a_net_switched_off_by_a_patch() -> None:
+    assert sorted(p.name for p in ablation.PATCHES.glob("*.patch")) == sorted(
+        f"{net.name}.patch" for net in PATCHED
+    )
+    assert len(PATCHED) == 4
+
+
+@pytest.mark.parametrize("net", PATCHED, ids=lambda net: net.name)
+def test_the_patch_applies_to_this_revision(net: ablation.Net) -> None:
+    assert net.patch is not None
+    check = subprocess.run(
+        ["git", "apply", "--check", str(net.patch)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("net", PATCHED, ids=lambda net: net.name)
+def test_a_checkout_with_the_patch_applied_runs_only_with_that_net_named(
+    net: ablation.Net, tmp_path: Path
+) -> None:
+    assert net.patch is not None
+    # The files every patch touches, as this revision has them, outside any repository.
+    for name in ("invoicing/apps.py", "asyncwork/rescue.py", "asyncwork/beat.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    assert ablation.patches_mismatch([], tmp_path) is None
+    assert f"{net.name} is switched off by a patch" in str(
+        ablation.patches_mismatch([net.name], tmp_path)
+    )
+
+    subprocess.run(["git", "apply", str(net.patch)], cwd=tmp_path, check=True)
+
+    assert ablation.patches_mismatch([net.name], tmp_path) is None
+    assert ablation.patches_mismatch([], tmp_path) == (
+        f"{tmp_path} has {net.name}'s patch applied: add --without {net.name}"
+    )
+
+
+def test_without_a_net_the_checkout_or_broker_cannot_switch_off_is_refused(tmp_path: Path) -> None:
+    run = _chaos("chaos", "--arm", "safe", "--without", "N2", "--results", str(tmp_path))
+    assert run.returncode == 2
+    assert "N2 is switched off by a patch, and chaos/ablation/N2.patch is not applied" in (
+        run.stderr
+    )
+    run = _chaos(
+        "chaos",
+        *("--arm", "safe", "--broker", "rabbitmq", "--without", "N4-detection"),
+        *("--results", str(tmp_path)),
+    )
+    assert run.returncode == 2
+    assert "--without N4-detection: that net does not act on rabbitmq" in run.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--without", "N1"], "add --arm safe"),
+        (["--without", "N1", "--arm", "safe"], "give --results DIR"),
+        (["--without", "N9", "--arm", "safe"], "invalid choice: 'N9'"),
+    ],
+)
+def test_an_ablation_run_that_could_mislead_is_refused(args: list[str], error: str) -> None:
+    run = _chaos("chaos", *args)
+    assert run.returncode == 2
+    assert error in run.stderr
+
+
+def test_the_ablation_refuses_an_unknown_net_and_the_committed_results() -> None:
+    run = _chaos("chaos.ablation", "--results", "/tmp/x", "--nets", "N1,N7")
+    assert run.returncode == 2
+    assert "unknown net: N7" in run.stderr
+    run = _chaos("chaos.ablation", "--results", str(RESULTS))
+    assert run.returncode == 2
+    assert "not chaos/results" in run.stderr
+    first = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    run = _chaos("chaos.ablation", "--results", "/tmp/x", "--revision", first)
+    assert run.returncode == 2
+    assert "its chaos suite has no --without" in run.stderr
+
+
+def _safe(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text())["arms"]["safe"]
+
+
+def test_recovery_over_30_s_reads_the_committed_runs_as_the_issue_does() -> None:
+    # The committed Redis run recovered from everything within 30 s; the RabbitMQ one did not
+    # from its third kill, the node's restart and PostgreSQL's.
+    bound = config.FULL.recovery_bound
+    assert bound == 30
+    assert recovery_over_bound(_safe("full.json")["faults"], bound) == []
+    over = recovery_over_bound(_safe("full-rabbitmq.json")["faults"], bound)
+    assert [(f["kind"], f["seconds"]) for f in over] == [
+        ("worker_kill", 35.5),
+        ("rabbitmq_restart", 39.2),
+        ("postgres_restart", 35.0),
+    ]
+
+
+def test_net_actions_are_summed_from_the_processes_logs(tmp_path: Path) -> None:
+    # Lines as the application's text formatter writes them (one worker, the beat).
+    (tmp_path / "worker1-1.log").write_text(
+        "2026-12-02 10:00:01,000 INFO asyncwork.jobs job email-claims-recover ran: 2 "
+        "job=email-claims-recover outcome=ran result=2\n"
+        "2026-12-02 10:00:02,000 WARNING asyncwork.rescue rescue email-claims: 3 claim(s) of "
+        "worker processes whose heartbeat lapsed released and re-enqueued\n"
+        "2026-12-02 10:00:03,000 WARNING asyncwork.rescue rescue held-jobs: 4 job(s) held by "
+        "worker processes whose heartbeat lapsed released and re-enqueued\n"
+        "2026-12-02 10:00:04,000 INFO asyncwork.jobs job email-reconcile ran: skipped: email "
+        "provider breaker open\n"
+        "2026-12-02 10:00:05,000 INFO asyncwork.jobs job email-reconcile ran: 7\n"
+        "2026-12-02 10:00:06,000 CRITICAL asyncwork.watchdog worker watchdog: a free slot "
+        "while 5 message(s) waited in email and no task was taken for 10 s\n"
+    )
+    (tmp_path / "beat.log").write_text(
+        "2026-12-02 10:00:07,000 WARNING asyncwork.jobs recovery: broker_restarted; "
+        "dispatched the recovery jobs now: email-reconcile\n"
+        "2026-12-02 10:00:08,000 INFO asyncwork.jobs job email-reconcile ran: 5\n"
+    )
+    actions = net_actions(tmp_path)
+    assert actions.job_results == {"email-claims-recover": 2, "email-reconcile": 12}
+    assert actions.rescued == {"email-claims": 3, "held-jobs": 4}
+    assert actions.recovery_dispatches == {"broker_restarted": 1}
+    assert actions.watchdog_exits == 1
+
+
+def test_the_table_shows_each_configuration_s_goals_and_recoveries(tmp_path: Path) -> None:
+    for configuration, broker, name in (
+        ("baseline", "redis", "full.json"),
+        ("baseline", "rabbitmq", "full-rabbitmq.json"),
+        ("N3", "redis", "full.json"),
+    ):
+        (tmp_path / f"{configuration}-{broker}").mkdir()
+        shutil.copy(RESULTS / name, tmp_path / f"{configuration}-{broker}" / name)
+    (tmp_path / "N5-redis").mkdir()
+    (tmp_path / "N5-redis" / "ablation.json").write_text('{"exit_code": 1}')
+    (tmp_path / "not-a-run").mkdir()
+
+    run = _chaos("chaos.ablation", "--results", str(tmp_path), "--table")
+
+    assert run.returncode == 0, run.stderr
+    redis, rabbitmq = run.stdout.split("### rabbitmq")
+    rows = [line for line in redis.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| configuration",
+        "| baseline",
+        "| N3",
+        "| N5",
+    ]
+    assert "| 13.1 11.1 15.1 14.7 22.2 12 | 4.9 4.9 | 13.9 | 23.5 | 5.1 | none |" in rows[1]
+    assert "no result (exit 1)" in rows[3]
+    assert "| 21.3 21.4 **35.5** 17.3 11.2 11 | 2 7.6 | **39.2** | **35** | 5.1 |" in rabbitmq
+    assert "revision aa4d4018d8bb" in rabbitmq
