@@ -53,12 +53,7 @@ from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import Performed, idempotent_perform
 from asyncwork.logging import log_context_bind
-from asyncwork.outbox import (
-    outbox_enqueue,
-    outbox_enqueued,
-    outbox_insert_params,
-    outbox_insert_sql,
-)
+from asyncwork.outbox import outbox_enqueue
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 from operators.audit import operator_action_record
@@ -137,99 +132,7 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     return invoice
 
 
-# ``invoice_record_payment`` as data-modifying CTEs of the statement that stores the event
-# (``webhooks.events.Statement``; registered in ``invoicing.webhooks``): the same upsert, one
-# round trip. They act only for the row of ``event`` (a new event). ``invoice_before`` takes the
-# invoice's row lock first and reads the status as it is once the lock is held (what
-# ``select_for_update`` reads), so ``was_paid`` is exact; an invoice it cannot see (committed by
-# a concurrent event after this statement began) leaves the status before unknown: that is
-# ``INVOICE_PAYMENT_UNSETTLED``, and the event goes through ``invoice_record_payment`` instead.
 _INVOICE = Invoice._meta.db_table
-INVOICE_PAYMENT_CTES = f"""
-invoice_before AS (
-    SELECT id, status FROM {_INVOICE}
-    WHERE provider_invoice_id = %(invoice_provider_id)s AND EXISTS (SELECT FROM event)
-    FOR UPDATE
-), invoice AS (
-    INSERT INTO {_INVOICE} AS i
-        (provider_invoice_id, number, customer_email, recipient_override, customer_name,
-         amount_paid, currency, status, hosted_invoice_url, paid_at, provider_updated_at,
-         created_at, updated_at)
-    SELECT %(invoice_provider_id)s, %(invoice_number)s, %(invoice_customer_email)s, '',
-           %(invoice_customer_name)s, %(invoice_amount_paid)s::bigint, %(invoice_currency)s,
-           %(invoice_status)s, %(invoice_hosted_invoice_url)s, %(invoice_paid_at)s::timestamptz,
-           %(invoice_provider_time)s::timestamptz, now(), now()
-    FROM event LEFT JOIN invoice_before ON true
-    ON CONFLICT (provider_invoice_id) DO UPDATE
-        SET number = EXCLUDED.number, customer_email = EXCLUDED.customer_email,
-            customer_name = EXCLUDED.customer_name, amount_paid = EXCLUDED.amount_paid,
-            currency = EXCLUDED.currency, hosted_invoice_url = EXCLUDED.hosted_invoice_url,
-            status = CASE WHEN i.status = 'paid' THEN i.status ELSE EXCLUDED.status END,
-            paid_at = CASE WHEN i.status = 'paid' THEN coalesce(i.paid_at, EXCLUDED.paid_at)
-                           ELSE EXCLUDED.paid_at END,
-            provider_updated_at = EXCLUDED.provider_updated_at, updated_at = now()
-        WHERE i.provider_updated_at <= EXCLUDED.provider_updated_at
-    RETURNING i.id, i.status, i.xmax = 0 AS inserted
-), invoice_outbox AS (
-    {
-    outbox_insert_sql(
-        args="jsonb_build_array(invoice.id)",
-        rows="FROM invoice WHERE invoice.status = 'paid' "
-        "AND (invoice.inserted OR (SELECT status FROM invoice_before) <> 'paid')",
-    )
-}
-)"""  # noqa: S608 - table names from model metadata, no input
-INVOICE_PAYMENT_UNSETTLED = (
-    "EXISTS (SELECT FROM event) AND NOT EXISTS (SELECT FROM invoice_before) "
-    "AND NOT EXISTS (SELECT FROM invoice WHERE inserted)"
-)
-# The invoice upserted (None: a stale event), the invoice before, the outbox row written.
-INVOICE_PAYMENT_RETURNING = (
-    "(SELECT id FROM invoice), (SELECT id FROM invoice_before), "
-    "(SELECT id FROM invoice_outbox), (SELECT created FROM invoice_outbox)"
-)
-
-
-def invoice_payment_params(*, data: InvoiceData, provider_time: datetime) -> dict[str, object]:
-    """The values of ``INVOICE_PAYMENT_CTES``'s placeholders."""
-    return {
-        "invoice_provider_id": data.provider_invoice_id,
-        "invoice_number": data.number,
-        "invoice_customer_email": data.customer_email,
-        "invoice_customer_name": data.customer_name,
-        "invoice_amount_paid": data.amount_paid,
-        "invoice_currency": data.currency,
-        "invoice_status": data.status,
-        "invoice_hosted_invoice_url": data.hosted_invoice_url,
-        "invoice_paid_at": data.paid_at,
-        "invoice_provider_time": provider_time,
-        **outbox_insert_params(task=SEND_INVOICE_EMAIL_TASK),
-    }
-
-
-def invoice_payment_recorded(*, provider_time: datetime, values: tuple[object, ...]) -> int | None:
-    """After ``INVOICE_PAYMENT_CTES`` did their work: what ``invoice_record_payment`` does
-    besides writing (the log context, the outbox row's publish once committed); returns the
-    invoice's id, or None for a stale event."""
-    invoice_id, before_id, outbox_id, outbox_created = values
-    if invoice_id is None:
-        logger.info(
-            "stale invoice event ignored",
-            extra={"invoice_id": before_id, "provider_time": provider_time},
-        )
-        return None
-    assert isinstance(invoice_id, int)
-    log_context_bind(invoice_id=invoice_id)
-    if outbox_id is not None:
-        assert isinstance(outbox_id, int)
-        assert isinstance(outbox_created, float)
-        outbox_enqueued(
-            pk=outbox_id,
-            created=outbox_created,
-            task=SEND_INVOICE_EMAIL_TASK,
-            args=[invoice_id],
-        )
-    return invoice_id
 
 
 def invoice_email_key(invoice: Invoice) -> str:
