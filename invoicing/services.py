@@ -197,6 +197,14 @@ class ClaimRead(NamedTuple):
     claim: Claim | None
 
 
+def _invoice_read(invoice_id: int) -> Invoice:
+    """The invoice an email job names; ``PermanentError`` if there is none (no retry finds it)."""
+    try:
+        return Invoice.objects.get(pk=invoice_id)
+    except Invoice.DoesNotExist:
+        raise PermanentError(f"invoice {invoice_id} does not exist") from None
+
+
 def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
     """Read the invoice ``invoice_id``, then claim the right to send its email under ``key``.
     The claim is None if the invoice is not paid, or the key is sent or held by a live claim.
@@ -205,9 +213,7 @@ def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
     One statement, enforced by the UNIQUE key: no check-then-insert window. A paid invoice
     stays paid (``invoice_record_payment``), so the status read before the claim still holds
     under it."""
-    invoice = Invoice.objects.filter(pk=invoice_id).first()
-    if invoice is None:
-        raise PermanentError(f"invoice {invoice_id} does not exist")
+    invoice = _invoice_read(invoice_id)
     if invoice.status != Invoice.Status.PAID:
         return ClaimRead(invoice, None)
     with connection.cursor() as cursor:
@@ -343,10 +349,7 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
         if not decision.allowed:
             # Deferred only if there is an email to send: a job for an invoice gone or unpaid
             # ends now, as it would with the breaker closed.
-            invoice = Invoice.objects.filter(pk=invoice_id).first()
-            if invoice is None:
-                raise PermanentError(f"invoice {invoice_id} does not exist")
-            if invoice.status != Invoice.Status.PAID:
+            if _invoice_read(invoice_id).status != Invoice.Status.PAID:
                 return _not_paid(invoice_id)
             raise _provider_unavailable(decision.retry_in)
         return _invoice_email_send_claimed(
