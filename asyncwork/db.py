@@ -4,8 +4,8 @@ every probe of the health check, the metrics and the dashboard runs in), and a w
 connection kept across tasks as a web process keeps it across requests.
 
 A Celery worker's Django fixup closes every database connection before and after each task
-unless ``CELERY_DB_REUSE_MAX`` is set: a new PostgreSQL connection (and backend) per email,
-which cost more CPU than the email's own statements. With it set (core/settings.py), each task
+unless ``CELERY_DB_REUSE_MAX`` is set: a new PostgreSQL connection (and backend) per email.
+With it set (core/settings.py), each task
 is bracketed by Django's own per-request rule instead (``close_old_connections``): a
 connection is dropped when it outlived ``CONN_MAX_AGE``, when an error left it unusable, or
 when its autocommit was not restored, and ``CONN_HEALTH_CHECKS`` checks it before the task's
@@ -19,24 +19,19 @@ import functools
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import psycopg
 from celery.signals import task_postrun, task_prerun
 from django.conf import settings
 from django.db import (
-    DEFAULT_DB_ALIAS,
     close_old_connections,
     connection,
     connections,
     models,
     transaction,
 )
-from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Field
 from django.db.models.options import Options
-
-M = TypeVar("M", bound=models.Model)
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -108,89 +103,6 @@ def _insert(instance: models.Model, conflict_fields: tuple[str, ...]) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=64)
-def _select_statement(meta: Options[Any]) -> tuple[list[str], list[tuple[int, Any]], str]:
-    """The attribute names, the value converters (by position) and the columns selected by
-    ``row_get`` for one model, worked out once."""
-    fields = meta.concrete_fields
-    converters = [
-        (i, converter)
-        for i, f in enumerate(fields)
-        for converter in f.get_db_converters(connection)
-    ]
-    return [f.attname for f in fields], converters, ", ".join(_column(f) for f in fields)
-
-
-def row_columns(model: type[models.Model]) -> str:
-    """The columns of ``model``'s row, in the order ``row_load`` reads them: for a statement
-    that returns the row with something else (``SELECT <these>, ...``)."""
-    return _select_statement(model._meta)[2]
-
-
-def row_load(model: type[M], values: Sequence[Any]) -> M:
-    """The instance of ``model`` whose row is ``values`` (``row_columns``' order), as the ORM
-    loads it."""
-    names, converters, _ = _select_statement(model._meta)
-    loaded = list(values)
-    for i, converter in converters:
-        loaded[i] = converter(loaded[i], None, connection)
-    return model.from_db(connection.alias, names, loaded)
-
-
-@functools.lru_cache(maxsize=64)
-def _row_get_sql(meta: Options[Any]) -> str:
-    assert meta.pk is not None
-    return (
-        f"SELECT {_select_statement(meta)[2]} "  # noqa: S608 - identifiers from model metadata
-        f"FROM {connection.ops.quote_name(meta.db_table)} WHERE {_column(meta.pk)} = %s"
-    )
-
-
-def row_get(model: type[M], pk: Any) -> M | None:
-    """The row of ``model`` with primary key ``pk``, or None: ``filter(pk=pk).first()``
-    through a statement built once per model, prepared once per connection in autocommit
-    (it runs for every email a worker sends)."""
-    with statement_cursor() as cursor:
-        cursor.execute(_row_get_sql(model._meta), [pk])
-        row = cursor.fetchone()
-    return None if row is None else row_load(model, row)
-
-
-class _PreparingCursor(psycopg.Cursor[Any]):
-    """A cursor binding parameters on the server, each statement prepared on its first run on
-    the connection (``core.postgresql`` lets psycopg prepare what is asked for)."""
-
-    def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-        return super().execute(query, params, **{**options, "prepare": True})
-
-
-@contextlib.contextmanager
-def prepared_cursor() -> Iterator[CursorWrapper]:
-    """A Django cursor (its error wrapping, its execute wrappers, its query log) on the
-    default connection whose statements are prepared once per connection and then run by
-    name, their parameters bound on the server. For a long statement run on every request:
-    sent as text with its values inlined, as Django's own cursors send it, PostgreSQL spent
-    more CPU parsing and planning it than running it (``webhooks.services``). Outside a
-    transaction block (autocommit), where the callers need it."""
-    # The connection itself, looked up once: each attribute read through the ``connection``
-    # proxy looks it up again in asgiref's ``Local`` (about 3 us a read).
-    db = connections[DEFAULT_DB_ALIAS]
-    db.ensure_connection()
-    assert not db.in_atomic_block
-    raw = db.connection
-    assert raw is not None
-    with db.wrap_database_errors, _PreparingCursor(raw) as cursor:
-        wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper
-        yield wrapper(cursor, db)
-
-
-def statement_cursor() -> contextlib.AbstractContextManager[CursorWrapper]:
-    """For a statement run on every task or request: ``prepared_cursor`` in autocommit, where
-    it can be used; Django's own cursor inside a transaction block (a caller's, or a test's)."""
-    db = connections[DEFAULT_DB_ALIAS]
-    return db.cursor() if db.in_atomic_block else prepared_cursor()
-
-
 def statement_timeout() -> None:
     """Bound every statement of the current transaction by ``PROBE_TIMEOUT_SECONDS``."""
     ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
@@ -210,9 +122,9 @@ def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> N
     """``task_prerun`` and ``task_postrun``: what Django does at the start and end of each
     request. After a task that did not succeed (failed, retried, deferred, interrupted by its
     soft time limit, perhaps in the middle of a query), or one that ran on a pool's thread,
-    its connections are closed outright, as Celery closed them after every task: a query cut
-    short leaves the connection busy, which the socket check before the next task's first
-    query cannot see. Not for a task applied eagerly: it runs inside its caller's work (a
+    its connections are closed outright, as Celery's own rule closes them after every task: a
+    query cut short leaves the connection in the middle of a result, no connection to hand to
+    the next task. Not for a task applied eagerly: it runs inside its caller's work (a
     test's transaction), whose connection is not the task's to close."""
     if getattr(getattr(task, "request", None), "is_eager", False):
         return

@@ -150,56 +150,6 @@ class _Committed:
     headers: dict[str, Any] = field(default_factory=dict)
 
 
-# The columns of an outbox row written by a caller's own statement (``outbox_insert_sql``).
-_INSERT_COLUMNS = (
-    "task, args, kwargs, queue, created_at, published_at, publish_attempts, last_error, "
-    "due_at, task_id, headers"
-)
-
-
-def outbox_insert_sql(*, args: str, rows: str) -> str:
-    """The SQL of an ``INSERT`` of one outbox row per row of ``rows`` (a ``SELECT``'s clauses
-    from ``FROM`` on), with ``args`` (a jsonb expression over those rows), for the task and
-    queue given as the placeholders ``outbox_task`` and ``outbox_queue``
-    (``outbox_insert_params``), returning each row's ``id`` and ``created`` (its
-    ``created_at`` in seconds since the epoch, which is cheaper to read than a timestamp): the
-    outbox row of a caller that writes its state change and its intent in one statement (a
-    data-modifying CTE). What it returned goes to ``outbox_enqueued``, which publishes the row
-    once it commits."""
-    return (
-        f"INSERT INTO {OutboxMessage._meta.db_table} ({_INSERT_COLUMNS}) "  # noqa: S608 - no input
-        f"SELECT %(outbox_task)s, {args}, '{{}}'::jsonb, %(outbox_queue)s, now(), NULL, 0, '', "
-        f"NULL, '', '{{}}'::jsonb {rows} "
-        "RETURNING id, extract(epoch FROM created_at)::float8 AS created"
-    )
-
-
-def outbox_insert_params(*, task: str, queue: str | None = None) -> dict[str, str]:
-    """The values of ``outbox_insert_sql``'s placeholders: ``task``, on its route's queue
-    unless ``queue`` is given (as ``outbox_enqueue``)."""
-    return {
-        "outbox_task": task,
-        "outbox_queue": queues.queue_resolve(queue or queues.queue_for(task)),
-    }
-
-
-def outbox_enqueued(
-    *, pk: int, created: float, task: str, args: list[Any], queue: str | None = None
-) -> None:
-    """An outbox row the caller's statement wrote (``outbox_insert_sql``, which returned its
-    ``pk`` and ``created``): published once it commits, as ``outbox_enqueue`` publishes its own
-    (at once, when it is committed already: a statement run in autocommit). The relay publishes
-    it if this process never does."""
-    committed = _Committed(
-        pk=pk,
-        task=task,
-        args=args,
-        queue=queues.queue_resolve(queue or queues.queue_for(task)),
-        created=created,
-    )
-    transaction.on_commit(lambda: _publish_committed(committed), robust=True)
-
-
 def outbox_schedule(
     *,
     task: str,

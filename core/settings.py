@@ -119,10 +119,6 @@ DATABASES = {
 # webhook's own work. Health checks drop a connection that died (server restart) before use.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# Django's backend, but the health check reads the socket instead of a SELECT 1 round trip per
-# request and per task (core/postgresql/base.py).
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    DATABASES["default"]["ENGINE"] = "core.postgresql"
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int(
     "DATABASE_CONNECT_TIMEOUT", default=3
 )
@@ -330,7 +326,7 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int(
     "CELERY_WORKER_MAX_MEMORY_PER_CHILD", default=256_000
 )  # KiB
 # Without it, Celery's Django fixup closes the database connection before and after every task:
-# a new PostgreSQL connection per email, which cost more CPU than the email's own statements.
+# a new PostgreSQL connection (and backend) per email.
 # With it, Celery closes them only every this many tasks, and each task is bracketed by
 # Django's per-request rule instead (CONN_MAX_AGE, errors, health check; closed outright after a
 # task that did not succeed, and on a threads or green pool: asyncwork/db.py).

@@ -41,12 +41,7 @@ class InvoicingConfig(AppConfig):
             RESEND_INVOICE_EMAIL_TASK,
             SEND_INVOICE_EMAIL_TASK,
         )
-        from invoicing.webhooks import (
-            INVOICE_PAYMENT_STATEMENT,
-            PAYMENT_EVENT_TYPES,
-            invoice_parse,
-            invoice_payment_apply,
-        )
+        from invoicing.webhooks import PAYMENT_EVENT_TYPES, invoice_parse, invoice_payment_apply
         from webhooks.events import handler_register
 
         # Its own queues, so a flood of other jobs never delays an email; their depth is work
@@ -58,12 +53,7 @@ class InvoicingConfig(AppConfig):
         queues.route_register(RESEND_INVOICE_EMAIL_TASK, EMAIL_QUEUE)
 
         for event_type in PAYMENT_EVENT_TYPES:
-            handler_register(
-                event_type,
-                parse=invoice_parse,
-                apply=invoice_payment_apply,
-                statement=INVOICE_PAYMENT_STATEMENT,
-            )
+            handler_register(event_type, parse=invoice_parse, apply=invoice_payment_apply)
 
         # The safety nets of the email guarantee.
         job_register("email-claims-recover", email_claims_recover, every=timedelta(seconds=60))

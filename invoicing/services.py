@@ -10,9 +10,9 @@ send one email, and a run after success is a no-op.
 A claim records its owner, the worker process (``asyncwork.heartbeat.heartbeat_owner``), and a
 token (``attempts``, raised by every claim). Every later write of the owner (the release, the
 mark sent) is fenced on both (``Claim.held``): once the claim is taken over, a late owner (a
-process paused past the lapse, then resumed) changes nothing. The claim reads the invoice in
-the same statement, and the message is built from it under the claim, then sent: a pause past
-the lapse anywhere between the claim and the server's reply is the crash window below.
+process paused past the lapse, then resumed) changes nothing. The worker reads the invoice,
+claims its key, then builds the message under the claim and sends it: a pause past the lapse
+anywhere between the claim and the server's reply is the crash window below.
 
 The crash window: a worker that dies after the SMTP server accepted the message but before it
 marked the key sent leaves a claim in ``sending``. The claim blocks every other worker while
@@ -30,7 +30,6 @@ without spending an attempt (``ProviderUnavailable``, ``ReliableTask.defer``).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import re
@@ -48,17 +47,12 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.breaker import Breaker, Decision
-from asyncwork.db import insert_or_skip, row_columns, row_get, row_load, statement_cursor
+from asyncwork.db import insert_or_skip
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import Performed, idempotent_perform
 from asyncwork.logging import log_context_bind
-from asyncwork.outbox import (
-    outbox_enqueue,
-    outbox_enqueued,
-    outbox_insert_params,
-    outbox_insert_sql,
-)
+from asyncwork.outbox import outbox_enqueue
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 from operators.audit import operator_action_record
@@ -137,101 +131,6 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     return invoice
 
 
-# ``invoice_record_payment`` as data-modifying CTEs of the statement that stores the event
-# (``webhooks.events.Statement``; registered in ``invoicing.webhooks``): the same upsert, one
-# round trip. They act only for the row of ``event`` (a new event). ``invoice_before`` takes the
-# invoice's row lock first and reads the status as it is once the lock is held (what
-# ``select_for_update`` reads), so ``was_paid`` is exact; an invoice it cannot see (committed by
-# a concurrent event after this statement began) leaves the status before unknown: that is
-# ``INVOICE_PAYMENT_UNSETTLED``, and the event goes through ``invoice_record_payment`` instead.
-_INVOICE = Invoice._meta.db_table
-INVOICE_PAYMENT_CTES = f"""
-invoice_before AS (
-    SELECT id, status FROM {_INVOICE}
-    WHERE provider_invoice_id = %(invoice_provider_id)s AND EXISTS (SELECT FROM event)
-    FOR UPDATE
-), invoice AS (
-    INSERT INTO {_INVOICE} AS i
-        (provider_invoice_id, number, customer_email, recipient_override, customer_name,
-         amount_paid, currency, status, hosted_invoice_url, paid_at, provider_updated_at,
-         created_at, updated_at)
-    SELECT %(invoice_provider_id)s, %(invoice_number)s, %(invoice_customer_email)s, '',
-           %(invoice_customer_name)s, %(invoice_amount_paid)s::bigint, %(invoice_currency)s,
-           %(invoice_status)s, %(invoice_hosted_invoice_url)s, %(invoice_paid_at)s::timestamptz,
-           %(invoice_provider_time)s::timestamptz, now(), now()
-    FROM event LEFT JOIN invoice_before ON true
-    ON CONFLICT (provider_invoice_id) DO UPDATE
-        SET number = EXCLUDED.number, customer_email = EXCLUDED.customer_email,
-            customer_name = EXCLUDED.customer_name, amount_paid = EXCLUDED.amount_paid,
-            currency = EXCLUDED.currency, hosted_invoice_url = EXCLUDED.hosted_invoice_url,
-            status = CASE WHEN i.status = 'paid' THEN i.status ELSE EXCLUDED.status END,
-            paid_at = CASE WHEN i.status = 'paid' THEN coalesce(i.paid_at, EXCLUDED.paid_at)
-                           ELSE EXCLUDED.paid_at END,
-            provider_updated_at = EXCLUDED.provider_updated_at, updated_at = now()
-        WHERE i.provider_updated_at <= EXCLUDED.provider_updated_at
-    RETURNING i.id, i.status, i.xmax = 0 AS inserted
-), invoice_outbox AS (
-    {
-    outbox_insert_sql(
-        args="jsonb_build_array(invoice.id)",
-        rows="FROM invoice WHERE invoice.status = 'paid' "
-        "AND (invoice.inserted OR (SELECT status FROM invoice_before) <> 'paid')",
-    )
-}
-)"""  # noqa: S608 - table names from model metadata, no input
-INVOICE_PAYMENT_UNSETTLED = (
-    "EXISTS (SELECT FROM event) AND NOT EXISTS (SELECT FROM invoice_before) "
-    "AND NOT EXISTS (SELECT FROM invoice WHERE inserted)"
-)
-# The invoice upserted (None: a stale event), the invoice before, the outbox row written.
-INVOICE_PAYMENT_RETURNING = (
-    "(SELECT id FROM invoice), (SELECT id FROM invoice_before), "
-    "(SELECT id FROM invoice_outbox), (SELECT created FROM invoice_outbox)"
-)
-
-
-def invoice_payment_params(*, data: InvoiceData, provider_time: datetime) -> dict[str, object]:
-    """The values of ``INVOICE_PAYMENT_CTES``'s placeholders."""
-    return {
-        "invoice_provider_id": data.provider_invoice_id,
-        "invoice_number": data.number,
-        "invoice_customer_email": data.customer_email,
-        "invoice_customer_name": data.customer_name,
-        "invoice_amount_paid": data.amount_paid,
-        "invoice_currency": data.currency,
-        "invoice_status": data.status,
-        "invoice_hosted_invoice_url": data.hosted_invoice_url,
-        "invoice_paid_at": data.paid_at,
-        "invoice_provider_time": provider_time,
-        **outbox_insert_params(task=SEND_INVOICE_EMAIL_TASK),
-    }
-
-
-def invoice_payment_recorded(*, provider_time: datetime, values: tuple[object, ...]) -> int | None:
-    """After ``INVOICE_PAYMENT_CTES`` did their work: what ``invoice_record_payment`` does
-    besides writing (the log context, the outbox row's publish once committed); returns the
-    invoice's id, or None for a stale event."""
-    invoice_id, before_id, outbox_id, outbox_created = values
-    if invoice_id is None:
-        logger.info(
-            "stale invoice event ignored",
-            extra={"invoice_id": before_id, "provider_time": provider_time},
-        )
-        return None
-    assert isinstance(invoice_id, int)
-    log_context_bind(invoice_id=invoice_id)
-    if outbox_id is not None:
-        assert isinstance(outbox_id, int)
-        assert isinstance(outbox_created, float)
-        outbox_enqueued(
-            pk=outbox_id,
-            created=outbox_created,
-            task=SEND_INVOICE_EMAIL_TASK,
-            args=[invoice_id],
-        )
-    return invoice_id
-
-
 def invoice_email_key(invoice: Invoice) -> str:
     return invoice_email_key_for(invoice.pk)
 
@@ -248,47 +147,27 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
 
 
-# ``invoice_email_message_id``'s provider part, from the invoice row: the same characters
-# dropped (a bracket range in PostgreSQL's regular expressions is one of code points, as in
-# Python's), the same 64 kept, the same stand-in for none (a test holds the two together).
-_MESSAGE_ID_PROVIDER_SQL = (
-    "coalesce(nullif(left(regexp_replace(invoice.provider_invoice_id, "
-    "'[^A-Za-z0-9_.-]', '', 'g'), 64), ''), 'invoice')"
-)
-
-
 # Whose claim a claim may take over: one whose owner is gone (its heartbeat lapsed).
 _OWNER_GONE = owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")
 
-
-@functools.cache
-def _claim_read_sql() -> str:
-    """``email_claim``'s statement, which reads the invoice: the invoice row (``row_columns``'
-    order), then the claim's row, token and take-over flag, all None when it was not claimed.
-    Only a paid invoice is claimed, and of its key only a key pending or failed, a claim whose
-    lease has expired or whose owner is gone; no row at all: no such invoice. Built on first
-    use, from the model's columns."""
-    return f"""
-WITH invoice AS (
-    SELECT {row_columns(Invoice)} FROM {_INVOICE} WHERE id = %(invoice_id)s
-), claim AS (
-    INSERT INTO invoicing_emaildelivery AS d
-        (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
-         last_error, requested_by, created_at, updated_at)
-    SELECT %(key)s, invoice.id, 'sending', 1, %(owner)s,
-           now() + make_interval(secs => %(lease)s),
-           '<' || {_MESSAGE_ID_PROVIDER_SQL} || %(message_id_rest)s, '', '', now(), now()
-    FROM invoice WHERE invoice.status = 'paid'
-    ON CONFLICT (key) DO UPDATE
-        SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
-            lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
-        WHERE d.state IN ('pending', 'failed')
-           OR (d.state = 'sending' AND d.lease_expires_at < now())
-           OR (d.state = 'sending' AND {_OWNER_GONE})
-    RETURNING d.id, d.attempts, (d.xmax <> 0) AS reclaimed
-)
-SELECT invoice.*, claim.id, claim.attempts, claim.reclaimed FROM invoice LEFT JOIN claim ON true
-"""  # noqa: S608 - no input: table and columns from model metadata
+# ``email_claim``'s statement: the claim's row, token, Message-ID and take-over flag, or no row
+# when it was not claimed. Of a key it claims only a key pending or failed, a claim whose lease
+# has expired or whose owner is gone. A new key records the Message-ID it is given; a claimed
+# one keeps its own, so every send of the key carries the one it recorded first.
+_CLAIM_SQL = f"""
+INSERT INTO {EmailDelivery._meta.db_table} AS d
+    (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
+     last_error, requested_by, created_at, updated_at)
+VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
+        now() + make_interval(secs => %(lease)s), %(message_id)s, '', '', now(), now())
+ON CONFLICT (key) DO UPDATE
+    SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
+        lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
+    WHERE d.state IN ('pending', 'failed')
+       OR (d.state = 'sending' AND d.lease_expires_at < now())
+       OR (d.state = 'sending' AND {_OWNER_GONE})
+RETURNING d.id, d.attempts, d.message_id, (d.xmax <> 0) AS reclaimed
+"""  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
 
 @dataclass(frozen=True)
@@ -318,36 +197,41 @@ class ClaimRead(NamedTuple):
     claim: Claim | None
 
 
-def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
-    """Claim the right to send the email of the invoice ``invoice_id`` under ``key``, reading
-    the invoice in the same statement. The claim is None if the invoice is not paid, or the key
-    is sent or held by a live claim. Raises ``PermanentError`` if there is no such invoice.
+def _invoice_read(invoice_id: int) -> Invoice:
+    """The invoice an email job names; ``PermanentError`` if there is none (no retry finds it)."""
+    try:
+        return Invoice.objects.get(pk=invoice_id)
+    except Invoice.DoesNotExist:
+        raise PermanentError(f"invoice {invoice_id} does not exist") from None
 
-    One statement, enforced by the UNIQUE key: no check-then-insert window; atomic on its own,
-    so it runs as it comes (in autocommit, one round trip: no ``BEGIN`` and ``COMMIT``),
-    prepared once per connection (PostgreSQL parsed and planned it on every email otherwise).
-    The Message-ID the row records for a new key is ``invoice_email_message_id``'s, worked out
-    in SQL (a test holds the two together)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    with statement_cursor() as cursor:
+
+def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
+    """Read the invoice ``invoice_id``, then claim the right to send its email under ``key``.
+    The claim is None if the invoice is not paid, or the key is sent or held by a live claim.
+    Raises ``PermanentError`` if there is no such invoice.
+
+    One statement, enforced by the UNIQUE key: no check-then-insert window. A paid invoice
+    stays paid (``invoice_record_payment``), so the status read before the claim still holds
+    under it."""
+    invoice = _invoice_read(invoice_id)
+    if invoice.status != Invoice.Status.PAID:
+        return ClaimRead(invoice, None)
+    with connection.cursor() as cursor:
         cursor.execute(
-            _claim_read_sql(),
+            _CLAIM_SQL,
             {
                 "key": key,
-                "invoice_id": invoice_id,
+                "invoice_id": invoice.pk,
                 "owner": owner[:255],
                 "lease": settings.EMAIL_CLAIM_LEASE_SECONDS,
-                "message_id_rest": f".{digest}@{mail.message_id_domain()}>",
+                "message_id": invoice_email_message_id(invoice, key),
                 "heartbeat_lapse": lapse_seconds(),
             },
         )
         row = cursor.fetchone()
     if row is None:
-        raise PermanentError(f"invoice {invoice_id} does not exist")
-    invoice = row_load(Invoice, row[:-3])
-    delivery_id, attempts, reclaimed = row[-3:]
-    if delivery_id is None:
         return ClaimRead(invoice, None)
+    delivery_id, attempts, message_id, reclaimed = row
     if reclaimed:
         logger.info(
             "email claim taken (attempt %d)",
@@ -355,10 +239,7 @@ def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
             extra={"invoice_id": invoice_id, "key": key, "attempt": attempts},
         )
     claim = Claim(
-        delivery_id=delivery_id,
-        attempts=attempts,
-        message_id=invoice_email_message_id(invoice, key),
-        owner=owner[:255],
+        delivery_id=delivery_id, attempts=attempts, message_id=message_id, owner=owner[:255]
     )
     return ClaimRead(invoice, claim)
 
@@ -367,15 +248,6 @@ def _claim_release(claim: Claim, *, error: str) -> None:
     claim.held().filter(state=EmailDelivery.State.SENDING).update(
         state=EmailDelivery.State.FAILED, lease_expires_at=None, last_error=error[:2000]
     )
-
-
-# The mark, written once: it runs for every email sent (the ORM's building of the same UPDATE
-# cost more CPU than the statement). Fenced like ``Claim.held``: on this claim's owner and token.
-_MARK_SENT_SQL = (
-    f"UPDATE {EmailDelivery._meta.db_table} "  # noqa: S608 - a model's table name, no input
-    "SET state = 'sent', sent_at = %s, lease_expires_at = NULL, last_error = '' "
-    "WHERE id = %s AND claimed_by = %s AND attempts = %s AND state IN ('sending', 'failed')"
-)
 
 
 def _claim_mark_sent(claim: Claim) -> bool:
@@ -388,12 +260,17 @@ def _claim_mark_sent(claim: Claim) -> bool:
     than turned into a retry that could send a duplicate."""
     for delay in (0.5, 1, 1.5, 3, None):
         try:
-            with statement_cursor() as cursor:
-                cursor.execute(
-                    _MARK_SENT_SQL,
-                    [timezone.now(), claim.delivery_id, claim.owner, claim.attempts],
+            marked = (
+                claim.held()
+                .filter(state__in=[EmailDelivery.State.SENDING, EmailDelivery.State.FAILED])
+                .update(
+                    state=EmailDelivery.State.SENT,
+                    sent_at=timezone.now(),
+                    lease_expires_at=None,
+                    last_error="",
                 )
-                return cursor.rowcount > 0
+            )
+            return marked > 0
         except (OperationalError, InterfaceError):
             if delay is None:
                 raise
@@ -472,10 +349,7 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
         if not decision.allowed:
             # Deferred only if there is an email to send: a job for an invoice gone or unpaid
             # ends now, as it would with the breaker closed.
-            invoice = row_get(Invoice, invoice_id)
-            if invoice is None:
-                raise PermanentError(f"invoice {invoice_id} does not exist")
-            if invoice.status != Invoice.Status.PAID:
+            if _invoice_read(invoice_id).status != Invoice.Status.PAID:
                 return _not_paid(invoice_id)
             raise _provider_unavailable(decision.retry_in)
         return _invoice_email_send_claimed(

@@ -6,8 +6,7 @@ that is not printable text is refused (400), since we could not key on it; every
 field is made storable rather than refused, so a customer's typo never costs the payment its
 record or its receipt. ``invoice_payment_apply`` records the payment inside the transaction that
 stores the event; it is idempotent and never moves an invoice backwards, so a duplicate or a
-reprocess changes nothing. ``INVOICE_PAYMENT_STATEMENT`` is the same apply as part of the
-statement that stores the event (``webhooks.events.Statement``), which a delivery takes.
+reprocess changes nothing.
 """
 
 from __future__ import annotations
@@ -16,16 +15,8 @@ import logging
 import re
 from typing import Any
 
-from invoicing.services import (
-    INVOICE_PAYMENT_CTES,
-    INVOICE_PAYMENT_RETURNING,
-    INVOICE_PAYMENT_UNSETTLED,
-    InvoiceData,
-    invoice_payment_params,
-    invoice_payment_recorded,
-    invoice_record_payment,
-)
-from webhooks.events import Event, Statement, WebhookRejected
+from invoicing.services import InvoiceData, invoice_record_payment
+from webhooks.events import Event, WebhookRejected
 from webhooks.stripe import field_epoch, field_int, field_text, name_valid
 
 logger = logging.getLogger(__name__)
@@ -75,29 +66,3 @@ def invoice_payment_apply(data: InvoiceData, event: Event) -> None:
             "stale": invoice is None,
         },
     )
-
-
-def _statement_params(data: InvoiceData, event: Event) -> dict[str, Any]:
-    return invoice_payment_params(data=data, provider_time=event.created)
-
-
-def _statement_done(data: InvoiceData, event: Event, values: tuple[Any, ...]) -> None:
-    invoice_id = invoice_payment_recorded(provider_time=event.created, values=values)
-    logger.info(
-        "payment event applied",
-        extra={
-            "event_id": event.id,
-            "event_type": event.type,
-            "invoice_id": invoice_id,
-            "stale": invoice_id is None,
-        },
-    )
-
-
-INVOICE_PAYMENT_STATEMENT = Statement(
-    ctes=INVOICE_PAYMENT_CTES,
-    unsettled=INVOICE_PAYMENT_UNSETTLED,
-    returning=INVOICE_PAYMENT_RETURNING,
-    params=_statement_params,
-    done=_statement_done,
-)

@@ -10,12 +10,6 @@ event type with ``handler_register`` from its ``AppConfig.ready()``:
   effect commit together or not at all; it must be idempotent, since a reprocess applies a
   stored event again.
 
-A handler may also give its ``apply`` as SQL (a ``Statement``): data-modifying CTEs that read
-``event``, the event row's ``INSERT ... ON CONFLICT DO NOTHING``, so that storing the event and
-its effect is one statement, atomic on its own, and one round trip (``webhooks.services``). The
-statement must do exactly what ``apply`` does; ``apply`` stays for what it cannot settle in its
-snapshot and for a reprocess.
-
 An event type with a handler is one this endpoint acts on: it is stored as ``processed`` and is
 essential under backpressure. Any other type is stored as ``ignored`` and shed first. Adding an
 event type is one handler and its registration.
@@ -52,30 +46,9 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Statement:
-    """A handler's ``apply`` as part of the one statement that stores its event.
-
-    ``ctes``: ``name AS (...)`` clauses, comma-separated, that act only for the row of the CTE
-    ``event`` (present when the event is new, absent for a duplicate); ``unsettled``: a
-    condition on them, true when this snapshot cannot tell what ``apply`` would do (a row a
-    concurrent transaction committed after the statement began): the statement is then undone
-    and the event recorded through ``apply`` in a transaction; ``returning``: the select list
-    of what ``done`` gets. ``params(parsed, event)`` gives the values of the named
-    placeholders, none of them starting with ``event_``; ``done(parsed, event, values)`` runs
-    once the statement did its work (in the caller's transaction, if any)."""
-
-    ctes: str
-    unsettled: str
-    returning: str
-    params: Callable[[Any, Event], dict[str, Any]]
-    done: Callable[[Any, Event, tuple[Any, ...]], None]
-
-
-@dataclass(frozen=True)
 class Handler:
     parse: Callable[[Any], Any]
     apply: Callable[[Any, Event], None]
-    statement: Statement | None = None
 
 
 _handlers: dict[str, Handler] = {}
@@ -86,12 +59,10 @@ def handler_register(
     *,
     parse: Callable[[Any], Any],
     apply: Callable[[Any, Event], None],
-    statement: Statement | None = None,
 ) -> None:
     """Act on events of ``event_type`` (or replace its handler): ``parse(data.object)`` when
-    the event is read, ``apply(parsed, event)`` in the transaction that stores it, or
-    ``statement`` in the statement that stores it."""
-    _handlers[event_type] = Handler(parse=parse, apply=apply, statement=statement)
+    the event is read, ``apply(parsed, event)`` in the transaction that stores it."""
+    _handlers[event_type] = Handler(parse=parse, apply=apply)
 
 
 def handler_for(event_type: str) -> Handler | None:

@@ -10,16 +10,6 @@ stored as ``ignored`` with the reason in ``error``, and changes nothing: its han
 called. It is answered 200 like any stored event: refusing it would only have the provider retry
 it for days.
 
-A handled type whose handler gives its apply as SQL (``webhooks.events.Statement``) is stored
-and applied in ONE statement, in autocommit (a savepoint inside a caller's transaction): the
-event row's ``INSERT ... ON CONFLICT DO NOTHING`` as the CTE ``event``, the handler's CTEs
-acting only for its row. One statement is atomic on its own, so the effect still commits with
-the row or neither does, in one round trip instead of ``BEGIN``, an ``INSERT`` per row and
-``COMMIT``. When the handler's snapshot cannot settle the event (``Statement.unsettled``: a row
-a concurrent event committed after the statement began), the statement undoes itself
-(``webhooks_statement_undo``, a ``serialization_failure``) and the event is recorded through
-the handler's ``apply`` in a transaction, as every other type is.
-
 ``webhook_event_reprocess`` (the admin's "Reprocess") applies stored deliveries again; applying
 is idempotent, so it changes nothing for an event already applied. Each event reprocessed is
 recorded as an operator action in its own transaction.
@@ -27,19 +17,16 @@ recorded as an operator action in its own transaction.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
 import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import DatabaseError, transaction
 
-from asyncwork.db import insert_or_skip, prepared_cursor
+from asyncwork.db import insert_or_skip
 from operators.audit import operator_action_record
-from webhooks.events import Event, Statement, WebhookRejected, event_apply, handler_for
+from webhooks.events import Event, WebhookRejected, event_apply
 from webhooks.models import WebhookEvent
 from webhooks.stripe import event_parse
 
@@ -64,13 +51,6 @@ class Recorded:
 
 def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) -> Recorded:
     """Store a verified event and apply it, or recognise it as a duplicate and do nothing."""
-    handler = handler_for(event.type) if event.handled else None
-    if handler is not None and handler.statement is not None:
-        recorded = _record_in_one_statement(
-            event=event, body=body, headers=headers, statement=handler.statement
-        )
-        if recorded is not None:
-            return recorded
     row = WebhookEvent(
         event_id=event.id,
         type=event.type,
@@ -94,65 +74,6 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
         # Its handler's effect commits with the row, or neither does.
         event_apply(event)
     return Recorded(event_id=event.id, duplicate=False, state=row.state)
-
-
-# The event row of the one statement: ``webhook_event_record``'s row, inserted or skipped.
-_EVENT_CTE = f"""event AS (
-    INSERT INTO {WebhookEvent._meta.db_table}
-        (event_id, type, livemode, body, headers, body_cleared_at, received_at, state, error)
-    VALUES (%(event_id)s, %(event_type)s, %(event_livemode)s, %(event_body)s,
-            %(event_headers)s::jsonb, NULL, now(), '{WebhookEvent.State.PROCESSED.value}', '')
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING id
-)"""  # noqa: S608 - a model's table name, no input
-# What ``webhooks_statement_undo`` raises (migration 0004): SQLSTATE serialization_failure.
-_UNDONE = "40001"
-
-
-@functools.cache
-def _statement_sql(statement: Statement) -> str:
-    """The one statement of a handler, built once: whether the event is new, the undo when the
-    handler cannot settle it, then the handler's values."""
-    return (
-        f"WITH {_EVENT_CTE}, {statement.ctes} "  # noqa: S608 - the handler's SQL, no input
-        "SELECT EXISTS (SELECT FROM event), "
-        f"CASE WHEN {statement.unsettled} THEN webhooks_statement_undo('unsettled') END, "
-        f"{statement.returning}"
-    )
-
-
-def _record_in_one_statement(
-    *, event: Event, body: str, headers: dict[str, str], statement: Statement
-) -> Recorded | None:
-    """Store and apply ``event`` in one statement; None when the statement undid itself (the
-    caller records the event in a transaction instead)."""
-    params = statement.params(event.data, event)
-    params.update(
-        event_id=event.id,
-        event_type=event.type,
-        event_livemode=event.livemode,
-        event_body=body,
-        event_headers=json.dumps(headers),
-    )
-    # In autocommit the statement is its own transaction, prepared once per connection; inside
-    # a caller's transaction, a savepoint keeps an undone statement from breaking it.
-    in_transaction = connection.in_atomic_block
-    scope = transaction.atomic() if in_transaction else contextlib.nullcontext()
-    try:
-        with scope, connection.cursor() if in_transaction else prepared_cursor() as cursor:
-            cursor.execute(_statement_sql(statement), params)
-            new, _, *values = cursor.fetchone()
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != _UNDONE:
-            raise
-        logger.info("webhook event recorded in a transaction instead", extra={"event_id": event.id})
-        return None
-    if not new:
-        logger.info("duplicate webhook delivery", extra={"event_id": event.id})
-        return Recorded(event_id=event.id, duplicate=True, state="duplicate")
-    # Committed (or in the caller's transaction): the handler's work after its writes.
-    statement.done(event.data, event, tuple(values))
-    return Recorded(event_id=event.id, duplicate=False, state=WebhookEvent.State.PROCESSED)
 
 
 @dataclass(frozen=True)

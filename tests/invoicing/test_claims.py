@@ -83,7 +83,7 @@ def test_two_worker_processes_given_the_job_ten_times_send_one_email(smtp: SmtpS
     assert EmailDelivery.objects.get().state == "sent"
 
 
-def test_a_live_claim_blocks_and_an_expired_claim_is_taken_over() -> None:
+def test_a_live_claim_blocks_and_an_expired_claim_is_taken_over(settings: Any) -> None:
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
     first = email_claim(invoice_id=invoice.pk, key=key, owner="a").claim
@@ -92,12 +92,16 @@ def test_a_live_claim_blocks_and_an_expired_claim_is_taken_over() -> None:
     EmailDelivery.objects.filter(key=key).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
+    # The domain changes meanwhile: the key keeps the Message-ID it recorded first.
+    settings.DEFAULT_FROM_EMAIL = "billing@elsewhere.example"
     second = email_claim(
         invoice_id=invoice.pk, key=key, owner="b"
     ).claim  # the owner died: taken over
     assert second is not None
     assert second.attempts == 2
     assert second.message_id == first.message_id  # a duplicate would carry the same id
+    assert first.message_id == EmailDelivery.objects.get(key=key).message_id
+    assert first.message_id.endswith("@example.com>")
     EmailDelivery.objects.filter(key=key).update(state="sent")
     EmailDelivery.objects.filter(key=key).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
@@ -254,8 +258,8 @@ def test_unpaid_invoice_sends_nothing(smtp: SmtpServer) -> None:
 def test_the_message_id_recorded_by_the_claim_is_the_one_sent(
     smtp: SmtpServer, provider_id: str
 ) -> None:
-    """The claim works out the Message-ID it records in SQL, the message's comes from
-    ``invoice_email_message_id``: the two are one."""
+    """``invoice_email_message_id`` builds it once, for the claim to record; the message
+    carries the recorded one, whatever the provider id holds."""
     invoice = paid_invoice(provider_id, customer_email="jenny@example.com")
     assert invoice_email_send(invoice_id=invoice.pk, owner="x") == "sent"
     expected = invoice_email_message_id(invoice, invoice_email_key(invoice))

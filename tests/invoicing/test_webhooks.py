@@ -1,12 +1,9 @@
-"""The payment events' one statement (``invoicing.webhooks.INVOICE_PAYMENT_STATEMENT``, run by
-``webhooks.services.webhook_event_record``) against the real PostgreSQL, in autocommit as a
-request runs it: one round trip; the same invoice and outbox rows as ``invoice_record_payment``;
-what its snapshot cannot settle goes through ``invoice_record_payment`` instead."""
+"""The payment events through ``webhooks.services.webhook_event_record`` against the real
+PostgreSQL, as a request records them: event, invoice and outbox row in one transaction, the
+publish once it commits; duplicates and concurrent events of one invoice leave one outbox row."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -49,25 +46,35 @@ def _outbox_rows(invoice: Invoice) -> int:
     return OutboxMessage.objects.filter(args=[invoice.pk]).count()
 
 
-def test_a_new_paid_event_is_one_statement_in_autocommit_then_the_publish_mark() -> None:
-    statements: list[tuple[str, bool]] = []
+def test_a_new_paid_event_writes_event_invoice_and_outbox_row_in_one_transaction() -> None:
+    """The three INSERTs run in one transaction (one transaction id); the outbox row is
+    published once it committed."""
+    writes: list[tuple[str, object]] = []
 
     def spy(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
-        statements.append((sql, connection.in_atomic_block))
-        return execute(sql, *args)
+        result = execute(sql, *args)
+        if sql.startswith("INSERT"):
+            assert connection.connection is not None
+            xid = connection.connection.execute("SELECT pg_current_xact_id_if_assigned()")
+            writes.append((sql.split()[2].strip('"'), xid.fetchone()))
+        return result
 
-    event, body = _event("in_one_trip", created=NOW)
+    event, body = _event("in_one_transaction", created=NOW)
     connection.ensure_connection()
     with connection.execute_wrapper(spy):
         recorded = _record(event, body)
 
     assert recorded.duplicate is False
-    # The event, the invoice and the outbox row in one statement, outside any transaction
-    # block (no BEGIN, no COMMIT); the on-commit publish's mark is the marker's, off the request.
-    assert [sql.split()[0] for sql, _ in statements] == ["WITH"]
-    assert [atomic for _, atomic in statements] == [False]
+    assert [table for table, _ in writes] == [
+        "webhooks_webhookevent",
+        "invoicing_invoice",
+        "asyncwork_outboxmessage",
+    ]
+    xids = {xid for _, xid in writes}
+    assert len(xids) == 1
+    assert xids != {(None,)}
     assert outbox_marks_flush()
-    invoice = Invoice.objects.get(provider_invoice_id="in_one_trip")
+    invoice = Invoice.objects.get(provider_invoice_id="in_one_transaction")
     row = OutboxMessage.objects.get()
     assert (row.task, row.args, row.kwargs, row.queue) == (
         "invoicing.send_invoice_email",
@@ -83,58 +90,6 @@ def test_a_new_paid_event_is_one_statement_in_autocommit_then_the_publish_mark()
         body,
         {"User-Agent": "Stripe/1.0"},
     )
-    # Prepared once on the connection, then run by name.
-    assert _record(*_event("in_one_trip_2", created=NOW)).duplicate is False
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH event AS%%'"
-        )
-        assert cursor.fetchone() == (1,)
-
-
-# Sequences of (seconds after NOW, invoice fields) for one invoice, each delivered as a new event.
-SEQUENCES: dict[str, list[tuple[int, dict[str, Any]]]] = {
-    "paid": [(0, {"status": "paid", "paid_at": NOW})],
-    "open, then paid": [(0, {"status": "open"}), (10, {"status": "paid", "paid_at": NOW + 10})],
-    "paid, then a later open": [
-        (0, {"status": "paid", "paid_at": NOW}),
-        (10, {"status": "open", "customer_email": "later@example.com"}),
-    ],
-    "paid, then an older one": [
-        (10, {"status": "paid", "paid_at": NOW + 10}),
-        (0, {"status": "paid", "paid_at": NOW, "customer_email": "older@example.com"}),
-    ],
-    "open, open": [(0, {"status": "open"}), (10, {"status": "open", "amount": 5})],
-    "paid without paid_at, then paid with": [
-        (0, {"status": "paid"}),
-        (10, {"status": "paid", "paid_at": NOW + 10, "number": "INV-2"}),
-    ],
-    "same time twice": [(0, {"status": "open"}), (0, {"status": "paid", "paid_at": NOW})],
-}
-COMPARED = [
-    f.attname
-    for f in Invoice._meta.concrete_fields
-    if f.attname not in {"id", "provider_invoice_id", "created_at", "updated_at"}
-]
-
-
-@pytest.mark.parametrize("name", SEQUENCES)
-def test_the_statement_leaves_what_invoice_record_payment_leaves(name: str) -> None:
-    for i, (offset, fields) in enumerate(SEQUENCES[name]):
-        event_type = ("invoice.paid", "invoice.payment_succeeded")[i % 2]
-        event, body = _event("in_stmt", created=NOW + offset, event_type=event_type, **fields)
-        assert _record(event, body).duplicate is False
-        assert isinstance(event.data, InvoiceData)
-        with transaction.atomic():
-            invoice_record_payment(
-                data=dataclasses.replace(event.data, provider_invoice_id="in_ref"),
-                provider_time=event.created,
-            )
-    by_statement = Invoice.objects.get(provider_invoice_id="in_stmt")
-    by_python = Invoice.objects.get(provider_invoice_id="in_ref")
-    assert [getattr(by_statement, f) for f in COMPARED] == [getattr(by_python, f) for f in COMPARED]
-    assert _outbox_rows(by_statement) == _outbox_rows(by_python) <= 1
-    assert WebhookEvent.objects.count() == len(SEQUENCES[name])
 
 
 def test_a_duplicate_changes_nothing() -> None:
@@ -182,13 +137,12 @@ def test_concurrent_duplicates_and_events_of_one_invoice_write_one_outbox_row() 
 
 
 @pytest.mark.parametrize(("first", "outbox_by"), [("paid", "first"), ("open", "second")])
-def test_an_invoice_committed_after_the_statement_began_goes_through_the_transaction(
-    first: str, outbox_by: str, caplog: pytest.LogCaptureFixture
+def test_an_event_waiting_on_another_events_new_invoice_writes_one_outbox_row(
+    first: str, outbox_by: str
 ) -> None:
-    """The first event's transaction holds the new invoice uncommitted while the second's
-    statement runs: the statement cannot see whether it was paid before, so it undoes itself
-    (nothing of it stays, not even its event row) and the event is recorded in a transaction,
-    which knows: one outbox row, written by whichever event made the invoice paid."""
+    """The first event's transaction holds the new invoice uncommitted while the second event
+    is recorded: the second waits on the invoice's row, then reads it as committed, under its
+    lock: one outbox row, written by whichever event made the invoice paid."""
     inserted, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     second_event, second_body = _event(
@@ -221,23 +175,21 @@ def test_an_invoice_committed_after_the_statement_began_goes_through_the_transac
     one.start()
     assert inserted.wait(10)
     two = threading.Thread(target=second)
-    with caplog.at_level(logging.INFO, logger="webhooks.services"):
-        two.start()
-        two.join(1)
-        waited = two.is_alive()  # on the first event's row
-        release.set()
-        one.join(20)
-        two.join(20)
+    two.start()
+    two.join(1)
+    waited = two.is_alive()  # on the first event's row
+    release.set()
+    one.join(20)
+    two.join(20)
 
     assert errors == []
     assert waited
     assert [r.duplicate for r in results] == [False]
-    assert "webhook event recorded in a transaction instead" in caplog.messages
     invoice = Invoice.objects.get()
     assert (invoice.status, invoice.customer_email) == ("paid", "b@example.com")
     assert WebhookEvent.objects.get().event_id == second_event.id
     rows = list(OutboxMessage.objects.filter(args=[invoice.pk]))
     assert len(rows) == 1
     made_paid_at: datetime = rows[0].created_at
-    # The first event's row predates the second's statement; the second's comes after it.
+    # The first event's row predates the second's wait; the second's comes after it.
     assert (made_paid_at < invoice.updated_at) == (outbox_by == "first")
