@@ -8,7 +8,6 @@ import logging
 import re
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +40,7 @@ from tests.helpers.admin import rows
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
@@ -72,7 +72,7 @@ def test_replay_after_the_recipient_is_fixed_sends_one_email_and_twice_is_once(
         smtp.handler.wait_for(1, timeout=20)
         assert "0 replayed, 1 skipped" in dlq("replay", str(letter.pk))
         assert "0 replayed, 0 skipped" in dlq("replay", "--all")
-        time.sleep(2)
+        pipeline_quiet()
     assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
     letter.refresh_from_db()
     assert letter.replayed_at is not None
@@ -96,7 +96,7 @@ def test_replay_of_a_dead_letter_whose_email_was_meanwhile_sent_sends_nothing(
 
         assert invoice_email_send(invoice_id=invoice.pk, owner="operator") == "sent"
         dlq("replay", "--all")
-        time.sleep(3)
+        pipeline_quiet()
     assert len(smtp.messages) == 1
 
 
@@ -123,8 +123,7 @@ def test_replay_from_the_admin_action(client: Client, smtp: SmtpServer) -> None:
         )
         assert b"Replayed 0 dead letter(s)." in response.content
         assert b"Skipped 1 already replayed." in response.content
-        smtp.handler.wait_for(1, timeout=20)
-        time.sleep(2)
+        pipeline_quiet()
     assert len(smtp.messages) == 1
     letter.refresh_from_db()
     assert letter.replayed_by == "admin:op"
@@ -388,7 +387,7 @@ def test_the_page_replays_with_its_button_folds_the_traceback_and_keeps_the_hist
         [(level, text)] = changelist_messages(again)
         assert level == "warning"
         assert text.startswith(f"Dead letter {letter.pk} was already replayed by admin:op at ")
-        time.sleep(1)
+        pipeline_quiet()
 
     assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <fixed@example.com>"]
     page = staff.get(page_url).content.decode()
