@@ -9,9 +9,9 @@ job itself is idempotent, so a replay of a job that has meanwhile succeeded does
 What a dead letter is *about* belongs to the app that owns its job, which this module does not
 name: an app registers a describer per task (``register_describer``, from its
 ``AppConfig.ready()``) that turns the dead letters of that task into ``Subject``s (a label such
-as an invoice number, a recipient, the subject's admin page) and the stored error message into
-words. ``dead_letter_subjects`` asks each describer once for all the letters it is given, so a
-page of dead letters costs one query per kind of job on it, not one per row.
+as an invoice number, a recipient, the subject's admin page). ``dead_letter_subjects`` asks
+each describer once for all the letters it is given, so a page of dead letters costs one query
+per kind of job on it, not one per row.
 """
 
 from __future__ import annotations
@@ -230,27 +230,17 @@ class Subject:
         return f"{self.kind} {self.label}".strip()
 
 
+# The dead letters of one task -> their subjects, by dead letter pk.
 SubjectsFn = Callable[[Sequence[DeadLetter]], Mapping[int, Subject]]
-FailureFn = Callable[[str], str]
+
+_describers: dict[str, SubjectsFn] = {}
 
 
-@dataclass(frozen=True)
-class Describer:
-    subjects: SubjectsFn  # the dead letters of one task -> their subjects, by dead letter pk
-    failure: FailureFn | None  # the stored message -> the failure in words
-
-
-_describers: dict[str, Describer] = {}
-
-
-def register_describer(
-    task: str, subjects: SubjectsFn, *, failure: FailureFn | None = None
-) -> None:
+def register_describer(task: str, subjects: SubjectsFn) -> None:
     """Describe the dead letters of ``task`` (or replace its describer): ``subjects`` is given
     every dead letter of that task being shown at once and returns, by dead letter pk, what
-    each one is about (one query for all of them: it is called once per page); ``failure``
-    turns the error message the job stored into words, for rows stored in an older wording."""
-    _describers[task] = Describer(subjects=subjects, failure=failure)
+    each one is about (one query for all of them: it is called once per page)."""
+    _describers[task] = subjects
 
 
 def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
@@ -267,23 +257,16 @@ def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
         if describer is None:
             continue
         try:
-            subjects.update(describer.subjects(group))
+            subjects.update(describer(group))
         except Exception:
             logger.exception("describing the dead letters of %s failed", task)
     return subjects
 
 
 def dead_letter_failure(letter: DeadLetter) -> str:
-    """Why the job failed, in words: the message it stored (through its task's ``failure``
-    reader, for older wordings), on one line; the exception's class when it left no message."""
-    message = letter.exception_message
-    describer = _describers.get(letter.task)
-    if describer is not None and describer.failure is not None:
-        try:
-            message = describer.failure(message)
-        except Exception:
-            logger.exception("reading the failure of dead letter %s failed", letter.pk)
-    words = " ".join(message.split())
+    """Why the job failed, in words: the message it stored, on one line; the exception's class
+    when it left no message."""
+    words = " ".join(letter.exception_message.split())
     return words or letter.exception_class.rpartition(".")[2] or letter.get_reason_display()
 
 
