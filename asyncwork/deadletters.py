@@ -1,17 +1,17 @@
 """The dead-letter queue: jobs that will not be retried any more, kept with their reason.
 
-A dead letter is a ``DeadLetter`` row (the record an operator reads and replays) plus a copy
-of the job on the ``dlq`` Celery queue, which no worker consumes, so the broker shows its
-depth. Both are written in one transaction through the outbox, so neither is lost when a
-worker dies half-way. Replay re-enqueues the original job through the outbox; the job itself
-is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
+A dead letter is a ``DeadLetter`` row: the record an operator reads, replays and purges, and
+what the depth alert, ``/health/``, ``/metrics`` and the dashboard count. It is written once
+per task id, before the job's message is acknowledged, so a worker that dies half-way and runs
+the job again finds it written. Replay re-enqueues the original job through the outbox; the
+job itself is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
 
 What a dead letter is *about* belongs to the app that owns its job, which this module does not
 name: an app registers a describer per task (``register_describer``, from its
 ``AppConfig.ready()``) that turns the dead letters of that task into ``Subject``s (a label such
-as an invoice number, a recipient, the subject's admin page) and the stored error message into
-words. ``dead_letter_subjects`` asks each describer once for all the letters it is given, so a
-page of dead letters costs one query per kind of job on it, not one per row.
+as an invoice number, a recipient, the subject's admin page). ``dead_letter_subjects`` asks
+each describer once for all the letters it is given, so a page of dead letters costs one query
+per kind of job on it, not one per row.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
 from django.core.mail import mail_admins
@@ -31,10 +30,9 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from asyncwork import queues
 from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.models import DeadLetter
-from asyncwork.outbox import outbox_enqueue, outbox_task_id
+from asyncwork.outbox import outbox_enqueue
 from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
@@ -54,9 +52,9 @@ def dead_letter_record(
     first_failed_at: datetime | None = None,
     log_traceback: bool = False,
 ) -> DeadLetter | None:
-    """Record a dead letter once per task id, mirror it onto the ``dlq`` queue, and log it:
-    one ERROR line with the dead letter's id, the task, its id, its args and the reason, and
-    ``exc``'s traceback only with ``log_traceback`` (the row keeps it in any case).
+    """Record a dead letter once per task id, and log it: one ERROR line with the dead
+    letter's id, the task, its id, its args and the reason, and ``exc``'s traceback only with
+    ``log_traceback`` (the row keeps it in any case).
 
     Returns the new row, or None when this task id was already dead-lettered (a redelivery
     after the worker died between recording and acknowledging).
@@ -77,13 +75,8 @@ def dead_letter_record(
         first_failed_at=first_failed_at or now,
         last_failed_at=now,
     )
-    with transaction.atomic():
-        if not insert_or_skip(letter, conflict_fields=["task_id"]):
-            return None
-        letter.broker_copy = outbox_enqueue(
-            task=task, args=args, kwargs=job_kwargs, queue=queues.DLQ
-        )
-        letter.save(update_fields=["broker_copy"])
+    if not insert_or_skip(letter, conflict_fields=["task_id"]):
+        return None
     logger.error(
         "job dead-lettered: dead letter #%d, %s[%s] args=%s reason=%s after %d attempt(s): %s",
         letter.pk,
@@ -159,7 +152,6 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
                 detail=f"replayed: the job is outbox message {letter.replay_outbox.pk}",
             )
     if replayed:
-        transaction.on_commit(lambda: dlq_broker_remove(dead_letter_ids=replayed), robust=True)
         logger.info(
             "replayed %d dead letter(s)",
             len(replayed),
@@ -176,10 +168,10 @@ def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
     deleted is recorded as an operator action of ``actor`` (its label outlives it), in the
     transaction that deletes it."""
     cutoff = timezone.now() - older_than
-    ids = list(DeadLetter.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True))
-    dlq_broker_remove(dead_letter_ids=ids)
     with transaction.atomic():
-        doomed = list(DeadLetter.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        doomed = list(
+            DeadLetter.objects.select_for_update().filter(created_at__lt=cutoff).order_by("pk")
+        )
         for letter in doomed:
             operator_action_record(
                 action=DEAD_LETTER_PURGE,
@@ -194,52 +186,6 @@ def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
 
 def dead_letters_waiting() -> QuerySet[DeadLetter]:
     return DeadLetter.objects.filter(replayed_at__isnull=True)
-
-
-def dlq_broker_remove(*, dead_letter_ids: list[int]) -> int:
-    """Take the broker copies of these dead letters off the ``dlq`` queue (best effort: the
-    rows are the record; the copies only make the depth visible in the broker)."""
-    task_ids = {
-        outbox_task_id(pk)
-        for pk in DeadLetter.objects.filter(
-            pk__in=dead_letter_ids, broker_copy__isnull=False
-        ).values_list("broker_copy_id", flat=True)
-    }
-    if not task_ids:
-        return 0
-    removed = 0
-    try:
-        with current_app.connection_for_write() as conn:
-            if settings.BROKER_IS_RABBITMQ:
-                return _rabbitmq_dlq_remove(conn, task_ids)
-            channel: Any = conn.default_channel
-            client = channel.client  # the Redis transport's client
-            key = (conn.transport_options or {}).get("global_keyprefix", "") + queues.DLQ
-            for raw in client.lrange(key, 0, -1):
-                try:
-                    task_id = json.loads(raw)["headers"]["id"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-                if task_id in task_ids:
-                    removed += client.lrem(key, 1, raw)
-    except Exception as exc:  # noqa: BLE001 - the DB rows stay right; the mirror catches up
-        logger.warning("could not remove dead letters from the dlq queue: %r", exc)
-    return removed
-
-
-def _rabbitmq_dlq_remove(conn: Any, task_ids: set[str]) -> int:
-    """RabbitMQ: take every message of ``dlq`` unacknowledged, acknowledge (remove) those of
-    ``task_ids``; closing the channel gives the others back to the queue."""
-    removed = 0
-    channel: Any = conn.channel()
-    try:
-        while (message := channel.basic_get(queues.DLQ, no_ack=False)) is not None:
-            if (message.headers or {}).get("id") in task_ids:
-                channel.basic_ack(message.delivery_tag)
-                removed += 1
-    finally:
-        channel.close()
-    return removed
 
 
 def dlq_depth() -> int:
@@ -284,27 +230,17 @@ class Subject:
         return f"{self.kind} {self.label}".strip()
 
 
+# The dead letters of one task -> their subjects, by dead letter pk.
 SubjectsFn = Callable[[Sequence[DeadLetter]], Mapping[int, Subject]]
-FailureFn = Callable[[str], str]
+
+_describers: dict[str, SubjectsFn] = {}
 
 
-@dataclass(frozen=True)
-class Describer:
-    subjects: SubjectsFn  # the dead letters of one task -> their subjects, by dead letter pk
-    failure: FailureFn | None  # the stored message -> the failure in words
-
-
-_describers: dict[str, Describer] = {}
-
-
-def register_describer(
-    task: str, subjects: SubjectsFn, *, failure: FailureFn | None = None
-) -> None:
+def register_describer(task: str, subjects: SubjectsFn) -> None:
     """Describe the dead letters of ``task`` (or replace its describer): ``subjects`` is given
     every dead letter of that task being shown at once and returns, by dead letter pk, what
-    each one is about (one query for all of them: it is called once per page); ``failure``
-    turns the error message the job stored into words, for rows stored in an older wording."""
-    _describers[task] = Describer(subjects=subjects, failure=failure)
+    each one is about (one query for all of them: it is called once per page)."""
+    _describers[task] = subjects
 
 
 def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
@@ -321,23 +257,16 @@ def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
         if describer is None:
             continue
         try:
-            subjects.update(describer.subjects(group))
+            subjects.update(describer(group))
         except Exception:
             logger.exception("describing the dead letters of %s failed", task)
     return subjects
 
 
 def dead_letter_failure(letter: DeadLetter) -> str:
-    """Why the job failed, in words: the message it stored (through its task's ``failure``
-    reader, for older wordings), on one line; the exception's class when it left no message."""
-    message = letter.exception_message
-    describer = _describers.get(letter.task)
-    if describer is not None and describer.failure is not None:
-        try:
-            message = describer.failure(message)
-        except Exception:
-            logger.exception("reading the failure of dead letter %s failed", letter.pk)
-    words = " ".join(message.split())
+    """Why the job failed, in words: the message it stored, on one line; the exception's class
+    when it left no message."""
+    words = " ".join(letter.exception_message.split())
     return words or letter.exception_class.rpartition(".")[2] or letter.get_reason_display()
 
 

@@ -109,10 +109,6 @@ class DeadLetter(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     replayed_at = models.DateTimeField(null=True, blank=True)
     replayed_by = models.CharField(max_length=150, blank=True)
-    # The copy of the job on the ``dlq`` queue, published through the outbox.
-    broker_copy = models.ForeignKey(
-        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
     replay_outbox = models.ForeignKey(
         OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

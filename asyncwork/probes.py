@@ -207,8 +207,8 @@ def beat_probe() -> BeatProbe:
 @dataclass(frozen=True)
 class QueuesProbe:
     """Messages waiting on each broker queue (not those a worker holds): the queues workers
-    consume, and the dead-letter queue nobody does. On RabbitMQ, each queue's consumers too
-    (None on Redis, which does not know them)."""
+    consume and, on RabbitMQ, ``dlq``, which nobody does (``queues.watched``). On RabbitMQ,
+    each queue's consumers too (None on Redis, which does not know them)."""
 
     depths: dict[str, int]
     consumers: dict[str, int] | None = None
@@ -222,7 +222,7 @@ def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
     """On Redis, one pipelined round trip for every queue's priority lists; on RabbitMQ, one
     passive declaration per queue on a kept connection (``asyncwork.rabbitmq``). Raises
     ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
-    names = names or (*(queue.name for queue in queues.consumed()), queues.DLQ)
+    names = names or queues.watched()
     if settings.BROKER_IS_RABBITMQ:
         try:
             read = rabbitmq.queue_depths(names)

@@ -1,8 +1,10 @@
 """The Celery queues and the route of every task: one registry, read when a task is published
 and when a worker starts.
 
-``default`` always exists and ``dlq`` is never consumed: nothing reads it unless an operator
-asks, so its depth in the broker is the number of dead letters waiting for a human. Any other
+``default`` always exists. ``dlq`` is RabbitMQ's and nobody consumes it: the consumed queues
+dead-letter onto it a message delivered past their delivery limit, one whose worker died on
+every delivery, so that no dead-letter row was written for it; it waits there for an operator
+(a job that failed otherwise is a ``DeadLetter`` row, ``asyncwork.deadletters``). Any other
 queue is declared by the app that owns it (``queue_register`` from its ``AppConfig.ready()``),
 with the tasks routed to it (``route_register``), so a task's queue is decided in one place,
 beside the task. A queue declared with ``pressure=True`` is one whose depth means work
@@ -104,10 +106,8 @@ def _declaration(name: str) -> Queue:
 
 
 def dlq_declaration() -> Queue:
-    """``dlq`` as RabbitMQ holds it: the quorum queue Celery itself declares for a queue it was
-    not told of (``CELERY_TASK_CREATE_MISSING_QUEUE_TYPE``) when a dead letter's copy is first
-    published to it, behind a direct exchange of the same name, which is also where the
-    consumed queues dead-letter to. Declared by each worker as it starts
+    """``dlq`` as RabbitMQ holds it: a quorum queue behind a direct exchange of the same name,
+    which is where the consumed queues dead-letter to. Declared by each worker as it starts
     (``asyncwork.rabbitmq``), so that a message RabbitMQ dead-letters is never dropped."""
     return Queue(
         DLQ,
@@ -115,6 +115,13 @@ def dlq_declaration() -> Queue:
         routing_key=DLQ,
         queue_arguments={"x-queue-type": "quorum"},
     )
+
+
+def watched() -> tuple[str, ...]:
+    """The queues whose depth an operator reads (the probes, ``pipeline_status``, the
+    dashboard): those the workers consume and, on RabbitMQ, ``dlq``."""
+    names = tuple(queue.name for queue in consumed())
+    return (*names, DLQ) if settings.BROKER_IS_RABBITMQ else names
 
 
 def pressure_queues() -> tuple[str, ...]:

@@ -2,8 +2,7 @@
 ``dlq`` declared by every worker as it starts.
 
 The consumed queues dead-letter a message delivered too often onto ``dlq``; RabbitMQ drops a
-dead-lettered message that no queue is bound to take, and ``dlq`` is otherwise declared only
-when the first dead letter's copy is published to it.
+dead-lettered message that no queue is bound to take, and nothing else declares ``dlq``.
 
 And the broker as the probes, backpressure, ``/health/`` and the worker's watchdog read it
 (``queue_depths``), as ``asyncwork.broker`` reads Redis. Nothing here runs on Redis.

@@ -284,7 +284,7 @@ def facts_collect(db: Db, *, outbox_ids: list[int]) -> Facts:
         int(invoice_pk): count
         for invoice_pk, count in rows(
             "SELECT args->>0, count(*) FROM asyncwork_outboxmessage "
-            "WHERE task = 'invoicing.send_invoice_email' AND queue <> 'dlq' GROUP BY 1"
+            "WHERE task = 'invoicing.send_invoice_email' GROUP BY 1"
         )
     }
     published_at = {

@@ -381,9 +381,6 @@ if BROKER_IS_RABBITMQ:
         # Publishing must not hang on a stalled broker (the outbox keeps the message).
         "connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
     }
-    # The queues Celery declares by itself (one published to before any worker declared it,
-    # such as dlq) are quorum queues too.
-    CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = "quorum"
     # Celery's delay queues (native delayed delivery), where a retry or a deferral waits: classic
     # queues, durable, each message persistent. As quorum queues (Celery's default) they
     # dead-letter at-least-once, and on RabbitMQ 3.10 the tests saw retries and deferrals

@@ -23,7 +23,7 @@ class InvoicingConfig(AppConfig):
             invoices_reconcile,
             invoices_reconcile_now,
         )
-        from invoicing.mail import failure_in_words, smtp_connection_close
+        from invoicing.mail import smtp_connection_close
         from invoicing.metrics import (
             WORKER_EMAILS_SENT,
             email_breaker_metrics,
@@ -81,12 +81,8 @@ class InvoicingConfig(AppConfig):
             figures=breaker_figures,
             database=False,
         )
-        register_describer(
-            SEND_INVOICE_EMAIL_TASK, send_dead_letter_subjects, failure=failure_in_words
-        )
-        register_describer(
-            RESEND_INVOICE_EMAIL_TASK, resend_dead_letter_subjects, failure=failure_in_words
-        )
+        register_describer(SEND_INVOICE_EMAIL_TASK, send_dead_letter_subjects)
+        register_describer(RESEND_INVOICE_EMAIL_TASK, resend_dead_letter_subjects)
         # A worker process closes the SMTP connection it kept with QUIT on its way out.
         worker_process_shutdown.connect(
             smtp_connection_close, weak=False, dispatch_uid="invoicing.mail.close"

@@ -1,5 +1,5 @@
 """What the invoicing app's dead letters are about: the invoice (its number, where its emails
-go, its admin page) and the failure in words. Registered with
+go, its admin page). Registered with
 ``asyncwork.deadletters.register_describer`` in ``apps.py``, so the dead-letter admin, the API and
 ``manage.py dlq`` show them without the machinery knowing what an invoice is.
 

@@ -139,7 +139,7 @@ WHERE i.status = 'paid' AND i.provider_updated_at >= %(since)s
     WHERE l.task = %(task)s AND l.args = jsonb_build_array(i.id) AND l.replayed_at IS NULL)
   AND NOT EXISTS (
     SELECT 1 FROM asyncwork_outboxmessage o
-    WHERE o.task = %(task)s AND o.args = jsonb_build_array(i.id) AND o.queue <> 'dlq'
+    WHERE o.task = %(task)s AND o.args = jsonb_build_array(i.id)
       AND (o.published_at IS NULL OR o.published_at >= %(quiet_since)s))
 ORDER BY i.id
 LIMIT %(limit)s

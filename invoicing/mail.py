@@ -21,7 +21,6 @@ What came in a signed event is authentic, not harmless, so before it reaches the
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import logging
@@ -210,25 +209,6 @@ def refused_recipients_text(recipients: Mapping[str, tuple[int, bytes | str]]) -
         f"{smtp_reply_text(code, reply)} ({header_text(parseaddr(address)[1] or address)})"
         for address, (code, reply) in recipients.items()
     )
-
-
-_OLD_REFUSAL = re.compile(r"recipient (refused|deferred): (\{.*\})", re.DOTALL)
-_OLD_REPLY = re.compile(r"SMTP (\d{3}): (b'.*'|b\".*\")", re.DOTALL)
-
-
-def failure_in_words(message: str) -> str:
-    """The failure an email job stored, in words: the message as ``deliver`` words it now, and
-    for a dead letter recorded before it did (``recipient refused: {'x@y': (550, b'...')}``,
-    ``SMTP 550: b'...'``) the same words read back out of Python's repr."""
-    try:
-        if refusal := _OLD_REFUSAL.fullmatch(message):
-            recipients = ast.literal_eval(refusal[2])
-            return f"recipient {refusal[1]}: {refused_recipients_text(recipients)}"
-        if reply := _OLD_REPLY.fullmatch(message):
-            return f"SMTP {smtp_reply_text(int(reply[1]), ast.literal_eval(reply[2]))}"
-    except (ValueError, TypeError, SyntaxError, AttributeError, MemoryError, RecursionError):
-        pass  # not what an older ``deliver`` wrote after all: shown as it was stored
-    return message
 
 
 def _words(exc: BaseException) -> str:

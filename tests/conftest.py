@@ -48,8 +48,8 @@ def smtp(settings: Any) -> Iterator[SmtpServer]:
 @pytest.fixture(autouse=True)
 def _broker_empty() -> Iterator[None]:
     """Every test starts and ends with this run's queues empty: a message a test published
-    and no worker consumed (an outbox publish, a dead letter's copy) must not reach the next
-    test's worker."""
+    and no worker consumed (an outbox publish, a retry) must not reach the next test's
+    worker."""
     broker.queues_empty()
     yield
     broker.queues_empty()

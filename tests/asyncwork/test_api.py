@@ -88,15 +88,15 @@ def test_a_viewer_reads_and_gets_403_on_replay() -> None:
 
 def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClient) -> None:
     invoice = paid_invoice(number="INV-77", customer_email="typo@exmaple.com")
-    old = letter(
+    refused = letter(
         "t1",
         args=[invoice.pk],
-        exception_message="recipient refused: {'typo@exmaple.com': (550, b'5.1.1 no such user')}",
+        exception_message="recipient refused: 550 5.1.1 no such user\n(typo@exmaple.com)",
     )
     unknown = letter("t2", task="core.gone", args=[3], exception_message="it broke")
 
     listed = {row["id"]: row for row in staff.get("/api/dead-letters/").json()["results"]}
-    one = staff.get(f"/api/dead-letters/{old.pk}/").json()
+    one = staff.get(f"/api/dead-letters/{refused.pk}/").json()
 
     expected = {
         "kind": "invoice",
@@ -105,9 +105,9 @@ def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClie
         "url": f"/admin/invoicing/invoice/{invoice.pk}/change/",
     }
     failure = "recipient refused: 550 5.1.1 no such user (typo@exmaple.com)"
-    assert (listed[old.pk]["subject"], listed[old.pk]["failure"]) == (expected, failure)
+    assert (listed[refused.pk]["subject"], listed[refused.pk]["failure"]) == (expected, failure)
     assert (one["subject"], one["failure"]) == (expected, failure)
-    assert one["exception_message"] == old.exception_message  # as stored
+    assert one["exception_message"] == refused.exception_message  # as stored
     assert (listed[unknown.pk]["subject"], listed[unknown.pk]["failure"]) == (None, "it broke")
 
 

@@ -1,7 +1,10 @@
 """The machinery's models moved out of ``core`` (into ``asyncwork`` and ``operators``) by state,
 not by copying: an existing database keeps every row, every content type with the permissions
 hanging on it, and every group holding one. Migrated here from the state before the move, as
-Django's own migration tests do, with rows in each moved table."""
+Django's own migration tests do, with rows in each moved table.
+
+A dead letter's copy for the ``dlq`` queue goes (asyncwork 0005): the column, and the outbox
+rows of copies not yet published; every dead letter, and every other outbox row, stays."""
 
 from __future__ import annotations
 
@@ -53,19 +56,24 @@ def test_an_existing_database_keeps_its_rows_permissions_and_groups() -> None:
     user = Users.objects.create(username="migration-operator")
     user.groups.add(group)
 
-    outbox = old.get_model("core", "OutboxMessage").objects.create(
-        task="some.task", args=[1], queue="default"
-    )
-    letter = old.get_model("core", "DeadLetter").objects.create(
-        task="some.task",
-        task_id="migration-1",
-        args=[1],
-        queue="default",
-        reason="permanent",
-        attempts=1,
-        first_failed_at=now,
-        last_failed_at=now,
-        broker_copy=outbox,
+    Outbox = old.get_model("core", "OutboxMessage")
+    outbox = Outbox.objects.create(task="some.task", args=[1], queue="dlq", published_at=now)
+    unsent_copy = Outbox.objects.create(task="some.task", args=[2], queue="dlq")
+    pending = Outbox.objects.create(task="some.task", args=[3], queue="default")
+    letter, unsent = (
+        old.get_model("core", "DeadLetter").objects.create(
+            task="some.task",
+            task_id=f"migration-{n}",
+            args=[n],
+            queue="default",
+            reason="permanent",
+            exception_message=f"failure {n}",
+            attempts=1,
+            first_failed_at=now,
+            last_failed_at=now,
+            broker_copy=copy,
+        )
+        for n, copy in ((1, outbox), (2, unsent_copy))
     )
     old.get_model("core", "ScheduledJob").objects.create(name="migration-job", runs=3)
     old.get_model("core", "LockHolder").objects.create(
@@ -91,7 +99,21 @@ def test_an_existing_database_keeps_its_rows_permissions_and_groups() -> None:
 
     moved = DeadLetter.objects.get(task_id="migration-1")
     assert moved.pk == letter.pk
-    assert moved.broker_copy == OutboxMessage.objects.get(pk=outbox.pk)
+    assert [(x.pk, x.args, x.exception_message) for x in DeadLetter.objects.order_by("pk")] == [
+        (letter.pk, [1], "failure 1"),
+        (unsent.pk, [2], "failure 2"),
+    ]
+    # The copy not yet published is gone, the published one and the job waiting stay.
+    assert sorted(OutboxMessage.objects.values_list("pk", flat=True)) == [outbox.pk, pending.pk]
+    with connection.cursor() as cursor:
+        columns = [
+            c.name
+            for c in connection.introspection.get_table_description(
+                cursor, DeadLetter._meta.db_table
+            )
+        ]
+    assert "broker_copy_id" not in columns
+    assert "replay_outbox_id" in columns
     assert ScheduledJob.objects.get(name="migration-job").runs == 3
     assert LockHolder.objects.filter(name="migration-lock").exists()
     # The content type moved with its model: no second one, and what named it still does.

@@ -119,7 +119,6 @@ def test_the_queues_probe_counts_each_queue_in_one_round_trip() -> None:
         queues.DEFAULT: 1,
         EMAIL_RECOVERY_QUEUE: 0,
         EMAIL_QUEUE: 3,
-        queues.DLQ: 0,
     }
     assert queues_probe((EMAIL_QUEUE,)).depths == {EMAIL_QUEUE: 3}
 

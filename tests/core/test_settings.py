@@ -361,7 +361,6 @@ _PRINT_BROKER = (
     "q = queues.consumed()[0]; "
     "print(s.BROKER_IS_RABBITMQ, app.conf.broker_transport or '-', "
     "o.get('confirm_publish', '-'), o.get('visibility_timeout', '-'), "
-    "app.conf.task_create_missing_queue_type, "
     "(q.queue_arguments or {}).get('x-queue-type', '-'), q.exchange.type or '-')"
 )
 
@@ -370,10 +369,10 @@ _PRINT_BROKER = (
     ("url", "expected"),
     [
         # Redis: the transport with the acknowledgement fix, lists, the visibility timeout.
-        ("redis://127.0.0.1:6379/0", "False asyncwork.broker:Transport - 180 classic - direct"),
+        ("redis://127.0.0.1:6379/0", "False asyncwork.broker:Transport - 180 - direct"),
         # RabbitMQ: kombu's own transport, confirms, quorum queues behind topic exchanges
         # (native delayed delivery); no visibility timeout, no Redis fix.
-        ("amqp://u:p@127.0.0.1:5672/v", "True - True - quorum quorum topic"),
+        ("amqp://u:p@127.0.0.1:5672/v", "True - True - quorum topic"),
     ],
 )
 def test_the_broker_url_decides_what_is_broker_specific(url: str, expected: str) -> None:

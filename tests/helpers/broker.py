@@ -19,6 +19,7 @@ from kombu import Connection
 from kombu.transport.native_delayed_delivery import level_name
 
 from asyncwork import queues
+from asyncwork.broker import queue_keys
 
 RABBITMQ = bool(settings.BROKER_IS_RABBITMQ)
 
@@ -47,6 +48,7 @@ BOTH_BROKERS = (
     "tests/invoicing/test_rescue.py",
     "tests/invoicing/test_recovery_queue.py",
     "tests/invoicing/test_breaker_pipeline.py",
+    "tests/test_quiescence.py",
 )
 _ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -132,6 +134,29 @@ def held_unacknowledged() -> int:
         return sum(int(row["messages_unacknowledged"]) for row in rabbitmq_queues().values())
     key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "unacked"
     return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).hlen(key))
+
+
+def jobs_in_broker() -> dict[str, int]:
+    """The messages of the queues the workers consume (``queues.consumed``) that wait there or
+    are delivered to a worker and not yet acknowledged, by queue, leaving out the queues that
+    hold none. On Redis, which keeps the unacknowledged messages of every queue in one hash,
+    those are counted under ``unacked``. On RabbitMQ the unacknowledged ones are read (with
+    ``rabbitmqctl``, about a second) only once no message waits."""
+    names = [queue.name for queue in queues.consumed()]
+    if RABBITMQ:
+        counts = {name: _rabbitmq_depth(name) for name in names}
+        if not any(counts.values()):
+            found = rabbitmq_queues()
+            counts = {
+                name: int(row["messages_ready"]) + int(row["messages_unacknowledged"])
+                for name, row in found.items()
+                if name in names
+            }
+    else:
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        counts = {name: sum(client.llen(key) for key in queue_keys(name)) for name in names}
+        counts["unacked"] = held_unacknowledged()
+    return {name: n for name, n in counts.items() if n}
 
 
 def queue_messages(name: str) -> list[dict[str, Any]]:

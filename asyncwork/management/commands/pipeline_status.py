@@ -23,7 +23,7 @@ from asyncwork.probes import BrokerUnreadable, queues_probe
 
 
 def _queue_depths() -> dict[str, int | str]:
-    names = (*(queue.name for queue in queues.consumed()), queues.DLQ)
+    names = queues.watched()
     try:
         return dict(queues_probe(names).depths)
     except (BrokerUnreadable, ValueError) as exc:
