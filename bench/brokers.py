@@ -106,7 +106,7 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
             ends.brokers["rabbitmq"] = lambda: _node_pids(node)
             pipelines[broker] = Pipeline(backend=ends, server=server, floor=server, options=options)
         for pipeline in pipelines.values():
-            pipeline.post(options.warmup, server=pipeline.server)
+            pipeline.post(options.warmup, arm="emails")
             pipeline.wait_emails(len(pipeline.invoices))
         print(
             f"warmed up ({options.warmup} emails each); "

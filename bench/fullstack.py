@@ -6,12 +6,13 @@ checks of what the pipeline stored and emailed.
   a delay when asked (``Backend.sink.handler.faults.delay``, changeable while it runs), which
   each session awaits on its own: a slow provider answers many sessions slowly, it does not
   serialise them. Each message's Message-ID names its invoice, so emails are counted per
-  invoice without parsing them.
-* The workers are ``celery -A core worker --include bench.tasks,bench.floor_sender``
-  (``stack.launch``; the second is the floor sender, a reference arm), logging
-  at WARNING as production does, each ready once it has set its key in Redis
-  (``bench.tasks``); stopped together with a warm shutdown, then SIGKILL of each group, on the
-  way out, on error or Ctrl-C too.
+  invoice without parsing them; the tutorial arm's emails carry Django's own Message-ID, so its
+  events give each invoice a recipient of its own, which names it (``TUTORIAL_DOMAIN``).
+* The workers are ``celery -A core worker --include
+  bench.tasks,bench.floor_sender,bench.tutorial`` (``stack.launch``; the floor sender and the
+  tutorial's task are reference arms), logging at WARNING as production does, each ready once
+  it has set its key in Redis (``bench.tasks``); stopped together with a warm shutdown, then
+  SIGKILL of each group, on the way out, on error or Ctrl-C too.
 
 Everything binds to 127.0.0.1.
 """
@@ -35,7 +36,7 @@ from bench.run import RESULTS, ROOT, RunConfig, stack_env, stack_pids, web
 from bench.tasks import NOOP_COUNTER, READY_KEY
 from stack import launch
 from stack.process import Process, Ready, stop_all
-from stack.smtp import Faults, SmtpServer
+from stack.smtp import Faults, Received, SmtpServer
 
 # The application's relay schedule (asyncwork/apps.py: every 15 s) and grace period
 # (OUTBOX_RELAY_GRACE_SECONDS, 10 s by default), reproduced while a benchmark waits for emails.
@@ -46,6 +47,10 @@ RELAY_GRACE = 10
 # --- What the SMTP server received -------------------------------------------------------------
 
 
+# The recipients' domain of the tutorial arm's events: ``<provider invoice id>@<domain>``.
+TUTORIAL_DOMAIN = "tutorial.example.com"
+
+
 def provider_invoice_id(message_id: str) -> str:
     """The provider invoice id in an invoice email's Message-ID, ``<in_….<digest>@domain>``
     (``invoicing.services.invoice_email_message_id``)."""
@@ -53,21 +58,28 @@ def provider_invoice_id(message_id: str) -> str:
     return local.rpartition(".")[0]
 
 
+def email_invoice(received: Received) -> str:
+    """The provider invoice id an email is for: named by its recipient in the tutorial arm,
+    by its Message-ID otherwise."""
+    local, _, domain = received.recipient.rpartition("@")
+    return local if domain == TUTORIAL_DOMAIN else provider_invoice_id(received.message_id)
+
+
 def emails_check(sink: SmtpServer, expected: Collection[str]) -> dict[str, Any]:
     """Exactly one email for each invoice in ``expected``, and none for any other."""
-    message_ids = [received.message_id for received in sink.handler.received()]
-    received = Counter(provider_invoice_id(mid) for mid in message_ids)
+    emails = sink.handler.received()
+    received = Counter(email_invoice(email) for email in emails)
     wanted = set(expected)
     missing = len(wanted - received.keys())
     duplicated = sum(1 for invoice in wanted if received[invoice] > 1)
     unexpected = sum(n for invoice, n in received.items() if invoice not in wanted)
     return {
         "invoices": len(wanted),
-        "emails": len(message_ids),
+        "emails": len(emails),
         "missing": missing,
         "duplicated": duplicated,
         "unexpected": unexpected,
-        "ok": missing == duplicated == unexpected == 0 and len(message_ids) == len(wanted),
+        "ok": missing == duplicated == unexpected == 0 and len(emails) == len(wanted),
     }
 
 
@@ -125,8 +137,8 @@ def celery_workers(
     run: RunConfig, *, env: Mapping[str, str], startup_timeout: float = 90.0
 ) -> Iterator[Workers]:
     """``run.workers.processes`` workers named ``<run>-w<i>@<host>``, consuming the queues
-    every ``celery -A core worker`` consumes, with ``bench.tasks`` and the floor sender
-    (``bench.floor_sender``) loaded; each logs to
+    every ``celery -A core worker`` consumes, with ``bench.tasks``, the floor sender
+    (``bench.floor_sender``) and the tutorial's task (``bench.tutorial``) loaded; each logs to
     ``bench/results/<run>.worker<i>.log``."""
     client = redis.Redis.from_url(run.redis_url)
     processes: list[Process] = []
@@ -144,7 +156,7 @@ def celery_workers(
                     name=name,
                     pool=run.workers.pool,
                     concurrency=run.workers.concurrency,
-                    include=("bench.tasks", "bench.floor_sender"),
+                    include=("bench.tasks", "bench.floor_sender", "bench.tutorial"),
                     loglevel="WARNING",
                     ready=marked_ready(name),
                     log=RESULTS / f"{run.name}.worker{index}.log",

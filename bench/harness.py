@@ -435,15 +435,22 @@ class Batch:
     requests: list[bytes]
 
 
-def paid_batch(count: int, *, port: int, secret: str) -> Batch:
-    """``count`` new paid invoices as Stripe deliveries, signed now (build just before use:
-    the signature is valid for ``STRIPE_WEBHOOK_TOLERANCE``, 300 s by default)."""
+def paid_batch(
+    count: int, *, port: int, secret: str, path: str = WEBHOOK_PATH, recipients: str = ""
+) -> Batch:
+    """``count`` new paid invoices as Stripe deliveries to ``path``, signed now (build just
+    before use: the signature is valid for ``STRIPE_WEBHOOK_TOLERANCE``, 300 s by default).
+    ``recipients``: a domain, to give each invoice a customer email of its own,
+    ``<invoice id>@<domain>``."""
     ids = [testing.new_id("in") for _ in range(count)]
-    bodies = [
-        testing.encode(testing.event("invoice.paid", testing.invoice_object(invoice_id=invoice)))
+    objects = [
+        testing.invoice_object(invoice_id=invoice, customer_email=f"{invoice}@{recipients}")
+        if recipients
+        else testing.invoice_object(invoice_id=invoice)
         for invoice in ids
     ]
+    bodies = [testing.encode(testing.event("invoice.paid", invoice)) for invoice in objects]
     return Batch(
         invoice_ids=ids,
-        requests=signed_requests(bodies, path=WEBHOOK_PATH, port=port, secret=secret),
+        requests=signed_requests(bodies, path=path, port=port, secret=secret),
     )

@@ -22,6 +22,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ RESULTS = ROOT / "bench" / "results"
 DATABASE_URL = "postgres://postgres@127.0.0.1:5432/invoicing_bench"
 REDIS_URL = "redis://127.0.0.1:6379/13"
 NOOP_PATH = "/bench/noop/"  # bench/urls.py: reads the body and answers, nothing else
+TUTORIAL_PATH = "/bench/tutorial/webhook/"  # bench/tutorial.py: the tutorial arm's webhook
 
 # Settings under which neither the throttle nor backpressure refuses the benchmark's own load.
 # Both still run on every request (their cost is measured); only their thresholds move. Every
@@ -220,6 +222,39 @@ def _postgres_pids(database: str) -> list[int]:
         if backend is None or backend.group(1) == database:
             pids.append(pid)
     return pids
+
+
+@contextlib.contextmanager
+def cpu_metered(
+    groups: Callable[[], Mapping[str, Iterable[int]]], *, every: float = 1.0
+) -> Iterator[dict[str, float]]:
+    """Yield a dict that holds, once the block is over, what ``cpu_spent`` says the processes
+    of ``groups()`` spent in it. The groups are listed afresh every ``every`` seconds meanwhile
+    and each process's latest figure kept, so one that starts in the block counts from zero and
+    one that ends in it counts until its last reading: a PostgreSQL backend, which Django
+    replaces once its connection is ``CONN_MAX_AGE`` old, whatever the arm's length."""
+    first = cpu_snapshot(groups())
+    latest = {group: dict(times) for group, times in first.per_group.items()}
+    done = threading.Event()
+
+    def read() -> None:
+        for group, times in cpu_snapshot(groups()).per_group.items():
+            latest.setdefault(group, {}).update(times)
+
+    def sample() -> None:
+        while not done.wait(every):
+            read()
+
+    sampler = threading.Thread(target=sample, name="cpu-meter", daemon=True)
+    sampler.start()
+    spent: dict[str, float] = {}
+    try:
+        yield spent
+    finally:
+        done.set()
+        sampler.join()
+        read()
+        spent.update(cpu_spent(first, CpuSnapshot(per_group=latest, machine=_machine_busy())))
 
 
 def stack_pids(*, gunicorn: Iterable[int], database: str) -> dict[str, list[int]]:

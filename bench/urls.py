@@ -1,7 +1,9 @@
-"""The project's URLs plus a no-op POST view: the baseline every ingest figure is compared with.
+"""The project's URLs plus the benchmarks' own views, served with
+``DJANGO_ROOT_URLCONF=bench.urls`` by the same gunicorn, settings and middleware as the webhook:
 
-Served with ``DJANGO_ROOT_URLCONF=bench.urls`` by the same gunicorn, settings and middleware as
-the webhook, so the difference between the two is the webhook's own work.
+* ``POST /bench/noop/``: the baseline every ingest figure is compared with, so the difference
+  between the two is the webhook's own work;
+* ``POST /bench/tutorial/webhook/``: the tutorial arm's webhook (``bench.tutorial``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from bench import tutorial
 from core.urls import urlpatterns as base
 
 
@@ -21,4 +24,8 @@ def noop(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"received": True, "bytes": len(request.body)})
 
 
-urlpatterns = [*base, path("bench/noop/", noop, name="bench-noop")]
+urlpatterns = [
+    *base,
+    path("bench/noop/", noop, name="bench-noop"),
+    path("bench/tutorial/webhook/", tutorial.stripe_webhook, name="bench-tutorial-webhook"),
+]

@@ -50,8 +50,8 @@ CHAOS_PROFILES = (
 
 
 def bench_files(key: str = "summary") -> list[Path]:
-    """The benchmark result files holding ``key`` (goal rows by default); not the earlier runs
-    kept for a before/after comparison (``<benchmark>.<stage>-<issue>.json``)."""
+    """The benchmark result files holding ``key`` (goal rows by default); not the stage files
+    kept beside them (``EARLIER``)."""
     files = [
         p for p in BENCH_RESULTS.glob("*.json") if not EARLIER.search(p.name) and key in _load(p)
     ]
@@ -270,164 +270,85 @@ def chaos_section(path: Path) -> list[str]:
     return [*lines, *_table(("", *arms), rows, "l" * (1 + len(arms)))]
 
 
-# The before/after comparison of issue 13 (the floor arms): each benchmark's run at each earlier
-# stage of the work (``<benchmark>.<stage>.json``) and its current result file.
-FLOOR_STAGES = (
-    ("before", "before-13"),
-    ("first pass", "pass1-13"),
-    ("second pass", "pass2-13"),
-    ("third pass", "pass3-13"),
-    ("fourth pass", "pass4-13"),
-    ("fifth pass", "pass5-13"),
-    ("sixth pass", "pass6-13"),
-    ("seventh pass", "pass7-13"),
-    ("after", None),
-)
+# Stage files kept beside the current results (``<benchmark>.<stage>-<n>.json``): no table
+# reads them.
 EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
 
-
-def _against(ratio: float, goal: float) -> str:
-    """A ratio whose goal is ``>= goal``, as the benchmark's summary prints it
-    (``bench.report.ratio_text``): three decimals when two would round a miss onto the goal."""
-    text = f"{ratio:.2f}"
-    return f"{ratio:.3f}" if float(text) == goal and ratio < goal else text
-
-
-def _arm_cpu(document: dict[str, Any], arm: str, group: str) -> float:
-    figures = document["arms"][arm]
-    per_item = figures.get("cpu_ms_per_delivery") or figures["cpu_ms_per_item"]
-    return float(per_item[group])
-
-
-def _stack_cpu(document: dict[str, Any], arm: str, groups: tuple[str, ...]) -> float:
-    return sum(_arm_cpu(document, arm, group) for group in groups)
-
-
-def _floor_figures(
-    ingest: dict[str, Any] | None, pipeline: dict[str, Any] | None
-) -> list[tuple[str, str]]:
-    """(figure, its text) for one run of each benchmark (None: no run of it at this stage)."""
-    # The steadier figure on a shared machine: the CPU the stack's own processes spend per item
-    # (the neighbours' and the load generator's left out), the floor's ÷ the application's.
-    webhook = ("gunicorn", "postgres", "redis")
-    email = ("celery", "gunicorn", "postgres", "redis")
-    rows: list[tuple[str, str]] = []
-    if ingest is not None:
-        arms = ingest["arms"]
-        rows += [
-            (
-                "webhook ingest/s ÷ floor receiver/s",
-                f"{_against(arms['unique']['rate'] / arms['floor']['rate'], 0.6)} "
-                f"({arms['unique']['rate']:.0f} / {arms['floor']['rate']:.0f} per s)",
-            ),
-            (
-                "100% duplicate deliveries/s ÷ unique/s",
-                f"{_against(arms['duplicate']['rate'] / arms['unique']['rate'], 1.0)} "
-                f"({arms['duplicate']['rate']:.0f} / {arms['unique']['rate']:.0f} per s)",
-            ),
-        ]
-    if pipeline is not None:
-        flow = pipeline["arms"]
-        rows.append(
-            (
-                "emails/s ÷ floor emails/s",
-                f"{_against(flow['emails']['rate'] / flow['floor']['rate'], 0.6)} "
-                f"({flow['emails']['rate']:.1f} / {flow['floor']['rate']:.1f} per s)",
-            )
-        )
-    if ingest is not None:
-        ratio = _stack_cpu(ingest, "floor", webhook) / _stack_cpu(ingest, "unique", webhook)
-        rows.append(("CPU of the stack per webhook, floor ÷ application", f"{ratio:.2f}"))
-    if pipeline is not None:
-        ratio = _stack_cpu(pipeline, "floor", email) / _stack_cpu(pipeline, "emails", email)
-        rows.append(("CPU of the stack per email end to end, floor ÷ application", f"{ratio:.2f}"))
-    if ingest is not None:
-        rows += [
-            (
-                f"CPU ms per webhook, {group} (application / floor)",
-                f"{_arm_cpu(ingest, 'unique', group):.2f} / {_arm_cpu(ingest, 'floor', group):.2f}",
-            )
-            for group in webhook
-        ]
-    if pipeline is not None:
-        rows += [
-            (
-                f"CPU ms per email end to end, {'worker' if group == 'celery' else group} "
-                "(application / floor)",
-                f"{_arm_cpu(pipeline, 'emails', group):.2f} / "
-                f"{_arm_cpu(pipeline, 'floor', group):.2f}",
-            )
-            for group in email
-        ]
-    return rows
-
-
-E2E = "webhook 200 -> SMTP 250, p50 / p99, at 50% of the maximum ingest"
-FLOOR_GOALS = {
-    E2E: "≤ 100 / ≤ 1,000 ms",
-    "webhook ingest/s ÷ floor receiver/s": "≥ 0.6",
-    "100% duplicate deliveries/s ÷ unique/s": "≥ 1",
-    "emails/s ÷ floor emails/s": "≥ 0.6",
+# The reference arms of webhook_ingest and pipeline, in the order of their columns: the version
+# a Django team writes from the tutorials, and the floor. A result file without one (a run made
+# before the arm existed) leaves its column out, or shows "-" where the other file has it.
+REFERENCES = ("tutorial", "floor")
+# Per benchmark: the application's arm, its rate as the table calls it (and its decimals), one
+# item, and the CPU groups of the stack that item runs through, as the table calls them.
+REFERENCE_ROWS = {
+    "webhook_ingest": (
+        "unique",
+        ("webhooks/s", 0),
+        "webhook",
+        {"gunicorn": "gunicorn", "postgres": "PostgreSQL", "redis": "Redis"},
+    ),
+    "pipeline": (
+        "emails",
+        ("emails/s end to end", 1),
+        "email",
+        {"celery": "worker", "gunicorn": "gunicorn", "postgres": "PostgreSQL", "redis": "Redis"},
+    ),
 }
 
 
-def floor_section() -> list[str]:
-    """Each stage side by side (those whose runs are kept), for ``webhook_ingest``,
-    ``pipeline`` and, where both runs are there, ``e2e_latency``."""
-    names = ("webhook_ingest", "pipeline")
-
-    def path(name: str, stage: str | None) -> Path:
-        return BENCH_RESULTS / (f"{name}.{stage}.json" if stage else f"{name}.json")
-
-    # A stage whose work touched one path only may keep the run of one benchmark (the other's
-    # figures are shown as "-"); the current files are always both there.
-    stages = [
-        (label, stage)
-        for label, stage in FLOOR_STAGES
-        if all(path(name, stage).exists() for name in names)
-        or (stage is not None and any(path(name, stage).exists() for name in names))
-    ]
-    if len(stages) < 2:
-        return []
-    runs = [
-        [_load(path(name, stage)) if path(name, stage).exists() else None for name in names]
-        for _, stage in stages
-    ]
-    kept = [document for documents in runs for document in documents if document is not None]
-    if not all("floor" in document["arms"] for document in kept):
-        return []
-    captions = [
-        f"- {label}: "
-        + _caption(path(name, stage), document, f"`python -m bench.{document['benchmark']}`")
-        for (label, stage), documents in zip(stages, runs, strict=True)
-        for name, document in zip(names, documents, strict=True)
-        if document is not None
-    ]
-    figures = [dict(_floor_figures(*documents)) for documents in runs]
-    # The end-to-end latency, for the stages whose run of bench.e2e_latency is there.
-    for (label, stage), figure in zip(stages, figures, strict=True):
-        e2e = path("e2e_latency", stage)
-        if e2e.exists():
-            document = _load(e2e)
-            latency = document["e2e_latency"]
-            figure[E2E] = (
-                f"{latency['p50_ms']:,.0f} / {latency['p99_ms']:,.0f} ms "
-                f"(at {document['rate']:.0f}/s)"
-            )
-            captions.append(
-                f"- {label}: " + _caption(e2e, document, "`python -m bench.e2e_latency`")
-            )
-    order = list(dict.fromkeys(name for figure in figures for name in figure))
-    rows = [
-        (name, FLOOR_GOALS.get(name, "reported"), *(figure.get(name, "-") for figure in figures))
-        for name in order
-    ]
-    labels = tuple(label for label, _ in stages)
+def _reference_rows(name: str, document: dict[str, Any]) -> list[tuple[str, int, dict[str, float]]]:
+    """(figure, decimals, {column: value}) for the application and each reference arm of one
+    run: the rate, the CPU the stack's own processes spent per item (the neighbours' and the
+    load generator's left out: the steadier figure on a shared machine), and per group."""
+    app, (rate, digits), per, groups = REFERENCE_ROWS[name]
+    arms = {"application": app, **{arm: arm for arm in REFERENCES if arm in document["arms"]}}
+    figures = {column: document["arms"][arm] for column, arm in arms.items()}
+    cpu = {
+        column: arm.get("cpu_ms_per_delivery") or arm["cpu_ms_per_item"]
+        for column, arm in figures.items()
+    }
     return [
-        *captions,
-        "",
-        *_table(("figure", "goal", *labels), rows, "ll" + "r" * len(labels)),
+        (rate, digits, {column: arm["rate"] for column, arm in figures.items()}),
+        (
+            f"CPU ms of the stack per {per}",
+            2,
+            {column: sum(ms[group] for group in groups) for column, ms in cpu.items()},
+        ),
+        *(
+            (f"CPU ms per {per}, {label}", 2, {column: ms[group] for column, ms in cpu.items()})
+            for group, label in groups.items()
+        ),
     ]
+
+
+def reference_section() -> list[str]:
+    """The application beside its reference arms, from the current runs of ``webhook_ingest``
+    and ``pipeline``: each arm's figure, and the application's ÷ each reference arm's (for a
+    rate, above 1 is faster; for CPU, below 1 is cheaper)."""
+    paths = [p for name in REFERENCE_ROWS if (p := BENCH_RESULTS / f"{name}.json").exists()]
+    documents = {path: _load(path) for path in paths}
+    rows = [row for path, doc in documents.items() for row in _reference_rows(path.stem, doc)]
+    if not rows:
+        return []
+    references = [arm for arm in REFERENCES if any(arm in values for *_, values in rows)]
+    columns = ["application", *references]
+    table = [
+        (
+            label,
+            *(f"{values[c]:.{digits}f}" if c in values else "-" for c in columns),
+            *(
+                f"{values['application'] / values[arm]:.2f}" if arm in values else "-"
+                for arm in references
+            ),
+        )
+        for label, digits, values in rows
+    ]
+    header = ("figure", *columns, *(f"application ÷ {arm}" for arm in references))
+    captions = [
+        "- " + _caption(path, document, f"`python -m bench.{document['benchmark']}`")
+        for path, document in documents.items()
+    ]
+    return [*captions, "", *_table(header, table, "l" + "r" * (len(header) - 1))]
 
 
 def brokers_section(path: Path) -> list[str]:
@@ -496,7 +417,8 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     PERFORMANCE: {
         "bench": lambda: block([bench_section(p) for p in bench_files()]),
         "dashboard": lambda: block([dashboard_section(p) for p in bench_files("render_ms")]),
-        "floor": lambda: block([floor_section()]),
+        # The application beside its reference arms (the tutorial's, the floor).
+        "floor": lambda: block([reference_section()]),
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
     DESIGN: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
