@@ -36,13 +36,12 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from celery import current_app
-from celery.signals import after_task_publish, before_task_publish, worker_process_shutdown
-from celery.utils.nodenames import anon_nodename
-from celery.utils.saferepr import saferepr
+from celery.signals import worker_process_shutdown
 from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Histogram
 
 from asyncwork import queues
@@ -446,12 +445,12 @@ def _pool_process_exit(**kwargs: Any) -> None:
 _local = threading.local()
 
 
-def _connection() -> Any:
-    """This thread's broker connection for publishing, with a short socket timeout of its own:
-    a stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
+def _producer() -> Any:
+    """This thread's producer, on a broker connection of its own with short timeouts: a
+    stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
     timeout (kombu's publish otherwise blocks while it retries the connection)."""
-    connection = getattr(_local, "connection", None)
-    if connection is None:
+    producer = getattr(_local, "producer", None)
+    if producer is None:
         timeout = settings.OUTBOX_PUBLISH_TIMEOUT
         options = {
             **current_app.conf.broker_transport_options,
@@ -469,21 +468,21 @@ def _connection() -> Any:
             "interval_max": 0,
             "connect_retries_timeout": timeout,
         }
-        connection = _local.connection = current_app.connection_for_write(transport_options=options)
+        connection = current_app.connection_for_write(transport_options=options)
         # Closed when its thread is gone (a thread pool's worker thread that ended): py-amqp
         # leaves a socket nobody closed open otherwise.
         weakref.finalize(threading.current_thread(), connection.collect)
-    return connection
+        producer = _local.producer = current_app.amqp.Producer(connection, auto_declare=False)
+    return producer
 
 
-def _connection_drop() -> None:
-    """Forget this thread's broker connection after a failed publish, without the closing
-    handshake (``collect``, not ``release``): a stalled broker would hold that too."""
-    _local.__dict__.pop("publisher", None)
-    connection = _local.__dict__.pop("connection", None)
-    if connection is not None:
+def _producer_drop() -> None:
+    """Forget this thread's producer after a failed publish, and its connection without the
+    closing handshake (``collect``, not ``release``): a stalled broker would hold that too."""
+    producer = _local.__dict__.pop("producer", None)
+    if producer is not None:
         with contextlib.suppress(Exception):
-            connection.collect()
+            producer.connection.collect()
 
 
 def outbox_publish(
@@ -533,183 +532,49 @@ def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
     return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids), actor=actor)
 
 
-class _Publisher:
-    """One kombu producer on this thread's broker connection, publishing task messages in
-    Celery's message protocol 2 exactly as ``send_task`` builds them (headers, body, properties,
-    the anonymous exchange with the queue as routing key), without ``send_task``'s general path
-    (routing, option merging, result bookkeeping) on every publish: the parts of a message that
-    do not change with the row are worked out once per task name. The ``before_task_publish``
-    receivers still run (the log context travels in a header), and the ``after_task_publish``
-    ones (the chaos suite's relay probe waits on it)."""
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        self.timeout = settings.OUTBOX_PUBLISH_TIMEOUT
-        app = current_app
-        self.producer = app.amqp.Producer(connection, auto_declare=False)
-        self.serializer = app.conf.task_serializer
-        self.compression = app.conf.task_compression
-        self.delivery_mode = app.conf.task_default_delivery_mode
-        self.repr_size = app.amqp.argsrepr_maxsize
-        self.repr_levels = app.conf.task_repr_maxlevels
-        self.origin = anon_nodename()
-        self.reply_to: Any = app.thread_oid
-        self.queues: dict[str, Any] = {}
-        self.declared: set[str] = set()  # on this connection: kombu's own cache would say so too
-        self.limits: dict[str, tuple[Any, Any, Any]] = {}
-
-    def _task_limits(self, name: str) -> tuple[Any, Any, Any]:
-        """``(time_limit, soft_time_limit, ignore_result)`` as ``send_task`` takes them from
-        the task registered under ``name`` (None for a task this process does not know)."""
-        limits = self.limits.get(name)
-        if limits is None:
-            # As send_task reads it: the registry as it stands, without finalizing the app.
-            task = current_app._tasks.get(name)  # type: ignore[attr-defined]
-            if task is None:
-                return (None, None, None)  # not cached: the registry may fill later
-            # What send_task merges from the registered task (its time limits, ignore_result).
-            options = task._get_exec_options()
-            limits = self.limits[name] = (
-                options.get("time_limit"),
-                options.get("soft_time_limit"),
-                options.get("ignore_result"),
-            )
-        return limits
-
-    def publish(
-        self,
-        *,
-        task: str,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        queue: str,
-        task_id: str,
-        carried: dict[str, Any] | None = None,
-    ) -> None:
-        """Publish one task message; ``carried``: the headers a retry carries on (its
-        ``retries`` count and the job's own), over those of a first run."""
-        declared = self.queues.get(queue)
-        if declared is None:
-            declared = self.queues[queue] = current_app.amqp.queues[queue]
-        time_limit, soft_time_limit, ignore_result = self._task_limits(task)
-        root_id: str | None = task_id
-        parent_id: str | None = None
-        parent = current_app.current_worker_task  # the relay, run as a scheduled job
-        if parent is not None:
-            root_id = parent.request.root_id or parent.request.id
-            parent_id = parent.request.id
-        headers = {
-            "lang": "py",
-            "task": task,
-            "id": task_id,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "group": None,
-            "group_index": None,
-            "retries": 0,
-            "timelimit": [time_limit, soft_time_limit],
-            "root_id": root_id,
-            "parent_id": parent_id,
-            "argsrepr": self._repr(args),
-            "kwargsrepr": self._repr(kwargs),
-            "origin": self.origin,
-            "ignore_result": ignore_result,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        if carried:
-            # The job's own headers; never one of the protocol's, but the retry count.
-            for name, value in carried.items():
-                headers.setdefault(name, value)
-            headers["retries"] = int(carried.get("retries", 0))
-        body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
-        properties: dict[str, Any] = {"correlation_id": task_id, "reply_to": self.reply_to}
-        if before_task_publish.receivers:
-            before_task_publish.send(
-                sender=task,
-                body=body,
-                exchange="",
-                routing_key=queue,
-                declare=[declared],
-                headers=headers,
-                properties=properties,
-                retry_policy=None,
-            )
-        self.producer.publish(
-            body,
-            exchange="",
-            routing_key=queue,
-            serializer=self.serializer,
-            compression=self.compression,
-            retry=False,
-            delivery_mode=getattr(declared.exchange, "delivery_mode", None) or self.delivery_mode,
-            # Declared with the first message on this connection (as send_task's declare does,
-            # through kombu's per-connection cache), without binding a copy of the queue to
-            # the channel again for every later one.
-            declare=None if queue in self.declared else [declared],
-            headers=headers,
-            # On RabbitMQ the socket timeout of the connection options is not the AMQP
-            # transport's: without these a stalled node holds the publish (and the request
-            # that commits it) until it answers, waiting for the write or for the confirm.
-            # The Redis transport ignores them (its socket timeout bounds it).
-            timeout=self.timeout,
-            confirm_timeout=self.timeout,
-            **properties,
-        )
-        self.declared.add(queue)
-        if after_task_publish.receivers:  # as send_task does, once the broker took it
-            after_task_publish.send(
-                sender=task, body=body, headers=headers, exchange="", routing_key=queue
-            )
-
-    def _repr(self, value: Any) -> str:
-        """Celery's ``saferepr`` of a message's args or kwargs; ``repr`` itself for what an
-        outbox row holds, ids (the same text, at a fraction of the cost)."""
-        if (isinstance(value, list) and all(type(item) is int for item in value)) or (
-            isinstance(value, dict)
-            and all(type(k) is str and type(v) is int for k, v in value.items())
-        ):
-            text = repr(value)
-            if len(text) <= self.repr_size:
-                return text
-        return str(saferepr(value, self.repr_size, maxlevels=self.repr_levels))
-
-
-def _publisher() -> _Publisher:
-    """This thread's publisher, on this thread's broker connection (``_connection``)."""
-    connection = _connection()
-    publisher: _Publisher | None = getattr(_local, "publisher", None)
-    if publisher is None or publisher.connection is not connection:
-        publisher = _local.publisher = _Publisher(connection)
-    return publisher
-
-
 def _send(message: _Message) -> Exception | None:
-    """Publish one row's message; return the error instead of raising it (and drop this
-    thread's broker connection, which may be half-broken)."""
+    """Publish one row's message with Celery's ``send_task`` on this thread's producer; return
+    the error instead of raising it (and drop the producer, whose connection may be
+    half-broken). Celery's publish signals fire as for any task: ``before_task_publish``
+    carries the log context in a header (``asyncwork.logging``)."""
     # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
     kwargs = (
         dict(message.kwargs) if message.task_id else {**message.kwargs, "outbox_id": message.pk}
     )
+    timeout = settings.OUTBOX_PUBLISH_TIMEOUT
     try:
-        _publisher().publish(
-            task=message.task,
+        current_app.send_task(
+            message.task,
             args=list(message.args),
             kwargs=kwargs,
             queue=message.queue,
             task_id=message.task_id or outbox_task_id(message.pk),
-            carried=message.headers,
+            # A retry's count and the headers its job carries on (asyncwork.tasks).
+            retries=int(message.headers.get("retries", 0)),
+            headers=message.headers or None,
+            producer=_producer(),
+            # One try: a row whose publish fails waits for the relay, not the request.
+            retry=False,
+            # On RabbitMQ the socket timeout of the connection options is not the AMQP
+            # transport's: without these a stalled node holds the publish (and the request
+            # that commits it) until it answers, waiting for the write or for the confirm.
+            # The Redis transport ignores them (its socket timeout bounds it).
+            timeout=timeout,
+            confirm_timeout=timeout,
+            # Nothing reads the relay's results: no trail of them on the relay's own task.
+            add_to_parent=False,
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
-        _connection_drop()
+        _producer_drop()
         _publish_failed(queue=message.queue)
+        # kombu re-raises the transport's error as its own, which for a broker's nack says
+        # nothing: the transport's names what happened.
+        error = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
         logger.warning(
             "outbox publish failed; the relay will retry",
-            extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},
+            extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(error)},
         )
-        return exc
+        return error if isinstance(error, Exception) else exc
     return None
 
 

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from asyncwork import outbox
 from asyncwork.models import OutboxMessage
-from asyncwork.outbox import _connection_drop, outbox_marks_flush, outbox_relay, outbox_task_id
+from asyncwork.outbox import _producer_drop, outbox_marks_flush, outbox_relay, outbox_task_id
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST, wait_until
@@ -47,9 +47,9 @@ def stallable_broker(private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatc
     # Celery reads the environment's CELERY_BROKER_URL before its own setting.
     monkeypatch.setenv("CELERY_BROKER_URL", private_redis.url)
     monkeypatch.setattr(app.conf, "broker_url", private_redis.url)
-    _connection_drop()
+    _producer_drop()
     yield private_redis.client()
-    _connection_drop()
+    _producer_drop()
 
 
 @broker.redis_only  # a shared RabbitMQ node cannot be stalled for one test
@@ -146,58 +146,6 @@ def test_outbox_command_reports_and_rejects_bad_input(capsys: pytest.CaptureFixt
     assert "unpublished: 0" in capsys.readouterr().out
     with pytest.raises(CommandError, match="--batch-size must be at least 1"):
         call_command("outbox", "relay", "--batch-size", "0")
-
-
-def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
-    """The outbox's own publisher (a prebuilt message through one producer per thread) sends,
-    byte for byte but the transport's delivery tag, what ``send_task`` would: Celery's message
-    protocol 2 with the same headers (the log context's included), body and properties, and
-    tells ``after_task_publish``'s receivers as ``send_task`` does."""
-    from celery.signals import after_task_publish
-
-    from asyncwork.logging import log_context
-    from core.celery import app
-
-    told: list[tuple[Any, ...]] = []
-
-    def receiver(sender: str, headers: dict[str, Any], routing_key: str, **_: Any) -> None:
-        told.append((sender, headers["id"], routing_key))
-
-    after_task_publish.connect(receiver, weak=False, dispatch_uid="test-after-publish")
-    for task, queue in [
-        ("invoicing.send_invoice_email", "email"),  # a task this process knows: its limits
-        ("core.does_not_exist", f"relaytest-{uuid.uuid4().hex[:8]}"),  # one it does not
-    ]:
-        with log_context(event_id="evt_format", invoice_id=7):
-            app.send_task(
-                task,
-                args=[7],
-                kwargs={"outbox_id": 9},
-                queue=queue,
-                task_id=outbox_task_id(9),
-                connection=outbox._connection(),
-                retry=False,
-            )
-            row = OutboxMessage(pk=9, task=task, args=[7], kwargs={}, queue=queue)
-            assert outbox._send(row) is None
-        # Redis keeps kombu's whole envelope (its delivery tag differs per message); RabbitMQ
-        # hands back the headers and the body.
-        sent_by_celery, sent_by_outbox = broker.queue_messages(queue)
-        if queue != "email":
-            # Only the queue made up here: deleting the app's own would leave its exchange
-            # with no queue bound, where every later publish of this process is dropped
-            # (kombu remembers it declared it). The fixture empties it.
-            broker.queue_delete(queue)
-        for message in (sent_by_celery, sent_by_outbox):
-            message.get("properties", {}).pop("delivery_tag", None)
-        assert sent_by_outbox["headers"]["log_context"] == {
-            "event_id": "evt_format",
-            "invoice_id": 7,
-        }
-        assert sent_by_outbox == sent_by_celery
-        assert told == [(task, outbox_task_id(9), queue)] * 2
-        told.clear()
-    after_task_publish.disconnect(dispatch_uid="test-after-publish")
 
 
 # --- The marks of on-commit publishes (the marker) --------------------------------------------
