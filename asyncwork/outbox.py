@@ -5,10 +5,12 @@
 leaves the row unpublished and the request unharmed; ``outbox_relay`` publishes such rows later.
 The relay and the admin's republish take rows under ``SELECT ... FOR UPDATE SKIP LOCKED``, so
 two of them never publish the same row at once; the on-commit publish sends the row it just
-wrote without a lock (the relay leaves rows younger than its grace period alone), and leaves
-its mark to a thread of its process that writes the marks in batches (``_Marker``). A crash
-between publishing and marking published publishes the row again: consumers are idempotent,
-so twice is harmless; never is what this prevents.
+wrote without a lock (the relay leaves rows younger than its grace period alone), then marks
+it. Every publish is Celery's ``send_task`` on a producer kept per thread, bounded by
+``OUTBOX_PUBLISH_TIMEOUT`` and tried once; on RabbitMQ it returns once the broker confirmed the
+message (publisher confirms), so a row is marked published only after the broker took it. A
+crash between publishing and marking published publishes the row again: consumers are
+idempotent, so twice is harmless; never is what this prevents.
 ``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
 for a message the broker lost after it was marked published, and records what became of each
 as an operator action.
@@ -23,10 +25,8 @@ if that worker died (``asyncwork.tasks``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -36,10 +36,10 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from celery import current_app
-from celery.signals import worker_process_shutdown
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Histogram
@@ -227,219 +227,23 @@ def outbox_schedule(
     return message
 
 
-# The mark of on-commit publishes, written once: it runs for every request that enqueues, and
-# the ORM's compiling of the same UPDATE cost more CPU than the statement (bench.webhook_ingest).
-# The rows are found by primary key alone, and a row already marked (by the relay, or a
-# republish) keeps its mark. A condition on published_at in WHERE would let PostgreSQL read the
-# partial index of unpublished rows instead and filter by id: every entry of it, each batch,
-# including those of every row marked since the last vacuum and of any backlog.
-_MARK_PUBLISHED = (
-    f"UPDATE {OutboxMessage._meta.db_table} "  # noqa: S608 - a model's table name, no input
-    "SET published_at = coalesce(published_at, now()), "
-    "publish_attempts = publish_attempts + (published_at IS NULL)::int "
-    "WHERE id = ANY(%s)"
-)
-
-
 def _publish_committed(message: _Committed) -> None:
-    """The on-commit publish of a row this process has just committed: no re-read and no row
-    lock, and its mark left to this process's marker (``_Marker``), off the request: it runs
-    on every request that enqueues. The relay leaves rows younger than its grace period alone,
-    and were both to send, the consumers are idempotent."""
+    """The on-commit publish of a row this process has just committed, then its mark (one
+    ``UPDATE`` by primary key): no re-read and no row lock. The relay leaves rows younger than
+    its grace period alone, and were both to send, the consumers are idempotent. A row marked
+    meanwhile (by the relay, or a republish) keeps the time of its first publish. A mark that
+    fails (the database gone since the commit) leaves the row to the relay: a duplicate
+    message, never a lost one."""
     error = _send(message)
+    rows = OutboxMessage.objects.filter(pk=message.pk)
     if error is None:
         _published(queue=message.queue, created=message.created)
-        if not _marker().add(message.pk):
-            _mark_here([message.pk])
-    else:
-        OutboxMessage.objects.filter(pk=message.pk).update(
-            publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000]
+        rows.update(
+            published_at=Coalesce("published_at", Now()),
+            publish_attempts=F("publish_attempts") + 1,
         )
-
-
-def _mark_here(ids: list[int]) -> None:
-    """Mark ``ids`` published on this thread's own connection."""
-    with connections[OutboxMessage.objects.db].cursor() as cursor:
-        cursor.execute(_MARK_PUBLISHED, [ids])
-
-
-# The marker writes what is pending once this many are, without waiting out its interval.
-MARK_BATCH = 200
-# Marks pending or being written, at most, per process; past it the request marks its own row.
-MARK_PENDING_MAX = 1000
-# After a failed write the marker waits this long before it tries the same marks again.
-MARK_RETRY_SECONDS = 1.0
-# How long an exit waits for the last marks (a database that does not answer must not hold it).
-MARK_STOP_TIMEOUT = 5.0
-
-
-class _Marker:
-    """The marks of this process's on-commit publishes, written in batches (one ``UPDATE ...
-    WHERE id = ANY(...)``, every ``OUTBOX_MARK_SECONDS`` or once ``MARK_BATCH`` are pending)
-    by a thread of its own on a database connection of its own, so that the request which
-    published a row does not wait for its mark.
-
-    Why no guarantee weakens: a mark only says the row need not be published again. A mark
-    that never lands (the process killed before its thread wrote it, the database failing
-    until the exit) leaves a row the relay publishes again once its grace period is over
-    (``OUTBOX_RELAY_GRACE_SECONDS``, which outlasts ``OUTBOX_MARK_SECONDS`` by far): a
-    duplicate message, which the consumers' claims make harmless, never a lost one. The
-    publish itself, its failure and its latency are recorded as before, by the request.
-
-    The request never waits on the marker's database: handing over a mark takes a lock no
-    database call is made under. A write that fails is logged and tried again after
-    ``MARK_RETRY_SECONDS`` on a new connection. The marks pending or being written are
-    bounded (``MARK_PENDING_MAX``): once the thread is that far behind (the database slower
-    than the requests), the request marks its own row as it did before the marker, on its own
-    connection. Dropping the mark to the relay instead would keep the request fast but turn
-    every row past the bound into a duplicate message, republished by the relay onto the
-    database and the broker that are already behind; marking in the request makes the
-    requests go at the database's pace, which is what they did without the marker.
-
-    One per process, started by its first mark (so after a fork: a child starts its own;
-    the parent's pending marks are the parent's to write); ``outbox_marks_stop`` writes what
-    is pending and ends the thread, and runs at the process's exit (``atexit``; a Celery pool
-    process's exit, which skips ``atexit``, through ``worker_process_shutdown``)."""
-
-    def __init__(self) -> None:
-        self.every = settings.OUTBOX_MARK_SECONDS
-        self.changed = threading.Condition()
-        self.pending: list[int] = []
-        self.writing = 0  # marks taken by the thread and not yet written
-        self.added = 0  # marks ever handed over
-        self.done = 0  # of those, how many the thread has written, in the order handed over
-        self.hurry = False  # a flush is waiting: write what is pending now
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="outbox-marker", daemon=True)
-        self.thread.start()
-
-    def add(self, pk: int) -> bool:
-        """Hand over the mark of row ``pk``; False when the marker takes no more (it is
-        ``MARK_PENDING_MAX`` behind, or stopping): the caller marks it."""
-        with self.changed:
-            if self.stopping or len(self.pending) + self.writing >= MARK_PENDING_MAX:
-                return False
-            self.pending.append(pk)
-            self.added += 1
-            if len(self.pending) in (1, MARK_BATCH):  # the thread may be waiting for either
-                self.changed.notify_all()
-        return True
-
-    def flush(self, timeout: float) -> bool:
-        """Write what is pending now; True once every mark handed over before the call is
-        written, False if ``timeout`` seconds pass first (the database failing)."""
-        with self.changed:
-            target = self.added
-            self.hurry = True
-            self.changed.notify_all()
-            return self.changed.wait_for(lambda: self.done >= target, timeout)
-
-    def stop(self, timeout: float) -> bool:
-        """Write what is pending (one try) and end the thread; True if every mark was
-        written within ``timeout``."""
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
-        self.thread.join(timeout)
-        with self.changed:
-            return not self.thread.is_alive() and self.done == self.added
-
-    def _run(self) -> None:
-        try:
-            while self._write_next():
-                pass
-        finally:
-            connections[OutboxMessage.objects.db].close()
-
-    def _write_next(self) -> bool:
-        """Wait for marks, write them; False once stopping with nothing left to write."""
-        with self.changed:
-            self.changed.wait_for(lambda: self.pending or self.stopping)
-            # Gather for one interval, unless a batch is full, a flush waits, or it stops.
-            self.changed.wait_for(
-                lambda: self.hurry or self.stopping or len(self.pending) >= MARK_BATCH,
-                self.every,
-            )
-            if not self.pending:
-                return False
-            ids, self.pending = self.pending, []
-            self.writing, upto, last = len(ids), self.added, self.stopping
-            self.hurry = False
-        written = self._write(ids)
-        with self.changed:
-            self.writing = 0
-            if written:
-                self.done = upto
-                self.changed.notify_all()
-                return True
-            if last:  # the process is exiting: the relay republishes these rows
-                return False
-            self.pending[:0] = ids
-            self.changed.wait_for(lambda: self.hurry or self.stopping, MARK_RETRY_SECONDS)
-        return True
-
-    def _write(self, ids: list[int]) -> bool:
-        try:
-            _mark_here(ids)
-        except Exception as exc:  # noqa: BLE001 - any failure leaves the marks to a retry
-            connections[OutboxMessage.objects.db].close()  # the next try reconnects
-            logger.warning(
-                "outbox marks failed; tried again, or the relay republishes the rows",
-                extra={"marks": len(ids), "error": repr(exc)},
-            )
-            return False
-        return True
-
-
-_markers: dict[str, _Marker] = {}  # this process's marker, under "marker" once started
-_markers_lock = threading.Lock()
-
-
-def _marker() -> _Marker:
-    """This process's marker, started by the first call."""
-    marker = _markers.get("marker")
-    if marker is None:
-        with _markers_lock:
-            marker = _markers.get("marker")
-            if marker is None:
-                marker = _markers["marker"] = _Marker()
-    return marker
-
-
-def _markers_forget() -> None:
-    """In a forked child: the parent's marker thread is not there, nor its lock's holder."""
-    global _markers_lock
-    _markers.clear()
-    _markers_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_markers_forget)
-
-
-def outbox_marks_flush(*, timeout: float = 5.0) -> bool:
-    """Write the marks this process's on-commit publishes left pending, now; True once every
-    one handed over before the call is written, False if ``timeout`` seconds pass first. For
-    a caller that reads ``published_at`` of a row it has just published (tests)."""
-    marker = _markers.get("marker")
-    return marker is None or marker.flush(timeout)
-
-
-def outbox_marks_stop(*, timeout: float = MARK_STOP_TIMEOUT) -> bool:
-    """Write the pending marks and end this process's marker thread, closing its database
-    connection; True if all were written within ``timeout`` seconds. The next mark starts a
-    new one. Run at the process's exit; what it does not write, the relay republishes."""
-    with _markers_lock:
-        marker = _markers.pop("marker", None)
-    return marker is None or marker.stop(timeout)
-
-
-atexit.register(outbox_marks_stop)
-
-
-@worker_process_shutdown.connect
-def _pool_process_exit(**kwargs: Any) -> None:
-    """A Celery pool process ends with ``os._exit``: ``atexit`` does not run there."""
-    outbox_marks_stop()
+    else:
+        rows.update(publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000])
 
 
 _local = threading.local()

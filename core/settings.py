@@ -463,12 +463,6 @@ OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
 OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
 # Seconds a publish may wait on the broker before the row is left to the relay.
 OUTBOX_PUBLISH_TIMEOUT = env.float("OUTBOX_PUBLISH_TIMEOUT", default=0.5)
-# Each process marks the rows its on-commit publishes sent this often, in one statement, off
-# the request (asyncwork.outbox._Marker); far below the relay's grace, which republishes a row
-# whose mark a killed process never wrote.
-OUTBOX_MARK_SECONDS = env.float("OUTBOX_MARK_SECONDS", default=0.05)
-if OUTBOX_MARK_SECONDS <= 0:
-    raise ImproperlyConfigured("OUTBOX_MARK_SECONDS must be more than 0.")
 # Each worker publishes the retries and deferrals come due this often (asyncwork.scheduled);
 # 0: only the relay does, every 15 s.
 OUTBOX_DUE_POLL_SECONDS = env.float("OUTBOX_DUE_POLL_SECONDS", default=1.0)
