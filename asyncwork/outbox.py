@@ -67,17 +67,9 @@ OUTBOX_PUBLISH_FAILURES = Counter(
 )
 
 
-# The histogram's child for each queue, looked up once (``labels`` takes a lock and builds a
-# key on every call): the on-commit publish observes it for every request that enqueues.
-_latency_by_queue: dict[str, Any] = {}
-
-
 def _published(*, queue: str, created: float) -> None:
     """A row created at ``created`` (seconds since the epoch) was just published."""
-    latency = _latency_by_queue.get(queue)
-    if latency is None:
-        latency = _latency_by_queue[queue] = OUTBOX_PUBLISH_LATENCY.labels(queue=queue)
-    latency.observe(max(0.0, time.time() - created))
+    OUTBOX_PUBLISH_LATENCY.labels(queue=queue).observe(max(0.0, time.time() - created))
 
 
 def _publish_failed(*, queue: str) -> None:
