@@ -37,9 +37,8 @@ from typing import Any, Protocol
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
-from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Histogram
@@ -219,23 +218,31 @@ def outbox_schedule(
     return message
 
 
+# The mark of an on-commit publish: one statement by primary key, run by every request that
+# enqueues, where QuerySet.update() compiling the same UPDATE costs several times the
+# statement's CPU (docs/performance.md). A row marked meanwhile (by the relay, or a republish)
+# keeps the time of its first publish.
+_MARK_PUBLISHED = (
+    f"UPDATE {OutboxMessage._meta.db_table} "  # noqa: S608 - a model's table name, no input
+    "SET published_at = coalesce(published_at, now()), publish_attempts = publish_attempts + 1 "
+    "WHERE id = %s"
+)
+
+
 def _publish_committed(message: _Committed) -> None:
-    """The on-commit publish of a row this process has just committed, then its mark (one
-    ``UPDATE`` by primary key): no re-read and no row lock. The relay leaves rows younger than
-    its grace period alone, and were both to send, the consumers are idempotent. A row marked
-    meanwhile (by the relay, or a republish) keeps the time of its first publish. A mark that
-    fails (the database gone since the commit) leaves the row to the relay: a duplicate
-    message, never a lost one."""
+    """The on-commit publish of a row this process has just committed, then its mark: no
+    re-read and no row lock. The relay leaves rows younger than its grace period alone, and
+    were both to send, the consumers are idempotent. A mark that fails (the database gone
+    since the commit) leaves the row to the relay: a duplicate message, never a lost one."""
     error = _send(message)
-    rows = OutboxMessage.objects.filter(pk=message.pk)
     if error is None:
         _published(queue=message.queue, created=message.created)
-        rows.update(
-            published_at=Coalesce("published_at", Now()),
-            publish_attempts=F("publish_attempts") + 1,
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(_MARK_PUBLISHED, [message.pk])
     else:
-        rows.update(publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000])
+        OutboxMessage.objects.filter(pk=message.pk).update(
+            publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000]
+        )
 
 
 _local = threading.local()
