@@ -5,10 +5,12 @@
 leaves the row unpublished and the request unharmed; ``outbox_relay`` publishes such rows later.
 The relay and the admin's republish take rows under ``SELECT ... FOR UPDATE SKIP LOCKED``, so
 two of them never publish the same row at once; the on-commit publish sends the row it just
-wrote without a lock (the relay leaves rows younger than its grace period alone), and leaves
-its mark to a thread of its process that writes the marks in batches (``_Marker``). A crash
-between publishing and marking published publishes the row again: consumers are idempotent,
-so twice is harmless; never is what this prevents.
+wrote without a lock (the relay leaves rows younger than its grace period alone), then marks
+it. Every publish is Celery's ``send_task`` on a producer kept per thread, bounded by
+``OUTBOX_PUBLISH_TIMEOUT`` and tried once; on RabbitMQ it returns once the broker confirmed the
+message (publisher confirms), so a row is marked published only after the broker took it. A
+crash between publishing and marking published publishes the row again: consumers are
+idempotent, so twice is harmless; never is what this prevents.
 ``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
 for a message the broker lost after it was marked published, and records what became of each
 as an operator action.
@@ -23,10 +25,8 @@ if that worker died (``asyncwork.tasks``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -36,13 +36,11 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from celery import current_app
-from celery.signals import after_task_publish, before_task_publish, worker_process_shutdown
-from celery.utils.nodenames import anon_nodename
-from celery.utils.saferepr import saferepr
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Histogram
 
 from asyncwork import queues
@@ -68,17 +66,9 @@ OUTBOX_PUBLISH_FAILURES = Counter(
 )
 
 
-# The histogram's child for each queue, looked up once (``labels`` takes a lock and builds a
-# key on every call): the on-commit publish observes it for every request that enqueues.
-_latency_by_queue: dict[str, Any] = {}
-
-
 def _published(*, queue: str, created: float) -> None:
     """A row created at ``created`` (seconds since the epoch) was just published."""
-    latency = _latency_by_queue.get(queue)
-    if latency is None:
-        latency = _latency_by_queue[queue] = OUTBOX_PUBLISH_LATENCY.labels(queue=queue)
-    latency.observe(max(0.0, time.time() - created))
+    OUTBOX_PUBLISH_LATENCY.labels(queue=queue).observe(max(0.0, time.time() - created))
 
 
 def _publish_failed(*, queue: str) -> None:
@@ -178,230 +168,42 @@ def outbox_schedule(
     return message
 
 
-# The mark of on-commit publishes, written once: it runs for every request that enqueues, and
-# the ORM's compiling of the same UPDATE cost more CPU than the statement (bench.webhook_ingest).
-# The rows are found by primary key alone, and a row already marked (by the relay, or a
-# republish) keeps its mark. A condition on published_at in WHERE would let PostgreSQL read the
-# partial index of unpublished rows instead and filter by id: every entry of it, each batch,
-# including those of every row marked since the last vacuum and of any backlog.
+# The mark of an on-commit publish: one statement by primary key, run by every request that
+# enqueues, where QuerySet.update() compiling the same UPDATE costs several times the
+# statement's CPU (docs/performance.md). A row marked meanwhile (by the relay, or a republish)
+# keeps the time of its first publish.
 _MARK_PUBLISHED = (
     f"UPDATE {OutboxMessage._meta.db_table} "  # noqa: S608 - a model's table name, no input
-    "SET published_at = coalesce(published_at, now()), "
-    "publish_attempts = publish_attempts + (published_at IS NULL)::int "
-    "WHERE id = ANY(%s)"
+    "SET published_at = coalesce(published_at, now()), publish_attempts = publish_attempts + 1 "
+    "WHERE id = %s"
 )
 
 
 def _publish_committed(message: _Committed) -> None:
-    """The on-commit publish of a row this process has just committed: no re-read and no row
-    lock, and its mark left to this process's marker (``_Marker``), off the request: it runs
-    on every request that enqueues. The relay leaves rows younger than its grace period alone,
-    and were both to send, the consumers are idempotent."""
+    """The on-commit publish of a row this process has just committed, then its mark: no
+    re-read and no row lock. The relay leaves rows younger than its grace period alone, and
+    were both to send, the consumers are idempotent. A mark that fails (the database gone
+    since the commit) leaves the row to the relay: a duplicate message, never a lost one."""
     error = _send(message)
     if error is None:
         _published(queue=message.queue, created=message.created)
-        if not _marker().add(message.pk):
-            _mark_here([message.pk])
+        with connection.cursor() as cursor:
+            cursor.execute(_MARK_PUBLISHED, [message.pk])
     else:
         OutboxMessage.objects.filter(pk=message.pk).update(
             publish_attempts=F("publish_attempts") + 1, last_error=repr(error)[:2000]
         )
 
 
-def _mark_here(ids: list[int]) -> None:
-    """Mark ``ids`` published on this thread's own connection."""
-    with connections[OutboxMessage.objects.db].cursor() as cursor:
-        cursor.execute(_MARK_PUBLISHED, [ids])
-
-
-# The marker writes what is pending once this many are, without waiting out its interval.
-MARK_BATCH = 200
-# Marks pending or being written, at most, per process; past it the request marks its own row.
-MARK_PENDING_MAX = 1000
-# After a failed write the marker waits this long before it tries the same marks again.
-MARK_RETRY_SECONDS = 1.0
-# How long an exit waits for the last marks (a database that does not answer must not hold it).
-MARK_STOP_TIMEOUT = 5.0
-
-
-class _Marker:
-    """The marks of this process's on-commit publishes, written in batches (one ``UPDATE ...
-    WHERE id = ANY(...)``, every ``OUTBOX_MARK_SECONDS`` or once ``MARK_BATCH`` are pending)
-    by a thread of its own on a database connection of its own, so that the request which
-    published a row does not wait for its mark.
-
-    Why no guarantee weakens: a mark only says the row need not be published again. A mark
-    that never lands (the process killed before its thread wrote it, the database failing
-    until the exit) leaves a row the relay publishes again once its grace period is over
-    (``OUTBOX_RELAY_GRACE_SECONDS``, which outlasts ``OUTBOX_MARK_SECONDS`` by far): a
-    duplicate message, which the consumers' claims make harmless, never a lost one. The
-    publish itself, its failure and its latency are recorded as before, by the request.
-
-    The request never waits on the marker's database: handing over a mark takes a lock no
-    database call is made under. A write that fails is logged and tried again after
-    ``MARK_RETRY_SECONDS`` on a new connection. The marks pending or being written are
-    bounded (``MARK_PENDING_MAX``): once the thread is that far behind (the database slower
-    than the requests), the request marks its own row as it did before the marker, on its own
-    connection. Dropping the mark to the relay instead would keep the request fast but turn
-    every row past the bound into a duplicate message, republished by the relay onto the
-    database and the broker that are already behind; marking in the request makes the
-    requests go at the database's pace, which is what they did without the marker.
-
-    One per process, started by its first mark (so after a fork: a child starts its own;
-    the parent's pending marks are the parent's to write); ``outbox_marks_stop`` writes what
-    is pending and ends the thread, and runs at the process's exit (``atexit``; a Celery pool
-    process's exit, which skips ``atexit``, through ``worker_process_shutdown``)."""
-
-    def __init__(self) -> None:
-        self.every = settings.OUTBOX_MARK_SECONDS
-        self.changed = threading.Condition()
-        self.pending: list[int] = []
-        self.writing = 0  # marks taken by the thread and not yet written
-        self.added = 0  # marks ever handed over
-        self.done = 0  # of those, how many the thread has written, in the order handed over
-        self.hurry = False  # a flush is waiting: write what is pending now
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="outbox-marker", daemon=True)
-        self.thread.start()
-
-    def add(self, pk: int) -> bool:
-        """Hand over the mark of row ``pk``; False when the marker takes no more (it is
-        ``MARK_PENDING_MAX`` behind, or stopping): the caller marks it."""
-        with self.changed:
-            if self.stopping or len(self.pending) + self.writing >= MARK_PENDING_MAX:
-                return False
-            self.pending.append(pk)
-            self.added += 1
-            if len(self.pending) in (1, MARK_BATCH):  # the thread may be waiting for either
-                self.changed.notify_all()
-        return True
-
-    def flush(self, timeout: float) -> bool:
-        """Write what is pending now; True once every mark handed over before the call is
-        written, False if ``timeout`` seconds pass first (the database failing)."""
-        with self.changed:
-            target = self.added
-            self.hurry = True
-            self.changed.notify_all()
-            return self.changed.wait_for(lambda: self.done >= target, timeout)
-
-    def stop(self, timeout: float) -> bool:
-        """Write what is pending (one try) and end the thread; True if every mark was
-        written within ``timeout``."""
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
-        self.thread.join(timeout)
-        with self.changed:
-            return not self.thread.is_alive() and self.done == self.added
-
-    def _run(self) -> None:
-        try:
-            while self._write_next():
-                pass
-        finally:
-            connections[OutboxMessage.objects.db].close()
-
-    def _write_next(self) -> bool:
-        """Wait for marks, write them; False once stopping with nothing left to write."""
-        with self.changed:
-            self.changed.wait_for(lambda: self.pending or self.stopping)
-            # Gather for one interval, unless a batch is full, a flush waits, or it stops.
-            self.changed.wait_for(
-                lambda: self.hurry or self.stopping or len(self.pending) >= MARK_BATCH,
-                self.every,
-            )
-            if not self.pending:
-                return False
-            ids, self.pending = self.pending, []
-            self.writing, upto, last = len(ids), self.added, self.stopping
-            self.hurry = False
-        written = self._write(ids)
-        with self.changed:
-            self.writing = 0
-            if written:
-                self.done = upto
-                self.changed.notify_all()
-                return True
-            if last:  # the process is exiting: the relay republishes these rows
-                return False
-            self.pending[:0] = ids
-            self.changed.wait_for(lambda: self.hurry or self.stopping, MARK_RETRY_SECONDS)
-        return True
-
-    def _write(self, ids: list[int]) -> bool:
-        try:
-            _mark_here(ids)
-        except Exception as exc:  # noqa: BLE001 - any failure leaves the marks to a retry
-            connections[OutboxMessage.objects.db].close()  # the next try reconnects
-            logger.warning(
-                "outbox marks failed; tried again, or the relay republishes the rows",
-                extra={"marks": len(ids), "error": repr(exc)},
-            )
-            return False
-        return True
-
-
-_markers: dict[str, _Marker] = {}  # this process's marker, under "marker" once started
-_markers_lock = threading.Lock()
-
-
-def _marker() -> _Marker:
-    """This process's marker, started by the first call."""
-    marker = _markers.get("marker")
-    if marker is None:
-        with _markers_lock:
-            marker = _markers.get("marker")
-            if marker is None:
-                marker = _markers["marker"] = _Marker()
-    return marker
-
-
-def _markers_forget() -> None:
-    """In a forked child: the parent's marker thread is not there, nor its lock's holder."""
-    global _markers_lock
-    _markers.clear()
-    _markers_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_markers_forget)
-
-
-def outbox_marks_flush(*, timeout: float = 5.0) -> bool:
-    """Write the marks this process's on-commit publishes left pending, now; True once every
-    one handed over before the call is written, False if ``timeout`` seconds pass first. For
-    a caller that reads ``published_at`` of a row it has just published (tests)."""
-    marker = _markers.get("marker")
-    return marker is None or marker.flush(timeout)
-
-
-def outbox_marks_stop(*, timeout: float = MARK_STOP_TIMEOUT) -> bool:
-    """Write the pending marks and end this process's marker thread, closing its database
-    connection; True if all were written within ``timeout`` seconds. The next mark starts a
-    new one. Run at the process's exit; what it does not write, the relay republishes."""
-    with _markers_lock:
-        marker = _markers.pop("marker", None)
-    return marker is None or marker.stop(timeout)
-
-
-atexit.register(outbox_marks_stop)
-
-
-@worker_process_shutdown.connect
-def _pool_process_exit(**kwargs: Any) -> None:
-    """A Celery pool process ends with ``os._exit``: ``atexit`` does not run there."""
-    outbox_marks_stop()
-
-
 _local = threading.local()
 
 
-def _connection() -> Any:
-    """This thread's broker connection for publishing, with a short socket timeout of its own:
-    a stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
+def _producer() -> Any:
+    """This thread's producer, on a broker connection of its own with short timeouts: a
+    stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
     timeout (kombu's publish otherwise blocks while it retries the connection)."""
-    connection = getattr(_local, "connection", None)
-    if connection is None:
+    producer = getattr(_local, "producer", None)
+    if producer is None:
         timeout = settings.OUTBOX_PUBLISH_TIMEOUT
         options = {
             **current_app.conf.broker_transport_options,
@@ -419,21 +221,21 @@ def _connection() -> Any:
             "interval_max": 0,
             "connect_retries_timeout": timeout,
         }
-        connection = _local.connection = current_app.connection_for_write(transport_options=options)
+        connection = current_app.connection_for_write(transport_options=options)
         # Closed when its thread is gone (a thread pool's worker thread that ended): py-amqp
         # leaves a socket nobody closed open otherwise.
         weakref.finalize(threading.current_thread(), connection.collect)
-    return connection
+        producer = _local.producer = current_app.amqp.Producer(connection, auto_declare=False)
+    return producer
 
 
-def _connection_drop() -> None:
-    """Forget this thread's broker connection after a failed publish, without the closing
-    handshake (``collect``, not ``release``): a stalled broker would hold that too."""
-    _local.__dict__.pop("publisher", None)
-    connection = _local.__dict__.pop("connection", None)
-    if connection is not None:
+def _producer_drop() -> None:
+    """Forget this thread's producer after a failed publish, and its connection without the
+    closing handshake (``collect``, not ``release``): a stalled broker would hold that too."""
+    producer = _local.__dict__.pop("producer", None)
+    if producer is not None:
         with contextlib.suppress(Exception):
-            connection.collect()
+            producer.connection.collect()
 
 
 def outbox_publish(
@@ -483,183 +285,49 @@ def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
     return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids), actor=actor)
 
 
-class _Publisher:
-    """One kombu producer on this thread's broker connection, publishing task messages in
-    Celery's message protocol 2 exactly as ``send_task`` builds them (headers, body, properties,
-    the anonymous exchange with the queue as routing key), without ``send_task``'s general path
-    (routing, option merging, result bookkeeping) on every publish: the parts of a message that
-    do not change with the row are worked out once per task name. The ``before_task_publish``
-    receivers still run (the log context travels in a header), and the ``after_task_publish``
-    ones (the chaos suite's relay probe waits on it)."""
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        self.timeout = settings.OUTBOX_PUBLISH_TIMEOUT
-        app = current_app
-        self.producer = app.amqp.Producer(connection, auto_declare=False)
-        self.serializer = app.conf.task_serializer
-        self.compression = app.conf.task_compression
-        self.delivery_mode = app.conf.task_default_delivery_mode
-        self.repr_size = app.amqp.argsrepr_maxsize
-        self.repr_levels = app.conf.task_repr_maxlevels
-        self.origin = anon_nodename()
-        self.reply_to: Any = app.thread_oid
-        self.queues: dict[str, Any] = {}
-        self.declared: set[str] = set()  # on this connection: kombu's own cache would say so too
-        self.limits: dict[str, tuple[Any, Any, Any]] = {}
-
-    def _task_limits(self, name: str) -> tuple[Any, Any, Any]:
-        """``(time_limit, soft_time_limit, ignore_result)`` as ``send_task`` takes them from
-        the task registered under ``name`` (None for a task this process does not know)."""
-        limits = self.limits.get(name)
-        if limits is None:
-            # As send_task reads it: the registry as it stands, without finalizing the app.
-            task = current_app._tasks.get(name)  # type: ignore[attr-defined]
-            if task is None:
-                return (None, None, None)  # not cached: the registry may fill later
-            # What send_task merges from the registered task (its time limits, ignore_result).
-            options = task._get_exec_options()
-            limits = self.limits[name] = (
-                options.get("time_limit"),
-                options.get("soft_time_limit"),
-                options.get("ignore_result"),
-            )
-        return limits
-
-    def publish(
-        self,
-        *,
-        task: str,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        queue: str,
-        task_id: str,
-        carried: dict[str, Any] | None = None,
-    ) -> None:
-        """Publish one task message; ``carried``: the headers a retry carries on (its
-        ``retries`` count and the job's own), over those of a first run."""
-        declared = self.queues.get(queue)
-        if declared is None:
-            declared = self.queues[queue] = current_app.amqp.queues[queue]
-        time_limit, soft_time_limit, ignore_result = self._task_limits(task)
-        root_id: str | None = task_id
-        parent_id: str | None = None
-        parent = current_app.current_worker_task  # the relay, run as a scheduled job
-        if parent is not None:
-            root_id = parent.request.root_id or parent.request.id
-            parent_id = parent.request.id
-        headers = {
-            "lang": "py",
-            "task": task,
-            "id": task_id,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "group": None,
-            "group_index": None,
-            "retries": 0,
-            "timelimit": [time_limit, soft_time_limit],
-            "root_id": root_id,
-            "parent_id": parent_id,
-            "argsrepr": self._repr(args),
-            "kwargsrepr": self._repr(kwargs),
-            "origin": self.origin,
-            "ignore_result": ignore_result,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        if carried:
-            # The job's own headers; never one of the protocol's, but the retry count.
-            for name, value in carried.items():
-                headers.setdefault(name, value)
-            headers["retries"] = int(carried.get("retries", 0))
-        body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
-        properties: dict[str, Any] = {"correlation_id": task_id, "reply_to": self.reply_to}
-        if before_task_publish.receivers:
-            before_task_publish.send(
-                sender=task,
-                body=body,
-                exchange="",
-                routing_key=queue,
-                declare=[declared],
-                headers=headers,
-                properties=properties,
-                retry_policy=None,
-            )
-        self.producer.publish(
-            body,
-            exchange="",
-            routing_key=queue,
-            serializer=self.serializer,
-            compression=self.compression,
-            retry=False,
-            delivery_mode=getattr(declared.exchange, "delivery_mode", None) or self.delivery_mode,
-            # Declared with the first message on this connection (as send_task's declare does,
-            # through kombu's per-connection cache), without binding a copy of the queue to
-            # the channel again for every later one.
-            declare=None if queue in self.declared else [declared],
-            headers=headers,
-            # On RabbitMQ the socket timeout of the connection options is not the AMQP
-            # transport's: without these a stalled node holds the publish (and the request
-            # that commits it) until it answers, waiting for the write or for the confirm.
-            # The Redis transport ignores them (its socket timeout bounds it).
-            timeout=self.timeout,
-            confirm_timeout=self.timeout,
-            **properties,
-        )
-        self.declared.add(queue)
-        if after_task_publish.receivers:  # as send_task does, once the broker took it
-            after_task_publish.send(
-                sender=task, body=body, headers=headers, exchange="", routing_key=queue
-            )
-
-    def _repr(self, value: Any) -> str:
-        """Celery's ``saferepr`` of a message's args or kwargs; ``repr`` itself for what an
-        outbox row holds, ids (the same text, at a fraction of the cost)."""
-        if (isinstance(value, list) and all(type(item) is int for item in value)) or (
-            isinstance(value, dict)
-            and all(type(k) is str and type(v) is int for k, v in value.items())
-        ):
-            text = repr(value)
-            if len(text) <= self.repr_size:
-                return text
-        return str(saferepr(value, self.repr_size, maxlevels=self.repr_levels))
-
-
-def _publisher() -> _Publisher:
-    """This thread's publisher, on this thread's broker connection (``_connection``)."""
-    connection = _connection()
-    publisher: _Publisher | None = getattr(_local, "publisher", None)
-    if publisher is None or publisher.connection is not connection:
-        publisher = _local.publisher = _Publisher(connection)
-    return publisher
-
-
 def _send(message: _Message) -> Exception | None:
-    """Publish one row's message; return the error instead of raising it (and drop this
-    thread's broker connection, which may be half-broken)."""
+    """Publish one row's message with Celery's ``send_task`` on this thread's producer; return
+    the error instead of raising it (and drop the producer, whose connection may be
+    half-broken). Celery's publish signals fire as for any task: ``before_task_publish``
+    carries the log context in a header (``asyncwork.logging``)."""
     # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
     kwargs = (
         dict(message.kwargs) if message.task_id else {**message.kwargs, "outbox_id": message.pk}
     )
+    timeout = settings.OUTBOX_PUBLISH_TIMEOUT
     try:
-        _publisher().publish(
-            task=message.task,
+        current_app.send_task(
+            message.task,
             args=list(message.args),
             kwargs=kwargs,
             queue=message.queue,
             task_id=message.task_id or outbox_task_id(message.pk),
-            carried=message.headers,
+            # A retry's count and the headers its job carries on (asyncwork.tasks).
+            retries=int(message.headers.get("retries", 0)),
+            headers=message.headers or None,
+            producer=_producer(),
+            # One try: a row whose publish fails waits for the relay, not the request.
+            retry=False,
+            # On RabbitMQ the socket timeout of the connection options is not the AMQP
+            # transport's: without these a stalled node holds the publish (and the request
+            # that commits it) until it answers, waiting for the write or for the confirm.
+            # The Redis transport ignores them (its socket timeout bounds it).
+            timeout=timeout,
+            confirm_timeout=timeout,
+            # Nothing reads the relay's results: no trail of them on the relay's own task.
+            add_to_parent=False,
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
-        _connection_drop()
+        _producer_drop()
         _publish_failed(queue=message.queue)
+        # kombu re-raises the transport's error as its own, which for a broker's nack says
+        # nothing: the transport's names what happened.
+        error = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
         logger.warning(
             "outbox publish failed; the relay will retry",
-            extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(exc)},
+            extra={"outbox_id": message.pk, "task_name": message.task, "error": repr(error)},
         )
-        return exc
+        return error if isinstance(error, Exception) else exc
     return None
 
 

@@ -11,16 +11,15 @@
   be redelivered, and the dead letter is written before the message is acknowledged, so a
   worker dying while it dead-letters runs the job again rather than losing it.
 * ``Deferred`` (a dependency known to be down, e.g. an open circuit breaker) is not a
-  failure: ``defer()`` re-publishes the job after the dependency's cool-down plus jitter with
+  failure: ``defer()`` runs the job again after the dependency's cool-down plus jitter with
   its retry count unchanged, so no attempt is spent, until a deadline counted from the first
   deferral; then it is dead-lettered with the exception's reason.
-* a retry or a deferral waits in PostgreSQL, not in a worker: it is an outbox row due after
-  its countdown (``outbox_schedule``), which a worker publishes once due
-  (``asyncwork.scheduled``), and this message is acknowledged. Celery's own retry publishes
-  the message with an ETA, which a worker then holds unacknowledged for the whole countdown:
-  on Redis, if that worker dies, the message is back only after the visibility timeout. If
-  the database cannot take the row (or the task retries inside a transaction, which would
-  roll it back), Celery's own path is taken.
+* a retry or a deferral waits in PostgreSQL, not in a worker nor in the broker: it is an outbox
+  row due after its countdown (``outbox_schedule``), which a worker publishes once due
+  (``asyncwork.scheduled``), and this message is acknowledged. So a worker that dies, a
+  broker restart, or RabbitMQ's consumer timeout takes no waiting retry with it. While the
+  database refuses the row, the message is held for a few seconds, then goes back to its
+  queue unchanged (``_schedule``).
 * a dead letter is logged once: one ERROR line (``asyncwork.deadletters``) naming the dead letter,
   the task, its id, its args and the reason. A failure the task declares (permanent,
   transient, deferred) logs no traceback: it is kept on the ``DeadLetter`` row. Any other
@@ -32,8 +31,8 @@
 from __future__ import annotations
 
 import logging
-import math
 import random
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,6 +49,13 @@ from asyncwork.models import DeadLetter
 from asyncwork.outbox import outbox_schedule
 
 logger = logging.getLogger(__name__)
+
+# A retry's row the database refuses is tried again this often, for this long, before the
+# message goes back to its queue: a PostgreSQL restart is over within it, and the wait stays far
+# inside every task's time limit. On RabbitMQ each return counts as a delivery
+# (BROKER_DELIVERY_LIMIT), so the wait paces them.
+RETRY_WRITE_INTERVAL = 1.0
+RETRY_WRITE_WAIT = 10.0
 
 
 class ReliableTask(Task):
@@ -84,79 +90,97 @@ class ReliableTask(Task):
         max_retries: int | None = None,
         **options: Any,
     ) -> Any:
-        """Celery's ``retry``, whose wait is an outbox row (``_schedule``) rather than a
-        message held with an ETA. A retry past ``max_retries``, or one that changes the job
-        (new args, an ETA, other options), is Celery's own."""
+        """Celery's ``retry``, whose wait is an outbox row (``_schedule``) instead of a message
+        published with an ETA: this message is acknowledged and nothing waits in the broker.
+        Called directly, eagerly or past ``max_retries``, Celery's own (which raises ``exc``, or
+        runs the task again at once when eager, and publishes nothing)."""
+        request = self.request
+        limit = self.max_retries if max_retries is None else max_retries
+        if (
+            request.called_directly
+            or request.is_eager
+            or (limit is not None and request.retries >= limit)
+        ):
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         # Carry the time of the first failure across retries, for the dead letter, and keep
         # the job's other headers (first_deferred_at: a retry must not restart the deadline).
-        request = self.request
         headers = {**_job_headers(request), **(options.pop("headers", None) or {})}
         headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
-        limit = self.max_retries if max_retries is None else max_retries
-        own = (
-            args is None
-            and kwargs is None
-            and eta is None
-            and not options
-            and (limit is None or request.retries < limit)
-        )
-        if own:
-            countdown = self.default_retry_delay if countdown is None else countdown
-            if self._schedule(countdown=countdown, retries=request.retries + 1, headers=headers):
-                retry = Retry(exc=exc, when=timezone.now() + timedelta(seconds=countdown))
-                if throw:
-                    raise retry
-                return retry
-        return super().retry(
-            args,
-            kwargs,
-            exc,
-            throw,
-            eta,
-            countdown,
-            max_retries,
+        if options:
+            raise TypeError(f"a retry waits as an outbox row, which keeps no {sorted(options)}")
+        if eta is not None:
+            countdown = max(0.0, (eta - timezone.now()).total_seconds())
+        elif countdown is None:
+            countdown = self.default_retry_delay
+        self._schedule(
+            countdown=countdown,
+            retries=request.retries + 1,
             headers=headers,
-            **options,
+            args=request.args if args is None else args,
+            kwargs=request.kwargs if kwargs is None else kwargs,
         )
+        retry = Retry(exc=exc, when=timezone.now() + timedelta(seconds=countdown))
+        if throw:
+            raise retry
+        return retry
 
-    def _schedule(self, *, countdown: float, retries: int, headers: dict[str, Any]) -> bool:
+    def _schedule(
+        self, *, countdown: float, retries: int, headers: dict[str, Any], args: Any, kwargs: Any
+    ) -> None:
         """Write this job's next run as an outbox row due in ``countdown`` seconds, carrying
-        ``retries`` and ``headers``; False where it cannot wait there (called directly, eager,
-        inside a transaction that raising would roll back, or the database refused)."""
+        ``retries`` and ``headers``.
+
+        A row the database refuses (PostgreSQL restarting, failing over) is tried again every
+        ``RETRY_WRITE_INTERVAL`` seconds for ``RETRY_WRITE_WAIT`` seconds, this message held
+        meanwhile; still refused (or the task's soft time limit reached), this message goes
+        back to its queue as it came (``Reject`` with requeue: its retry count unchanged, no
+        attempt spent) and its next delivery runs the job again. A job is never dropped for
+        want of its retry's row."""
         request = self.request
-        if request.called_directly or request.is_eager or connection.in_atomic_block:
-            return False
-        queue = queues.queue_delivered(request.delivery_info, self.name)
+        if connection.in_atomic_block:
+            # Raising Retry would roll the row back with the caller's transaction.
+            raise RuntimeError("retry() inside transaction.atomic(): its row would roll back")
+        # Onto the queue read ahead of its own, as recovered work: a job that waited out its
+        # backoff is older than the backlog queued behind it since.
+        queue = queues.queue_ahead(queues.queue_delivered(request.delivery_info, self.name))
+        started = time.monotonic()
         try:
-            outbox_schedule(
-                task=self.name,
-                args=list(request.args or ()),
-                kwargs=dict(request.kwargs or {}),
-                # Onto the queue read ahead of its own, as recovered work: a job that waited
-                # out its backoff is older than the backlog queued behind it since (Celery's
-                # own retry jumps the queue too: the worker holding it runs it when due).
-                queue=queues.queue_ahead(queue),
-                due_in=countdown,
-                task_id=request.id or "",
-                headers={**headers, "retries": retries},
-            )
-        except DatabaseError as exc:
-            logger.warning(
-                "the retry could not wait in the outbox; the broker holds it: %s",
-                exc,
-                extra={"task_name": self.name, "task_id": request.id},
-            )
-            return False
-        return True
+            while True:
+                try:
+                    outbox_schedule(
+                        task=self.name,
+                        args=list(args or ()),
+                        kwargs=dict(kwargs or {}),
+                        queue=queue,
+                        due_in=max(0.0, countdown - (time.monotonic() - started)),
+                        task_id=request.id or "",
+                        headers={**headers, "retries": retries},
+                    )
+                    return
+                except DatabaseError as exc:
+                    refused: Exception = exc
+                connection.close()  # the next try opens a new connection
+                if time.monotonic() - started >= RETRY_WRITE_WAIT:
+                    break
+                time.sleep(RETRY_WRITE_INTERVAL)
+        except SoftTimeLimitExceeded as exc:
+            refused = exc
+        logger.warning(
+            "the retry could not be written; the message goes back to its queue: %s",
+            refused,
+            extra={"task_name": self.name, "task_id": request.id},
+        )
+        raise Reject(refused, requeue=True) from refused
 
     def defer(self, exc: Deferred) -> Retry:
-        """Re-publish this job to run after ``exc.retry_in`` plus full jitter, with the same
-        retry count, and return the ``Retry`` to raise so this message is acknowledged.
+        """Write this job's next run, after ``exc.retry_in`` plus full jitter and with the same
+        retry count, as an outbox row (``_schedule``), and return the ``Retry`` to raise so this
+        message is acknowledged.
 
         Custom headers surface on ``self.request`` as attributes and in ``request.headers``,
-        and ``signature_from_request`` copies the latter: ``first_deferred_at`` survives every
-        deferral and retry. Past ``exc.deadline`` seconds since then, ``exc`` itself is raised
-        and ``on_failure`` dead-letters the job with ``exc.dead_letter_reason``."""
+        and the row carries the latter: ``first_deferred_at`` survives every deferral and
+        retry. Past ``exc.deadline`` seconds since then, ``exc`` itself is raised and
+        ``on_failure`` dead-letters the job with ``exc.dead_letter_reason``."""
         request = self.request
         if request.called_directly or request.is_eager:
             raise exc  # nothing to wait on outside a worker; eager would spin until the deadline
@@ -172,24 +196,19 @@ class ReliableTask(Task):
             )
             raise exc
         deferrals = int(getattr(request, "deferrals", 0) or 0) + 1
-        # In whole seconds, at least one: RabbitMQ's delay queues (Celery's native delayed
-        # delivery) count in seconds, and Celery refuses a delay it would round down to none.
-        countdown = math.ceil(max(1.0, exc.retry_in + random.uniform(0, exc.jitter)))  # noqa: S311
+        countdown = max(1.0, exc.retry_in + random.uniform(0, exc.jitter))  # noqa: S311
         headers = {
             **_job_headers(request),
             "first_deferred_at": first.isoformat(),
             "deferrals": deferrals,
         }
-        if not self._schedule(countdown=countdown, retries=request.retries, headers=headers):
-            signature = self.signature_from_request(
-                request, countdown=countdown, retries=request.retries, headers=headers
-            )
-            try:
-                signature.apply_async()
-            except Exception as publish_error:
-                # Unlike Celery's retry (which drops the message), put it back: if the broker
-                # is gone the reject fails too and the visibility timeout redelivers it.
-                raise Reject(publish_error, requeue=True) from publish_error
+        self._schedule(
+            countdown=countdown,
+            retries=request.retries,
+            headers=headers,
+            args=request.args,
+            kwargs=request.kwargs,
+        )
         logger.info(
             "job deferred %.1f s (deferral %d): %s",
             countdown,

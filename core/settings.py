@@ -333,9 +333,9 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int(
 CELERY_DB_REUSE_MAX = 1000
 
 # An unacknowledged message is redelivered after this many seconds (the worker that held it
-# is presumed dead). It must outlive every countdown plus the task's time limit, or a delayed
-# task is delivered again while it waits; it also bounds how long a message held
-# by a SIGKILLed worker waits before redelivery.
+# is presumed dead). It must outlive every task's time limit, or a running task is delivered
+# again; it also bounds how long a message held by a SIGKILLed worker waits before
+# redelivery. No retry is held meanwhile: retries wait as outbox rows (asyncwork/tasks.py).
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=180)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
@@ -361,10 +361,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # only once the broker confirmed it (publisher confirms), so the outbox marks a row published
 # after the broker took the message. Retries and deferrals wait in PostgreSQL (outbox rows
 # due later, asyncwork/scheduled.py), as on Redis, not held unacknowledged by a worker, which
-# RabbitMQ would cut off after its consumer timeout; where a retry cannot wait there (the
-# database refused it), in RabbitMQ's delay queues (Celery's native delayed delivery for quorum
-# queues). The Redis-only options above do not apply: a message held by a worker that died is
-# redelivered when its connection closes.
+# RabbitMQ would cut off after its consumer timeout. The Redis-only options above do not
+# apply: a message held by a worker that died is redelivered when its connection closes.
 BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
 # RabbitMQ only (Redis does not count deliveries): the deliveries of one message before it is
 # taken for a poison message (one that kills the worker running it, again and again). The last
@@ -381,11 +379,10 @@ if BROKER_IS_RABBITMQ:
         # Publishing must not hang on a stalled broker (the outbox keeps the message).
         "connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
     }
-    # Celery's delay queues (native delayed delivery), where a retry or a deferral waits: classic
-    # queues, durable, each message persistent. As quorum queues (Celery's default) they
-    # dead-letter at-least-once, and on RabbitMQ 3.10 the tests saw retries and deferrals
-    # vanish in them, in whole-suite runs (tests/invoicing/test_breaker_pipeline.py); classic
-    # ones lost none. The price: on a cluster a waiting retry lives on one node.
+    # Celery's delay queues (native delayed delivery: a task sent with a countdown or an ETA
+    # waits there): classic queues, durable, each message persistent. As quorum queues
+    # (Celery's default) they dead-letter at-least-once, and on RabbitMQ 3.10 they can lose a
+    # message; classic ones keep it, on one node of a cluster.
     CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "classic"
     # A worker's remote-control queue (``<name>.celery.pidbox``) is shared, not exclusive to
     # one connection: after a network partition the node may still hold the cut worker's old
@@ -413,13 +410,10 @@ if EMAIL_RETRY_BACKOFF_BASE < 1 or EMAIL_RETRY_BACKOFF_MAX < 1:
     raise ImproperlyConfigured("EMAIL_RETRY_BACKOFF_BASE and _MAX must be at least 1 second.")
 if EMAIL_CLAIM_LEASE_SECONDS <= EMAIL_TASK_TIME_LIMIT:
     raise ImproperlyConfigured("EMAIL_CLAIM_LEASE_SECONDS must exceed EMAIL_TASK_TIME_LIMIT.")
-if (
-    EMAIL_RETRY_BACKOFF_MAX + EMAIL_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT
-    or CELERY_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT
-):
+if max(EMAIL_TASK_TIME_LIMIT, CELERY_TASK_TIME_LIMIT) >= CELERY_VISIBILITY_TIMEOUT:
     raise ImproperlyConfigured(
-        "CELERY_VISIBILITY_TIMEOUT must outlive the longest retry countdown plus the task "
-        "time limit, or a delayed task is delivered twice while it waits."
+        "CELERY_VISIBILITY_TIMEOUT must outlive the tasks' time limits (EMAIL_TASK_TIME_LIMIT, "
+        "CELERY_TASK_TIME_LIMIT), or a running task is delivered twice."
     )
 
 # --- Circuit breaker on the email provider (asyncwork/breaker.py) -------------------------------
@@ -442,13 +436,6 @@ if EMAIL_PROVIDER_DEADLINE_SECONDS < EMAIL_BREAKER_RESET_SECONDS:
     raise ImproperlyConfigured(
         "EMAIL_PROVIDER_DEADLINE_SECONDS must be at least EMAIL_BREAKER_RESET_SECONDS."
     )
-# A deferral waits at most the cool-down plus a full cool-down of jitter.
-if 2 * EMAIL_BREAKER_RESET_SECONDS + EMAIL_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT:
-    raise ImproperlyConfigured(
-        "CELERY_VISIBILITY_TIMEOUT must outlive the longest deferral (twice "
-        "EMAIL_BREAKER_RESET_SECONDS: cool-down plus jitter) plus the task time limit, or a "
-        "deferred task is delivered twice while it waits."
-    )
 
 # --- Outbox -----------------------------------------------------------------------------------
 # Rows younger than this are left to their own on-commit publish; the sweep takes the rest.
@@ -456,12 +443,6 @@ OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
 OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
 # Seconds a publish may wait on the broker before the row is left to the relay.
 OUTBOX_PUBLISH_TIMEOUT = env.float("OUTBOX_PUBLISH_TIMEOUT", default=0.5)
-# Each process marks the rows its on-commit publishes sent this often, in one statement, off
-# the request (asyncwork.outbox._Marker); far below the relay's grace, which republishes a row
-# whose mark a killed process never wrote.
-OUTBOX_MARK_SECONDS = env.float("OUTBOX_MARK_SECONDS", default=0.05)
-if OUTBOX_MARK_SECONDS <= 0:
-    raise ImproperlyConfigured("OUTBOX_MARK_SECONDS must be more than 0.")
 # Each worker publishes the retries and deferrals come due this often (asyncwork.scheduled);
 # 0: only the relay does, every 15 s.
 OUTBOX_DUE_POLL_SECONDS = env.float("OUTBOX_DUE_POLL_SECONDS", default=1.0)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from asyncwork.outbox import outbox_marks_stop
 from invoicing.services import email_breaker
 from stack.net import free_port
 from stack.process import Process
@@ -53,15 +52,6 @@ def _broker_empty() -> Iterator[None]:
     broker.queues_empty()
     yield
     broker.queues_empty()
-
-
-@pytest.fixture(autouse=True)
-def _outbox_marker_stopped() -> Iterator[None]:
-    """Every test ends with this process's outbox marker stopped, its pending marks written:
-    no mark of one test's lands in the next's, and the marker's own connection to the test
-    database is closed before the run drops that database."""
-    yield
-    outbox_marks_stop()
 
 
 @pytest.fixture(autouse=True)

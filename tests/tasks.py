@@ -22,6 +22,7 @@ DIVIDE = "tests.divide"
 CRASH = "tests.crash"
 FLAKY = "tests.flaky"
 FLAKY_RETRY_SECONDS = 8
+OUTAGE = "tests.outage"
 FAILING_JOB = "tests-failing-job"
 BACKEND_PID = "tests.backend_pid"
 
@@ -57,6 +58,28 @@ def crash() -> None:
 def flaky(self: Any, key: str) -> None:
     """Fails its first attempt (transient: retried in ``FLAKY_RETRY_SECONDS``), then records in
     the cache under ``key`` the attempt that succeeded."""
+    if self.request.retries == 0:
+        raise TransientError("the first attempt fails")
+    cache.set(key, self.request.retries + 1, timeout=300)
+
+
+@shared_task(
+    bind=True,
+    base=ReliableTask,
+    name=OUTAGE,
+    max_retries=1,
+    retry_backoff=False,
+    retry_jitter=False,
+    default_retry_delay=1,
+)
+def outage(self: Any, key: str) -> None:
+    """``flaky``, for a database outage timed by the test: counts its runs in the cache under
+    ``<key>:runs`` (which the test sets to 0), and its first run fails only once ``<key>:go``
+    is set (up to 30 s)."""
+    if cache.incr(f"{key}:runs") == 1:
+        deadline = time.monotonic() + 30
+        while not cache.get(f"{key}:go") and time.monotonic() < deadline:
+            time.sleep(0.1)
     if self.request.retries == 0:
         raise TransientError("the first attempt fails")
     cache.set(key, self.request.retries + 1, timeout=300)

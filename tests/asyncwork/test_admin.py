@@ -188,7 +188,8 @@ def test_a_republish_the_broker_refuses_leaves_the_row_to_the_relay(
 ) -> None:
     lost = message(queue, published=True)
     nothing_listens = f"redis://127.0.0.1:{free_port()}/0"
-    monkeypatch.setattr(outbox, "_connection", lambda: app.connection_for_write(nothing_listens))
+    refused = app.amqp.Producer(app.connection_for_write(nothing_listens), auto_declare=False)
+    monkeypatch.setattr(outbox, "_producer", lambda: refused)
 
     response = run_action(staff, OUTBOX, "republish_selected", [lost.pk])
 

@@ -3,36 +3,27 @@ left behind, and concurrent relays never publish one row twice."""
 
 from __future__ import annotations
 
-import signal
-import sys
 import threading
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
-from django.utils import timezone
 
-from asyncwork import outbox
 from asyncwork.models import OutboxMessage
-from asyncwork.outbox import _connection_drop, outbox_marks_flush, outbox_relay, outbox_task_id
-from stack import launch
-from stack.launch import GunicornConfig
-from stack.net import HOST, wait_until
-from stack.process import Process
+from asyncwork.outbox import _producer_drop, outbox_relay, outbox_task_id
+from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
-from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.processes import worker_thread
 from tests.helpers.redis_server import PrivateRedis
-from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
+from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,9 +38,9 @@ def stallable_broker(private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatc
     # Celery reads the environment's CELERY_BROKER_URL before its own setting.
     monkeypatch.setenv("CELERY_BROKER_URL", private_redis.url)
     monkeypatch.setattr(app.conf, "broker_url", private_redis.url)
-    _connection_drop()
+    _producer_drop()
     yield private_redis.client()
-    _connection_drop()
+    _producer_drop()
 
 
 @broker.redis_only  # a shared RabbitMQ node cannot be stalled for one test
@@ -89,7 +80,6 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_i
         smtp.handler.wait_for(1, timeout=20)
         # The state a crash after publishing but before committing "published" leaves behind:
         # the message went out, the row is still unpublished.
-        assert outbox_marks_flush()
         row = OutboxMessage.objects.get()
         OutboxMessage.objects.filter(pk=row.pk).update(published_at=None)
         app.send_task(
@@ -148,166 +138,6 @@ def test_outbox_command_reports_and_rejects_bad_input(capsys: pytest.CaptureFixt
         call_command("outbox", "relay", "--batch-size", "0")
 
 
-def test_the_outbox_publishes_the_message_celery_send_task_builds() -> None:
-    """The outbox's own publisher (a prebuilt message through one producer per thread) sends,
-    byte for byte but the transport's delivery tag, what ``send_task`` would: Celery's message
-    protocol 2 with the same headers (the log context's included), body and properties, and
-    tells ``after_task_publish``'s receivers as ``send_task`` does."""
-    from celery.signals import after_task_publish
-
-    from asyncwork.logging import log_context
-    from core.celery import app
-
-    told: list[tuple[Any, ...]] = []
-
-    def receiver(sender: str, headers: dict[str, Any], routing_key: str, **_: Any) -> None:
-        told.append((sender, headers["id"], routing_key))
-
-    after_task_publish.connect(receiver, weak=False, dispatch_uid="test-after-publish")
-    for task, queue in [
-        ("invoicing.send_invoice_email", "email"),  # a task this process knows: its limits
-        ("core.does_not_exist", f"relaytest-{uuid.uuid4().hex[:8]}"),  # one it does not
-    ]:
-        with log_context(event_id="evt_format", invoice_id=7):
-            app.send_task(
-                task,
-                args=[7],
-                kwargs={"outbox_id": 9},
-                queue=queue,
-                task_id=outbox_task_id(9),
-                connection=outbox._connection(),
-                retry=False,
-            )
-            row = OutboxMessage(pk=9, task=task, args=[7], kwargs={}, queue=queue)
-            assert outbox._send(row) is None
-        # Redis keeps kombu's whole envelope (its delivery tag differs per message); RabbitMQ
-        # hands back the headers and the body.
-        sent_by_celery, sent_by_outbox = broker.queue_messages(queue)
-        if queue != "email":
-            # Only the queue made up here: deleting the app's own would leave its exchange
-            # with no queue bound, where every later publish of this process is dropped
-            # (kombu remembers it declared it). The fixture empties it.
-            broker.queue_delete(queue)
-        for message in (sent_by_celery, sent_by_outbox):
-            message.get("properties", {}).pop("delivery_tag", None)
-        assert sent_by_outbox["headers"]["log_context"] == {
-            "event_id": "evt_format",
-            "invoice_id": 7,
-        }
-        assert sent_by_outbox == sent_by_celery
-        assert told == [(task, outbox_task_id(9), queue)] * 2
-        told.clear()
-    after_task_publish.disconnect(dispatch_uid="test-after-publish")
-
-
-# --- The marks of on-commit publishes (the marker) --------------------------------------------
-
-# A process that publishes three rows on commit, prints their ids, and waits for its stdin to
-# close ("wait") or exits at once ("exit").
-PUBLISHER = """
-import sys
-
-import django
-
-django.setup()
-from django.db import transaction
-
-from asyncwork.outbox import outbox_enqueue
-
-for i in range(3):
-    with transaction.atomic():
-        row = outbox_enqueue(task="core.does_not_exist", args=[i], queue=sys.argv[1])
-    print(row.pk, flush=True)
-if sys.argv[2] == "wait":
-    sys.stdin.read()
-"""
-
-
-def publisher(queue: str, then: str, **env: str) -> tuple[Process, list[int]]:
-    """``PUBLISHER`` in a process of its own, on this test's database and broker, once it has
-    published its three rows; their ids."""
-    process = Process(
-        [sys.executable, "-c", PUBLISHER, queue, then],
-        name="publisher",
-        env=worker_env(0, **env),
-        pipes=True,
-    )
-    ids = [int(process.stdout.readline()) for _ in range(3)]
-    return process, ids
-
-
-def test_marks_are_written_off_the_request_in_one_statement_within_the_interval(
-    client: Client, settings: Any
-) -> None:
-    settings.OUTBOX_MARK_SECONDS = 2.0  # the five requests fit in one interval
-    statements: list[str] = []
-
-    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        statements.append(sql.split()[0])
-        return execute(sql, params, many, context)
-
-    started = time.monotonic()
-    with connection.execute_wrapper(spy):
-        for _ in range(5):
-            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
-    assert "UPDATE" not in statements  # no request marked its row
-    assert wait_until(
-        lambda: not OutboxMessage.objects.filter(published_at__isnull=True).exists(), timeout=5
-    )
-    # Within the interval, give or take a shared machine's scheduling.
-    assert time.monotonic() - started < 2.0 + 1.5
-    rows = OutboxMessage.objects.all()
-    # One statement's now(): the five marks were one batch.
-    assert len({row.published_at for row in rows}) == 1
-    assert {row.publish_attempts for row in rows} == {1}
-
-
-def test_a_process_killed_before_its_marks_are_written_leaves_its_rows_to_the_relay() -> None:
-    queue = f"relaytest-{uuid.uuid4().hex[:8]}"
-    # An interval far longer than the test: only an exit could write the marks.
-    process, ids = publisher(queue, "wait", OUTBOX_MARK_SECONDS="60")
-    try:
-        assert wait_until(lambda: len(broker.queue_messages(queue)) == 3, timeout=10)
-    finally:
-        process.kill()  # SIGKILL: no exit handler runs
-    assert process.returncode == -signal.SIGKILL
-    rows = OutboxMessage.objects.filter(pk__in=ids)
-    assert [(row.published_at, row.publish_attempts) for row in rows] == [(None, 0)] * 3
-
-    assert outbox_relay() == 3  # published again: the same messages, twice each
-    task_ids = [m["headers"]["id"] for m in broker.queue_messages(queue)]
-    broker.queue_delete(queue)
-    assert sorted(task_ids) == sorted([outbox_task_id(pk) for pk in ids] * 2)
-    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
-
-
-def test_a_process_that_exits_writes_its_pending_marks() -> None:
-    queue = f"relaytest-{uuid.uuid4().hex[:8]}"
-    process, ids = publisher(queue, "exit", OUTBOX_MARK_SECONDS="60")
-    try:
-        assert process.popen.wait(30) == 0
-    finally:
-        process.stop()
-    broker.queue_delete(queue)
-    rows = OutboxMessage.objects.filter(pk__in=ids)
-    assert all(row.published_at is not None for row in rows)
-    assert {row.publish_attempts for row in rows} == {1}
-
-
-def test_a_gunicorn_worker_that_stops_writes_its_pending_marks(tmp_path: Path) -> None:
-    with launch.gunicorn(
-        worker_env(0, OUTBOX_MARK_SECONDS="60"),
-        args=("-c", "python:core.gunicorn_conf", "core.wsgi"),
-        config=GunicornConfig(workers=1),
-        log=tmp_path / "gunicorn.log",
-    ) as server:
-        url = f"http://{HOST}:{server.port}{WEBHOOK_URL}"
-        assert post_signed(url, stripe_testing.encode(paid_event())).status_code == 200
-        assert OutboxMessage.objects.get().published_at is None  # pending, for a minute
-        server.stop()  # SIGTERM: the worker finishes and exits
-    assert OutboxMessage.objects.get().published_at is not None
-
-
 # Fails every mark (an UPDATE that sets published_at) while it exists.
 REFUSE_MARKS = """
 CREATE FUNCTION outbox_marks_refused() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -321,103 +151,31 @@ DROP FUNCTION IF EXISTS outbox_marks_refused();
 """
 
 
-def test_a_failing_database_fails_no_request_and_the_marks_are_written_once_it_recovers(
-    client: Client, caplog: pytest.LogCaptureFixture
+def test_a_mark_the_database_refuses_fails_no_request_and_leaves_the_row_to_the_relay(
+    client: Client, smtp: SmtpServer
 ) -> None:
+    """The mark after an on-commit publish fails (the database gone since the commit): the
+    request still answers 200, and the row, left unpublished, is published again by the relay:
+    a second message, never a lost one, and one email."""
     with connection.cursor() as cursor:
         cursor.execute(REFUSE_MARKS)
     try:
-        for _ in range(3):
+        with worker_thread():
             assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
-        assert not outbox_marks_flush(timeout=1)  # tried, refused, kept
-        assert OutboxMessage.objects.filter(published_at__isnull=True).count() == 3
-        assert "outbox marks failed" in caplog.text
+            smtp.handler.wait_for(1, timeout=20)
+            row = OutboxMessage.objects.get()
+            assert (row.published_at, row.publish_attempts) == (None, 0)
+            with connection.cursor() as cursor:
+                cursor.execute(ALLOW_MARKS)
+            assert outbox_relay() == 1
+            # The second message consumed (it finds the email sent) before counting emails.
+            assert wait_until(
+                lambda: broker.queue_depth(row.queue) == 0 and broker.held_unacknowledged() == 0,
+                timeout=20,
+            )
     finally:
         with connection.cursor() as cursor:
             cursor.execute(ALLOW_MARKS)
-    assert outbox_marks_flush(timeout=10)  # tried again
-    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
-    assert {row.publish_attempts for row in OutboxMessage.objects.all()} == {1}
-
-
-def test_a_marker_that_falls_behind_leaves_the_request_to_mark_its_own_row(
-    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its bound reached (marks pending or being written), the next request marks its row on
-    its own connection; the marker writes the rest once the database lets it."""
-
-    settings.OUTBOX_MARK_SECONDS = 60  # the marker writes when told to (a flush), not before
-    monkeypatch.setattr(outbox, "MARK_PENDING_MAX", 2)
-    assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
-    first = OutboxMessage.objects.get()
-    # Another session holds the first row: the marker's write of it waits (being written: 1).
-    db = connection.settings_dict
-    with psycopg.connect(
-        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=False
-    ) as holder:
-        holder.execute("SELECT 1 FROM asyncwork_outboxmessage WHERE id = %s FOR UPDATE", [first.pk])
-        assert not outbox_marks_flush(timeout=0)  # the write starts, and waits for the lock
-        assert wait_until(lambda: outbox._markers["marker"].writing == 1, timeout=10)
-        for _ in range(2):  # pending: 1, then full
-            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
-        unmarked = set(
-            OutboxMessage.objects.filter(published_at__isnull=True).values_list("pk", flat=True)
-        )
-        assert len(unmarked) == 2  # the first (held) and the second (pending)
-        assert first.pk in unmarked
-        holder.rollback()
-    assert outbox_marks_flush(timeout=10)
-    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
-
-
-def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
-
-
-def test_a_mark_reads_its_rows_by_key_however_many_rows_the_partial_index_holds() -> None:
-    """A batch of marks looks its rows up by primary key, so its cost does not grow with the
-    entries of the index of unpublished rows: rows marked since the last vacuum (every on-commit
-    publish leaves one) and rows left unpublished (a broker outage's backlog). A condition on
-    ``published_at`` let PostgreSQL choose that index instead, and read every entry of it for
-    each batch of marks, once its statistics said it was small."""
-    table = OutboxMessage._meta.db_table
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="core.does_not_exist", args=[i], queue="relaytest-marks")
-        for i in range(3000)
-    )
-    with connection.cursor() as cursor:
-        # The 3,000 rows marked and analysed, their entries left in the index (no vacuum).
-        cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-        try:
-            cursor.execute(f"UPDATE {table} SET published_at = now()")
-            cursor.execute(f"ANALYZE {table}")
-            rows = OutboxMessage.objects.bulk_create(
-                OutboxMessage(task="core.does_not_exist", args=[i], queue="relaytest-marks")
-                for i in range(10)
-            )
-            ids = [row.pk for row in rows]
-            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {outbox._MARK_PUBLISHED}", [ids])
-            plan = cursor.fetchone()[0][0]["Plan"]
-        finally:
-            cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
-    scans = [node for node in _plan_nodes(plan) if "Scan" in node["Node Type"]]
-    assert scans
-    read = [(node["Node Type"], node.get("Index Name"), node["Actual Rows"]) for node in scans]
-    assert all(index != "outbox_unpublished_idx" for _, index, _ in read), read
-    # Each scan read about the ten rows, not the index's 3,000 entries.
-    assert max(actual for _, _, actual in read) <= 2 * len(ids), read
-    marked = OutboxMessage.objects.filter(pk__in=ids)
-    assert {(row.published_at is not None, row.publish_attempts) for row in marked} == {(True, 1)}
-
-
-def test_a_mark_leaves_a_row_marked_meanwhile_as_it_was() -> None:
-    """A row the relay (or an operator's republish) marked before this process's marker got to
-    it keeps its mark: its time and its count of publishes."""
-    row = OutboxMessage.objects.create(task="core.does_not_exist", args=[1], queue="relaytest-x")
-    OutboxMessage.objects.filter(pk=row.pk).update(
-        published_at=timezone.now() - timedelta(minutes=1), publish_attempts=1
-    )
-    before = OutboxMessage.objects.get(pk=row.pk)
-    outbox._mark_here([row.pk])
-    after = OutboxMessage.objects.get(pk=row.pk)
-    assert (after.published_at, after.publish_attempts) == (before.published_at, 1)
+    row.refresh_from_db()
+    assert row.published_at is not None
+    assert len(smtp.messages) == 1

@@ -1,28 +1,37 @@
-"""A retry waits in PostgreSQL, not in a worker (asyncwork.tasks, asyncwork.scheduled): an
-outbox row due after its countdown, published by a worker's poll once due. Nothing is held in
-the broker meanwhile, so a worker that dies takes no waiting retry with it (on Redis a held
-message would come back only after the visibility timeout), and RabbitMQ's consumer timeout
-cannot cut in however long the wait. On both brokers."""
+"""A retry waits in PostgreSQL, not in a worker nor in the broker (asyncwork.tasks,
+asyncwork.scheduled): an outbox row due after its countdown, published by a worker's poll once
+due. Nothing is held in the broker meanwhile, so a worker that dies or a broker that restarts
+takes no waiting retry with it (on Redis a held message would come back only after the
+visibility timeout, or never after a restart), and RabbitMQ's consumer timeout cannot cut in
+however long the wait. A retry the database refuses goes back to its queue. On both brokers.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.core.cache import cache
+from django.db import connection
 from django.utils import timezone
+from psycopg import sql
 
 from asyncwork import queues
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.outbox import outbox_publish_due, outbox_relay, outbox_schedule
+from asyncwork.tasks import RETRY_WRITE_WAIT
 from core.celery import app
 from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
 from tests.helpers import broker
 from tests.helpers.processes import SCALED, worker_env, worker_thread
+from tests.helpers.redis_server import PrivateRedis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,6 +127,102 @@ def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
             if worker is not None:
                 worker.stop()
     assert took < test_tasks.FLAKY_RETRY_SECONDS + 5 < int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
+    assert not DeadLetter.objects.exists()
+
+
+@pytest.mark.slow
+@broker.redis_only  # RabbitMQ's queues are durable: tests/invoicing/test_rabbitmq_node.py
+def test_a_retry_outlives_a_broker_restart(private_redis: PrivateRedis) -> None:
+    """The broker (a Redis of the test's own, nothing on disk) restarts while a retry waits:
+    the retry runs at its due time. (A retry held by the worker as a message with an ETA is
+    dropped from the worker's timer with the lost connection, and from Redis by the restart.)"""
+    key = f"flaky-{uuid.uuid4().hex}"
+    env = worker_env(0, CELERY_BROKER_URL=private_redis.url, **SCALED)
+    worker = launch.celery_worker(env, name="restarted-broker", include=("tests.tasks",))
+    try:
+        worker.wait_ready()
+        started = time.monotonic()
+        with app.connection_for_write(private_redis.url) as conn:
+            task_id = app.send_task(test_tasks.FLAKY, args=[key], connection=conn).id
+        assert wait_until(lambda: _waiting_retry(task_id) is not None, timeout=15)
+        private_redis.shutdown_nosave()
+        private_redis.start()
+        ran = wait_until(lambda: cache.get(key) == 2, timeout=30)
+        took = time.monotonic() - started
+        log = worker.log_text()
+    finally:
+        worker.stop()
+    assert ran, log[-3000:]
+    assert took < test_tasks.FLAKY_RETRY_SECONDS + 5
+    assert not DeadLetter.objects.exists()
+
+
+@contextlib.contextmanager
+def database_down() -> Iterator[None]:
+    """The test database as a PostgreSQL restart leaves it to every other process: their
+    connections cut, new ones refused, until the block ends. This test's own connection
+    stays (the test reads through it, and the run's teardown needs it)."""
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (own,) = cursor.fetchone()
+    db = connection.settings_dict
+    admin = psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
+    )
+    try:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
+        )
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> %s",
+            [name, own],
+        )
+        yield
+    finally:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+        )
+        admin.close()
+
+
+@pytest.mark.slow
+def test_a_retry_the_database_refuses_goes_back_to_its_queue_and_is_not_lost() -> None:
+    """PostgreSQL is down when a job's retry must be written: the worker tries again for
+    ``RETRY_WRITE_WAIT`` seconds, then gives the message back to its queue unchanged (no
+    attempt spent). Its next delivery fails again, writes its retry once the database is back,
+    and the retry runs: one attempt more than without the outage's runs, no dead letter."""
+    key = f"outage-{uuid.uuid4().hex}"
+    cache.set(f"{key}:runs", 0, timeout=300)
+    worker = launch.celery_worker(
+        worker_env(0), name="outage", include=("tests.tasks",), concurrency=1
+    )
+    try:
+        worker.wait_ready()
+        task_id = app.send_task(test_tasks.OUTAGE, args=[key]).id
+        assert wait_until(lambda: cache.get(f"{key}:runs") == 1, timeout=15)
+        with database_down():
+            cache.set(f"{key}:go", 1, timeout=300)  # the first run fails now
+            requeued = wait_until(
+                lambda: "goes back to its queue" in worker.log_text(),
+                timeout=RETRY_WRITE_WAIT + 10,
+            )
+            # The next delivery runs at once, and waits for the database in its turn.
+            again = wait_until(lambda: cache.get(f"{key}:runs") == 2, timeout=10)
+            time.sleep(2)
+        ran = wait_until(lambda: cache.get(key) == 2, timeout=30)
+        log = worker.log_text()
+    finally:
+        worker.stop()
+    assert requeued, log[-3000:]
+    assert again, log[-3000:]
+    assert ran, log[-3000:]
+    assert log.count("goes back to its queue") == 1
+    assert cache.get(f"{key}:runs") == 3  # the first attempt twice, then its retry
+    row = OutboxMessage.objects.get(task_id=task_id)
+    assert row.headers["retries"] == 1  # the requeue spent no attempt
+    assert row.published_at is not None
     assert not DeadLetter.objects.exists()
 
 

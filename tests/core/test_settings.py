@@ -343,7 +343,7 @@ def test_zero_tolerance_is_refused() -> None:
     assert "STRIPE_WEBHOOK_TOLERANCE must be a positive number" in result.stderr
 
 
-def test_visibility_timeout_shorter_than_a_countdown_is_refused() -> None:
+def test_visibility_timeout_shorter_than_a_task_time_limit_is_refused() -> None:
     result = manage("check", env={**PRODUCTION, "CELERY_VISIBILITY_TIMEOUT": "60"})
     assert result.returncode != 0
     assert "CELERY_VISIBILITY_TIMEOUT must outlive" in result.stderr

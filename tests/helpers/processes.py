@@ -21,7 +21,7 @@ SCALED = {
     "EMAIL_TASK_TIME_LIMIT": "8",
     "EMAIL_TASK_SOFT_TIME_LIMIT": "6",
     "EMAIL_CLAIM_LEASE_SECONDS": "10",
-    "EMAIL_BREAKER_RESET_SECONDS": "5",  # a deferral (up to 2 x 5 s) + 8 s < 20 s
+    "EMAIL_BREAKER_RESET_SECONDS": "5",  # a deferral waits 5 to 10 s
 }
 
 
