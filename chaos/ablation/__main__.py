@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -33,7 +34,7 @@ from chaos import config
 from chaos.ablation import NETS, SEED
 from chaos.report import STALL_GAP, over_bound, recovery_goal, utc
 from chaos.stack import BROKERS
-from stack.process import ROOT
+from stack.process import ROOT, Process
 
 BASELINE = "baseline"
 CONFIGURATIONS = (BASELINE, *NETS)
@@ -139,22 +140,20 @@ def run_one(
     ]
     patch = f"chaos/ablation/{net.name}.patch" if net and net.patched else None
     started = time.time()
-    with worktree(revision, patch) as tree, (out / "chaos.out").open("w") as output:
-        # A session of its own: Ctrl-C reaches this process only, which then stops the run
-        # once (a second signal would cut its clean-up short).
-        child = subprocess.Popen(  # noqa: S603 - our own argv, no shell
+    with worktree(revision, patch) as tree:
+        # A process group of its own (stack.process): Ctrl-C reaches this process only, which
+        # then stops the run once, in order.
+        child = Process(
             [sys.executable, *argv],
+            name="chaos",
+            env=os.environ,
+            log=out / "chaos.out",
             cwd=tree,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         try:
-            code = child.wait()
+            code = child.popen.wait()
         except KeyboardInterrupt:
-            child.send_signal(signal.SIGTERM)
-            child.wait()
+            child.stop(grace=120)
             raise
     record = {
         "configuration": configuration,
