@@ -50,11 +50,8 @@ CHAOS_PROFILES = (
 
 
 def bench_files(key: str = "summary") -> list[Path]:
-    """The benchmark result files holding ``key`` (goal rows by default); not the stage files
-    kept beside them (``EARLIER``)."""
-    files = [
-        p for p in BENCH_RESULTS.glob("*.json") if not EARLIER.search(p.name) and key in _load(p)
-    ]
+    """The benchmark result files holding ``key`` (goal rows by default)."""
+    files = [p for p in BENCH_RESULTS.glob("*.json") if key in _load(p)]
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     return sorted(files, key=lambda p: (order.get(p.stem, len(order)), p.name))
 
@@ -269,10 +266,6 @@ def chaos_section(path: Path) -> list[str]:
     rows = [(label, *(column[i][1] for column in columns)) for i, label in enumerate(labels)]
     return [*lines, *_table(("", *arms), rows, "l" * (1 + len(arms)))]
 
-
-# Stage files kept beside the current results (``<benchmark>.<stage>-<n>.json``): no table
-# reads them.
-EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
 
 # The reference arms of webhook_ingest and pipeline, in the order of their columns: the version
 # a Django team writes from the tutorials, and the floor. A result file without one (a run made
