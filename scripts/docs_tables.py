@@ -1,4 +1,5 @@
-"""The tables of docs/performance.md, docs/chaos.md and docs/design.md, from the result files.
+"""The tables and plots of the docs (docs/performance.md, docs/chaos.md,
+docs/explanation/choosing-a-broker.md), from the result files.
 
 A figure copied into prose by hand goes stale the day the code changes; a table generated
 from the result file of a run carries that run's date and machine and changes only with a new
@@ -575,7 +576,7 @@ def block(sections: list[list[str]]) -> str:
 
 
 PERFORMANCE, CHAOS = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
-DESIGN = ROOT / "docs" / "design.md"
+BROKERS = ROOT / "docs" / "explanation" / "choosing-a-broker.md"
 # Each doc's blocks: the name in its markers, and what renders it.
 DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     PERFORMANCE: {
@@ -585,7 +586,7 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
         "floor": lambda: block([reference_section()]),
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
-    DESIGN: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
+    BROKERS: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
 }
 
 
