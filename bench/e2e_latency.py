@@ -1,5 +1,5 @@
 """Webhook 200 -> SMTP 250: how long after its acknowledgement a paid invoice's email is taken
-by the SMTP server, under paced load at a share of the maximum ingest rate (issue 13: at 50%,
+by the SMTP server, under paced load at a share of the maximum ingest rate (the goal: at 50%,
 with an instant SMTP server, p50 at most 100 ms and p99 at most 1 s).
 
 One run: the whole stack (gunicorn, the Celery workers, the kit's SMTP server, instant), the

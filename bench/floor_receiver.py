@@ -8,8 +8,8 @@ JSON, run ONE transaction of one statement (insert-or-skip the event; upsert the
 without moving it backwards; insert the outbox row when the invoice becomes paid), commit,
 publish the invoice id to the broker through one prebuilt message and one producer per process,
 answer 200. On Redis the producer's channel is the one the workers use (``asyncwork.broker``):
-kombu's own builds a new Redis client for every command it sends, a cost no design has to pay
-and which made up about half of this receiver's own CPU (``docs/performance.md``). No throttle,
+kombu's own builds a new Redis client for every command it sends, a cost no design has to
+pay. No throttle,
 no backpressure, no logging, no metrics, no field checks: what it skips is what the
 application pays for on top of the floor. The outbox row is written published, as the publish
 follows at once: no mark, and nothing that reads the outbox in the same database (the

@@ -1,4 +1,5 @@
-"""The tables of docs/performance.md, docs/chaos.md and docs/design.md, from the result files.
+"""The tables and plots of the docs (docs/performance.md, docs/chaos.md,
+docs/explanation/choosing-a-broker.md), from the result files.
 
 A figure copied into prose by hand goes stale the day the code changes; a table generated
 from the result file of a run carries that run's date and machine and changes only with a new
@@ -8,7 +9,11 @@ run. ``python -m bench`` writes ``bench/results/<benchmark>.json``, ``python -m 
 leaves the prose around them alone. ``tests/test_docs.py`` fails when the docs and the files
 disagree.
 
-    .venv/bin/python -m scripts.docs_tables          # rewrite the tables
+The same files are drawn as the plots in ``docs/plots/`` (matplotlib, Agg backend): the
+webhook acknowledgement's latency, the worker's memory over 10,000 emails, the two brokers
+side by side, and the full chaos runs as timelines.
+
+    .venv/bin/python -m scripts.docs_tables          # rewrite the tables, redraw the plots
     .venv/bin/python -m scripts.docs_tables --check  # exit 1 if a doc is out of date
 """
 
@@ -50,11 +55,8 @@ CHAOS_PROFILES = (
 
 
 def bench_files(key: str = "summary") -> list[Path]:
-    """The benchmark result files holding ``key`` (goal rows by default); not the stage files
-    kept beside them (``EARLIER``)."""
-    files = [
-        p for p in BENCH_RESULTS.glob("*.json") if not EARLIER.search(p.name) and key in _load(p)
-    ]
+    """The benchmark result files holding ``key`` (goal rows by default)."""
+    files = [p for p in BENCH_RESULTS.glob("*.json") if key in _load(p)]
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     return sorted(files, key=lambda p: (order.get(p.stem, len(order)), p.name))
 
@@ -270,10 +272,6 @@ def chaos_section(path: Path) -> list[str]:
     return [*lines, *_table(("", *arms), rows, "l" * (1 + len(arms)))]
 
 
-# Stage files kept beside the current results (``<benchmark>.<stage>-<n>.json``): no table
-# reads them.
-EARLIER = re.compile(r"\.[a-z0-9]+-[0-9]+\.json$")
-
 # The reference arms of webhook_ingest and pipeline, in the order of their columns: the version
 # a Django team writes from the tutorials, and the floor. A result file without one (a run made
 # before the arm existed) leaves its column out, or shows "-" where the other file has it.
@@ -402,6 +400,173 @@ def brokers_files() -> list[Path]:
     return [p for p in [BENCH_RESULTS / "brokers.json"] if p.exists()]
 
 
+PLOTS = ROOT / "docs" / "plots"
+# Recovery is timed from the fault's start for these kinds, from its end for the others
+# (each result file's "definitions" say so).
+RECOVERY_FROM_START = {"worker_kill", "relay_kill", "worker_host_cut", "worker_db_cut"}
+RECOVERY_FROM_START |= {"beat_host_cut"}
+
+
+def _figure(width: float = 7.5, height: float = 3.6) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    pyplot.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
+    return pyplot.figure(figsize=(width, height), dpi=100)
+
+
+def _save(figure: Any, name: str, source: str) -> Path:
+    figure.text(0.99, 0.01, source, ha="right", va="bottom", fontsize=7, color="0.4")
+    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    PLOTS.mkdir(exist_ok=True)
+    path = PLOTS / name
+    figure.savefig(path, format="png", metadata={"Software": None})
+    from matplotlib import pyplot
+
+    pyplot.close(figure)
+    return path
+
+
+def _source(path: Path, document: dict[str, Any]) -> str:
+    commit = document.get("revision")
+    at = f" at {commit[:7]}" if commit else ""
+    return f"{path.relative_to(ROOT)}, {_when(document['started_at'])}{at}"
+
+
+def plot_ack_latency(path: Path) -> Path:
+    """The webhook's acknowledgement latency by percentile, an instant and a 5 s SMTP server.
+    The result file keeps percentiles, not every request, so the curve is drawn through them."""
+    document = _load(path)
+    points = (("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p99_9_ms"), ("max", "max_ms"))
+    figure = _figure()
+    axes = figure.add_subplot()
+    for i, (arm, figures) in enumerate(document["arms"].items()):
+        label = f"{arm} SMTP ({figures['requests']:,} requests)"
+        values = [figures[key] for _, key in points]
+        axes.plot([p for p, _ in points], values, "o-", label=label)
+        for x, value in enumerate(values):
+            offset = (6, 4) if i else (6, -11)
+            axes.annotate(f"{value:.1f}", (x, value), textcoords="offset points", xytext=offset)
+    axes.set_ylim(bottom=0)
+    axes.set_ylabel("ms from due to 200")
+    config = document["config"]
+    axes.set_title(
+        f"Webhook acknowledgement latency at {config['rate']}/s, "
+        f"SMTP instant vs {config['slow_smtp_delay_s']:g} s per message"
+    )
+    axes.legend()
+    axes.grid(axis="y", alpha=0.3)
+    return _save(figure, "ack_latency.png", _source(path, document))
+
+
+def plot_worker_rss(path: Path) -> Path:
+    """The worker's memory (main process and pool, summed) against the emails it has sent."""
+    document = _load(path)
+    trace = document["trace"]
+    emails = [point["emails"] for point in trace]
+    figure = _figure()
+    axes = figure.add_subplot()
+    axes.plot(emails, [point["rss_kib"] / 1024 for point in trace], label="RSS, summed")
+    axes.plot(emails, [point["pss_kib"] / 1024 for point in trace], label="PSS, summed")
+    baseline = document["config"]["baseline"]
+    axes.axvline(baseline, color="0.5", linestyle=":", label=f"{baseline:,} emails")
+    axes.set_xlabel("emails sent")
+    axes.set_ylabel("MiB")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"Celery worker memory over {document['config']['emails']:,} emails")
+    axes.legend(loc="lower right")
+    axes.grid(alpha=0.3)
+    return _save(figure, "worker_rss.png", _source(path, document))
+
+
+def plot_brokers(path: Path) -> Path:
+    """Redis and RabbitMQ from one run: rates, and CPU per email by process kind."""
+    document = _load(path)
+    arms = document["arms"]
+    figure = _figure(height=3.4)
+    rates, cpu = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
+    brokers = list(arms)
+    for i, (key, label) in enumerate((("rate", "emails/s"), ("submit_rate", "webhooks/s"))):
+        xs = [b + i * 0.4 for b in range(len(brokers))]
+        bars = rates.bar(xs, [arms[b][key] for b in brokers], width=0.4, label=label)
+        rates.bar_label(bars, fmt="%.0f", fontsize=8)
+    rates.set_xticks([b + 0.2 for b in range(len(brokers))], brokers)
+    rates.set_title("throughput, one run, interleaved")
+    rates.set_ylim(top=rates.get_ylim()[1] * 1.3)
+    rates.legend(loc="upper right", ncols=2)
+    groups = (
+        ("gunicorn", "gunicorn"),
+        ("celery", "worker"),
+        ("postgres", "PostgreSQL"),
+        ("redis", "Redis"),
+        ("rabbitmq", "RabbitMQ"),
+    )
+    bottoms = [0.0] * len(brokers)
+    for group, label in groups:
+        values = [arms[b]["cpu_ms_per_item"][group] for b in brokers]
+        cpu.bar(brokers, values, bottom=bottoms, label=label, width=0.5)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    cpu.set_ylabel("CPU ms per email")
+    cpu.set_title("where the CPU goes")
+    cpu.set_xlim(-0.5, len(brokers) + 0.6)
+    cpu.legend(fontsize=7, loc="center right")
+    return _save(figure, "brokers.png", _source(path, document))
+
+
+def plot_chaos(path: Path) -> Path:
+    """One chaos run's safe arm as a timeline: each fault (its span), its recovery, when email
+    flowed again, and the load's span. The result file holds no series of emails waiting."""
+    document = _load(path)
+    arm = document["arms"]["safe"]
+    faults = [f for f in arm["faults"] if "skipped" not in f]
+    figure = _figure(height=0.32 * len(faults) + 1.4)
+    axes = figure.add_subplot()
+    end = arm["duration_seconds"]
+    axes.axvspan(0, arm["load"]["seconds"], color="0.93", zorder=0)
+    axes.text(1, len(faults) - 0.4, "load running", fontsize=7, color="0.4", va="top")
+    for row, fault in enumerate(faults):
+        y = len(faults) - 1 - row
+        start, stop = fault["at"], max(fault["ended"], fault["at"] + 0.6)
+        axes.barh(y, stop - start, left=start, height=0.6, color="tab:red")
+        origin = fault["at"] if fault["kind"] in RECOVERY_FROM_START else fault["ended"]
+        seconds = fault.get("recovery_seconds")
+        if seconds is None:
+            axes.barh(y, end - origin, left=origin, height=0.25, color="0.6", hatch="//")
+            axes.text(end, y, " not recovered", va="center", fontsize=7)
+        else:
+            axes.barh(y, seconds, left=origin, height=0.25, color="tab:green")
+            axes.text(origin + seconds, y, f" {seconds:g} s", va="center", fontsize=7)
+        resumed = fault.get("email_flow_resumed")
+        if resumed is not None:
+            axes.plot(fault["ended"] + resumed, y, "|", color="black", markersize=8)
+    axes.set_yticks(range(len(faults)), [f["kind"] for f in reversed(faults)])
+    axes.set_xlim(0, end)
+    axes.set_xlabel("seconds from the start of the arm")
+    axes.set_title(
+        f"Chaos profile {document['profile']} on {arm['broker']}, safe arm: "
+        f"lost {arm['results']['lost']}\n"
+        "red: the fault; green: until recovered; |: email flowing again",
+        fontsize=9,
+    )
+    return _save(figure, f"chaos_{document['profile']}.png", _source(path, document))
+
+
+# Each plot: the result file it is drawn from, and what draws it.
+PLOT_SOURCES: tuple[tuple[Path, Callable[[Path], Path]], ...] = (
+    (BENCH_RESULTS / "ack_latency.json", plot_ack_latency),
+    (BENCH_RESULTS / "worker_rss.json", plot_worker_rss),
+    (BENCH_RESULTS / "brokers.json", plot_brokers),
+    (CHAOS_RESULTS / "full.json", plot_chaos),
+    (CHAOS_RESULTS / "full-rabbitmq.json", plot_chaos),
+)
+
+
+def plots_draw() -> list[Path]:
+    return [draw(source) for source, draw in PLOT_SOURCES if source.exists()]
+
+
 GENERATED = "<!-- generated by `python -m scripts.docs_tables` from the result files -->"
 
 
@@ -411,7 +576,7 @@ def block(sections: list[list[str]]) -> str:
 
 
 PERFORMANCE, CHAOS = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
-DESIGN = ROOT / "docs" / "design.md"
+BROKERS = ROOT / "docs" / "explanation" / "choosing-a-broker.md"
 # Each doc's blocks: the name in its markers, and what renders it.
 DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     PERFORMANCE: {
@@ -421,7 +586,7 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
         "floor": lambda: block([reference_section()]),
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
-    DESIGN: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
+    BROKERS: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
 }
 
 
@@ -452,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
                 doc.write_text(new)
     verb = "out of date" if args.check else "rewritten"
     print(f"{verb}: {', '.join(stale)}" if stale else "docs in sync with the result files")
+    if not args.check:
+        drawn = plots_draw()
+        print(f"drew {len(drawn)} plot(s) in {PLOTS.relative_to(ROOT)}")
     return 1 if args.check and stale else 0
 
 
