@@ -33,6 +33,7 @@ import requests
 from bench.ingest_load import edge_unlimited
 from stack import launch
 from stack.launch import GunicornConfig
+from stack.net import wait_until
 from stack.nginx import RENDERER, RenderError, nginx_check, render, rendered, setting_names
 from stack.process import ROOT, Process
 from tests.helpers.http import Answer, send
@@ -927,7 +928,10 @@ def test_the_access_log_keeps_no_query_string_and_no_referer() -> None:
         )
         assert answer.status == 200
         assert answer.json()["path"].endswith(f"?q={address}")  # the application gets it all
-        log = (Path(str(nginx.owns)) / "access.log").read_text()
+        # nginx writes the line once the request is finished, which may be just after the
+        # client has its answer.
+        access_log = Path(str(nginx.owns)) / "access.log"
+        log = wait_until(access_log.read_text, timeout=5) or ""
     assert '"GET /admin/invoicing/invoice/ HTTP/1.1" 200' in log
     assert "jenny" not in log
     assert "?q=" not in log
