@@ -1,6 +1,6 @@
 """What a verified webhook event is, and which app acts on each event type.
 
-``webhooks`` verifies, throttles, stores once and dispatches; what an event *means* belongs to
+``webhooks`` verifies, stores once and dispatches; what an event *means* belongs to
 the app that handles its type, which this app does not name. An app registers a handler per
 event type with ``handler_register`` from its ``AppConfig.ready()``:
 
