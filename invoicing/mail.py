@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import email_validator
+from celery.signals import worker_process_shutdown
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.core.mail.backends import smtp
@@ -322,6 +323,7 @@ def _send(message: EmailMultiAlternatives) -> None:
         _connection_discard()
 
 
+@worker_process_shutdown.connect(weak=False, dispatch_uid="invoicing.mail.close")
 def smtp_connection_close(**_: Any) -> None:
     """Close this thread's kept SMTP connection with QUIT (a worker process on its way out:
     Celery's ``worker_process_shutdown``)."""
