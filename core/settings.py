@@ -257,8 +257,8 @@ WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
 WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
 
 # --- Email ------------------------------------------------------------------------------------
-# Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/smtp.py).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="invoicing.smtp.EmailBackend")
+# Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/mail.py).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="invoicing.mail.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
 EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
