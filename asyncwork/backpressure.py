@@ -4,7 +4,7 @@ The signal is the backlog: the larger of
 
 * the unpublished outbox rows (work committed but not yet handed to the broker), and
 * the messages waiting on the pressure queues, those an app declared with
-  ``queue_register(..., pressure=True)`` (work handed over, not yet done).
+  ``queue_declare(..., pressure=True)`` (work handed over, not yet done).
 
 Levels, and what is shed at each, in this order:
 

@@ -2,9 +2,9 @@
 linking to the list it counts.
 
 It reads the probes ``/health/`` and ``/metrics`` read (``asyncwork.probes``): the machinery's,
-registered here (outbox and broker queues, dead letters by reason, beat, worker processes by
+declared here (outbox and broker queues, dead letters by reason, beat, worker processes by
 heartbeat, scheduled jobs), and
-those the apps register for their own subsystems (invoicing: emails sent in the last hour and
+those the apps declare for their own subsystems (invoicing: emails sent in the last hour and
 day, its provider's circuit breaker). Each probe runs bounded like a health check; one that
 fails shows its error and leaves the others shown. The page says what each probe cost.
 
@@ -38,11 +38,11 @@ from asyncwork.probes import (
     QueuesProbe,
     ScheduledJobsProbe,
     beat_probe,
+    dashboard_probe,
     dlq_probe,
     outbox_probe,
     probes_read,
     queues_probe,
-    register_probe,
     scheduled_jobs_probe,
 )
 from asyncwork.rescue import WorkersProbe, workers_probe
@@ -64,28 +64,7 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else duration_short(seconds)
 
 
-def outbox_figures(probe: OutboxProbe) -> list[Figure]:
-    unpublished = _changelist("outboxmessage", published="no")
-    stale = "failing" if probe.stale else "ok"
-    return [
-        Figure(
-            "unpublished",
-            f"{probe.unpublished}{'+' if probe.capped else ''}",
-            unpublished,
-            status="degraded" if probe.unpublished else "ok",
-        ),
-        Figure("oldest unpublished", _age(probe.oldest_age_seconds), unpublished, status=stale),
-    ]
-
-
-def queues_figures(probe: QueuesProbe) -> list[Figure]:
-    figures = [Figure(f"waiting on {name}", str(depth)) for name, depth in probe.depths.items()]
-    for name, n in (probe.consumers or {}).items():  # RabbitMQ only
-        if name != queues.DLQ:  # nobody consumes it
-            figures.append(Figure(f"consumers of {name}", str(n), status="ok" if n else "degraded"))
-    return figures
-
-
+@dashboard_probe("dlq", dlq_probe, title="Dead letters", database=True)
 def dlq_figures(probe: DlqProbe) -> list[Figure]:
     waiting = _changelist("deadletter", replayed="no")
     figures = [
@@ -109,6 +88,31 @@ def dlq_figures(probe: DlqProbe) -> list[Figure]:
     return figures
 
 
+@dashboard_probe("outbox", outbox_probe, title="Outbox backlog", database=True)
+def outbox_figures(probe: OutboxProbe) -> list[Figure]:
+    unpublished = _changelist("outboxmessage", published="no")
+    stale = "failing" if probe.stale else "ok"
+    return [
+        Figure(
+            "unpublished",
+            f"{probe.unpublished}{'+' if probe.capped else ''}",
+            unpublished,
+            status="degraded" if probe.unpublished else "ok",
+        ),
+        Figure("oldest unpublished", _age(probe.oldest_age_seconds), unpublished, status=stale),
+    ]
+
+
+@dashboard_probe("queues", queues_probe, title="Broker queues", database=False)
+def queues_figures(probe: QueuesProbe) -> list[Figure]:
+    figures = [Figure(f"waiting on {name}", str(depth)) for name, depth in probe.depths.items()]
+    for name, n in (probe.consumers or {}).items():  # RabbitMQ only
+        if name != queues.DLQ:  # nobody consumes it
+            figures.append(Figure(f"consumers of {name}", str(n), status="ok" if n else "degraded"))
+    return figures
+
+
+@dashboard_probe("beat", beat_probe, title="Beat", database=True)
 def beat_figures(probe: BeatProbe) -> list[Figure]:
     return [
         Figure(
@@ -120,25 +124,7 @@ def beat_figures(probe: BeatProbe) -> list[Figure]:
     ]
 
 
-def scheduled_jobs_figures(probe: ScheduledJobsProbe) -> list[Figure]:
-    figures = []
-    for job in probe.jobs:
-        if job.last_started_at is None:
-            value = "never ran"
-        else:
-            age = (timezone.now() - job.last_started_at).total_seconds()
-            value = f"last ran {_age(age)} ago"
-        if job.last_error:
-            value += ", and failed"
-        url = (
-            reverse("admin:asyncwork_scheduledjob_change", args=[job.pk])
-            if job.pk is not None
-            else _changelist("scheduledjob")
-        )
-        figures.append(Figure(job.name, value, url, status="failing" if job.last_error else "ok"))
-    return figures
-
-
+@dashboard_probe("workers", workers_probe, title="Workers", database=True)
 def workers_figures(probe: WorkersProbe) -> list[Figure]:
     """Worker processes by their heartbeat: live ones (per host), and lapsed ones, whose
     claims the ``workers-rescue`` job takes over."""
@@ -160,8 +146,28 @@ def workers_figures(probe: WorkersProbe) -> list[Figure]:
     return figures
 
 
+@dashboard_probe("scheduled_jobs", scheduled_jobs_probe, title="Scheduled jobs", database=True)
+def scheduled_jobs_figures(probe: ScheduledJobsProbe) -> list[Figure]:
+    figures = []
+    for job in probe.jobs:
+        if job.last_started_at is None:
+            value = "never ran"
+        else:
+            age = (timezone.now() - job.last_started_at).total_seconds()
+            value = f"last ran {_age(age)} ago"
+        if job.last_error:
+            value += ", and failed"
+        url = (
+            reverse("admin:asyncwork_scheduledjob_change", args=[job.pk])
+            if job.pk is not None
+            else _changelist("scheduledjob")
+        )
+        figures.append(Figure(job.name, value, url, status="failing" if job.last_error else "ok"))
+    return figures
+
+
 def breaker_figures(probe: BreakerProbe) -> list[Figure]:
-    """Any circuit breaker's figures; an app registers its breaker's probe with these."""
+    """Any circuit breaker's figures; an app shows its breaker's probe with these."""
     status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
         probe.state, "unknown"
     )
@@ -172,28 +178,6 @@ def breaker_figures(probe: BreakerProbe) -> list[Figure]:
     if probe.state == "open":
         figures.append(Figure("next probe in", _age(probe.retry_in), health))
     return figures
-
-
-def machinery_probes_register() -> None:
-    """The machinery's probes, first on the page (``AsyncWorkConfig.ready``)."""
-    register_probe("dlq", dlq_probe, title="Dead letters", figures=dlq_figures, database=True)
-    register_probe(
-        "outbox", outbox_probe, title="Outbox backlog", figures=outbox_figures, database=True
-    )
-    register_probe(
-        "queues", queues_probe, title="Broker queues", figures=queues_figures, database=False
-    )
-    register_probe("beat", beat_probe, title="Beat", figures=beat_figures, database=True)
-    register_probe(
-        "workers", workers_probe, title="Workers", figures=workers_figures, database=True
-    )
-    register_probe(
-        "scheduled_jobs",
-        scheduled_jobs_probe,
-        title="Scheduled jobs",
-        figures=scheduled_jobs_figures,
-        database=True,
-    )
 
 
 @never_cache

@@ -7,8 +7,8 @@ the job again finds it written. Replay re-enqueues the original job through the 
 job itself is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
 
 What a dead letter is *about* belongs to the app that owns its job, which this module does not
-name: an app registers a describer per task (``register_describer``, from its
-``AppConfig.ready()``) that turns the dead letters of that task into ``Subject``s (a label such
+name: an app declares a describer per task (``@dead_letter_describer(task)``, beside the
+task's name) that turns the dead letters of that task into ``Subject``s (a label such
 as an invoice number, a recipient, the subject's admin page). ``dead_letter_subjects`` asks
 each describer once for all the letters it is given, so a page of dead letters costs one query
 per kind of job on it, not one per row.
@@ -31,6 +31,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.db import insert_or_skip, text_storable
+from asyncwork.jobs import job
 from asyncwork.models import DeadLetter
 from asyncwork.outbox import outbox_enqueue
 from operators.audit import operator_action_record
@@ -192,6 +193,7 @@ def dlq_depth() -> int:
     return dead_letters_waiting().count()
 
 
+@job("dlq-alert", every=timedelta(minutes=5))
 def dlq_alert() -> int:
     """Alert (ERROR log line and mail to ADMINS) when waiting dead letters reach the threshold,
     at most once per period. Returns the depth."""
@@ -236,11 +238,16 @@ SubjectsFn = Callable[[Sequence[DeadLetter]], Mapping[int, Subject]]
 _describers: dict[str, SubjectsFn] = {}
 
 
-def register_describer(task: str, subjects: SubjectsFn) -> None:
-    """Describe the dead letters of ``task`` (or replace its describer): ``subjects`` is given
-    every dead letter of that task being shown at once and returns, by dead letter pk, what
-    each one is about (one query for all of them: it is called once per page)."""
-    _describers[task] = subjects
+def dead_letter_describer(task: str) -> Callable[[SubjectsFn], SubjectsFn]:
+    """Describe the dead letters of ``task`` (or replace its describer): the decorated function
+    is given every dead letter of that task being shown at once and returns, by dead letter
+    pk, what each one is about (one query for all of them: it is called once per page)."""
+
+    def declare(subjects: SubjectsFn) -> SubjectsFn:
+        _describers[task] = subjects
+        return subjects
+
+    return declare
 
 
 def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:

@@ -1,5 +1,6 @@
 """The machinery's scrape-time metrics: each of its probes (``asyncwork.probes``) as Prometheus
-families, served by ``/metrics`` through the source registry of ``asyncwork.metrics``.
+families, served by ``/metrics`` as sources of ``asyncwork.metrics``, first in the exposition
+(an app's module imports this one for ``breaker_metrics`` before it declares its own).
 
 The figures are the ones ``/health/`` and the dashboard read, measured by the same probe
 functions, so the three cannot drift apart. A circuit breaker's families are here too, for an
@@ -11,7 +12,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asyncwork import queues
-from asyncwork.metrics import register_source
+from asyncwork.metrics import metrics_source
 from asyncwork.probes import (
     BreakerProbe,
     dlq_probe,
@@ -21,6 +22,7 @@ from asyncwork.probes import (
 )
 
 
+@metrics_source("outbox", database=True)
 def outbox_metrics() -> list[Metric]:
     outbox = outbox_probe()
     return [
@@ -37,6 +39,7 @@ def outbox_metrics() -> list[Metric]:
     ]
 
 
+@metrics_source("dlq", database=True)
 def dlq_metrics() -> list[Metric]:
     return [
         GaugeMetricFamily(
@@ -45,6 +48,7 @@ def dlq_metrics() -> list[Metric]:
     ]
 
 
+@metrics_source("scheduled_jobs", database=True)
 def scheduled_job_metrics() -> list[Metric]:
     runs = CounterMetricFamily(
         "invoicing_scheduled_job_runs",
@@ -75,6 +79,7 @@ def scheduled_job_metrics() -> list[Metric]:
     return [runs, skips, last_run, failed]
 
 
+@metrics_source("broker_queues", database=False)
 def queue_metrics() -> list[Metric]:
     family = GaugeMetricFamily(
         "invoicing_broker_queue_depth",
@@ -111,12 +116,3 @@ def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
         failures.add_metric([breaker.name], breaker.failures)
         families.append(failures)
     return families
-
-
-def machinery_sources_register() -> None:
-    """The machinery's sources, first in the exposition (``AsyncWorkConfig.ready``; apps
-    register theirs after)."""
-    register_source("outbox", outbox_metrics, database=True)
-    register_source("dlq", dlq_metrics, database=True)
-    register_source("scheduled_jobs", scheduled_job_metrics, database=True)
-    register_source("broker_queues", queue_metrics, database=False)

@@ -38,13 +38,13 @@ The checks (critical ones turn the answer into 503 when failing):
 * ``beat`` (not critical): the beat process holding the leader
   lock; ``degraded`` when none does.
 
-An app adds the checks of its own subsystems from its ``AppConfig.ready()`` (a circuit
-breaker's, say: not critical, ``degraded`` while open). The outbox, dlq and beat checks read
+An app adds the checks of its own subsystems where it defines them (a circuit breaker's, say:
+not critical, ``degraded`` while open). The outbox, dlq and beat checks read
 their subsystem's probe (``asyncwork.probes``): the
 figures ``/metrics`` and the admin dashboard show are measured by the same functions.
 
-``register_check(name, fn, critical=...)`` adds a check or replaces the one of that name. A
-check returns a dict with at least ``status`` (``ok``, ``degraded``, ``failing`` or
+``@health_check(name, critical=...)`` on a function adds a check or replaces the one of that
+name. A check returns a dict with at least ``status`` (``ok``, ``degraded``, ``failing`` or
 ``unknown``) and any figures worth showing; raising counts as ``failing``.
 """
 
@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
@@ -85,13 +85,21 @@ class Check:
 
 
 _checks: dict[str, Check] = {}
+C = TypeVar("C", bound=Callable[[], CheckResult])
 
 
-def register_check(name: str, fn: Callable[[], CheckResult], *, critical: bool = True) -> None:
-    """Add a check to /health/, or replace the one of that name."""
-    _checks[name] = Check(name=name, fn=fn, critical=critical)
+def health_check(name: str, *, critical: bool = True) -> Callable[[C], C]:
+    """Add the decorated function to /health/ as the check ``name``, or replace the one of
+    that name."""
+
+    def declare(fn: C) -> C:
+        _checks[name] = Check(name=name, fn=fn, critical=critical)
+        return fn
+
+    return declare
 
 
+@health_check("database")
 def check_database() -> CheckResult:
     with bounded(), connection.cursor() as cursor:
         cursor.execute("SELECT 1")
@@ -99,6 +107,7 @@ def check_database() -> CheckResult:
     return {"status": "ok"}
 
 
+@health_check("broker")
 def check_broker() -> CheckResult:
     if settings.BROKER_IS_RABBITMQ:
         rabbitmq.broker_ping()  # raises when RabbitMQ does not answer in time
@@ -110,6 +119,7 @@ def check_broker() -> CheckResult:
     return {"status": "ok"}
 
 
+@health_check("outbox")
 def check_outbox() -> CheckResult:
     with bounded():
         outbox = outbox_probe()
@@ -124,6 +134,7 @@ def check_outbox() -> CheckResult:
     }
 
 
+@health_check("backpressure")
 def check_backpressure() -> CheckResult:
     pressure = backpressure.pressure_measure()
     level = pressure.level()
@@ -141,6 +152,7 @@ def check_backpressure() -> CheckResult:
     }
 
 
+@health_check("dlq", critical=False)
 def check_dlq() -> CheckResult:
     with bounded():
         dlq = dlq_probe()
@@ -151,20 +163,13 @@ def check_dlq() -> CheckResult:
     }
 
 
+@health_check("beat", critical=False)
 def check_beat() -> CheckResult:
     """Degraded, not failing, when no beat dispatches: the jobs still run; only the scheduled
     safety nets wait."""
     beat = beat_probe()
     active = asdict(beat.active) if beat.active else None  # {"host": ..., "pid": ...}
     return {"status": "ok" if beat.active else "degraded", "active": active}
-
-
-register_check("database", check_database)
-register_check("broker", check_broker)
-register_check("outbox", check_outbox)
-register_check("backpressure", check_backpressure)
-register_check("dlq", check_dlq, critical=False)
-register_check("beat", check_beat, critical=False)
 
 
 def _run(check: Check) -> CheckResult:

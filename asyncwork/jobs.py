@@ -1,14 +1,14 @@
-"""Scheduled jobs: declared by the app that owns them, synced into django-celery-beat, and
-each run under its own PostgreSQL lock.
+"""Scheduled jobs: declared where they are defined, synced into django-celery-beat, and each
+run under its own PostgreSQL lock.
 
-An app declares its jobs with ``job_register`` from its ``AppConfig.ready()``; a job's one name
-is its task's, its lock's and its status row's. The declared jobs become django-celery-beat
-periodic tasks by ``schedules_sync``, which runs after every ``manage.py migrate`` (a
-``post_migrate`` receiver, once django-celery-beat's and asyncwork's migrations are all
+A job is a function declared with ``@job(name, every=...)`` (or ``cron=...``) in the module that
+defines it; a job's one name is its task's, its lock's and its status row's. The declared jobs
+become django-celery-beat periodic tasks by ``schedules_sync``, which runs after every ``manage.py
+migrate`` (a ``post_migrate`` receiver, once django-celery-beat's and asyncwork's migrations are all
 applied) and from ``manage.py setup_periodic_tasks``. It is idempotent (a second run changes
 nothing) and two runs at once take turns (a transaction-scoped advisory lock), so two deploys
-migrating at the same time neither fail nor duplicate a schedule. It sets each declared task to
-its declared schedule, enabled, and disables tasks it created whose job is no longer declared.
+migrating at the same time neither fail nor duplicate a schedule. It sets each declared task to its
+declared schedule, enabled, and disables tasks it created whose job is no longer declared.
 
 Every job is single-owner and safe to run twice:
 
@@ -20,7 +20,7 @@ Every job is single-owner and safe to run twice:
 * beat dispatches each job with an expiry of one interval, so ticks that piled up while no
   worker ran are dropped rather than run back to back.
 
-A job may also run *on recovery* (``job_register(..., on_recovery=...)``): when the beat
+A job may also run *on recovery* (``@job(..., on_recovery=...)``): when the beat
 leader sees the broker restarted (its run id changed: the queues are gone) or its database
 connection come back, it dispatches those jobs at once (``jobs_recover``), each under its
 own lock as ever, instead of leaving the loss to the next period (``asyncwork.recovery``).
@@ -36,7 +36,7 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from celery import Task, shared_task
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -85,25 +85,42 @@ class Job:
 
 _jobs: dict[str, Job] = {}
 _tasks: dict[str, Task] = {}
+Run = TypeVar("Run", bound=Callable[[], Any])
 
 
-def job_register(
+def job(
     name: str,
-    run: Callable[[], Any],
     *,
     every: timedelta | None = None,
     cron: dict[str, str] | None = None,
     on_recovery: bool | Callable[[str], Any] = False,
-) -> Task:
-    """Declare the scheduled job ``name`` (from an ``AppConfig.ready()``): ``run`` every
-    ``every``, or on the ``cron`` schedule, under the job's lock. Returns its Celery task.
+) -> Callable[[Run], Run]:
+    """Declare the decorated function the body of the scheduled job ``name``: run every
+    ``every``, or on the ``cron`` schedule, under the job's lock, by a Celery task of that name
+    (``job_task``). The function itself is returned unchanged.
 
-    ``on_recovery``: True runs ``run`` at once after a broker restart or a database reconnect
+    ``on_recovery``: True runs the body at once after a broker restart or a database reconnect
     too (``jobs_recover``); a callable runs that body instead on those occasions, given the
     reason (``BROKER_RESTARTED``, ``DATABASE_RECONNECTED``): a job may act differently on
     work the restart provably dropped (the broker's queues) and on work it did not."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
+
+    def declare(run: Run) -> Run:
+        _job_declare(name, run, every=every, cron=cron, on_recovery=on_recovery)
+        return run
+
+    return declare
+
+
+def _job_declare(
+    name: str,
+    run: Callable[[], Any],
+    *,
+    every: timedelta | None,
+    cron: dict[str, str] | None,
+    on_recovery: bool | Callable[[str], Any],
+) -> None:
     recover: Callable[[str], Any] | None
     if isinstance(on_recovery, bool):
         recover = (lambda reason: run()) if on_recovery else None
@@ -112,7 +129,7 @@ def job_register(
     _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
 
     # ``reason`` defaults to the cautious one: a message from before reasons were passed.
-    def job(recovery: bool = False, attempt: int = 0, reason: str = DATABASE_RECONNECTED) -> Any:
+    def body(recovery: bool = False, attempt: int = 0, reason: str = DATABASE_RECONNECTED) -> Any:
         if not recovery or recover is None:
             return job_run(name=name, body=run).result
         outcome = job_run(name=name, body=lambda: recover(reason))
@@ -124,10 +141,9 @@ def job_register(
             )
         return outcome.result
 
-    job.__name__ = job.__qualname__ = run.__name__
-    job.__module__ = run.__module__
-    task = _tasks[name] = shared_task(base=JobTask, name=name)(job)
-    return task
+    body.__name__ = body.__qualname__ = run.__name__
+    body.__module__ = run.__module__
+    _tasks[name] = shared_task(base=JobTask, name=name)(body)
 
 
 def job_task(name: str) -> Task:

@@ -7,8 +7,8 @@ Two kinds of figures, kept apart because they live in different places:
 whichever process (or host) did the work, and survive every restart. The machinery's sources
 (``asyncwork.gauges``): the outbox backlog and the age of its oldest unpublished row, the
 dead-letter depth, the depth of the pressure queues on the broker, each scheduled job's runs,
-skips and last run; an app adds its own with ``register_source`` from its
-``AppConfig.ready()``. Each source runs in its own transaction under a statement timeout
+skips and last run; an app adds its own with ``@metrics_source(name, database=...)`` on the
+function that reads them. Each source runs in its own transaction under a statement timeout
 of ``PROBE_TIMEOUT_SECONDS``; a source that fails or times out is left out of that scrape and
 reported as ``invoicing_metrics_source_up{source} 0`` (after a database error the remaining
 database sources are skipped, so a dead database costs one connect timeout, not one each).
@@ -26,8 +26,8 @@ database sources are skipped, so a dead database costs one connect timeout, not 
   (``MultiProcessCollector``); without it (``runserver``, tests) the default registry of the
   one process is served.
 * Celery workers (other processes, possibly other hosts): task starts, attempts by outcome
-  (success, retry, deferred, failure, rejected), the runs whose result an app declared worth
-  counting (``register_result_counter``), and the outbox publishes they make (the relay job,
+  (success, retry, deferred, failure, rejected), what an app's tasks count themselves
+  (invoicing: the emails sent), and the outbox publishes they make (the relay job,
   dead-letter copies), counted by Celery signal receivers. With
   ``WORKER_METRICS_PORT`` set, the worker's main process serves them over HTTP on that port
   (``start_http_server``). Under the prefork pool the tasks run in child processes, so the
@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from celery.signals import task_postrun, task_prerun, worker_init
 from django.conf import settings
@@ -109,21 +109,6 @@ def suspicious_request_count(kind: str) -> None:
     SUSPICIOUS_REQUESTS.labels(kind=kind).inc()
 
 
-@dataclass(frozen=True)
-class ResultCounter:
-    counter: Counter  # labelled by task
-    result: Any
-
-
-_result_counters: list[ResultCounter] = []
-
-
-def register_result_counter(counter: Counter, *, result: Any) -> None:
-    """Count, in ``counter`` (labelled ``task``), the task runs that succeed returning
-    ``result``: what a task's return value means belongs to the app that owns the task."""
-    _result_counters.append(ResultCounter(counter=counter, result=result))
-
-
 # --- Scrape-time state ------------------------------------------------------------------------
 
 
@@ -135,12 +120,19 @@ class Source:
 
 
 _sources: dict[str, Source] = {}
+S = TypeVar("S", bound=Callable[[], Iterable[Metric]])
 
 
-def register_source(name: str, fn: Callable[[], Iterable[Metric]], *, database: bool) -> None:
-    """Add a scrape-time source to ``/metrics`` (or replace the one of that name). A
-    ``database`` source runs in a transaction bounded by ``PROBE_TIMEOUT_SECONDS``."""
-    _sources[name] = Source(name=name, fn=fn, database=database)
+def metrics_source(name: str, *, database: bool) -> Callable[[S], S]:
+    """Add the decorated function to ``/metrics`` as the scrape-time source ``name`` (or
+    replace the one of that name). A ``database`` source runs in a transaction bounded by
+    ``PROBE_TIMEOUT_SECONDS``."""
+
+    def declare(fn: S) -> S:
+        _sources[name] = Source(name=name, fn=fn, database=database)
+        return fn
+
+    return declare
 
 
 class StateCollector:
@@ -276,15 +268,10 @@ def _task_finished(
 ) -> None:
     """``task_postrun`` sees every finished run with its final state, including a ``Reject``
     (which no outcome signal reports); a deferral is a retry whose cause is ``Deferred``."""
-    name = _task_name(task)
     outcome = _OUTCOMES.get(state or "", "unknown")
     if outcome == "retry" and isinstance(getattr(retval, "exc", None), Deferred):
         outcome = "deferred"
-    TASK_ATTEMPTS.labels(task=name, outcome=outcome).inc()
-    if outcome == "success":
-        for counted in _result_counters:
-            if retval == counted.result:
-                counted.counter.labels(task=name).inc()
+    TASK_ATTEMPTS.labels(task=_task_name(task), outcome=outcome).inc()
 
 
 def multiprocess_dir_reset(directory: str | None = None) -> None:

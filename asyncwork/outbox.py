@@ -45,6 +45,7 @@ from prometheus_client import Counter, Histogram
 
 from asyncwork import queues
 from asyncwork.db import insert
+from asyncwork.jobs import job
 from asyncwork.models import OutboxMessage
 from operators.audit import operator_action_record
 
@@ -376,6 +377,7 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
     return len(published)
 
 
+@job("outbox-relay", every=timedelta(seconds=15))
 def outbox_relay(
     *, grace: timedelta | None = None, batch_size: int | None = None, max_batches: int = 50
 ) -> int:

@@ -14,10 +14,10 @@ A probe that reads PostgreSQL opens no transaction of its own: its caller runs i
 RabbitMQ bounds its own calls (the broker client's socket timeouts, the breaker's).
 
 The machinery's probes are here: outbox, dead letters, scheduled jobs, beat, broker queues, and
-any circuit breaker. An app adds the probes of its own subsystems with ``register_probe`` from
-its ``AppConfig.ready()`` (invoicing: emails sent, its provider's breaker), with a function
-that turns the probe into the dashboard's figures; its health check or metrics source calls
-the same probe function.
+any circuit breaker. The dashboard shows a probe through a function that turns its reading into
+figures, declared with ``@dashboard_probe(name, probe, ...)`` (the machinery's in
+``asyncwork.dashboard``, an app's beside its own probes: invoicing's emails and its provider's
+breaker); a health check or metrics source calls the same probe function.
 """
 
 from __future__ import annotations
@@ -302,18 +302,18 @@ class Probe(Generic[P]):
 _probes: dict[str, Probe[Any]] = {}
 
 
-def register_probe(
-    name: str,
-    fn: Callable[[], P],
-    *,
-    title: str,
-    figures: Callable[[P], list[Figure]],
-    database: bool,
-) -> None:
+def dashboard_probe(
+    name: str, fn: Callable[[], P], *, title: str, database: bool
+) -> Callable[[Callable[[P], list[Figure]]], Callable[[P], list[Figure]]]:
     """Show the probe ``fn`` on the dashboard under ``title`` (or replace the one of that
-    name), as the figures ``figures`` makes of its result. A ``database`` probe runs in
-    ``bounded()``. Shown in the order registered."""
-    _probes[name] = Probe(name=name, title=title, fn=fn, figures=figures, database=database)
+    name), as the figures the decorated function makes of its result. A ``database`` probe
+    runs in ``bounded()``. Shown in the order declared."""
+
+    def declare(figures: Callable[[P], list[Figure]]) -> Callable[[P], list[Figure]]:
+        _probes[name] = Probe(name=name, title=title, fn=fn, figures=figures, database=database)
+        return figures
+
+    return declare
 
 
 @dataclass(frozen=True)

@@ -2,28 +2,27 @@
 and when a worker starts.
 
 ``default`` always exists. ``dlq`` is RabbitMQ's and nobody consumes it: the consumed queues
-dead-letter onto it a message delivered past their delivery limit, one whose worker died on
-every delivery, so that no dead-letter row was written for it; it waits there for an operator
-(a job that failed otherwise is a ``DeadLetter`` row, ``asyncwork.deadletters``). Any other
-queue is declared by the app that owns it (``queue_register`` from its ``AppConfig.ready()``),
-with the tasks routed to it (``route_register``), so a task's queue is decided in one place,
-beside the task. A queue declared with ``pressure=True`` is one whose depth means work
-accepted and not yet done: backpressure sheds on it, and ``/metrics`` reports it.
+dead-letter onto it a message delivered past their delivery limit, one whose worker died on every
+delivery, so that no dead-letter row was written for it; it waits there for an operator (a job that
+failed otherwise is a ``DeadLetter`` row, ``asyncwork.deadletters``). Any other queue is declared by
+the app that owns it, once, beside its tasks' names (``queue_declare``, with the tasks routed to
+it), so a task's queue is decided in one place. A queue declared with ``pressure=True`` is one whose
+depth means work accepted and not yet done: backpressure sheds on it, and ``/metrics`` reports it.
 
 Order. A worker consumes ``default`` first, then the declared queues in the order they were
-declared: on Redis strictly (``queue_order_strategy: priority``: one ``BRPOP`` over the
-queues in that order, so a queue is read only when those before it are empty). An app that
-enqueues some work again (a rescue, a reconcile) declares a queue for it ahead of its main
-queue (``ahead_of``), so the oldest work does not wait behind everything queued since; on
-RabbitMQ, which cannot order a consumer's queues, such a queue is folded into the one it
-was to go ahead of. ``default`` holds the scheduled jobs, few and short, which must not wait
-behind a backlog either.
+declared, each queue declared ``ahead_of`` another just before that one: on Redis strictly
+(``queue_order_strategy: priority``: one ``BRPOP`` over the queues in that order, so a queue is read
+only when those before it are empty). An app that enqueues some work again (a rescue, a reconcile)
+declares a queue for it ahead of its main queue (``ahead_of``), so the oldest work does not wait
+behind everything queued since; on RabbitMQ, which cannot order a consumer's queues, such a queue is
+folded into the one it was to go ahead of. ``default`` holds the scheduled jobs, few and short,
+which must not wait behind a backlog either.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -38,27 +37,40 @@ _folded: dict[str, str] = {}  # a queue this broker cannot read first -> the que
 _ahead: dict[str, str] = {}  # a queue -> the queue read ahead of it (its recovered work)
 
 
-def queue_register(name: str, *, pressure: bool = False, ahead_of: str | None = None) -> None:
-    """Declare a queue that ``celery -A core worker`` consumes when started without ``-Q``,
-    after ``default`` and the queues declared before it.
+def queue_declare(
+    name: str, *, pressure: bool = False, ahead_of: str | None = None, tasks: Iterable[str] = ()
+) -> str:
+    """Declare the queue ``name``, to which ``tasks`` (task names) are published, and which
+    ``celery -A core worker`` consumes when started without ``-Q``, after ``default`` and the
+    queues declared before it. Returns ``name``.
 
-    ``ahead_of``: the queue exists only to be read before that one. On RabbitMQ, which cannot
-    order a consumer's queues, it is not declared, and what is sent to it goes to ``ahead_of``
-    (``queue_resolve``): there a second queue would only give every worker a second prefetch
-    window (quorum queues count prefetch per consumer), in which a paused worker swallows the
-    very messages meant to rescue it."""
+    ``ahead_of``: a queue declared before; this one exists only to be read before it. On RabbitMQ,
+    which cannot order a consumer's queues, it is not declared, and what is sent to it goes to
+    ``ahead_of`` (``queue_resolve``): there a second queue would only give every worker a second
+    prefetch window (quorum queues count prefetch per consumer), in which a paused worker swallows
+    the very messages meant to rescue it."""
     if name in (DEFAULT, DLQ):
         raise ValueError(f"queue {name!r} is the machinery's own")
-    if ahead_of is not None:
-        _ahead[ahead_of] = name
-    if ahead_of is not None and settings.BROKER_IS_RABBITMQ:
+    for task in tasks:
+        _routes[task] = name
+    if ahead_of is None:
+        _queues[name] = pressure
+        return name
+    if ahead_of not in _queues:
+        raise ValueError(f"queue {ahead_of!r} is not declared")
+    _ahead[ahead_of] = name
+    if settings.BROKER_IS_RABBITMQ:
         _folded[name] = ahead_of
-        return
-    _queues[name] = pressure
+        return name
+    declared = list(_queues.items())
+    at = [queue for queue, _ in declared].index(ahead_of)
+    _queues.clear()
+    _queues.update([*declared[:at], (name, pressure), *declared[at:]])
+    return name
 
 
 def queue_resolve(name: str) -> str:
-    """The queue a message for ``name`` goes to on this broker (``queue_register``)."""
+    """The queue a message for ``name`` goes to on this broker (``queue_declare``)."""
     return _folded.get(name, name)
 
 
@@ -66,13 +78,6 @@ def queue_ahead(name: str) -> str:
     """Where recovered work of queue ``name`` goes: the queue registered ahead of it, if any
     (as this broker resolves it), else ``name`` itself."""
     return queue_resolve(_ahead.get(name, name))
-
-
-def route_register(task: str, queue: str) -> None:
-    """Publish ``task`` to ``queue`` (a queue declared with ``queue_register``)."""
-    if queue not in _queues:
-        raise ValueError(f"queue {queue!r} is not declared")
-    _routes[task] = queue
 
 
 def consumed() -> tuple[Queue, ...]:

@@ -1,15 +1,15 @@
 """The rescue of a dead worker process's claims, as soon as its heartbeat lapsed
 (``asyncwork.heartbeat``), and the dashboard's view of the live workers.
 
-The rescue of claims is the domain's: an app registers what rescuing its claims means
-(``rescue_register``: find the claims whose owner is gone with ``owner_lapsed_sql``, release
-them, re-enqueue their work). The machinery's own rescue, ``held-jobs``, re-enqueues the jobs a
-dead worker's consumer held (received, not finished: ``asyncwork.heartbeat.held_jobs``), whose
-messages the broker would otherwise give back only after the visibility timeout (Redis), or
-after its own heartbeat timeout for a lost host (RabbitMQ). The ``workers-rescue`` job runs
-every rescue every ``RESCUE_EVERY`` under the job's lock (one run at a time, whichever worker
-takes it), counts what each rescued (``asyncwork_worker_rescues``) and deletes the heartbeat
-rows of processes dead for longer than ``DEAD_HEARTBEAT_KEPT``.
+The rescue of claims is the domain's: an app declares what rescuing its claims means
+(``@rescue(name)`` on a function that finds the claims whose owner is gone with
+``owner_lapsed_sql``, release them, re-enqueue their work). The machinery's own rescue,
+``held-jobs``, re-enqueues the jobs a dead worker's consumer held (received, not finished:
+``asyncwork.heartbeat.held_jobs``), whose messages the broker would otherwise give back only after
+the visibility timeout (Redis), or after its own heartbeat timeout for a lost host (RabbitMQ). The
+``workers-rescue`` job runs every rescue every ``RESCUE_EVERY`` under the job's lock (one run at a
+time, whichever worker takes it), counts what each rescued (``asyncwork_worker_rescues``) and
+deletes the heartbeat rows of processes dead for longer than ``DEAD_HEARTBEAT_KEPT``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -28,6 +29,7 @@ from prometheus_client import Counter
 
 from asyncwork import queues
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
+from asyncwork.jobs import job
 from asyncwork.models import WorkerHeartbeat
 from asyncwork.outbox import outbox_schedule
 
@@ -41,19 +43,25 @@ DEAD_HEARTBEAT_KEPT = timedelta(hours=1)
 RESCUES = Counter(
     "asyncwork_worker_rescues",
     "Claims of a worker process whose heartbeat lapsed that a rescue released and re-enqueued, "
-    "by rescue (the name its app registered).",
+    "by rescue (the name its app declared).",
     ["rescue"],
 )
 
 Rescue = Callable[[], int]
 _rescues: dict[str, Rescue] = {}
+R = TypeVar("R", bound=Rescue)
 
 
-def rescue_register(name: str, rescue: Rescue) -> None:
-    """Declare (or replace) the rescue ``name`` (from an ``AppConfig.ready()``): ``rescue()``
-    releases the app's claims whose owner is gone (``owner_lapsed_sql``), re-enqueues their
-    work, and returns how many it rescued. It must be safe to run twice."""
-    _rescues[name] = rescue
+def rescue(name: str) -> Callable[[R], R]:
+    """Declare (or replace) the rescue ``name``: the decorated function releases the app's
+    claims whose owner is gone (``owner_lapsed_sql``), re-enqueues their work, and returns how
+    many it rescued. It must be safe to run twice."""
+
+    def declare(fn: R) -> R:
+        _rescues[name] = fn
+        return fn
+
+    return declare
 
 
 def heartbeats_clean() -> int:
@@ -103,14 +111,15 @@ def held_jobs_rescue() -> int:
     return rescued
 
 
+@job("workers-rescue", every=RESCUE_EVERY)
 def workers_rescue() -> dict[str, int]:
     """The ``workers-rescue`` job: every declared rescue and the held jobs (none while rescue
     by heartbeat is off), then the rows of long-dead processes. Returns how many each rescued
     or deleted."""
     counts: dict[str, int] = {}
     if lapse_seconds() > 0:
-        for name, rescue in {**_rescues, HELD_JOBS: held_jobs_rescue}.items():
-            counts[name] = rescued = rescue()
+        for name, fn in {**_rescues, HELD_JOBS: held_jobs_rescue}.items():
+            counts[name] = rescued = fn()
             if rescued:
                 RESCUES.labels(rescue=name).inc(rescued)
                 what = "job(s) held by" if name == HELD_JOBS else "claim(s) of"

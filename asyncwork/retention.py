@@ -1,7 +1,7 @@
 """Retention: rows past their age are purged by one scheduled job, by rules their apps declare.
 
-An app declares what it keeps and for how long with ``retention_register`` from its
-``AppConfig.ready()``: a name and a function that purges what is past its age (deleting rows, or
+An app declares what it keeps and for how long with ``@retention_rule(name)`` on a function
+that purges what is past its age (deleting rows, or
 clearing the part of them that must not be kept) and returns how many rows it touched. The
 ``retention-purge`` job runs every rule in the order declared. Each rule works batch by batch
 (``batched_delete``, ``batched_update``), so no statement holds many rows, and is safe to run
@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from asyncwork.jobs import job
 from asyncwork.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -27,12 +28,18 @@ logger = logging.getLogger(__name__)
 Rule = Callable[[datetime, int], int]
 
 _rules: dict[str, Rule] = {}
+R = TypeVar("R", bound=Rule)
 
 
-def retention_register(name: str, rule: Rule) -> None:
-    """Declare (or replace) the retention rule ``name``: ``rule(now, batch)`` purges what is
-    past its age and returns how many rows it touched."""
-    _rules[name] = rule
+def retention_rule(name: str) -> Callable[[R], R]:
+    """Declare (or replace) the retention rule ``name``: the decorated ``rule(now, batch)``
+    purges what is past its age and returns how many rows it touched."""
+
+    def declare(rule: R) -> R:
+        _rules[name] = rule
+        return rule
+
+    return declare
 
 
 def batched_delete(queryset: QuerySet[Any], *, batch: int) -> int:
@@ -53,12 +60,14 @@ def batched_update(queryset: QuerySet[Any], *, batch: int, **values: Any) -> int
     return updated
 
 
+@job("retention-purge", cron={"minute": "17", "hour": "3"})
 def retention_purge(*, batch: int = 5000) -> dict[str, int]:
     """Run every declared rule; returns how many rows each touched, by rule name."""
     now = timezone.now()
     return {name: rule(now, batch) for name, rule in _rules.items()}
 
 
+@retention_rule("outbox_messages")
 def outbox_messages_purge(now: datetime, batch: int) -> int:
     """Published outbox rows older than ``OUTBOX_RETENTION_DAYS``."""
     published = OutboxMessage.objects.filter(

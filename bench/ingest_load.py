@@ -5,14 +5,13 @@ A provider's traffic comes in bursts; what matters is that the acknowledgement s
 capacity and that, above it, the excess is refused fast (the provider retries it) while what is
 admitted still flows and nothing acknowledged is lost. Phases, in one run:
 
-1. ``max``: the maximum ingest rate, closed-loop, throttle and backpressure out of the way.
+1. ``max``: the maximum ingest rate, closed-loop, edge limit and backpressure out of the way.
 2. ``70%``: open-loop at 0.7 x max; latency from when each request was due. Goal: p99.9
    <= 500 ms.
-3. ``overload``: open-loop at 2 x max, admission configured for the capacity just measured:
-   ``--admission edge`` (nginx from ``deploy/nginx``, as compose.yaml runs it; the default when
-   nginx is installed) or ``app`` (the application's own throttle alone). Through the edge,
-   max is measured again through an nginx without limits (the path the admitted events take),
-   and the edge, the overload and the goodput are set from that. Goals: goodput at least 0.9
+3. ``overload``: open-loop at 2 x max through the edge (nginx from ``deploy/nginx``, as
+   compose.yaml runs it), its limit configured for the capacity just measured: max is measured
+   again through an nginx without limits (the path the admitted events take), and the edge,
+   the overload and the goodput are set from that. Goals: goodput at least 0.9
    of max; refusals (429, 503) with p99 <= 20 ms; nothing acknowledged lost.
 
 At the end the invoices stored are exactly the events acknowledged, each with one email and no
@@ -58,7 +57,6 @@ from bench.run import (
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST
-from stack.nginx import nginx_binary
 from stack.process import Process
 
 P999_GOAL_MS = 500.0
@@ -82,7 +80,6 @@ class Options(FullStackOptions):
     pace_senders: int
     overload_senders: int
     drain_timeout: float
-    admission: str = "app"
 
 
 def classify(result: PacedResult, invoice_ids: Sequence[str]) -> dict[str, Any]:
@@ -268,44 +265,36 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
             phases["max_again"] = top = bench.maximum(server)
         phases["overload"] = []
         for fraction in options.throttle:
-            if options.admission == "edge":
-                # Behind nginx: the app's throttle off, the client address from the proxy.
-                admission = {"WEBHOOK_THROTTLE_RATE": "", "TRUSTED_PROXIES": HOST, **DEFAULT_MARKS}
-            else:
-                limit = limit_of(fraction, top)
-                label = f"app throttle {limit}/s"
-                admission = {"WEBHOOK_THROTTLE_RATE": f"{limit}/s", **DEFAULT_MARKS}
+            # Behind nginx: the client address from the proxy.
+            admission = {"TRUSTED_PROXIES": HOST, **DEFAULT_MARKS}
             log = f"ingest_load.overload-{fraction:g}"
             with contextlib.ExitStack() as running:
                 server = running.enter_context(serving(stack, settings=admission, log=log))
                 bench.closed(server, count=20, duration=60, warmup=True)
                 bench.drain()
-                front, reference = 0, top
-                if options.admission == "edge":
-                    # The capacity through the edge, then the edge set for it.
-                    reference = bench.edge_maximum(server)
-                    limit = limit_of(fraction, reference)
-                    label = f"nginx edge {limit}/s"
-                    front = running.enter_context(
-                        launch.edge(
-                            server.port,
-                            rate=limit,
-                            burst=max(1, limit // 5),
-                            in_flight=2 * options.gunicorn.workers * options.gunicorn.threads,
-                        )
-                    ).port
+                # The capacity through the edge, then the edge set for it.
+                reference = bench.edge_maximum(server)
+                limit = limit_of(fraction, reference)
+                label = f"nginx edge {limit}/s"
+                front = running.enter_context(
+                    launch.edge(
+                        server.port,
+                        rate=limit,
+                        burst=max(1, limit // 5),
+                        in_flight=2 * options.gunicorn.workers * options.gunicorn.threads,
+                    )
+                ).port
                 rate = options.overload * reference["rate"]
                 over = bench.paced(
                     server,
                     rate=rate,
                     senders=options.overload_senders,
                     port=front,
-                    sources=EDGE_SOURCES if front else ("127.0.0.1",),
+                    sources=EDGE_SOURCES,
                 )
                 over["admission"] = {**admission, "label": label}
                 over["throttle_fraction"] = fraction
                 over["reference"] = reference
-                over["reference_edge"] = reference is not top
                 print(
                     f"  overload ({rate:.1f}/s, {label}): goodput "
                     f"{over['goodput']:.1f}/s, refused {over['refused']} (p99 "
@@ -333,12 +322,13 @@ def limit_of(fraction: float, reference: dict[str, Any]) -> int:
 def goals(phases: dict[str, Any], state: dict[str, Any]) -> list[Goal]:
     steady, over = phases["fraction"], phases["overload"][0]
     # The overload's own reference: the maximum through the path its admitted events take.
-    top = over.get("reference") or phases["max_again"]
-    path = " through the edge" if over.get("reference_edge") else ""
+    top = over["reference"]
     latency = steady["accepted_latency"]
     refused = over["refused_latency"]
     admission = over["admission"]["label"]
-    overload = f"overload 2x max{path}, {admission} ({over['throttle_fraction']:g} x max)"
+    overload = (
+        f"overload 2x max through the edge, {admission} ({over['throttle_fraction']:g} x max)"
+    )
     # Acknowledged (any phase) but not stored, or stored but never emailed.
     lost = state["acknowledged_not_stored"] + state["sink"]["missing"]
     return [
@@ -395,7 +385,6 @@ def report(options: Options, results: dict[str, Any]) -> str:
             f"; {over['reference']['rate']:.1f} through the edge before overload "
             f"{over['throttle_fraction']:g}"
             for over in phases["overload"]
-            if over.get("reference_edge")
         ),
         "",
         f"{'phase':<10} {'offered/s':>9} {'sent':>6} {'ok':>6} {'429/503':>7} {'other':>5} "
@@ -441,13 +430,6 @@ def parse(argv: Sequence[str] | None) -> Options:
         help="the admission limit for the overload, as fractions of max: one overload run "
         "each, comma-separated; the goals use the first",
     )
-    parser.add_argument(
-        "--admission",
-        choices=("edge", "app"),
-        default="edge" if nginx_binary() else "app",
-        help="overload admission: nginx in front (the default when nginx is installed) or "
-        "the application's own throttle",
-    )
     parser.add_argument("--senders", type=int, default=16, help="closed-loop senders for max")
     parser.add_argument("--pace-senders", type=int, default=64, help="threads at 70%%")
     parser.add_argument("--overload-senders", type=int, default=512, help="threads at 2x")
@@ -479,7 +461,6 @@ def parse(argv: Sequence[str] | None) -> Options:
                 threads=args.gunicorn_threads,
             ),
         ),
-        admission=args.admission,
     )
 
 
@@ -496,7 +477,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fraction": options.fraction,
             "overload": options.overload,
             "throttle_fractions": options.throttle,
-            "admission": options.admission,
             "senders": options.senders,
             "pace_senders": options.pace_senders,
             "overload_senders": options.overload_senders,

@@ -8,7 +8,7 @@ Hosts (network namespaces on one switch of the run's own, ``10.x.y.0/24``):
   starts is born there and reaches the others through the switch;
 * ``data``: PostgreSQL and Redis (the broker and the cache), each on an address of its own;
   with ``--broker rabbitmq``, the RabbitMQ node too (the broker), on an address of its own
-  (Redis stays for the cache, the breaker and the throttle);
+  (Redis stays for the cache and the breaker);
 * ``mail``: the fault-injecting SMTP server (its thread and socket are born there);
 * ``web1``, ``web2``: gunicorn each, behind the nginx edge, which runs on ``ctl`` (as the
   production one, rendered by deploy/nginx/render.sh; a name in ``ctl``'s /etc/hosts resolves

@@ -11,8 +11,8 @@ the machine's instances, on loopback only.
 
 With ``--broker rabbitmq`` the Celery broker is a RabbitMQ node of the suite's own
 (``stack.rabbitmq.RabbitNode``: its own node name, ports and data directory, on loopback, or
-across hosts on the data host's address of its own), and Redis stays for the cache, the
-breaker and the throttle; the faults then restart and stall the node (its data survives a
+across hosts on the data host's address of its own), and Redis stays for the cache and the
+breaker; the faults then restart and stall the node (its data survives a
 restart, as a real node's does), or cut hosts off from its address.
 
 The application's processes are started by the kit (``stack.launch``), each in a process

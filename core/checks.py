@@ -1,13 +1,14 @@
-"""System checks of the project's own (registered in ``CoreConfig.ready``)."""
+"""System checks of the project's own (Django's ``register``; imported by ``CoreConfig.ready``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Info
+from django.core.checks import CheckMessage, Info, Tags, register
 
 
+@register(Tags.security, deploy=True)
 def https_opt_out_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``check --deploy``: an explicit ``DJANGO_SECURE_SSL_REDIRECT=0`` silences Django's four
     warnings about what it turns off (``settings.HTTPS_OPT_OUT_CHECKS``); this says so, once,

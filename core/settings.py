@@ -124,7 +124,7 @@ DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int(
 )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- Cache (throttles, circuit breaker state) ----------------------------------------------
+# --- Cache (circuit breaker state, alert dedupe) -------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/1")
 CACHES = {
     "default": {
@@ -174,8 +174,8 @@ STORAGES = {
 # --- Proxies and HTTPS ------------------------------------------------------------------------
 # The proxies in front of the app (addresses or networks; behind the nginx edge, the edge's
 # address): X-Forwarded-For and X-Forwarded-Proto count only on a request whose peer is one of
-# them (operators/http.py), for the client address of the webhook throttle, the /metrics
-# allow-list and the admin login limit, and for HTTPS. Empty: no forwarded header counts; a
+# them (operators/http.py), for the client address of the /metrics allow-list and the admin
+# login limit, and for HTTPS. Empty: no forwarded header counts; a
 # client can send them itself.
 TRUSTED_PROXIES = [entry.strip() for entry in env.list("TRUSTED_PROXIES", default=[])]
 if "NUM_PROXIES" in env:
@@ -257,8 +257,8 @@ WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
 WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
 
 # --- Email ------------------------------------------------------------------------------------
-# Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/smtp.py).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="invoicing.smtp.EmailBackend")
+# Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/mail.py).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="invoicing.mail.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
 EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
@@ -476,18 +476,8 @@ OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 DLQ_ALERT_THRESHOLD = env.int("DLQ_ALERT_THRESHOLD", default=1)
 DLQ_ALERT_PERIOD_SECONDS = env.int("DLQ_ALERT_PERIOD_SECONDS", default=3600)
 
-# --- Inbound throttling, backpressure, health ------------------------------------------------
-# Webhook requests one client address may make per period ("N/s", "N/min", "N/hour", "N/day");
-# empty turns the throttle off. Stripe sends from a few addresses: this stops a flood from one.
-WEBHOOK_THROTTLE_RATE = env.str("WEBHOOK_THROTTLE_RATE", default="6000/min").strip()
-# The client address comes from X-Forwarded-For only from TRUSTED_PROXIES (Proxies and HTTPS,
-# above).
-# Seconds the throttle may wait on Redis; past that it lets requests through (fails open).
-WEBHOOK_THROTTLE_TIMEOUT = env.float("WEBHOOK_THROTTLE_TIMEOUT", default=0.2)
-# Permits of an address's window one process takes from the shared counter per Redis round
-# trip (at most a hundredth of the limit, at least 1; 1: a round trip per request). Never more
-# than the limit is let in; up to (this - 1) x processes of it may go unused in a window.
-WEBHOOK_THROTTLE_BATCH = env.int("WEBHOOK_THROTTLE_BATCH", default=10)
+# --- Backpressure, health ---------------------------------------------------------------------
+# Requests per client address are limited at the edge (deploy/nginx/default.conf.template).
 # Backlog (the larger of unpublished outbox rows and messages waiting on the email queue) at
 # which webhook events we do not act on are refused with 503 and not stored...
 BACKPRESSURE_SOFT_MARK = env.int("BACKPRESSURE_SOFT_MARK", default=5000)
@@ -505,12 +495,6 @@ OUTBOX_STALE_SECONDS = env.int("OUTBOX_STALE_SECONDS", default=300)
 # probes runs the checks at most once per this period, however many arrive at once.
 HEALTH_CACHE_SECONDS = env.float("HEALTH_CACHE_SECONDS", default=1.0)
 
-_count, _, _period = WEBHOOK_THROTTLE_RATE.partition("/")
-_periods = {"s", "sec", "m", "min", "h", "hour", "d", "day"}
-if WEBHOOK_THROTTLE_RATE and not (_count.isdigit() and int(_count) > 0 and _period in _periods):
-    raise ImproperlyConfigured("WEBHOOK_THROTTLE_RATE must look like 6000/min (or be empty).")
-if WEBHOOK_THROTTLE_BATCH < 1:
-    raise ImproperlyConfigured("WEBHOOK_THROTTLE_BATCH must be 1 or more.")
 if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
 if HEALTH_CACHE_SECONDS < 0:
@@ -518,9 +502,9 @@ if HEALTH_CACHE_SECONDS < 0:
 
 # --- Observability (asyncwork/metrics.py, asyncwork/logging.py) -------------------------------
 # GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
-# one, only clients in these networks (the address the webhook throttle uses, see
-# TRUSTED_PROXIES). Loopback by default: a private network is not a trusted one (behind a load
-# balancer or Docker's gateway, every client would be in it).
+# one, only clients in these networks (the client address, see TRUSTED_PROXIES). Loopback by
+# default: a private network is not a trusted one (behind a load balancer or Docker's gateway,
+# every client would be in it).
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="").strip()
 METRICS_ALLOWED_NETWORKS = [
     entry.strip()
@@ -590,8 +574,8 @@ REST_KNOX = {
 }
 # Admin login attempts (django-axes): after this many failures for one username from one
 # client address, that pair is refused (429) until no failure has come for the cool-off;
-# a success clears its count. The address is judged like the webhook throttle's: the socket's,
-# or from a trusted proxy, the X-Forwarded-For entry it vouches for (operators/http.py).
+# a success clears its count. The address is the client address: the socket's, or from a
+# trusted proxy, the X-Forwarded-For entry it vouches for (operators/http.py).
 ADMIN_LOGIN_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
 ADMIN_LOGIN_COOLOFF_SECONDS = env.int("ADMIN_LOGIN_COOLOFF_SECONDS", default=900)
 if ADMIN_LOGIN_FAILURE_LIMIT < 1 or ADMIN_LOGIN_COOLOFF_SECONDS < 1:
@@ -612,7 +596,7 @@ AXES_VERBOSE = False
 REST_FRAMEWORK = {
     # DRF's own get_ident (its throttles; none is configured) reads only REMOTE_ADDR, never a
     # header a client can write. The application's client address is
-    # operators.http.client_address (TRUSTED_PROXIES), which the webhook throttle uses.
+    # operators.http.client_address (TRUSTED_PROXIES).
     "NUM_PROXIES": 0,
     # Tokens first: the first class names the challenge of a 401 (WWW-Authenticate: Token), so
     # a missing, wrong or expired token is 401; with sessions first it would be 403.

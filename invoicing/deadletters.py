@@ -1,7 +1,7 @@
 """What the invoicing app's dead letters are about: the invoice (its number, where its emails
-go, its admin page). Registered with
-``asyncwork.deadletters.register_describer`` in ``apps.py``, so the dead-letter admin, the API and
-``manage.py dlq`` show them without the machinery knowing what an invoice is.
+go, its admin page), declared with ``asyncwork.deadletters.dead_letter_describer``, so the
+dead-letter admin, the API and ``manage.py dlq`` show them without the machinery knowing what an
+invoice is.
 
 Each describer takes every dead letter of its task on a page and reads their invoices in one
 query. A dead letter whose invoice (or resend) is gone, or whose arguments are not what the
@@ -14,9 +14,10 @@ from typing import Any
 
 from django.urls import reverse
 
-from asyncwork.deadletters import Subject
+from asyncwork.deadletters import Subject, dead_letter_describer
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
 
 _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")
 
@@ -38,6 +39,7 @@ def invoice_subject(invoice: Invoice, *, note: str = "") -> Subject:
     )
 
 
+@dead_letter_describer(SEND_INVOICE_EMAIL_TASK)
 def send_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
     """Dead letters of the payment email (``send_invoice_email(invoice_id)``)."""
     wanted = {letter.pk: _id_argument(letter) for letter in letters}
@@ -51,6 +53,7 @@ def send_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subjec
     }
 
 
+@dead_letter_describer(RESEND_INVOICE_EMAIL_TASK)
 def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
     """Dead letters of a resend (``resend_invoice_email(delivery_id)``)."""
     wanted = {letter.pk: _id_argument(letter) for letter in letters}

@@ -1,4 +1,4 @@
-"""The safety nets of the email guarantee, scheduled jobs declared in ``InvoicingConfig.ready``.
+"""The safety nets of the email guarantee, scheduled jobs (``asyncwork.jobs.job``).
 
 * ``email_claims_recover``: a claim still ``sending`` after its lease belongs to a worker that
   died (SIGKILL, hard time limit) after claiming; release it and enqueue the email again. A
@@ -16,10 +16,10 @@
   harmless to the guarantee (its claim is the fence: the second message finds it sent or
   claimed and skips), but it is one more message in the queue.
 
-* ``email_claims_rescue`` (registered with ``asyncwork.heartbeat.rescue_register``, run by the
-  machinery's ``workers-rescue`` job every few seconds): a claim still ``sending`` whose owner's
-  heartbeat lapsed belongs to a process that is gone (SIGKILL, a host lost, a pause past the
-  lapse); release it and enqueue the email again at once, without waiting for its lease.
+* ``email_claims_rescue`` (a rescue, ``asyncwork.rescue.rescue``, run by the machinery's
+  ``workers-rescue`` job every few seconds): a claim still ``sending`` whose owner's heartbeat
+  lapsed belongs to a process that is gone (SIGKILL, a host lost, a pause past the lapse); release
+  it and enqueue the email again at once, without waiting for its lease.
 
 All enqueue through the outbox onto the recovery queue (``EMAIL_RECOVERY_QUEUE``), which a
 worker takes before the email queue (on Redis; on RabbitMQ it is the email queue): what a
@@ -38,8 +38,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
-from asyncwork.jobs import BROKER_RESTARTED
+from asyncwork.jobs import BROKER_RESTARTED, job
 from asyncwork.outbox import outbox_enqueue
+from asyncwork.rescue import rescue
 from invoicing.models import EmailDelivery
 from invoicing.services import (
     EMAIL_RECOVERY_QUEUE,
@@ -51,6 +52,7 @@ from invoicing.services import (
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
 
+@job("email-claims-recover", every=timedelta(seconds=60))
 def email_claims_recover(*, limit: int = 500) -> int:
     """Release claims whose lease expired and re-enqueue their emails, and re-enqueue resends
     still pending after the quiet period (their message was lost); returns how many."""
@@ -101,6 +103,8 @@ FOR UPDATE SKIP LOCKED
 """  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
 
 
+# At once, once the claim's owner is gone (its heartbeat lapsed): the workers-rescue job.
+@rescue("email-claims")
 def email_claims_rescue(*, limit: int = 500) -> int:
     """Release the claims whose owner is gone (its heartbeat lapsed: ``asyncwork.heartbeat``)
     and re-enqueue their emails at once, without waiting for their lease; returns how many.
@@ -146,6 +150,18 @@ LIMIT %(limit)s
 """
 
 
+def invoices_reconcile_now(reason: str) -> int | str:
+    """The reconcile at once after a restart. After a broker restart (``reason``
+    ``BROKER_RESTARTED``), every paid invoice with no email sent, no live claim, no unpublished
+    outbox row and no dead letter waiting gets its email enqueued, however recently its message
+    was published or its attempt failed: the restart dropped every queued message. After a
+    database reconnect, the quiet period holds as in the periodic run: the broker still holds
+    every message queued before, and re-enqueueing those would double the queue."""
+    return invoices_reconcile(quiet_seconds=0 if reason == BROKER_RESTARTED else None)
+
+
+# Periodically, and at once after a broker restart or a database reconnect (asyncwork.recovery).
+@job("email-reconcile", every=timedelta(seconds=120), on_recovery=invoices_reconcile_now)
 def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -> int | str:
     """Enqueue the email of every paid invoice that has none and nothing pending.
 
@@ -177,13 +193,3 @@ def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -
                 task=SEND_INVOICE_EMAIL_TASK, args=[invoice_id], queue=EMAIL_RECOVERY_QUEUE
             )
     return len(invoice_ids)
-
-
-def invoices_reconcile_now(reason: str) -> int | str:
-    """The reconcile at once after a restart. After a broker restart (``reason``
-    ``BROKER_RESTARTED``), every paid invoice with no email sent, no live claim, no unpublished
-    outbox row and no dead letter waiting gets its email enqueued, however recently its message
-    was published or its attempt failed: the restart dropped every queued message. After a
-    database reconnect, the quiet period holds as in the periodic run: the broker still holds
-    every message queued before, and re-enqueueing those would double the queue."""
-    return invoices_reconcile(quiet_seconds=0 if reason == BROKER_RESTARTED else None)

@@ -10,7 +10,7 @@ What came in a signed event is authentic, not harmless, so before it reaches the
 
 * the recipient is validated by email-validator: an internationalised domain is sent in its
   ASCII form (IDNA 2008), which every server takes; a UTF-8 local part is kept as it is and
-  needs a server offering SMTPUTF8 (``invoicing.smtp``);
+  needs a server offering SMTPUTF8 (``EmailBackend``, below);
 * the customer's name and the invoice number lose every control character and line or
   paragraph separator (each becomes a space): Python's email package breaks a header line on
   ``\v``, ``\f``, ``\x1c``-``\x1e``, ``\x85``, U+2028 and U+2029 as well as on CR and LF;
@@ -33,14 +33,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from email.generator import BytesGenerator
 from email.headerregistry import Address
+from email.policy import SMTPUTF8
 from email.utils import parseaddr
+from io import BytesIO
 from typing import Any
 from urllib.parse import urlsplit
 
 import email_validator
+from celery.signals import worker_process_shutdown
 from django.conf import settings
-from django.core.mail import EmailMultiAlternatives, get_connection
+from django.core.mail import EmailMessage, EmailMultiAlternatives, get_connection
 from django.core.mail.backends import smtp
 from django.template.loader import render_to_string
 
@@ -125,7 +129,7 @@ def recipient_address(*, email: str, name: str) -> str:
         # Any server takes this: the domain as IDNA (xn--...), the local part as given.
         username, domain = valid.ascii_local_part, valid.ascii_domain
     else:
-        # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (invoicing.smtp).
+        # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (EmailBackend).
         username, domain = valid.local_part, valid.domain
     # Address quotes a display name where RFC 5322 needs it.
     return str(Address(display_name=header_text(name), username=username, domain=domain))
@@ -322,6 +326,7 @@ def _send(message: EmailMultiAlternatives) -> None:
         _connection_discard()
 
 
+@worker_process_shutdown.connect(weak=False, dispatch_uid="invoicing.mail.close")
 def smtp_connection_close(**_: Any) -> None:
     """Close this thread's kept SMTP connection with QUIT (a worker process on its way out:
     Celery's ``worker_process_shutdown``)."""
@@ -353,7 +358,7 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise PermanentError(f"SMTP {reply}") from exc
     except (smtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
         raise Unreachable(f"SMTP unavailable: {_words(exc)}") from exc
-    except smtplib.SMTPNotSupportedError as exc:  # invoicing.smtp: a UTF-8 address, no SMTPUTF8
+    except smtplib.SMTPNotSupportedError as exc:  # EmailBackend: a UTF-8 address, no SMTPUTF8
         raise PermanentError(f"the mail server cannot take this address: {exc}") from exc
     except smtplib.SMTPException as exc:
         raise PermanentError(f"SMTP error: {_words(exc)}") from exc
@@ -361,3 +366,82 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise PermanentError(f"malformed message: {exc}") from exc
     except OSError as exc:  # unreachable network, DNS failure
         raise Unreachable(f"SMTP unreachable: {_words(exc)}") from exc
+
+
+# --- Django's SMTP backend, able to send to a UTF-8 local part (RFC 6531): EMAIL_BACKEND -------
+# Django 5.2 passes every address through ``sanitize_address``, which puts a non-ASCII local
+# part into an RFC 2047 encoded word: ``=?utf-8?b?...?=@example.com`` names another mailbox, in
+# the envelope and in the headers alike. A message with such an address is sent here with the
+# SMTPUTF8 extension instead: the addresses as UTF-8 in ``MAIL FROM``, ``RCPT TO`` and the
+# address headers (RFC 6532), serialised by the standard library's ``SMTPUTF8`` policy. A server
+# that does not offer SMTPUTF8 is never handed one: ``SMTPNotSupportedError`` is raised before
+# ``MAIL FROM``, naming the address, and the caller decides what that means
+# (``deliver``, above: a permanent failure).
+#
+# A message whose addresses are all ASCII, display names aside, takes Django's own ``_send``.
+
+
+def address_spec(address: str) -> str:
+    """The ``local@domain`` of one address (``Name <local@domain>`` or bare)."""
+    # The modern parser reads a UTF-8 local part (noting a defect); Django's sanitiser mangles it.
+    mailboxes = SMTPUTF8.header_factory("To", address).addresses
+    if len(mailboxes) != 1 or not mailboxes[0].domain:
+        raise ValueError(f"invalid address {address!r}")
+    return mailboxes[0].addr_spec
+
+
+def needs_smtputf8(address: str) -> bool:
+    """Whether the address's ``local@domain`` itself (not its display name) is not ASCII."""
+    return not address.isascii() and not address_spec(address).isascii()
+
+
+# UTF-8 headers (RFC 6532), CRLF, each header written as it stands: refolding a long address
+# header with utf8=True drops the quotes around a display name holding a comma (CPython's
+# folder), which turns one recipient into two. Django folded the headers it encoded itself.
+_AS_WRITTEN = SMTPUTF8.clone(refold_source="none")
+
+
+class EmailBackend(smtp.EmailBackend):
+    # Django's per-message step (django/core/mail/backends/smtp.py); django-stubs omits it.
+    def _send(self, email_message: EmailMessage) -> bool:
+        if not email_message.recipients():
+            return False
+        addresses = [email_message.from_email, *email_message.recipients()]
+        utf8 = [address_spec(a) for a in addresses if needs_smtputf8(a)]
+        if not utf8:
+            return bool(super()._send(email_message))  # type: ignore[misc]
+        message = email_message.message()
+        # Django's headers carry the sanitised (encoded-word) addresses: put back the addresses
+        # as written, which RFC 6532 allows in UTF-8. Django refused any line break in them
+        # while building the message.
+        extra = email_message.extra_headers
+        written = {
+            "From": extra.get("From", email_message.from_email),
+            "To": extra.get("To", ", ".join(str(a) for a in email_message.to)),
+            "Cc": extra.get("Cc", ", ".join(str(a) for a in email_message.cc)),
+            "Reply-To": extra.get("Reply-To", ", ".join(str(a) for a in email_message.reply_to)),
+        }
+        for name, value in written.items():
+            if value and name in message:
+                message.replace_header(name, value)
+        # Django's message classes take no policy in their as_bytes: the standard generator does.
+        data = BytesIO()
+        BytesGenerator(data, policy=_AS_WRITTEN).flatten(message)
+        assert self.connection is not None  # send_messages opened it
+        try:
+            self.connection.ehlo_or_helo_if_needed()
+            if not self.connection.has_extn("smtputf8"):
+                raise smtplib.SMTPNotSupportedError(
+                    f"the mail server does not offer SMTPUTF8, which the address {utf8[0]!r} needs"
+                )
+            self.connection.sendmail(
+                address_spec(email_message.from_email),
+                [address_spec(a) for a in email_message.recipients()],
+                data.getvalue(),
+                mail_options=["SMTPUTF8", "BODY=8BITMIME"],
+            )
+        except smtplib.SMTPException:
+            if not self.fail_silently:
+                raise
+            return False
+        return True

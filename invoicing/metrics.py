@@ -1,27 +1,20 @@
-"""The invoicing app's figures for ``/metrics`` (registered in ``apps.py``; see
-``asyncwork.metrics``).
-
-Scrape-time state, read from ``EmailDelivery`` and the provider's breaker when Prometheus asks,
-through the probes the admin dashboard reads (``invoicing.probes``), so it is exact across every
-worker and survives restarts; and one event counter in the workers, the emails each handed to
-the SMTP server (a send task's run that returned ``"sent"``)."""
+"""The invoicing app's scrape-time figures for ``/metrics`` (``metrics_source``; see
+``asyncwork.metrics``): read from ``EmailDelivery`` and the provider's breaker when Prometheus
+asks, through the probes the admin dashboard reads (``invoicing.probes``), so they are exact
+across every worker and survive restarts. The workers' own count of emails sent is
+``invoicing.tasks.WORKER_EMAILS_SENT``."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asyncwork.gauges import breaker_metrics
+from asyncwork.metrics import metrics_source
 from invoicing.models import EmailDelivery
 from invoicing.probes import email_breaker_probe, email_probe
 
-WORKER_EMAILS_SENT = Counter(
-    "invoicing_worker_emails_sent",
-    "Emails this worker handed to the SMTP server (task runs that returned 'sent').",
-    ["task"],
-)
 
-
+@metrics_source("emails", database=True)
 def email_delivery_metrics() -> list[Metric]:
     """Emails sent, send attempts (claims taken) and deliveries by state, per key kind
     (``invoice_email_sent``, ``invoice_email_resend``), from ``email_probe``'s one grouped
@@ -55,5 +48,6 @@ def email_delivery_metrics() -> list[Metric]:
     return [sent, attempts, deliveries]
 
 
+@metrics_source("email_breaker", database=False)
 def email_breaker_metrics() -> list[Metric]:
     return breaker_metrics(email_breaker_probe())

@@ -1,6 +1,6 @@
 """The invoicing app's probes (see ``asyncwork.probes``): its emails, and its provider's circuit
 breaker. ``/metrics`` (``invoicing.metrics``), ``/health/`` (``email_breaker_check``) and the
-admin dashboard (the figures below, registered in ``apps.py``) read these same functions."""
+admin dashboard (the figures below) read these same functions."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from django.db.models import CharField, Count, F, Func, Q, Sum, Value
 from django.urls import reverse
 from django.utils import timezone
 
-from asyncwork.probes import BreakerProbe, Figure, breaker_probe
+from asyncwork.dashboard import breaker_figures
+from asyncwork.health import health_check
+from asyncwork.probes import BreakerProbe, Figure, breaker_probe, dashboard_probe
 from invoicing.models import EmailDelivery
 from invoicing.services import email_breaker
 
@@ -69,6 +71,7 @@ def email_breaker_probe() -> BreakerProbe:
     return breaker_probe(email_breaker())
 
 
+@health_check("breaker", critical=False)
 def email_breaker_check() -> dict[str, Any]:
     """The breaker's part of /health/ (not critical: while it is open, emails wait; nothing
     is lost and webhooks are still taken)."""
@@ -83,6 +86,7 @@ def _deliveries(**query: str) -> str:
     return f"{reverse('admin:invoicing_emaildelivery_changelist')}?{urlencode(query)}"
 
 
+@dashboard_probe("emails", email_probe, title="Emails", database=True)
 def email_figures(probe: EmailProbe) -> list[Figure]:
     """The dashboard's emails: sent lately, and those in flight or failed, each linking to the
     deliveries it counts."""
@@ -115,3 +119,13 @@ def email_figures(probe: EmailProbe) -> list[Figure]:
             _deliveries(state="pending"),
         ),
     ]
+
+
+@dashboard_probe(
+    "email_breaker",
+    email_breaker_probe,
+    title="Email provider (circuit breaker)",
+    database=False,
+)
+def email_breaker_figures(probe: BreakerProbe) -> list[Figure]:
+    return breaker_figures(probe)

@@ -20,9 +20,8 @@ from django.db.models.functions import Cast, Coalesce, Concat, JSONArray
 
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
 
-SEND_TASK = "invoicing.send_invoice_email"
-RESEND_TASK = "invoicing.resend_invoice_email"
 EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
 
 
@@ -40,7 +39,9 @@ def invoices_with_email_status() -> QuerySet[Invoice]:
         email_sent_at=Subquery(delivery.values("sent_at")[:1]),
         email_dead_lettered=Exists(
             DeadLetter.objects.filter(
-                task=SEND_TASK, args=JSONArray(OuterRef("pk")), replayed_at__isnull=True
+                task=SEND_INVOICE_EMAIL_TASK,
+                args=JSONArray(OuterRef("pk")),
+                replayed_at__isnull=True,
             )
         ),
     )
@@ -87,7 +88,7 @@ def email_delivery_outcome(delivery: EmailDelivery) -> str:
     if delivery.state == EmailDelivery.State.SENT:
         return "sent"
     dead = DeadLetter.objects.filter(
-        task=RESEND_TASK, args=[delivery.pk], replayed_at__isnull=True
+        task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk], replayed_at__isnull=True
     ).exists()
     return "failed" if dead else "queued"
 
@@ -97,5 +98,6 @@ def invoice_dead_letters(invoice: Invoice) -> QuerySet[DeadLetter]:
     payment email's and its resends'."""
     resends = [[pk] for pk in invoice.emails.values_list("pk", flat=True)]
     return DeadLetter.objects.filter(
-        Q(task=SEND_TASK, args=[invoice.pk]) | Q(task=RESEND_TASK, args__in=resends)
+        Q(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk])
+        | Q(task=RESEND_INVOICE_EMAIL_TASK, args__in=resends)
     ).order_by("-created_at", "-pk")

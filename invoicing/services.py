@@ -53,19 +53,25 @@ from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import Performed, idempotent_perform
 from asyncwork.logging import log_context_bind
 from asyncwork.outbox import outbox_enqueue
+from asyncwork.queues import queue_declare
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
-# The queue the email tasks are routed to (apps.py), a worker's alone if it is started with -Q.
-EMAIL_QUEUE = "email"
-# The queue of the emails a safety net enqueues again (a rescue, the recovery, the reconcile:
-# invoicing/jobs.py), declared ahead of EMAIL_QUEUE so that a worker takes them first: they are
-# older than anything waiting in EMAIL_QUEUE (asyncwork/queues.py; on RabbitMQ it is EMAIL_QUEUE).
-EMAIL_RECOVERY_QUEUE = "email-recovery"
-SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"
+SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"  # invoicing/tasks.py
+RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
+# The email tasks' own queue, so a flood of other jobs never delays an email (a worker's alone
+# if it is started with -Q); its depth is work accepted and not yet done, which backpressure
+# sheds on.
+EMAIL_QUEUE = queue_declare(
+    "email", pressure=True, tasks=(SEND_INVOICE_EMAIL_TASK, RESEND_INVOICE_EMAIL_TASK)
+)
+# The emails a safety net enqueues again (a rescue, the recovery, the reconcile:
+# invoicing/jobs.py), read before EMAIL_QUEUE: they are older than anything waiting there
+# (asyncwork/queues.py; on RabbitMQ it is EMAIL_QUEUE).
+EMAIL_RECOVERY_QUEUE = queue_declare("email-recovery", pressure=True, ahead_of=EMAIL_QUEUE)
 
 
 @dataclass(frozen=True)
@@ -413,7 +419,6 @@ def _invoice_email_send_claimed(
     return "sent"
 
 
-RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
 INVOICE_EMAIL_RESEND = "invoice.email_resend"
 INVOICE_RECIPIENT_CORRECT = "invoice.recipient_correct"
 

@@ -4,12 +4,32 @@ from __future__ import annotations
 
 from celery import shared_task
 from django.conf import settings
+from prometheus_client import Counter
 
 from asyncwork.errors import Deferred, PermanentError
 from asyncwork.heartbeat import heartbeat_owner
 from asyncwork.tasks import ReliableTask
 from invoicing import services
 from invoicing.models import EmailDelivery
+
+WORKER_EMAILS_SENT = Counter(
+    "invoicing_worker_emails_sent",
+    "Emails this worker handed to the SMTP server (task runs that returned 'sent').",
+    ["task"],
+)
+
+
+def _send(task: ReliableTask, *, invoice_id: int, key: str | None = None) -> str:
+    try:
+        result = services.invoice_email_send(
+            invoice_id=invoice_id, owner=heartbeat_owner(), key=key
+        )
+    except Deferred as exc:
+        # The provider's breaker is open: run again after its cool-down, no attempt spent.
+        raise task.defer(exc) from exc
+    if result == "sent":
+        WORKER_EMAILS_SENT.labels(task=task.name).inc()
+    return result
 
 
 @shared_task(
@@ -24,11 +44,7 @@ from invoicing.models import EmailDelivery
 )
 def send_invoice_email(self: ReliableTask, invoice_id: int, outbox_id: int | None = None) -> str:
     """Email a paid invoice once. ``outbox_id`` only traces which outbox row published this."""
-    try:
-        return services.invoice_email_send(invoice_id=invoice_id, owner=heartbeat_owner())
-    except Deferred as exc:
-        # The provider's breaker is open: run again after its cool-down, no attempt spent.
-        raise self.defer(exc) from exc
+    return _send(self, invoice_id=invoice_id)
 
 
 @shared_task(
@@ -46,9 +62,4 @@ def resend_invoice_email(self: ReliableTask, delivery_id: int, outbox_id: int | 
     delivery = EmailDelivery.objects.filter(pk=delivery_id).first()
     if delivery is None:
         raise PermanentError(f"email delivery {delivery_id} does not exist")
-    try:
-        return services.invoice_email_send(
-            invoice_id=delivery.invoice_id, owner=heartbeat_owner(), key=delivery.key
-        )
-    except Deferred as exc:
-        raise self.defer(exc) from exc
+    return _send(self, invoice_id=delivery.invoice_id, key=delivery.key)

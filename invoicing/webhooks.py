@@ -1,5 +1,5 @@
 """The webhook events invoicing acts on: ``invoice.paid`` and ``invoice.payment_succeeded``
-(registered in ``InvoicingConfig.ready``; see ``webhooks.events``).
+(``webhook_handler``; see ``webhooks.events``).
 
 ``invoice_parse`` reads the invoice object of such an event before anything is stored: an id
 that is not printable text is refused (400), since we could not key on it; every free-text
@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from invoicing.services import InvoiceData, invoice_record_payment
-from webhooks.events import Event, WebhookRejected
+from webhooks.events import Event, WebhookRejected, webhook_handler
 from webhooks.stripe import field_epoch, field_int, field_text, name_valid
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ def invoice_parse(obj: Any) -> InvoiceData:
     )
 
 
+@webhook_handler(*PAYMENT_EVENT_TYPES, parse=invoice_parse)
 def invoice_payment_apply(data: InvoiceData, event: Event) -> None:
     invoice = invoice_record_payment(data=data, provider_time=event.created)
     logger.info(

@@ -1,9 +1,9 @@
 """Who is asking: the client address every per-client decision uses, whether the request came
 over HTTPS, and the username a login attempt names.
 
-One rule for the whole application (the webhook throttle, the ``/metrics`` allow-list, the
-admin login limit): a request whose peer (``REMOTE_ADDR``, the socket's) is not one of
-``TRUSTED_PROXIES`` comes from that peer, whatever its ``X-Forwarded-For`` says. From a trusted
+One rule for the whole application (the ``/metrics`` allow-list, the admin login limit): a
+request whose peer (``REMOTE_ADDR``, the socket's) is not one of ``TRUSTED_PROXIES`` comes from
+that peer, whatever its ``X-Forwarded-For`` says. From a trusted
 proxy, ``X-Forwarded-For`` is read from the right, skipping the entries that are trusted
 proxies themselves (nginx's ``real_ip_recursive``): the first that is not is the client, and
 with every entry trusted, the leftmost. Everything left of the client's entry is whatever the

@@ -2,7 +2,7 @@
 
 The guarantees this application demonstrates are built on PostgreSQL (INSERT ... ON CONFLICT,
 advisory locks, FOR UPDATE SKIP LOCKED) and on Redis (the broker, and Lua scripts for the
-circuit breaker and the throttle). A fallback to SQLite and a file-system broker would run a
+circuit breaker). A fallback to SQLite and a file-system broker would run a
 second code path with weaker guarantees, so the demo would show something the application does
 not do. The fallback runs the same engines, embedded in the demo instead:
 

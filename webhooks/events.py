@@ -1,18 +1,19 @@
 """What a verified webhook event is, and which app acts on each event type.
 
-``webhooks`` verifies, throttles, stores once and dispatches; what an event *means* belongs to
-the app that handles its type, which this app does not name. An app registers a handler per
-event type with ``handler_register`` from its ``AppConfig.ready()``:
+``webhooks`` verifies, stores once and dispatches; what an event *means* belongs to
+the app that handles its type, which this app does not name. An app declares a handler for
+its event types where it defines it: ``@webhook_handler("invoice.paid", parse=...)`` on the
+function that applies them.
 
 * ``parse`` reads the event's ``data.object`` into what ``apply`` needs, before anything is
   stored, and raises ``WebhookRejected`` (a 400, nothing stored) for an object it cannot act on;
-* ``apply`` acts on it inside the transaction that stores the event, so the event row and its
-  effect commit together or not at all; it must be idempotent, since a reprocess applies a
+* the decorated ``apply`` acts on it inside the transaction that stores the event, so the event row
+  and its effect commit together or not at all; it must be idempotent, since a reprocess applies a
   stored event again.
 
 An event type with a handler is one this endpoint acts on: it is stored as ``processed`` and is
 essential under backpressure. Any other type is stored as ``ignored`` and shed first. Adding an
-event type is one handler and its registration.
+event type is one decorated function (``invoicing/webhooks.py`` shows one).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 
 class WebhookRejected(Exception):
@@ -52,17 +53,20 @@ class Handler:
 
 
 _handlers: dict[str, Handler] = {}
+Apply = TypeVar("Apply", bound=Callable[[Any, Event], None])
 
 
-def handler_register(
-    event_type: str,
-    *,
-    parse: Callable[[Any], Any],
-    apply: Callable[[Any, Event], None],
-) -> None:
-    """Act on events of ``event_type`` (or replace its handler): ``parse(data.object)`` when
-    the event is read, ``apply(parsed, event)`` in the transaction that stores it."""
-    _handlers[event_type] = Handler(parse=parse, apply=apply)
+def webhook_handler(*event_types: str, parse: Callable[[Any], Any]) -> Callable[[Apply], Apply]:
+    """Act on events of ``event_types`` (replacing any handler they had): ``parse(data.object)``
+    when the event is read, the decorated ``apply(parsed, event)`` in the transaction that
+    stores it."""
+
+    def declare(apply: Apply) -> Apply:
+        for event_type in event_types:
+            _handlers[event_type] = Handler(parse=parse, apply=apply)
+        return apply
+
+    return declare
 
 
 def handler_for(event_type: str) -> Handler | None:

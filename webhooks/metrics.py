@@ -10,8 +10,8 @@ from prometheus_client import Counter
 
 WEBHOOK_DELIVERIES = Counter(
     "invoicing_webhook_deliveries",
-    "Webhook deliveries by outcome: accepted, duplicate, rejected (reason: why), throttled, "
-    "shed (reason: backpressure level), unavailable (database down).",
+    "Webhook deliveries by outcome: accepted, duplicate, rejected (reason: why), shed"
+    " (reason: backpressure level), unavailable (database down).",
     ["outcome", "reason"],
 )
 

@@ -1,5 +1,4 @@
-"""How long webhook deliveries are kept (rules of ``asyncwork.retention``, declared in
-``WebhooksConfig.ready``).
+"""How long webhook deliveries are kept (rules of ``asyncwork.retention``).
 
 The raw body and headers of every event go after ``WEBHOOK_BODY_RETENTION_DAYS``, whatever its
 state: they hold personal data, and the row without them still answers for deduplication. A
@@ -13,10 +12,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from asyncwork.retention import batched_delete, batched_update
+from asyncwork.retention import batched_delete, batched_update, retention_rule
 from webhooks.models import WebhookEvent
 
 
+# Declared first, so run first: an event past both retentions is cleared, then deleted.
+@retention_rule("webhook_bodies_cleared")
 def webhook_bodies_clear(now: datetime, batch: int) -> int:
     uncleared = WebhookEvent.objects.filter(
         received_at__lt=now - timedelta(days=settings.WEBHOOK_BODY_RETENTION_DAYS),
@@ -25,6 +26,7 @@ def webhook_bodies_clear(now: datetime, batch: int) -> int:
     return batched_update(uncleared, batch=batch, body="", headers={}, body_cleared_at=now)
 
 
+@retention_rule("webhook_events")
 def webhook_events_purge(now: datetime, batch: int) -> int:
     done = WebhookEvent.objects.filter(
         received_at__lt=now - timedelta(days=settings.WEBHOOK_RETENTION_DAYS),

@@ -1,4 +1,4 @@
-"""POST /webhooks/stripe/: throttle, verify, shed under backpressure, store once, answer; the
+"""POST /webhooks/stripe/: verify, shed under backpressure, store once, answer; the
 email is someone else's job.
 
 Every answer other than 200 stores nothing; a 200 is sent only after the event committed."""
@@ -21,7 +21,6 @@ from webhooks.events import Event, WebhookRejected
 from webhooks.metrics import webhook_delivery_count
 from webhooks.services import KEPT_HEADERS, webhook_event_record
 from webhooks.stripe import event_parse, signature_verify
-from webhooks.throttle import webhook_throttle_wait
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +35,10 @@ def _reject(reason: str, status: int) -> JsonResponse:
     return response
 
 
-def _retry_later(error: str, *, status: int = 503, seconds: int | None = None) -> JsonResponse:
+def _retry_later(error: str) -> JsonResponse:
     """Not taken, nothing stored: the provider is to deliver it again later."""
-    response = JsonResponse({"error": error}, status=status)
-    response["Retry-After"] = str(seconds or settings.WEBHOOK_RETRY_AFTER_SECONDS)
+    response = JsonResponse({"error": error}, status=503)
+    response["Retry-After"] = str(settings.WEBHOOK_RETRY_AFTER_SECONDS)
     return response
 
 
@@ -48,11 +47,6 @@ class StripeWebhookView(View):
     http_method_names = ["post"]
 
     def post(self, request: HttpRequest) -> JsonResponse:
-        # Before the body is read or verified: a flood is refused at the cost of one counter.
-        wait = webhook_throttle_wait(request=request)
-        if wait is not None:
-            webhook_delivery_count("throttled")
-            return _retry_later("rate limited", status=429, seconds=wait)
         limit = settings.WEBHOOK_MAX_BODY_BYTES
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)

@@ -193,11 +193,10 @@ def test_a_check_past_the_deadline_fails_within_the_deadline(
 ) -> None:
     settings.HEALTH_TIMEOUT_SECONDS = 0.5
 
+    @health.health_check("slow")
     def slow() -> dict[str, Any]:
         time.sleep(3)
         return {"status": "ok"}
-
-    health.register_check("slow", slow)
 
     started = time.monotonic()
     response = monitor.get(HEALTH_URL)
@@ -212,11 +211,9 @@ def test_a_check_past_the_deadline_fails_within_the_deadline(
 def test_a_registered_provider_replaces_the_built_in_one(
     monitor: Client, extra_checks: None
 ) -> None:
-    health.register_check(
-        "breaker", lambda: {"status": "degraded", "state": "open"}, critical=False
-    )
-    health.register_check("beat", lambda: {"never": 1 / 0}, critical=False)  # one that raises
-    health.register_check("odd", lambda: {"status": "ok", "figure": object()}, critical=False)
+    health.health_check("breaker", critical=False)(lambda: {"status": "degraded", "state": "open"})
+    health.health_check("beat", critical=False)(lambda: {"never": 1 / 0})  # one that raises
+    health.health_check("odd", critical=False)(lambda: {"status": "ok", "figure": object()})
 
     response = monitor.get(HEALTH_URL)
 
@@ -281,13 +278,13 @@ def test_concurrent_anonymous_callers_share_one_run_of_the_checks(
     runs: list[float] = []
     runs_lock = threading.Lock()
 
+    @health.health_check("counted", critical=False)
     def counted() -> dict[str, Any]:
         with runs_lock:
             runs.append(time.monotonic())
         time.sleep(0.3)  # long enough for every caller to arrive while it runs
         return {"status": "ok"}
 
-    health.register_check("counted", counted, critical=False)
     callers = 16
     barrier = threading.Barrier(callers)
     answers: list[tuple[int, Any]] = []

@@ -21,11 +21,11 @@ from asyncwork.probes import (
     Figure,
     bounded,
     breaker_probe,
+    dashboard_probe,
     dlq_probe,
     outbox_probe,
     probes_read,
     queues_probe,
-    register_probe,
     scheduled_jobs_probe,
 )
 from core.celery import app
@@ -163,10 +163,10 @@ def test_registered_probes_are_read_in_order_each_bounded_and_a_failure_hides_no
     def counted(n: int) -> list[Figure]:
         return [Figure("n", str(n))]
 
-    register_probe("outbox", outbox_probe, title="Outbox", figures=counted_outbox, database=True)
-    register_probe("slow", slow, title="Slow", figures=counted, database=True)
-    register_probe("dlq", dlq_probe, title="DLQ", figures=counted_dlq, database=True)
-    register_probe("breaker", breaker, title="Breaker", figures=breaker_state, database=False)
+    dashboard_probe("outbox", outbox_probe, title="Outbox", database=True)(counted_outbox)
+    dashboard_probe("slow", slow, title="Slow", database=True)(counted)
+    dashboard_probe("dlq", dlq_probe, title="DLQ", database=True)(counted_dlq)
+    dashboard_probe("breaker", breaker, title="Breaker", database=False)(breaker_state)
 
     readings = {reading.name: reading for reading in probes_read()}
 

@@ -448,7 +448,6 @@ def test_scope_and_link_settings_are_read_and_normalised() -> None:
         ("ADMIN_LOGIN_FAILURE_LIMIT", "0", "ADMIN_LOGIN_FAILURE_LIMIT and"),
         ("ADMIN_LOGIN_COOLOFF_SECONDS", "0", "ADMIN_LOGIN_COOLOFF_SECONDS must be"),
         ("HEALTH_CACHE_SECONDS", "-1", "HEALTH_CACHE_SECONDS must be 0 or more"),
-        ("WEBHOOK_THROTTLE_BATCH", "0", "WEBHOOK_THROTTLE_BATCH must be 1 or more"),
         ("WORKER_HEARTBEAT_SECONDS", "0", "WORKER_HEARTBEAT_SECONDS must be more than 0"),
         ("WORKER_HEARTBEAT_LAPSE_SECONDS", "5", "at least three heartbeats"),
     ],

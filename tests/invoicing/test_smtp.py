@@ -1,4 +1,4 @@
-"""``invoicing.smtp.EmailBackend`` against a real SMTP server (aiosmtpd) with and without SMTPUTF8:
+"""``invoicing.mail.EmailBackend`` against a real SMTP server (aiosmtpd) with and without SMTPUTF8:
 an address with a UTF-8 local part goes out as written, with SMTPUTF8, or not at all; every
 other message takes Django's own path."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.mail import EmailMultiAlternatives, get_connection
 
-from invoicing.smtp import address_spec, needs_smtputf8
+from invoicing.mail import address_spec, needs_smtputf8
 from stack.smtp import SmtpServer
 
 # Longer than a header line (78): the header is refolded on the way out.
@@ -35,7 +35,7 @@ def server_ascii() -> Iterator[SmtpServer]:
 
 def send(server: SmtpServer, message: EmailMultiAlternatives, **options: Any) -> int:
     connection = get_connection(
-        "invoicing.smtp.EmailBackend", host="127.0.0.1", port=server.port, timeout=10, **options
+        "invoicing.mail.EmailBackend", host="127.0.0.1", port=server.port, timeout=10, **options
     )
     return connection.send_messages([message])
 

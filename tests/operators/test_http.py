@@ -1,7 +1,7 @@
 """The client address (``operators.http.client_address``), and the admin login limit that keys on
 it: django-axes through the real admin login form, PostgreSQL holding the attempts. Through real
 gunicorn behind a trusted proxy: a client reaching it around the proxy is one client to the
-webhook throttle, the login limit and the /metrics allow-list, however it rotates
+login limit and the /metrics allow-list, however it rotates
 X-Forwarded-For."""
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ import pytest
 from axes.models import AccessAttempt
 from django.conf import settings as django_settings
 from django.contrib.auth import SESSION_KEY, get_user_model
-from django.core.cache import cache
 from django.test import Client, RequestFactory
 
 from operators.http import client_address
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST
+from tests.helpers.addresses import a_loopback_address, an_address
 from tests.helpers.http import Answer, send
 from tests.helpers.processes import worker_env
-from tests.helpers.throttle import a_loopback_address, an_address, fresh_window
 
 pytestmark = pytest.mark.django_db
 
@@ -214,7 +213,7 @@ def test_hostile_login_input_is_a_form_error_never_a_500(
 
 PROXY = HOST  # the trusted proxy connects from 127.0.0.1
 INNER_PROXIES = "192.0.2.0/24"  # proxies further out, trusted too (recursive skipping)
-GUNICORN_LIMIT = 3  # webhooks per minute and address, and login failures per address
+GUNICORN_LIMIT = 3  # login failures per address
 
 through_gunicorn = pytest.mark.django_db(transaction=True)
 
@@ -226,19 +225,12 @@ def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     env = worker_env(
         0,
         TRUSTED_PROXIES=f"{PROXY}/32,{INNER_PROXIES}",
-        WEBHOOK_THROTTLE_RATE=f"{GUNICORN_LIMIT}/min",
         ADMIN_LOGIN_FAILURE_LIMIT=str(GUNICORN_LIMIT),
         METRICS_ALLOWED_NETWORKS=f"{PROXY}/32",
     )
     log = tmp_path_factory.mktemp("proxies") / "gunicorn.log"
     with launch.gunicorn(env, config=GunicornConfig(workers=2), log=log) as server:
         yield server.port
-
-
-def webhook_from(port: int, source: str, forwarded: str) -> int:
-    """An unsigned webhook: the throttle answers before the body is read (429), and a request
-    it lets in is refused after it (400)."""
-    return send(port, source=source, body=b"{}", headers={"X-Forwarded-For": forwarded}).status
 
 
 def log_in_from(port: int, source: str, password: str, forwarded: str | None = None) -> Answer:
@@ -256,24 +248,6 @@ def log_in_from(port: int, source: str, password: str, forwarded: str | None = N
     if forwarded is not None:
         headers["X-Forwarded-For"] = forwarded
     return send(port, source=source, path=LOGIN, body=urlencode(form).encode(), headers=headers)
-
-
-@through_gunicorn
-def test_a_client_around_the_proxy_is_one_client_to_the_webhook_throttle(app: int) -> None:
-    around = a_loopback_address()
-    over_the_limit = [400] * GUNICORN_LIMIT + [429]
-    fresh_window(margin=10)
-    rotating = [webhook_from(app, around, an_address()) for _ in range(GUNICORN_LIMIT + 1)]
-    assert rotating == over_the_limit
-    # Counted under the peer's address, the one the header could not replace.
-    assert cache.get(f"throttle_webhook_{around}_{int(time.time() // 60)}") > GUNICORN_LIMIT
-
-    # From the trusted proxy, each forwarded address has a limit of its own.
-    first, second = an_address(), an_address()
-    assert [webhook_from(app, PROXY, first) for _ in range(GUNICORN_LIMIT + 1)] == over_the_limit
-    assert webhook_from(app, PROXY, second) == 400
-    # What a client wrote before the proxy's entry does not buy it a new limit.
-    assert webhook_from(app, PROXY, f"{an_address()}, {first}") == 429
 
 
 @through_gunicorn

@@ -34,13 +34,13 @@ def applied() -> Iterator[list[tuple[str, Any]]]:
             raise WebhookRejected("data.object.email is missing")
         return str(obj["email"])
 
+    @events.webhook_handler(TYPE, parse=parse)
     def apply(email: str, event: Event) -> None:
         assert connection.in_atomic_block  # inside the transaction that stores the event
         seen.append((event.id, email))
         if email == "fails@example.com":
             raise RuntimeError("the handler failed")
 
-    events.handler_register(TYPE, parse=parse, apply=apply)
     try:
         yield seen
     finally:
@@ -109,5 +109,5 @@ def test_a_handled_type_is_essential_under_backpressure(
         unhandled = customer_event("shed@example.com")
         assert post_event(client, stripe_testing.encode(unhandled)).status_code == 503
     finally:
-        events.handler_register(TYPE, parse=str, apply=lambda data, event: None)
+        events.webhook_handler(TYPE, parse=str)(lambda data, event: None)
     assert list(WebhookEvent.objects.values_list("event_id", flat=True)) == [handled["id"]]

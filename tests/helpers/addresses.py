@@ -1,21 +1,13 @@
-"""Counting windows of the webhook throttle without meeting other tests' counts."""
+"""Client addresses of a test's own, so that per-address counts of other tests never meet it."""
 
 from __future__ import annotations
 
 import secrets
-import time
 
 
 def an_address() -> str:
     """An address of this test's own: counters from other tests never meet it."""
     return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
-
-
-def fresh_window(seconds: int = 60, margin: float = 3.0) -> None:
-    """Start the test clear of a window boundary, so the window does not roll over mid-test."""
-    left = seconds - time.time() % seconds
-    if left < margin:
-        time.sleep(left + 0.05)
 
 
 def a_loopback_address() -> str:

@@ -1,0 +1,102 @@
+"""The hot path as docs/design.md lists it ("The hot path") is the code's: at most 10 application
+modules from the webhook view to the SMTP server, each step's functions defined where the list
+says, and each crossing one "go to definition" can follow (an import of the module), or one of
+the two declared ones, checked here: the event's handler (``@webhook_handler``) and the email
+task's one name."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT = 10
+STEP = re.compile(r"^\d+\. `(?P<file>[\w/]+\.py)`: (?P<names>.+?)(?: \((?P<how>[^)]*)\))?$")
+
+
+def steps() -> list[tuple[str, list[str], str]]:
+    text = (ROOT / "docs/design.md").read_text()
+    listed = text.split("<!-- hot-path:start -->")[1].split("<!-- hot-path:end -->")[0]
+    found = []
+    for line in listed.strip().splitlines():
+        match = STEP.match(line)
+        assert match, line
+        names = re.findall(r"`([\w.]+)`", match["names"])
+        found.append((match["file"], names, match["how"] or ""))
+    return found
+
+
+def tree(file: str) -> ast.Module:
+    return ast.parse((ROOT / file).read_text())
+
+
+def defined(file: str) -> set[str]:
+    """Every function and class of ``file``, with ``Class.method`` for methods."""
+    names: set[str] = set()
+    for node in tree(file).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names |= {
+                f"{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, ast.FunctionDef)
+            }
+    return names
+
+
+def imports(file: str) -> set[str]:
+    """The application modules ``file`` imports, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(tree(file)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def module(file: str) -> str:
+    return file.removesuffix(".py").replace("/", ".")
+
+
+def test_the_hot_path_crosses_at_most_ten_modules_each_by_a_crossing_one_can_follow() -> None:
+    path = steps()
+    files = [file for file, _, _ in path]
+    assert files[0] == "webhooks/views.py"
+    assert "EmailBackend" in path[-1][1]
+    assert len(set(files)) <= LIMIT, files
+
+    for index, (file, names, how) in enumerate(path):
+        missing = set(names) - defined(file)
+        assert not missing, f"{file} defines no {missing}"
+        if index == 0:
+            continue
+        origins = [int(n) - 1 for n in re.findall(r"\d+", how)] or [index - 1]
+        for origin in origins:
+            source = files[origin]
+            if how.startswith("import"):
+                assert module(file) in imports(source), f"{source} does not import {file}"
+            elif how.startswith("the handler"):
+                assert "webhooks.events.webhook_handler" in imports(file), file
+            elif how.startswith("the task name"):
+                # Published by name from the service the step before came from; the task takes
+                # the very constant as its name.
+                task = "SEND_INVOICE_EMAIL_TASK"
+                assert re.search(rf"name=services\.{task}\b", (ROOT / file).read_text())
+                assert re.search(rf"task={task}\b", (ROOT / files[origin - 1]).read_text())
+            else:
+                raise AssertionError(f"step {index + 1}: no crossing named ({how!r})")
+
+
+def test_the_email_task_s_name_is_declared_once() -> None:
+    literal = '"invoicing.send_invoice_email"'
+    holders = [
+        str(path.relative_to(ROOT))
+        for app in ("core", "asyncwork", "operators", "invoicing", "webhooks")
+        for path in (ROOT / app).rglob("*.py")
+        if "migrations" not in path.parts and literal in path.read_text()
+    ]
+    assert holders == ["invoicing/services.py"]
