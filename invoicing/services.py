@@ -59,6 +59,11 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
+# Seconds a worker process trusts a read of the breaker closed with no failure counted: one
+# Redis read per second while it is closed, not two round trips per email; another process's
+# opening of it is seen up to this late.
+BREAKER_CHECK_SECONDS = 1.0
+
 # The queue the email tasks are routed to (apps.py), a worker's alone if it is started with -Q.
 EMAIL_QUEUE = "email"
 # The queue of the emails a safety net enqueues again (a rescue, the recovery, the reconcile:
@@ -294,7 +299,7 @@ def email_breaker() -> Breaker:
         # A probe whose worker died frees the probe once the task's hard limit has passed.
         probe_ttl_seconds=settings.EMAIL_TASK_TIME_LIMIT + 10,
         # One Redis read per window while it is closed, not two round trips per email.
-        check_seconds=settings.EMAIL_BREAKER_CHECK_SECONDS,
+        check_seconds=BREAKER_CHECK_SECONDS,
     )
 
 

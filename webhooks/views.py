@@ -25,6 +25,10 @@ from webhooks.throttle import webhook_throttle_wait
 
 logger = logging.getLogger(__name__)
 
+# What the provider is told to wait before retrying a delivery we cannot take: Stripe retries
+# on its own schedule anyway; this spaces out any other sender.
+RETRY_AFTER_SECONDS = 30
+
 
 def _reject(reason: str, status: int) -> JsonResponse:
     webhook_delivery_count("rejected", reason)
@@ -39,7 +43,7 @@ def _reject(reason: str, status: int) -> JsonResponse:
 def _retry_later(error: str, *, status: int = 503, seconds: int | None = None) -> JsonResponse:
     """Not taken, nothing stored: the provider is to deliver it again later."""
     response = JsonResponse({"error": error}, status=status)
-    response["Retry-After"] = str(seconds or settings.WEBHOOK_RETRY_AFTER_SECONDS)
+    response["Retry-After"] = str(seconds or RETRY_AFTER_SECONDS)
     return response
 
 
