@@ -3,9 +3,9 @@ the PostgreSQL advisory lock ``beat-leader``.
 
 Start as many ``celery -A core beat`` as you like (a deploy overlap starts two anyway): the
 first to take the lock dispatches; the others stay on standby, dispatch nothing, and try the
-lock every ``BEAT_STANDBY_POLL_SECONDS``. The lock is held on a connection of its own (with
+lock every ``STANDBY_POLL_SECONDS``. The lock is held on a connection of its own (with
 TCP keepalives), so it is released the moment the leader's process dies and PostgreSQL sees
-its socket close; a standby takes over at its next poll: **within BEAT_STANDBY_POLL_SECONDS
+its socket close; a standby takes over at its next poll: **within STANDBY_POLL_SECONDS
 (5 s) of the leader's death**, or within about 20 s more if the leader's host vanished
 without closing the connection (the server's keepalives on that session: 5 s idle + 3 probes
 5 s apart). A leader that
@@ -28,7 +28,6 @@ import socket
 from typing import Any
 
 import psycopg
-from django.conf import settings
 from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError
@@ -38,6 +37,10 @@ from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, 
 from asyncwork.recovery import BrokerWatch
 
 logger = logging.getLogger(__name__)
+
+# A standby beat tries the leader lock this often (and the leader checks the broker's run id
+# and its own reconnects as often): the bound on a takeover, for one query per poll.
+STANDBY_POLL_SECONDS = 5.0
 
 LEADER_LOCK = "beat-leader"
 
@@ -131,7 +134,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 logger.warning("beat lost the leader lock: standing by")
                 self._leading = False
                 self._database_lost = True
-            return float(settings.BEAT_STANDBY_POLL_SECONDS)
+            return STANDBY_POLL_SECONDS
         try:
             if not self._leading:
                 # A fresh connection: the old one may have died with a PostgreSQL restart.
@@ -147,13 +150,13 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 self._database_lost = False
             if self._broker_restarted and _recover(BROKER_RESTARTED):
                 self._broker_restarted = False
-            return float(min(super().tick(*args, **kwargs), settings.BEAT_STANDBY_POLL_SECONDS))
+            return float(min(super().tick(*args, **kwargs), STANDBY_POLL_SECONDS))
         except DatabaseError as exc:
             # PostgreSQL restarting: do not die (nothing would run the jobs); try again soon.
             logger.warning("beat could not reach the database (%s); retrying", exc)
             connection.close()
             self._database_lost = True
-            return float(settings.BEAT_STANDBY_POLL_SECONDS)
+            return STANDBY_POLL_SECONDS
 
     def close(self) -> None:
         super().close()

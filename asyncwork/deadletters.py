@@ -38,6 +38,9 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
+# The dead-letter alert repeats at most once an hour while letters wait: seen, not spam.
+ALERT_PERIOD_SECONDS = 3600
+
 
 def dead_letter_record(
     *,
@@ -199,7 +202,7 @@ def dlq_alert() -> int:
     at most once per period. Returns the depth."""
     depth = dlq_depth()
     if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
-        "dlq-alert-sent", depth, timeout=settings.DLQ_ALERT_PERIOD_SECONDS
+        "dlq-alert-sent", depth, timeout=ALERT_PERIOD_SECONDS
     ):
         logger.error(
             "DLQ depth %d has reached the alert threshold %d",

@@ -51,6 +51,10 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
+# Rows one relay batch publishes: big enough to drain a backlog quickly, small enough that a
+# batch's transaction stays short.
+RELAY_BATCH_SIZE = 200
+
 # Counted where the publish happens (the web process, the workers); served by /metrics and the
 # workers' metrics port (asyncwork.metrics). Labelled: importing this writes nothing.
 OUTBOX_PUBLISH_LATENCY = Histogram(
@@ -260,14 +264,14 @@ def outbox_publish(
         rows = rows.filter(
             Q(due_at__isnull=True, created_at__lt=now - older_than) | Q(due_at__lte=now)
         )
-    return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
+    return _publish(rows, limit=limit or RELAY_BATCH_SIZE)
 
 
 def outbox_publish_due(*, limit: int | None = None) -> int:
     """Publish the scheduled rows that have come due (a retry's backoff or a deferral's
     cool-down is over); returns how many. Concurrent callers split the rows between them."""
     rows = OutboxMessage.objects.filter(published_at__isnull=True, due_at__lte=timezone.now())
-    return _publish(rows, limit=limit or settings.OUTBOX_RELAY_BATCH_SIZE)
+    return _publish(rows, limit=limit or RELAY_BATCH_SIZE)
 
 
 OUTBOX_REPUBLISH = "outbox.republish"
@@ -384,7 +388,7 @@ def outbox_relay(
     """Publish rows left unpublished past the grace period, batch by batch. Safe to run twice,
     and concurrently: each batch takes only rows no other relay holds."""
     grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
-    batch_size = batch_size or settings.OUTBOX_RELAY_BATCH_SIZE
+    batch_size = batch_size or RELAY_BATCH_SIZE
     total = 0
     for _ in range(max_batches):
         count = outbox_publish(older_than=grace, limit=batch_size)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -23,6 +22,9 @@ from asyncwork.jobs import job
 from asyncwork.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
+
+# Days a published outbox row is kept: long enough to trace a recent email's publish.
+OUTBOX_RETENTION_DAYS = 7
 
 # now, batch size -> rows purged
 Rule = Callable[[datetime, int], int]
@@ -69,8 +71,8 @@ def retention_purge(*, batch: int = 5000) -> dict[str, int]:
 
 @retention_rule("outbox_messages")
 def outbox_messages_purge(now: datetime, batch: int) -> int:
-    """Published outbox rows older than ``OUTBOX_RETENTION_DAYS``."""
+    """Published outbox rows older than ``OUTBOX_RETENTION_DAYS`` (a week)."""
     published = OutboxMessage.objects.filter(
-        published_at__lt=now - timedelta(days=settings.OUTBOX_RETENTION_DAYS)
+        published_at__lt=now - timedelta(days=OUTBOX_RETENTION_DAYS)
     )
     return batched_delete(published, batch=batch)

@@ -3,11 +3,10 @@
 A job's retry or deferral waits as an outbox row with a due time (``asyncwork.tasks``,
 ``asyncwork.outbox.outbox_schedule``). A thread in each worker's main process (a worker
 bootstep, added in ``core.celery``) publishes the rows that have come due, every
-``OUTBOX_DUE_POLL_SECONDS``: one indexed query when none is due. Many workers poll at once
+``DUE_POLL_SECONDS``: one indexed query when none is due. Many workers poll at once
 and split the rows between them (``FOR UPDATE SKIP LOCKED``), so the retries go out as long as
 any worker runs, and a worker that dies takes no waiting retry with it. The relay job
-publishes any row the polls missed. ``OUTBOX_DUE_POLL_SECONDS=0`` turns the poll off (the relay
-alone then publishes due rows, every 15 s).
+publishes any row the polls missed.
 """
 
 from __future__ import annotations
@@ -16,11 +15,14 @@ import logging
 from typing import Any
 
 from celery import bootsteps
-from django.conf import settings
 
 from asyncwork.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
+
+# Each worker publishes the rows come due this often: a retry waits its backoff to within a
+# second, for one indexed query a second when none is due.
+DUE_POLL_SECONDS = 1.0
 
 
 class DuePoll(PeriodicThread):
@@ -57,10 +59,8 @@ class OutboxDuePoll(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
 
     def start(self, parent: Any) -> None:
-        interval = float(settings.OUTBOX_DUE_POLL_SECONDS)
-        if interval > 0:
-            self.poll = DuePoll(interval=interval)
-            self.poll.start()
+        self.poll = DuePoll(interval=DUE_POLL_SECONDS)
+        self.poll.start()
 
     def stop(self, parent: Any) -> None:
         if self.poll is not None:

@@ -371,8 +371,7 @@ def stack_env(
     on loopback, the run's database, broker prefix and SMTP server, then ``settings``."""
     return {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "core.settings",
-        "DJANGO_ROOT_URLCONF": "bench.urls",
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "DJANGO_SECURE_SSL_REDIRECT": "0",

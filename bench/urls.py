@@ -1,5 +1,5 @@
 """The project's URLs plus the benchmarks' own views, served with
-``DJANGO_ROOT_URLCONF=bench.urls`` by the same gunicorn, settings and middleware as the webhook:
+``bench.settings`` by the same gunicorn, settings and middleware as the webhook:
 
 * ``POST /bench/noop/``: the baseline every ingest figure is compared with, so the difference
   between the two is the webhook's own work;

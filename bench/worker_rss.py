@@ -19,6 +19,7 @@ end every event must have produced exactly one email and no dead letter.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -148,7 +149,8 @@ def measure(options: Options, prefix: str) -> dict[str, Any]:
     run = run_config("worker_rss", prefix, options)
     settings = dict(NO_LIMITS)
     if options.max_tasks_per_child is not None:
-        settings["CELERY_WORKER_MAX_TASKS_PER_CHILD"] = str(options.max_tasks_per_child)
+        limit = {"CELERY_WORKER_MAX_TASKS_PER_CHILD": options.max_tasks_per_child}
+        settings["BENCH_SETTINGS"] = json.dumps(limit)
     with backend(run, settings=settings) as stack, serving(stack) as server:
         with Sampler(stack, options.interval) as sampler:
             started = time.perf_counter()

@@ -1,11 +1,11 @@
 """The two profiles (the full run and the CI run), the two arms, and the application's
 environment for a chaos run.
 
-Timing is scaled down so a run takes minutes, keeping every relation ``core.settings``
-validates (visibility > longest countdown + task time limit; lease > task time limit), and the
-beat intervals are shortened in the chaos database after ``setup_periodic_tasks`` (data, not
-code): the outbox relay and the rescue by heartbeat every 5 s, claim recovery every 10 s,
-reconcile every 15 s.
+Timing is scaled down so a run takes minutes (chaos/settings.py), keeping the relations
+core/settings.py names (visibility > longest countdown + task time limit; lease > task time
+limit), and the beat intervals are shortened in the chaos database after
+``setup_periodic_tasks`` (data, not code): the outbox relay and the rescue by heartbeat every
+5 s, claim recovery every 10 s, reconcile every 15 s.
 """
 
 from __future__ import annotations
@@ -32,19 +32,22 @@ from stack.smtp import IN_WINDOW, OUTSIDE, Faults
 SAFE = "safe"
 CONTROL = "control"
 
-# Scaled-down timing, the same in both arms.
+# Scaled-down timing, the same in both arms: Django settings (chaos/settings.py)...
 TIMING = {
-    "CELERY_VISIBILITY_TIMEOUT": "30",
-    "EMAIL_CLAIM_LEASE_SECONDS": "15",
-    "EMAIL_TASK_TIME_LIMIT": "10",
-    "EMAIL_TASK_SOFT_TIME_LIMIT": "8",
-    "CELERY_TASK_TIME_LIMIT": "20",
-    "CELERY_TASK_SOFT_TIME_LIMIT": "15",
+    "CELERY_VISIBILITY_TIMEOUT": 30,
+    "EMAIL_CLAIM_LEASE_SECONDS": 15,
+    "EMAIL_TASK_TIME_LIMIT": 10,
+    "EMAIL_TASK_SOFT_TIME_LIMIT": 8,
+    "CELERY_TASK_TIME_LIMIT": 20,
+    "CELERY_TASK_SOFT_TIME_LIMIT": 15,
+    "RECONCILE_QUIET_SECONDS": 40,
+    "OUTBOX_RELAY_GRACE_SECONDS": 2,
+}
+# ...and operator settings (the environment).
+TIMING_ENV = {
     "EMAIL_RETRY_BACKOFF_BASE": "1",
     "EMAIL_RETRY_BACKOFF_MAX": "4",
-    "RECONCILE_QUIET_SECONDS": "40",
-    "OUTBOX_RELAY_GRACE_SECONDS": "2",
-    # A deferral waits up to twice this; the settings require 2 x 5 + 10 < 30.
+    # A deferral waits up to twice this: 2 x 5 + 10 < 30, the visibility timeout.
     "EMAIL_BREAKER_RESET_SECONDS": "5",
 }
 # kombu's restore sweep for unacknowledged messages (core.settings, not configurable).
@@ -194,7 +197,7 @@ def app_env(
     return {
         **inherited,
         "PYTHONUNBUFFERED": "1",
-        "DJANGO_SETTINGS_MODULE": "core.settings",
+        "DJANGO_SETTINGS_MODULE": "chaos.settings",
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "STRIPE_WEBHOOK_SECRET": "whsec_" + secrets.token_hex(24),
@@ -205,7 +208,7 @@ def app_env(
         "LOG_LEVEL": "WARNING",
         "EMAIL_HOST": smtp_host,
         "EMAIL_PORT": str(smtp_port),
-        **TIMING,
+        **TIMING_ENV,
     }
 
 
@@ -232,4 +235,4 @@ def smtp_faults() -> Faults:
 
 
 def worker_settings(arm: str) -> str:
-    return "core.settings" if arm == SAFE else "chaos.unsafe_settings"
+    return "chaos.settings" if arm == SAFE else "chaos.unsafe_settings"

@@ -99,7 +99,7 @@ HOLD_SECONDS = 3.0
 HOLD_WAIT = 30.0
 BEFORE_CUT = 5.0  # seconds before a cut in which a message accepted may not have been marked
 FLAP_DOWN, FLAP_UP = 2.0, 3.0
-BEAT_POLL = 5  # BEAT_STANDBY_POLL_SECONDS (the application's default)
+BEAT_POLL = 5  # asyncwork.beat.STANDBY_POLL_SECONDS
 
 
 @contextlib.contextmanager

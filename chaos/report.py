@@ -547,7 +547,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "worker_concurrency": profile.concurrency,
             "worker_settings": config.worker_settings(inputs.arm),
             "gunicorn_workers": profile.web_workers,
-            "timing_env": config.TIMING,
+            "timing_env": {**config.TIMING, **config.TIMING_ENV},
             "safety_nets_off": list(inputs.without),
             "periodic_tasks": inputs.schedules,
             "fault_plan": [

@@ -75,7 +75,7 @@ def _one(
             worker = stack.start_worker(
                 f"scale-{workers}w{webs}-{host}",
                 concurrency=2,
-                settings_module="core.settings",
+                settings_module="chaos.settings",
                 host=host,
             )
             running.callback(worker.stop)

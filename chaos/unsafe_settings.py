@@ -1,4 +1,4 @@
-"""The control arm's worker settings: ``core.settings`` with at-least-once switched off.
+"""The control arm's worker settings: ``chaos.settings`` with at-least-once switched off.
 
 Tasks are acknowledged when a worker starts them, not when they finish, and a task whose
 worker dies is not requeued. ``ReliableTask`` sets ``acks_late`` and ``reject_on_worker_lost``
@@ -8,7 +8,7 @@ database (``chaos.run``), a killed worker's task and every message a Redis resta
 gone: the suite must see those losses, or it could not see one in the safe arm either.
 """
 
-from core.settings import *  # noqa: F403
+from chaos.settings import *  # noqa: F403
 
 CELERY_TASK_ACKS_LATE = False
 CELERY_TASK_REJECT_ON_WORKER_LOST = False

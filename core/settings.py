@@ -12,6 +12,7 @@ import ipaddress
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -20,17 +21,33 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 
-# Off unless asked for (DJANGO_DEBUG=1 or true): a copy started with nothing set runs as
-# production, never with debug pages and the well-known development secrets below.
-DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+def setting(name: str, default: Any, reason: str) -> Any:
+    """An operator setting: the variable ``name`` read as the type of ``default``. Each call
+    is its line in docs/configuration.md (``python -m scripts.configuration_doc``): the name,
+    the default as written here, and ``reason``, why an operator would set it."""
+    if isinstance(default, bool):
+        return env.bool(name, default=default)
+    if isinstance(default, int):
+        return env.int(name, default=default)
+    if isinstance(default, list):
+        return env.list(name, default=default)
+    return env.str(name, default=default)
+
+
+DEBUG = setting(
+    "DJANGO_DEBUG",
+    False,
+    "1 or true for development only: debug pages and built-in, publicly known secrets",
+)
 
 _secrets_missing: list[str] = []
 
 
-def _secret(name: str, *, dev_default: str) -> str:
-    """A secret from the environment: a development default only while DEBUG is on. Missing
-    in production, it is noted, and start-up stops once every secret has been read, naming
-    all the missing ones at once."""
+def _secret(name: str, *, dev_default: str, reason: str) -> str:
+    """A secret (an operator setting, like ``setting``): a development default only while
+    DEBUG is on. Missing in production, it is noted, and start-up stops once every secret has
+    been read, naming all the missing ones at once."""
     value = env.str(name, default="").strip()
     if value:
         return value
@@ -43,9 +60,12 @@ def _secret(name: str, *, dev_default: str) -> str:
 SECRET_KEY = _secret(
     "DJANGO_SECRET_KEY",
     dev_default="django-insecure-development-only-key-never-use-in-production-0123456789",
+    reason="signs sessions and CSRF tokens; make one with secrets.token_urlsafe(50)",
 )
-ALLOWED_HOSTS = env.list(
-    "DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"]
+ALLOWED_HOSTS = setting(
+    "DJANGO_ALLOWED_HOSTS",
+    ["localhost", "127.0.0.1", "[::1]", "testserver"],
+    "the host names the app answers to",
 )
 
 INSTALLED_APPS = [
@@ -92,8 +112,7 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-# Benchmarks serve extra views (a no-op POST) beside the real ones through their own URLconf.
-ROOT_URLCONF = env.str("DJANGO_ROOT_URLCONF", default="core.urls")
+ROOT_URLCONF = "core.urls"
 WSGI_APPLICATION = "core.wsgi.application"
 
 TEMPLATES = [
@@ -112,25 +131,32 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-DATABASES = {
-    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/invoicing"),
-}
+_DATABASE_URL = setting(
+    "DATABASE_URL",
+    "postgres://postgres@127.0.0.1:5432/invoicing",
+    "PostgreSQL; libpq options go in its query (?connect_timeout=3, the default, sslmode=...)",
+)
+DATABASES = {"default": env.db_url_config(_DATABASE_URL)}
 # Persistent connections: a new PostgreSQL connection per webhook would cost more than the
 # webhook's own work. Health checks drop a connection that died (server restart) before use.
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_MAX_AGE"] = 60
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int(
-    "DATABASE_CONNECT_TIMEOUT", default=3
-)
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Cache (circuit breaker state, alert dedupe) -------------------------------------------
-REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/1")
-CACHES = {
+REDIS_URL = setting(
+    "REDIS_URL",
+    "redis://127.0.0.1:6379/1",
+    "the cache: breaker state, alert dedupe, health",
+)
+CACHES: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": env.str("REDIS_KEY_PREFIX", default="invoicing"),
+        "KEY_PREFIX": setting(
+            "REDIS_KEY_PREFIX", "invoicing", "prefix of every cache key: runs sharing a Redis"
+        ),
         "OPTIONS": {"socket_timeout": 1, "socket_connect_timeout": 1},
     }
 }
@@ -165,7 +191,13 @@ USE_TZ = True
 # With DEBUG on nothing needs collecting: the names stay plain and WhiteNoise finds each file
 # in its app, as `runserver` does.
 STATIC_URL = "static/"
-STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
+STATIC_ROOT = Path(
+    setting(
+        "DJANGO_STATIC_ROOT",
+        str(BASE_DIR / "staticfiles"),
+        "where collectstatic writes the static files and the app serves them from",
+    )
+)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
@@ -177,21 +209,24 @@ STORAGES = {
 # them (operators/http.py), for the client address of the /metrics allow-list and the admin
 # login limit, and for HTTPS. Empty: no forwarded header counts; a
 # client can send them itself.
-TRUSTED_PROXIES = [entry.strip() for entry in env.list("TRUSTED_PROXIES", default=[])]
-if "NUM_PROXIES" in env:
-    raise ImproperlyConfigured(
-        "NUM_PROXIES is replaced by TRUSTED_PROXIES: unset it, and set TRUSTED_PROXIES to the "
-        "addresses or networks of the proxies in front of the app (behind the nginx edge: the "
-        "edge's address, e.g. TRUSTED_PROXIES=10.0.0.2)."
-    )
+_TRUSTED_PROXIES: list[str] = setting(
+    "TRUSTED_PROXIES",
+    [],
+    "addresses or networks of the proxies in front of the app (behind the edge: its address)",
+)
+TRUSTED_PROXIES = [entry.strip() for entry in _TRUSTED_PROXIES]
 # On by default in production; DJANGO_SECURE_SSL_REDIRECT=0 turns the HTTPS-only settings off
 # for plain HTTP on loopback (tests, stripe-cli, compose.yaml on a laptop) while keeping the
 # rest of production.
-HTTPS_ONLY = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+HTTPS_ONLY = setting(
+    "DJANGO_SECURE_SSL_REDIRECT",
+    not DEBUG,
+    "0: plain HTTP (no redirect, Secure cookies, HSTS); check --deploy says so as core.I001",
+)
 SECURE_SSL_REDIRECT = HTTPS_ONLY
 SESSION_COOKIE_SECURE = HTTPS_ONLY
 CSRF_COOKIE_SECURE = HTTPS_ONLY
-SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31536000 if HTTPS_ONLY else 0)
+SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS_ONLY else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
 if TRUSTED_PROXIES:
@@ -211,14 +246,22 @@ HTTPS_OPT_OUT_CHECKS = ["security.W004", "security.W008", "security.W012", "secu
 SILENCED_SYSTEM_CHECKS = HTTPS_OPT_OUT_CHECKS if HTTPS_OPTED_OUT else []
 # Probes from inside the deployment speak plain HTTP.
 SECURE_REDIRECT_EXEMPT = [r"^health/$", r"^health/live$", r"^metrics$"]
-CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+CSRF_TRUSTED_ORIGINS = setting(
+    "DJANGO_CSRF_TRUSTED_ORIGINS",
+    [],
+    "origins allowed to POST forms: the admin behind a proxy on another origin",
+)
 
 # --- Stripe webhooks ------------------------------------------------------------------------
 # One secret, or several separated by commas while a secret is rolled: Stripe then signs each
 # delivery with every active secret for up to 24 h.
 STRIPE_WEBHOOK_SECRETS = [
     s.strip()
-    for s in _secret("STRIPE_WEBHOOK_SECRET", dev_default="whsec_development_only").split(",")
+    for s in _secret(
+        "STRIPE_WEBHOOK_SECRET",
+        dev_default="whsec_development_only",
+        reason="one whsec_..., or several separated by commas while a secret is rolled",
+    ).split(",")
     if s.strip()
 ]
 if _secrets_missing:
@@ -230,7 +273,9 @@ if _secrets_missing:
         f"{'it has' if len(_secrets_missing) == 1 else 'they have'} no production default."
     )
 # Seconds a signature timestamp may lie in the past or the future.
-STRIPE_WEBHOOK_TOLERANCE = env.int("STRIPE_WEBHOOK_TOLERANCE", default=300)
+STRIPE_WEBHOOK_TOLERANCE = setting(
+    "STRIPE_WEBHOOK_TOLERANCE", 300, "seconds a signature's timestamp may be off, either way"
+)
 if STRIPE_WEBHOOK_TOLERANCE <= 0:
     # stripe-python treats a falsy tolerance as "no check": never allow that.
     raise ImproperlyConfigured("STRIPE_WEBHOOK_TOLERANCE must be a positive number of seconds.")
@@ -239,7 +284,15 @@ if STRIPE_WEBHOOK_TOLERANCE <= 0:
 # with the reason, answered 200, and changes nothing. "live" in production; "test" while DEBUG
 # is on, so a development machine never acts on a live event (emails a real customer) unless
 # told to; "any" only when set.
-STRIPE_LIVEMODE = env.str("STRIPE_LIVEMODE", default="test" if DEBUG else "live").strip().lower()
+STRIPE_LIVEMODE = (
+    setting(
+        "STRIPE_LIVEMODE",
+        "test" if DEBUG else "live",
+        "the Stripe mode acted on (live, test or any); another mode's event is stored as ignored",
+    )
+    .strip()
+    .lower()
+)
 if STRIPE_LIVEMODE not in {"live", "test", "any"}:
     raise ImproperlyConfigured(
         f"STRIPE_LIVEMODE must be live, test or any (got {STRIPE_LIVEMODE!r})."
@@ -247,40 +300,49 @@ if STRIPE_LIVEMODE not in {"live", "test", "any"}:
 # Stripe Connect: the connected account (acct_...) this endpoint acts for. An event carrying
 # another account in its top-level "account", or none (the platform's own), is stored as
 # ignored in the same way. Empty: no account check.
-STRIPE_ACCOUNT = env.str("STRIPE_ACCOUNT", default="").strip()
+STRIPE_ACCOUNT = setting(
+    "STRIPE_ACCOUNT", "", "Connect: the acct_... acted for; other accounts' events are ignored"
+).strip()
 if STRIPE_ACCOUNT and not re.fullmatch(r"acct_[A-Za-z0-9]+", STRIPE_ACCOUNT):
     raise ImproperlyConfigured(
         f"STRIPE_ACCOUNT must be a Stripe account id like acct_1A2b3C (got {STRIPE_ACCOUNT!r})."
     )
-WEBHOOK_MAX_BODY_BYTES = env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024)
-# What the provider is told to wait before retrying when we cannot take a delivery.
-WEBHOOK_RETRY_AFTER_SECONDS = env.int("WEBHOOK_RETRY_AFTER_SECONDS", default=30)
+WEBHOOK_MAX_BODY_BYTES = setting(
+    "WEBHOOK_MAX_BODY_BYTES", 1048576, "larger webhook bodies get 413 (the edge reads it too)"
+)
 
 # --- Email ------------------------------------------------------------------------------------
 # Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/mail.py).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="invoicing.mail.EmailBackend")
-EMAIL_HOST = env.str("EMAIL_HOST", default="127.0.0.1")
-EMAIL_PORT = env.int("EMAIL_PORT", default=1025)
-EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
-EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
-EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
-EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_BACKEND = "invoicing.mail.EmailBackend"
+EMAIL_HOST = setting("EMAIL_HOST", "127.0.0.1", "the SMTP server")
+EMAIL_PORT = setting("EMAIL_PORT", 1025, "the SMTP server's port")
+EMAIL_HOST_USER = setting("EMAIL_HOST_USER", "", "SMTP authentication: the user")
+EMAIL_HOST_PASSWORD = setting("EMAIL_HOST_PASSWORD", "", "SMTP authentication: the password")
+EMAIL_USE_TLS = setting("EMAIL_USE_TLS", False, "STARTTLS (usually port 587)")
+EMAIL_USE_SSL = setting("EMAIL_USE_SSL", False, "TLS from the start (usually port 465)")
 # Seconds for every blocking SMTP socket operation: a hung server must not hold a worker.
-EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
-# A worker thread keeps its SMTP connection across messages (invoicing/mail.py), up to this many
-# messages and seconds, then opens a new one; one the server dropped is replaced before use.
-EMAIL_CONNECTION_MAX_MESSAGES = env.int("EMAIL_CONNECTION_MAX_MESSAGES", default=100)
-EMAIL_CONNECTION_MAX_AGE_SECONDS = env.int("EMAIL_CONNECTION_MAX_AGE_SECONDS", default=60)
-DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Billing <billing@example.com>")
-SERVER_EMAIL = env.str("SERVER_EMAIL", default=DEFAULT_FROM_EMAIL)
-ADMINS = [("Operator", a) for a in env.list("DJANGO_ADMINS", default=[])]
+EMAIL_TIMEOUT = setting("EMAIL_TIMEOUT", 10, "seconds for every SMTP socket operation")
+DEFAULT_FROM_EMAIL = setting(
+    "DEFAULT_FROM_EMAIL",
+    "Billing <billing@example.com>",
+    "the sender of every email and alert; its domain ends every Message-ID",
+)
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+ADMINS = [
+    ("Operator", a)
+    for a in setting("DJANGO_ADMINS", [], "addresses that get the dead-letter alert mail")
+]
 # The only hosts the paid-invoice email links to (the invoice's hosted_invoice_url), and only
 # over https, without user info or another port: any other link is left out of the email and a
 # warning logged, so a hostile URL in a signed event (javascript:, a look-alike host) never
 # reaches a customer. Empty: never link.
 INVOICE_URL_ALLOWED_HOSTS = [
     h.strip().lower()
-    for h in env.list("INVOICE_URL_ALLOWED_HOSTS", default=["invoice.stripe.com"])
+    for h in setting(
+        "INVOICE_URL_ALLOWED_HOSTS",
+        ["invoice.stripe.com"],
+        "hosts the email may link to (https only); empty: never link",
+    )
     if h.strip()
 ]
 _HOST_NAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}")
@@ -292,7 +354,11 @@ for _host in INVOICE_URL_ALLOWED_HOSTS:
         )
 
 # --- Celery -----------------------------------------------------------------------------------
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = setting(
+    "CELERY_BROKER_URL",
+    "redis://127.0.0.1:6379/0",
+    "the broker: redis:// or, for RabbitMQ, amqp:// (docs/design.md, Choosing a broker)",
+)
 # kombu's Redis transport, except that an acknowledgement Redis does not answer still releases
 # the worker's prefetch slot (otherwise a broker stall leaves a worker connected and idle;
 # asyncwork/broker.py). A rediss:// URL keeps kombu's own: its TLS set-up keys on the scheme.
@@ -312,8 +378,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A worker reserves one message at a time, so a dying worker strands at most one.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # A default time budget for every task; the email task sets a tighter one of its own.
-CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=100)
-CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=120)
+CELERY_TASK_SOFT_TIME_LIMIT = 100
+CELERY_TASK_TIME_LIMIT = 120
 # A lost broker connection does NOT cancel running tasks: cancelling an email task between the
 # SMTP server's 250 and marking the key sent would manufacture a duplicate (the chaos suite
 # caught it). A task that finishes but cannot be acknowledged is redelivered, and its claim
@@ -321,10 +387,8 @@ CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=120)
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Long-running workers grow; recycle pool processes before they do.
-CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("CELERY_WORKER_MAX_TASKS_PER_CHILD", default=5000)
-CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int(
-    "CELERY_WORKER_MAX_MEMORY_PER_CHILD", default=256_000
-)  # KiB
+CELERY_WORKER_MAX_TASKS_PER_CHILD = 5000
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = 256_000  # KiB
 # Without it, Celery's Django fixup closes the database connection before and after every task:
 # a new PostgreSQL connection (and backend) per email.
 # With it, Celery closes them only every this many tasks, and each task is bracketed by
@@ -336,8 +400,8 @@ CELERY_DB_REUSE_MAX = 1000
 # is presumed dead). It must outlive every task's time limit, or a running task is delivered
 # again; it also bounds how long a message held by a SIGKILLed worker waits before
 # redelivery. No retry is held meanwhile: retries wait as outbox rows (asyncwork/tasks.py).
-CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=180)
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+CELERY_VISIBILITY_TIMEOUT = 180
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
     # Scan for abandoned messages every 10 s instead of kombu's default ~100 s.
     "unacked_restore_interval": 10,
@@ -346,10 +410,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_mutex_expire": 30,
     # Publishing must not hang on a stalled broker: fail fast instead; the
     # outbox keeps the message.
-    "socket_timeout": env.float("CELERY_BROKER_SOCKET_TIMEOUT", default=2.0),
-    "socket_connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
-    # Separate runs sharing one Redis (tests, benchmarks) do not consume each other's tasks.
-    "global_keyprefix": env.str("CELERY_BROKER_KEY_PREFIX", default=""),
+    "socket_timeout": 2.0,
+    "socket_connect_timeout": 1.0,
+    "global_keyprefix": setting(
+        "CELERY_BROKER_KEY_PREFIX", "", "prefix of every broker key: runs sharing a Redis"
+    ),
     # A worker reads its queues in the order they were declared (asyncwork/queues.py), each
     # only once those before it are empty, instead of kombu's round robin: work a safety net
     # enqueued again goes before fresh work of the same kind.
@@ -370,14 +435,12 @@ BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamq
 # should a worker die on that one too, the queue's delivery limit moves it onto dlq. A return
 # that is no fault of the message (a worker's connection lost, a restart) counts too, hence
 # room for more than a few.
-BROKER_DELIVERY_LIMIT = env.int("BROKER_DELIVERY_LIMIT", default=10)
-if BROKER_DELIVERY_LIMIT < 2:
-    raise ImproperlyConfigured("BROKER_DELIVERY_LIMIT must be at least 2.")
+BROKER_DELIVERY_LIMIT = 10
 if BROKER_IS_RABBITMQ:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "confirm_publish": True,
         # Publishing must not hang on a stalled broker (the outbox keeps the message).
-        "connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT", default=1.0),
+        "connect_timeout": 1.0,
     }
     # Celery's delay queues (native delayed delivery: a task sent with a countdown or an ETA
     # waits there): classic queues, durable, each message persistent. As quorum queues
@@ -398,35 +461,38 @@ CELERY_BEAT_SCHEDULER = "asyncwork.beat:LeaderDatabaseScheduler"
 # Five attempts in all (Celery counts retries: max_retries = attempts - 1).
 EMAIL_MAX_ATTEMPTS = 5
 # Exponential backoff with full jitter: attempt n waits randrange(min(MAX, BASE * 2**n) + 1).
-EMAIL_RETRY_BACKOFF_BASE = env.int("EMAIL_RETRY_BACKOFF_BASE", default=2)
-EMAIL_RETRY_BACKOFF_MAX = env.int("EMAIL_RETRY_BACKOFF_MAX", default=60)
-EMAIL_TASK_SOFT_TIME_LIMIT = env.int("EMAIL_TASK_SOFT_TIME_LIMIT", default=45)
-EMAIL_TASK_TIME_LIMIT = env.int("EMAIL_TASK_TIME_LIMIT", default=60)
-# How long a claim on an invoice's email blocks other workers: longer than the task's hard
-# time limit, so a live claim is never taken over while its owner can still be sending.
-EMAIL_CLAIM_LEASE_SECONDS = env.int("EMAIL_CLAIM_LEASE_SECONDS", default=90)
+EMAIL_RETRY_BACKOFF_BASE = setting(
+    "EMAIL_RETRY_BACKOFF_BASE", 2, "seconds: attempt n waits randrange(min(MAX, BASE * 2**n) + 1)"
+)
+EMAIL_RETRY_BACKOFF_MAX = setting(
+    "EMAIL_RETRY_BACKOFF_MAX", 60, "seconds: the longest wait between two attempts"
+)
+# The settings below are not read from the environment; the tests' and the chaos suite's
+# settings modules scale them down, keeping these relations: visibility timeout > every hard
+# time limit; claim lease > the email task's hard time limit, so a live claim is never taken
+# over while its owner can still be sending.
+EMAIL_TASK_SOFT_TIME_LIMIT = 45
+EMAIL_TASK_TIME_LIMIT = 60
+EMAIL_CLAIM_LEASE_SECONDS = 90
 
 if EMAIL_RETRY_BACKOFF_BASE < 1 or EMAIL_RETRY_BACKOFF_MAX < 1:
     raise ImproperlyConfigured("EMAIL_RETRY_BACKOFF_BASE and _MAX must be at least 1 second.")
-if EMAIL_CLAIM_LEASE_SECONDS <= EMAIL_TASK_TIME_LIMIT:
-    raise ImproperlyConfigured("EMAIL_CLAIM_LEASE_SECONDS must exceed EMAIL_TASK_TIME_LIMIT.")
-if max(EMAIL_TASK_TIME_LIMIT, CELERY_TASK_TIME_LIMIT) >= CELERY_VISIBILITY_TIMEOUT:
-    raise ImproperlyConfigured(
-        "CELERY_VISIBILITY_TIMEOUT must outlive the tasks' time limits (EMAIL_TASK_TIME_LIMIT, "
-        "CELERY_TASK_TIME_LIMIT), or a running task is delivered twice."
-    )
 
 # --- Circuit breaker on the email provider (asyncwork/breaker.py) -------------------------------
 # Consecutive transient SMTP failures, from any worker, that open the breaker.
-EMAIL_BREAKER_FAILURE_THRESHOLD = env.int("EMAIL_BREAKER_FAILURE_THRESHOLD", default=5)
-# Seconds it stays open before one probe may try; a deferred email waits this plus jitter.
-EMAIL_BREAKER_RESET_SECONDS = env.int("EMAIL_BREAKER_RESET_SECONDS", default=30)
-# Seconds a worker process trusts a read of the breaker closed with no failure counted, asking
-# Redis nothing before a send nor after a success meanwhile (asyncwork/breaker.py); 0 asks
-# every time. Another process's opening of the breaker is seen up to this late.
-EMAIL_BREAKER_CHECK_SECONDS = env.float("EMAIL_BREAKER_CHECK_SECONDS", default=1.0)
-# Seconds an email may be deferred by an open breaker before it is dead-lettered.
-EMAIL_PROVIDER_DEADLINE_SECONDS = env.int("EMAIL_PROVIDER_DEADLINE_SECONDS", default=86400)
+EMAIL_BREAKER_FAILURE_THRESHOLD = setting(
+    "EMAIL_BREAKER_FAILURE_THRESHOLD",
+    5,
+    "consecutive transient SMTP failures, across all workers, that open the breaker",
+)
+EMAIL_BREAKER_RESET_SECONDS = setting(
+    "EMAIL_BREAKER_RESET_SECONDS",
+    30,
+    "seconds the breaker stays open before one probe; a deferred email waits up to twice this",
+)
+# Seconds an email may be deferred by an open breaker before it is dead-lettered (one day):
+# longer than any outage a provider announces, short enough for an operator to act.
+EMAIL_PROVIDER_DEADLINE_SECONDS = 86400
 
 if EMAIL_BREAKER_FAILURE_THRESHOLD < 1 or EMAIL_BREAKER_RESET_SECONDS < 1:
     raise ImproperlyConfigured(
@@ -434,35 +500,32 @@ if EMAIL_BREAKER_FAILURE_THRESHOLD < 1 or EMAIL_BREAKER_RESET_SECONDS < 1:
     )
 if EMAIL_PROVIDER_DEADLINE_SECONDS < EMAIL_BREAKER_RESET_SECONDS:
     raise ImproperlyConfigured(
-        "EMAIL_PROVIDER_DEADLINE_SECONDS must be at least EMAIL_BREAKER_RESET_SECONDS."
+        "EMAIL_BREAKER_RESET_SECONDS must be at most a day (the provider deadline)."
     )
 
 # --- Outbox -----------------------------------------------------------------------------------
 # Rows younger than this are left to their own on-commit publish; the sweep takes the rest.
-OUTBOX_RELAY_GRACE_SECONDS = env.int("OUTBOX_RELAY_GRACE_SECONDS", default=10)
-OUTBOX_RELAY_BATCH_SIZE = env.int("OUTBOX_RELAY_BATCH_SIZE", default=200)
+OUTBOX_RELAY_GRACE_SECONDS = 10
 # Seconds a publish may wait on the broker before the row is left to the relay.
-OUTBOX_PUBLISH_TIMEOUT = env.float("OUTBOX_PUBLISH_TIMEOUT", default=0.5)
-# Each worker publishes the retries and deferrals come due this often (asyncwork.scheduled);
-# 0: only the relay does, every 15 s.
-OUTBOX_DUE_POLL_SECONDS = env.float("OUTBOX_DUE_POLL_SECONDS", default=1.0)
-if OUTBOX_DUE_POLL_SECONDS < 0:
-    raise ImproperlyConfigured("OUTBOX_DUE_POLL_SECONDS must be 0 (off) or more.")
+OUTBOX_PUBLISH_TIMEOUT = 0.5
 
 # --- Scheduled jobs ---------------------------------------------------------------------------
-# Only the beat holding the PostgreSQL leader lock dispatches; a standby checks this often.
-BEAT_STANDBY_POLL_SECONDS = env.int("BEAT_STANDBY_POLL_SECONDS", default=5)
 # Save each entry's last run after every dispatch, so a standby taking over knows it.
 CELERY_BEAT_SYNC_EVERY = 1
 # A paid invoice with no email and nothing pending for this long is re-enqueued by reconcile.
-RECONCILE_QUIET_SECONDS = env.int("RECONCILE_QUIET_SECONDS", default=600)
-RECONCILE_WINDOW_DAYS = env.int("RECONCILE_WINDOW_DAYS", default=7)
+RECONCILE_QUIET_SECONDS = 600
 # Days a webhook event's raw body and headers (customer names, addresses, client IPs) are
 # kept, whatever the event's state; the row itself stays for WEBHOOK_RETENTION_DAYS.
-WEBHOOK_BODY_RETENTION_DAYS = env.int("WEBHOOK_BODY_RETENTION_DAYS", default=30)
+WEBHOOK_BODY_RETENTION_DAYS = setting(
+    "WEBHOOK_BODY_RETENTION_DAYS",
+    30,
+    "days a webhook's raw body and headers (personal data) are kept",
+)
 # Days a processed or ignored event's row is kept. Its event id is what makes a redelivery a
 # duplicate, and Stripe redelivers for up to 3 days: never less than that.
-WEBHOOK_RETENTION_DAYS = env.int("WEBHOOK_RETENTION_DAYS", default=30)
+WEBHOOK_RETENTION_DAYS = setting(
+    "WEBHOOK_RETENTION_DAYS", 30, "days a processed or ignored event's row is kept (at least 3)"
+)
 if WEBHOOK_RETENTION_DAYS < 3:
     raise ImproperlyConfigured(
         "WEBHOOK_RETENTION_DAYS must be at least 3: Stripe redelivers an event for up to 3 "
@@ -470,45 +533,53 @@ if WEBHOOK_RETENTION_DAYS < 3:
     )
 if WEBHOOK_BODY_RETENTION_DAYS < 1:
     raise ImproperlyConfigured("WEBHOOK_BODY_RETENTION_DAYS must be at least 1.")
-OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 
 # --- Dead letters -----------------------------------------------------------------------------
-DLQ_ALERT_THRESHOLD = env.int("DLQ_ALERT_THRESHOLD", default=1)
-DLQ_ALERT_PERIOD_SECONDS = env.int("DLQ_ALERT_PERIOD_SECONDS", default=3600)
+DLQ_ALERT_THRESHOLD = setting(
+    "DLQ_ALERT_THRESHOLD", 1, "waiting dead letters that raise the alert (ERROR line, mail)"
+)
 
 # --- Backpressure, health ---------------------------------------------------------------------
 # Requests per client address are limited at the edge (deploy/nginx/default.conf.template).
 # Backlog (the larger of unpublished outbox rows and messages waiting on the email queue) at
 # which webhook events we do not act on are refused with 503 and not stored...
-BACKPRESSURE_SOFT_MARK = env.int("BACKPRESSURE_SOFT_MARK", default=5000)
+BACKPRESSURE_SOFT_MARK = setting(
+    "BACKPRESSURE_SOFT_MARK", 5000, "backlog at which events with no handler get 503"
+)
 # ...and at which every webhook event is refused with 503, payment events included.
-BACKPRESSURE_HARD_MARK = env.int("BACKPRESSURE_HARD_MARK", default=50000)
+BACKPRESSURE_HARD_MARK = setting(
+    "BACKPRESSURE_HARD_MARK", 50000, "backlog at which every webhook event gets 503"
+)
 # Seconds each process reuses its last measurement of the backlog: the check stays cheap.
-BACKPRESSURE_CHECK_SECONDS = env.float("BACKPRESSURE_CHECK_SECONDS", default=1.0)
+BACKPRESSURE_CHECK_SECONDS = 1.0
 # Seconds one backlog or health probe may wait on Redis or a PostgreSQL statement.
-PROBE_TIMEOUT_SECONDS = env.float("PROBE_TIMEOUT_SECONDS", default=0.5)
+PROBE_TIMEOUT_SECONDS = 0.5
 # Seconds GET /health/ waits for all its checks together; a check still running then fails.
-HEALTH_TIMEOUT_SECONDS = env.float("HEALTH_TIMEOUT_SECONDS", default=2.0)
+HEALTH_TIMEOUT_SECONDS = 2.0
 # An unpublished outbox row older than this fails /health/: the relay should have sent it.
-OUTBOX_STALE_SECONDS = env.int("OUTBOX_STALE_SECONDS", default=300)
+OUTBOX_STALE_SECONDS = 300
 # Seconds each process reuses its last /health/ report for anonymous callers: a flood of
 # probes runs the checks at most once per this period, however many arrive at once.
-HEALTH_CACHE_SECONDS = env.float("HEALTH_CACHE_SECONDS", default=1.0)
+HEALTH_CACHE_SECONDS = 1.0
 
 if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
-if HEALTH_CACHE_SECONDS < 0:
-    raise ImproperlyConfigured("HEALTH_CACHE_SECONDS must be 0 or more.")
 
 # --- Observability (asyncwork/metrics.py, asyncwork/logging.py) -------------------------------
 # GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
 # one, only clients in these networks (the client address, see TRUSTED_PROXIES). Loopback by
 # default: a private network is not a trusted one (behind a load balancer or Docker's gateway,
 # every client would be in it).
-METRICS_TOKEN = env.str("METRICS_TOKEN", default="").strip()
+METRICS_TOKEN = setting(
+    "METRICS_TOKEN", "", "when set, /metrics and the full /health/ need Authorization: Bearer it"
+).strip()
 METRICS_ALLOWED_NETWORKS = [
     entry.strip()
-    for entry in env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+    for entry in setting(
+        "METRICS_ALLOWED_NETWORKS",
+        ["127.0.0.0/8", "::1/128"],
+        "without a token, the client networks that may read /metrics",
+    )
 ]
 # A Celery worker serves its own counters on this port (0: not served), from its main process.
 # Under the prefork pool that needs PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself,
@@ -516,24 +587,22 @@ METRICS_ALLOWED_NETWORKS = [
 # process group, emptied at start, where every process of the group keeps its counts.
 # A worker with a free slot, messages waiting in its queues and no task taken for this long
 # exits (asyncwork.watchdog) for its supervisor to restart it; 0 turns the watchdog off.
-WORKER_WATCHDOG_SECONDS = env.int("WORKER_WATCHDOG_SECONDS", default=10)
+WORKER_WATCHDOG_SECONDS = 10
 # Each process that runs tasks writes a heartbeat row this often (asyncwork.heartbeat)...
-WORKER_HEARTBEAT_SECONDS = env.float("WORKER_HEARTBEAT_SECONDS", default=2.0)
-# ...and a claim whose owner has written none for this long (by the database's clock) is taken
-# over at once, its work re-enqueued by the workers-rescue job; 0: only the lease decides.
-WORKER_HEARTBEAT_LAPSE_SECONDS = env.float("WORKER_HEARTBEAT_LAPSE_SECONDS", default=10.0)
-if WORKER_HEARTBEAT_SECONDS <= 0:
-    raise ImproperlyConfigured("WORKER_HEARTBEAT_SECONDS must be more than 0.")
-if WORKER_HEARTBEAT_LAPSE_SECONDS and WORKER_HEARTBEAT_LAPSE_SECONDS < 3 * WORKER_HEARTBEAT_SECONDS:
-    raise ImproperlyConfigured(
-        "WORKER_HEARTBEAT_LAPSE_SECONDS must be 0 (off) or at least three heartbeats "
-        "(3 x WORKER_HEARTBEAT_SECONDS): one late heartbeat must not make a live worker look dead."
-    )
-WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
+WORKER_HEARTBEAT_SECONDS = 2.0
+# ...and a claim whose owner has written none for this long (by the database's clock; at least
+# three heartbeats) is taken over at once, its work re-enqueued by the workers-rescue job; 0:
+# only the lease decides.
+WORKER_HEARTBEAT_LAPSE_SECONDS = 10.0
+WORKER_METRICS_PORT = setting(
+    "WORKER_METRICS_PORT", 0, "where a Celery worker serves its counters; 0: not served"
+)
 # Nothing authenticates that port: loopback unless told otherwise. A deployment where
 # Prometheus scrapes from another host sets the interface (compose.yaml: 0.0.0.0 inside its
 # own network, the port never published).
-WORKER_METRICS_ADDR = env.str("WORKER_METRICS_ADDR", default="127.0.0.1")
+WORKER_METRICS_ADDR = setting(
+    "WORKER_METRICS_ADDR", "127.0.0.1", "the interface of that port (nothing authenticates it)"
+)
 
 for _name, _entries in (
     ("TRUSTED_PROXIES", TRUSTED_PROXIES),
@@ -556,8 +625,10 @@ OPERATOR_APPS = ["asyncwork", "operators", "invoicing", "webhooks", "django_cele
 # API tokens (django-rest-knox) are stored as a SHA-512 digest, never the token itself, and
 # expire this many hours after they are issued (`manage.py api_token create USERNAME`), or
 # after `--hours N`, which may not exceed the maximum: a forgotten token dies within it.
-API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24)
-API_TOKEN_MAX_HOURS = env.int("API_TOKEN_MAX_HOURS", default=90 * 24)
+API_TOKEN_TTL_HOURS = setting("API_TOKEN_TTL_HOURS", 24, "hours an API token lives by default")
+API_TOKEN_MAX_HOURS = setting(
+    "API_TOKEN_MAX_HOURS", 90 * 24, "hours no API token may outlive, whatever --hours says"
+)
 if API_TOKEN_TTL_HOURS < 1:
     raise ImproperlyConfigured("API_TOKEN_TTL_HOURS must be at least 1: API tokens expire.")
 if API_TOKEN_TTL_HOURS > API_TOKEN_MAX_HOURS:
@@ -576,14 +647,8 @@ REST_KNOX = {
 # client address, that pair is refused (429) until no failure has come for the cool-off;
 # a success clears its count. The address is the client address: the socket's, or from a
 # trusted proxy, the X-Forwarded-For entry it vouches for (operators/http.py).
-ADMIN_LOGIN_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
-ADMIN_LOGIN_COOLOFF_SECONDS = env.int("ADMIN_LOGIN_COOLOFF_SECONDS", default=900)
-if ADMIN_LOGIN_FAILURE_LIMIT < 1 or ADMIN_LOGIN_COOLOFF_SECONDS < 1:
-    raise ImproperlyConfigured(
-        "ADMIN_LOGIN_FAILURE_LIMIT and ADMIN_LOGIN_COOLOFF_SECONDS must be at least 1."
-    )
-AXES_FAILURE_LIMIT = ADMIN_LOGIN_FAILURE_LIMIT
-AXES_COOLOFF_TIME = timedelta(seconds=ADMIN_LOGIN_COOLOFF_SECONDS)
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "operators.http.client_address"
 AXES_USERNAME_CALLABLE = "operators.http.login_username"
@@ -624,10 +689,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Logging ----------------------------------------------------------------------------------
-LOG_FORMAT = env.str("LOG_FORMAT", default="text")
+LOG_FORMAT = setting("LOG_FORMAT", "text", "json: one JSON object per line")
 # Email addresses in log lines are masked (j***@example.com) unless LOG_PII=1: logs travel to
 # more places, and are kept longer, than the database rows operators read them from.
-LOG_PII = env.bool("LOG_PII", default=False)
+LOG_PII = setting("LOG_PII", False, "1: email addresses in full in log lines, not masked")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -656,7 +721,10 @@ LOGGING = {
             "filters": ["context"],
         },
     },
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "root": {
+        "handlers": ["console"],
+        "level": setting("LOG_LEVEL", "INFO", "the lowest level logged: DEBUG, INFO, WARNING..."),
+    },
     "loggers": {
         # Django's own lines reach the console handler like every other, and nothing else:
         # naming the handlers here replaces Django's default list, whose mail_admins would mail

@@ -50,6 +50,9 @@ from invoicing.services import (
 )
 
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
+# How far back reconcile looks for a paid invoice with no email: a week covers any outage
+# worth repairing by itself; older ones are an operator's to resend.
+RECONCILE_WINDOW_DAYS = 7
 
 
 @job("email-claims-recover", every=timedelta(seconds=60))
@@ -180,7 +183,7 @@ def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -
             cursor.execute(
                 _RECONCILE_SQL,
                 {
-                    "since": now - timedelta(days=settings.RECONCILE_WINDOW_DAYS),
+                    "since": now - timedelta(days=RECONCILE_WINDOW_DAYS),
                     "quiet_since": now - timedelta(seconds=quiet),
                     "prefix": EMAIL_KEY_PREFIX,
                     "task": SEND_INVOICE_EMAIL_TASK,

@@ -54,6 +54,11 @@ from invoicing.models import Invoice
 
 logger = logging.getLogger(__name__)
 
+# A worker thread's SMTP connection is replaced after this many messages or seconds: servers
+# limit messages per connection and drop idle ones; reuse saves a handshake per email.
+CONNECTION_MAX_MESSAGES = 100
+CONNECTION_MAX_AGE_SECONDS = 60
+
 # ISO 4217 exponents that are not 2, for the currencies Stripe supports.
 _ZERO_DECIMAL = frozenset(
     [
@@ -277,15 +282,15 @@ def _connection_discard() -> None:
 
 def _connection_kept() -> Any:
     """This thread's SMTP connection, opened on first use and kept across messages, up to
-    ``EMAIL_CONNECTION_MAX_MESSAGES`` messages and ``EMAIL_CONNECTION_MAX_AGE_SECONDS``; a new
+    ``CONNECTION_MAX_MESSAGES`` messages and ``CONNECTION_MAX_AGE_SECONDS``; a new
     one once the server has dropped it or the settings have changed. Only a backend with a
     connection of its own (SMTP) is kept; any other is returned fresh."""
     kept: _Kept | None = getattr(_local, "kept", None)
     key = _connection_key()
     if kept is not None and (
         kept.key != key
-        or kept.sent >= settings.EMAIL_CONNECTION_MAX_MESSAGES
-        or time.monotonic() - kept.opened_at > settings.EMAIL_CONNECTION_MAX_AGE_SECONDS
+        or kept.sent >= CONNECTION_MAX_MESSAGES
+        or time.monotonic() - kept.opened_at > CONNECTION_MAX_AGE_SECONDS
         or _dropped(kept.connection)
     ):
         _connection_discard()

@@ -60,6 +60,11 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
+# Seconds a worker process trusts a read of the breaker closed with no failure counted: one
+# Redis read per second while it is closed, not two round trips per email; another process's
+# opening of it is seen up to this late.
+BREAKER_CHECK_SECONDS = 1.0
+
 SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"  # invoicing/tasks.py
 RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
 # The email tasks' own queue, so a flood of other jobs never delays an email (a worker's alone
@@ -300,7 +305,7 @@ def email_breaker() -> Breaker:
         # A probe whose worker died frees the probe once the task's hard limit has passed.
         probe_ttl_seconds=settings.EMAIL_TASK_TIME_LIMIT + 10,
         # One Redis read per window while it is closed, not two round trips per email.
-        check_seconds=settings.EMAIL_BREAKER_CHECK_SECONDS,
+        check_seconds=BREAKER_CHECK_SECONDS,
     )
 
 

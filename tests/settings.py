@@ -22,6 +22,7 @@ So running ``make test`` twice at once, or beside ``make demo`` or a local stack
 nothing outside each run's own resources. Under pytest-xdist (``make test`` runs two test
 processes) each process is a run of its own: the run id with the process's name after it."""
 
+import json
 import os
 import uuid
 
@@ -67,7 +68,6 @@ def _run_own(name: str, value: str) -> None:
 TESTS_BROKER = os.environ.setdefault("TESTS_BROKER", "redis")
 if TESTS_BROKER == "rabbitmq":
     _run_own("CELERY_BROKER_URL", f"amqp://guest:guest@127.0.0.1:5672/test-{_RUN}")
-    os.environ.setdefault("BROKER_DELIVERY_LIMIT", "3")
 elif TESTS_BROKER != "redis":
     raise ValueError(f"TESTS_BROKER={TESTS_BROKER!r}: redis or rabbitmq")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
@@ -76,16 +76,32 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
 _run_own("REDIS_KEY_PREFIX", f"test-{_RUN}")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
-os.environ.setdefault("OUTBOX_RELAY_GRACE_SECONDS", "0")
-# Off here: a worker thread inside pytest must never exit the test run; the watchdog's own
-# test (tests/asyncwork/test_watchdog.py) turns it on for a worker process of its own.
-os.environ.setdefault("WORKER_WATCHDOG_SECONDS", "0")
 # The events the tests sign are test-mode events (livemode false, as webhooks/testing.py makes
 # them), whatever DJANGO_DEBUG is: the endpoint under test acts on test mode.
 os.environ.setdefault("STRIPE_LIVEMODE", "test")
 
 from core.settings import *  # noqa: E402, F403
-from core.settings import DATABASES, STORAGES  # noqa: E402
+from core.settings import (  # noqa: E402
+    CELERY_BROKER_TRANSPORT_OPTIONS,
+    CELERY_VISIBILITY_TIMEOUT,
+    DATABASES,
+    STORAGES,
+)
+
+# A poison message is dead-lettered after three deliveries, not ten.
+BROKER_DELIVERY_LIMIT = 3
+OUTBOX_RELAY_GRACE_SECONDS = 0
+# Off here: a worker thread inside pytest must never exit the test run; the watchdog's own
+# test (tests/asyncwork/test_watchdog.py) turns it on for a worker process of its own.
+WORKER_WATCHDOG_SECONDS = 0
+# A process a test starts may take settings of its own that production reads from no
+# variable (timing scaled down, a URLconf): tests/helpers/processes.py worker_env(settings=...).
+globals().update(json.loads(os.environ.get("TEST_SETTINGS", "{}")))
+if "visibility_timeout" in CELERY_BROKER_TRANSPORT_OPTIONS:  # Redis: the scaled one, if any
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        **CELERY_BROKER_TRANSPORT_OPTIONS,
+        "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    }
 
 # The test database is this run's own: two runs at once (or a run beside the developer's
 # ``invoicing`` database) never create, flush or drop each other's.

@@ -24,6 +24,10 @@ from webhooks.stripe import event_parse, signature_verify
 
 logger = logging.getLogger(__name__)
 
+# What the provider is told to wait before retrying a delivery we cannot take: Stripe retries
+# on its own schedule anyway; this spaces out any other sender.
+RETRY_AFTER_SECONDS = 30
+
 
 def _reject(reason: str, status: int) -> JsonResponse:
     webhook_delivery_count("rejected", reason)
@@ -38,7 +42,7 @@ def _reject(reason: str, status: int) -> JsonResponse:
 def _retry_later(error: str) -> JsonResponse:
     """Not taken, nothing stored: the provider is to deliver it again later."""
     response = JsonResponse({"error": error}, status=503)
-    response["Retry-After"] = str(settings.WEBHOOK_RETRY_AFTER_SECONDS)
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 
 

@@ -30,7 +30,7 @@ class Net:
     name: str
     title: str
     jobs_off: tuple[str, ...] = ()  # periodic tasks disabled in the chaos database
-    env: tuple[tuple[str, str], ...] = ()  # the application's environment, overridden
+    settings: tuple[tuple[str, int], ...] = ()  # Django settings, overridden (chaos/settings.py)
     patched: bool = False  # switched off by PATCHES / f"{name}.patch"
     brokers: tuple[str, ...] = BROKERS  # where the net can act at all
 
@@ -68,8 +68,8 @@ NETS = {
         ),
         Net(
             "N5",
-            "worker watchdog (WORKER_WATCHDOG_SECONDS=0)",
-            env=(("WORKER_WATCHDOG_SECONDS", "0"),),
+            "worker watchdog (WORKER_WATCHDOG_SECONDS = 0)",
+            settings=(("WORKER_WATCHDOG_SECONDS", 0),),
         ),
     )
 }
@@ -80,9 +80,9 @@ def jobs_off(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(job for name in names for job in NETS[name].jobs_off)
 
 
-def env_of(names: Iterable[str]) -> dict[str, str]:
-    """The application's environment values for the nets ``names``."""
-    return {key: value for name in names for key, value in NETS[name].env}
+def settings_of(names: Iterable[str]) -> dict[str, int]:
+    """The Django settings that switch off the nets ``names``."""
+    return {key: value for name in names for key, value in NETS[name].settings}
 
 
 def patch_applied(net: Net, root: Path) -> bool:

@@ -16,10 +16,10 @@
 # are addresses, and the host settings refuse spaces, quotes, braces and semicolons.
 #
 # Settings (empty counts as unset):
-#   APP_UPSTREAM                 host:port of the gunicorn serving every path but the webhook
-#                                (required)
-#   WEBHOOK_UPSTREAM             host:port of the gunicorn serving the webhook alone (required)
-#   EDGE_LISTEN                  the public port, or address:port (required)
+#   APP_UPSTREAM                 required: host:port of the gunicorn serving every path but
+#                                the webhook
+#   WEBHOOK_UPSTREAM             required: host:port of the gunicorn serving the webhook alone
+#   EDGE_LISTEN                  required: the public port, or address:port
 #   WEBHOOK_ALLOWED_SOURCES      required: comma-separated networks that may post webhooks
 #                                (CIDRs or addresses; stripe-webhook-sources.txt beside this
 #                                script lists Stripe's), or "any"; anyone else gets 403
@@ -47,10 +47,11 @@
 #   EDGE_KEEPALIVE_TIMEOUT       5: seconds an idle connection is kept open; behind a load
 #                                balancer, longer than the balancer's own idle timeout
 #   EDGE_HEALTH_RATE             2: GET /health/ per second per client
-#   EDGE_HEALTH_BURST            10
+#   EDGE_HEALTH_BURST            10: how many above that rate at once
 #   EDGE_LOGIN_RATE              10: requests to /admin/login/ per minute per client
-#   EDGE_LOGIN_BURST             5
-#   EDGE_ACCESS_LOG              /var/log/nginx/access.log (the nginx image's standard output)
+#   EDGE_LOGIN_BURST             5: how many above that rate at once
+#   EDGE_ACCESS_LOG              /var/log/nginx/access.log: the access log (the nginx image's
+#                                standard output); no query strings, no Referer
 
 set -eu
 

@@ -23,7 +23,7 @@ from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
 from tests.helpers import broker
-from tests.helpers.processes import SCALED, worker_env
+from tests.helpers.processes import SCALED, SCALED_BREAKER, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -38,9 +38,8 @@ def test_the_jobs_a_killed_worker_held_run_elsewhere_once_its_heartbeat_lapsed(
     keys = [f"nap-{uuid.uuid4().hex}" for _ in range(2)]
     env = worker_env(
         0,
-        **SCALED,
-        WORKER_HEARTBEAT_SECONDS="0.5",
-        WORKER_HEARTBEAT_LAPSE_SECONDS=str(LAPSE),
+        {**SCALED, "WORKER_HEARTBEAT_SECONDS": 0.5, "WORKER_HEARTBEAT_LAPSE_SECONDS": LAPSE},
+        **SCALED_BREAKER,
     )
     doomed = launch.celery_worker(env, name="doomed", include=("tests.tasks",), concurrency=2)
     survivor = None

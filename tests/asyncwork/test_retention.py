@@ -88,7 +88,6 @@ def test_bodies_are_cleared_in_every_state_and_dedupe_still_holds(settings: Any)
 def test_rows_go_after_their_own_retention_and_failed_events_stay(settings: Any) -> None:
     settings.WEBHOOK_BODY_RETENTION_DAYS = 1
     settings.WEBHOOK_RETENTION_DAYS = 3
-    settings.OUTBOX_RETENTION_DAYS = 7
     client = Client()
     gone = delivered(client, paid_event(), days_ago=3.5)
     kept = delivered(client, paid_event(), days_ago=2.5)

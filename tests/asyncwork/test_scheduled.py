@@ -30,7 +30,7 @@ from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
 from tests.helpers import broker
-from tests.helpers.processes import SCALED, worker_env, worker_thread
+from tests.helpers.processes import SCALED, SCALED_BREAKER, worker_env, worker_thread
 from tests.helpers.redis_server import PrivateRedis
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,7 +108,7 @@ def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
     """The worker is killed (SIGKILL, parent included) while its retry waits; another worker
     runs the retry at its due time, not after the visibility timeout (20 s here)."""
     key = f"flaky-{uuid.uuid4().hex}"
-    env = worker_env(0, **SCALED)
+    env = worker_env(0, SCALED, **SCALED_BREAKER)
     first = launch.celery_worker(env, name="doomed", include=("tests.tasks",))
     second = None
     try:
@@ -137,7 +137,7 @@ def test_a_retry_outlives_a_broker_restart(private_redis: PrivateRedis) -> None:
     the retry runs at its due time. (A retry held by the worker as a message with an ETA is
     dropped from the worker's timer with the lost connection, and from Redis by the restart.)"""
     key = f"flaky-{uuid.uuid4().hex}"
-    env = worker_env(0, CELERY_BROKER_URL=private_redis.url, **SCALED)
+    env = worker_env(0, SCALED, CELERY_BROKER_URL=private_redis.url, **SCALED_BREAKER)
     worker = launch.celery_worker(env, name="restarted-broker", include=("tests.tasks",))
     try:
         worker.wait_ready()

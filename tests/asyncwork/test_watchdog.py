@@ -29,7 +29,7 @@ WATCHDOG_SECONDS = 4
 
 
 def test_a_worker_idle_with_work_waiting_exits_and_the_next_does_the_work() -> None:
-    env = worker_env(free_port(), WORKER_WATCHDOG_SECONDS=str(WATCHDOG_SECONDS))
+    env = worker_env(free_port(), {"WORKER_WATCHDOG_SECONDS": WATCHDOG_SECONDS})
     stuck = launch.celery_worker(env, name="stuck", include=("tests.tasks",), concurrency=1)
     fresh = None
     try:

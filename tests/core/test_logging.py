@@ -76,8 +76,8 @@ def web(
     directory = tmp_path_factory.mktemp("web-logs")
     env = worker_env(
         smtp_server.port,
+        {"ROOT_URLCONF": "tests.helpers.urls"},
         DJANGO_ADMINS=ADMINS,
-        DJANGO_ROOT_URLCONF="tests.helpers.urls",
         PROMETHEUS_MULTIPROC_DIR=str(directory / "metrics"),
     )
     access_log = directory / "access.log"

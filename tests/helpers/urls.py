@@ -1,6 +1,6 @@
-"""The project's URLs plus a view that fails as a bug would: served with
-``DJANGO_ROOT_URLCONF=tests.helpers.urls`` by a real gunicorn, for the tests of what a server
-error (500) does in production (logged, never mailed)."""
+"""The project's URLs plus a view that fails as a bug would: the ``ROOT_URLCONF`` of a real
+gunicorn (``worker_env(settings=...)``), for the tests of what a server error (500) does in
+production (logged, never mailed)."""
 
 from __future__ import annotations
 

@@ -98,6 +98,7 @@ def production_gunicorn(
     database, broker and cache (``worker_env``); ready, with it, once Django answers."""
     env = worker_env(
         0,  # gunicorn sends no email
+        None,
         DJANGO_SETTINGS_MODULE="core.settings",
         DJANGO_STATIC_ROOT=str(static_root),
         **extra_env,

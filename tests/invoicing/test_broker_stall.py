@@ -23,7 +23,7 @@ from stack import launch
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.factories import paid_invoice
-from tests.helpers.processes import SCALED, worker_env
+from tests.helpers.processes import SCALED, SCALED_BREAKER, worker_env
 from tests.helpers.redis_server import PrivateRedis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -43,7 +43,7 @@ def test_worker_consumes_again_after_a_stall_made_its_ack_fail(
     first, later = paid_invoice(), [paid_invoice() for _ in range(3)]
     smtp.handler.faults.delay = 2  # the task is in SMTP when the broker stalls
     # Visibility timeout 20 s instead of 180 s, so the stalled ack's message comes back here.
-    env = worker_env(smtp.port, CELERY_BROKER_URL=private_redis.url, **SCALED)
+    env = worker_env(smtp.port, SCALED, CELERY_BROKER_URL=private_redis.url, **SCALED_BREAKER)
     worker = launch.celery_worker(env, name="stalled", concurrency=1)
     broker = private_redis.client()
     try:

@@ -24,7 +24,7 @@ from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.factories import paid_invoice
-from tests.helpers.processes import SCALED, worker_env
+from tests.helpers.processes import SCALED, SCALED_BREAKER, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
 ) -> None:
     invoice = paid_invoice("in_crash")
     smtp.handler.faults.delay = 3  # the server holds its reply to DATA: the worker waits in it
-    env = worker_env(smtp.port, **SCALED)
+    env = worker_env(smtp.port, SCALED, **SCALED_BREAKER)
     first = launch.celery_worker(env, name="doomed")
     second = None
     try:

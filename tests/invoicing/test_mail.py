@@ -321,8 +321,10 @@ def received_ids(server: SmtpServer) -> list[str]:
     return [received.message_id for received in server.handler.received()]
 
 
-def test_messages_share_one_connection_up_to_its_bound(settings: Any, smtp: SmtpServer) -> None:
-    settings.EMAIL_CONNECTION_MAX_MESSAGES = 3
+def test_messages_share_one_connection_up_to_its_bound(
+    monkeypatch: pytest.MonkeyPatch, smtp: SmtpServer
+) -> None:
+    monkeypatch.setattr(mail, "CONNECTION_MAX_MESSAGES", 3)
     for number in range(5):
         mail.deliver(plain_message(number))
 

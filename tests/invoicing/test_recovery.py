@@ -110,7 +110,7 @@ def test_a_database_reconnect_reconciles_at_once_but_keeps_the_quiet_period(
     message is still in the broker (a restart of the database drops no queued message) is not
     enqueued a second time."""
     quiet = 20
-    env = worker_env(smtp.port, RECONCILE_QUIET_SECONDS=str(quiet))
+    env = worker_env(smtp.port, {"RECONCILE_QUIET_SECONDS": quiet})
     beat = launch.celery_beat(env, name="reconnect-beat")
     worker = launch.celery_worker(env, name="reconnect-worker")
     try:

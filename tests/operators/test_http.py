@@ -108,8 +108,8 @@ def logged_in(client: Client) -> bool:
 
 
 def test_the_limit_and_cool_off_come_from_settings() -> None:
-    assert django_settings.AXES_FAILURE_LIMIT == django_settings.ADMIN_LOGIN_FAILURE_LIMIT == 5
-    assert django_settings.ADMIN_LOGIN_COOLOFF_SECONDS == 900
+    assert django_settings.AXES_FAILURE_LIMIT == 5
+    assert django_settings.AXES_COOLOFF_TIME.total_seconds() == 900
     assert django_settings.AXES_COOLOFF_TIME.total_seconds() == 900
     assert django_settings.AXES_LOCKOUT_PARAMETERS == [["username", "ip_address"]]
     assert django_settings.AUTHENTICATION_BACKENDS[0] == "axes.backends.AxesStandaloneBackend"
@@ -224,8 +224,8 @@ def app(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     inner proxies; its port."""
     env = worker_env(
         0,
+        {"AXES_FAILURE_LIMIT": GUNICORN_LIMIT},
         TRUSTED_PROXIES=f"{PROXY}/32,{INNER_PROXIES}",
-        ADMIN_LOGIN_FAILURE_LIMIT=str(GUNICORN_LIMIT),
         METRICS_ALLOWED_NETWORKS=f"{PROXY}/32",
     )
     log = tmp_path_factory.mktemp("proxies") / "gunicorn.log"
