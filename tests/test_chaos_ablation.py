@@ -61,7 +61,7 @@ def test_a_checkout_with_the_patch_applied_runs_only_with_that_net_named(
 ) -> None:
     assert net.patch is not None
     # The files every patch touches, as this revision has them, outside any repository.
-    for name in ("invoicing/apps.py", "asyncwork/rescue.py", "asyncwork/beat.py"):
+    for name in ("invoicing/jobs.py", "asyncwork/rescue.py", "asyncwork/beat.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     assert ablation.patches_mismatch([], tmp_path) is None
