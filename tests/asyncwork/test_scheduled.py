@@ -210,7 +210,7 @@ def test_a_retry_the_database_refuses_goes_back_to_its_queue_and_is_not_lost() -
             )
             # The next delivery runs at once, and waits for the database in its turn.
             again = wait_until(lambda: cache.get(f"{key}:runs") == 2, timeout=10)
-            time.sleep(2)
+            time.sleep(2)  # the outage goes on while that delivery waits for the database
         ran = wait_until(lambda: cache.get(key) == 2, timeout=30)
         log = worker.log_text()
     finally:
