@@ -47,7 +47,7 @@ from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_signed
 from tests.helpers.web import hashed_name
 from webhooks import testing as stripe_testing
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # Chromium
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

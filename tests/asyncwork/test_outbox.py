@@ -49,6 +49,7 @@ def stallable_broker(
 
 
 @broker.redis_only  # a shared RabbitMQ node cannot be stalled for one test
+@pytest.mark.slow
 def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
     client: Client, smtp: SmtpServer, stallable_broker: redis.Redis
 ) -> None:

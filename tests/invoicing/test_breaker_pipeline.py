@@ -67,6 +67,7 @@ def paid_invoices(count: int) -> list[Invoice]:
     return [paid_invoice(f"in_outage_{n}", amount_paid=100 + n) for n in range(count)]
 
 
+@pytest.mark.slow
 def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recovery(
     breaker_settings: Any, finished_runs: list[dict[str, Any]]
 ) -> None:
@@ -151,6 +152,7 @@ def test_a_refused_recipient_is_the_provider_answering_and_does_not_open_it(
     assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"permanent"}
 
 
+@pytest.mark.slow
 def test_deferrals_of_single_messages_are_the_provider_answering_and_do_not_open_it(
     breaker_settings: Any, smtp: SmtpServer
 ) -> None:
@@ -171,6 +173,7 @@ def test_deferrals_of_single_messages_are_the_provider_answering_and_do_not_open
     assert not DeadLetter.objects.exists()
 
 
+@pytest.mark.slow
 def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavailable(
     settings: Any, smtp_unreachable: int
 ) -> None:

@@ -57,6 +57,7 @@ def test_ten_threads_racing_for_one_invoice_send_one_email(smtp: SmtpServer) -> 
     assert len(smtp.messages) == 1
 
 
+@pytest.mark.slow
 def test_two_worker_processes_given_the_job_ten_times_send_one_email(smtp: SmtpServer) -> None:
     invoice = paid_invoice()
     smtp.handler.faults.delay = 0.3

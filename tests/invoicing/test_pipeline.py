@@ -153,6 +153,7 @@ def test_a_missing_invoice_is_a_permanent_failure(smtp: SmtpServer) -> None:
     assert "invoice 987654 does not exist" in letter.exception_message
 
 
+@pytest.mark.slow
 def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
     client: Client, smtp_unreachable: int
 ) -> None:

@@ -116,6 +116,7 @@ def test_the_limit_and_cool_off_come_from_settings() -> None:
     assert django_settings.AUTHENTICATION_BACKENDS[0] == "axes.backends.AxesStandaloneBackend"
 
 
+@pytest.mark.slow
 def test_failures_lock_the_username_at_this_address_until_the_cool_off(
     settings: Any, admin_user: Any, limit: int
 ) -> None:

@@ -228,6 +228,7 @@ def test_concurrent_requests_from_one_address_are_counted_exactly(settings: Any)
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_processes_take_permits_in_batches_and_never_let_in_more_than_the_limit(
     tmp_path: Path,
 ) -> None:
