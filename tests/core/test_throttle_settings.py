@@ -7,6 +7,8 @@ import pytest
 
 from tests.helpers.environment import PRODUCTION, manage
 
+pytestmark = pytest.mark.slow  # each test runs manage.py check in a process of its own
+
 
 @pytest.mark.parametrize("rate", ["lots", "0/min", "10/week", "-5/s", "5"])
 def test_a_malformed_throttle_rate_is_refused(rate: str) -> None:

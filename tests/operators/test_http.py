@@ -260,6 +260,7 @@ def log_in_from(port: int, source: str, password: str, forwarded: str | None = N
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_a_client_around_the_proxy_is_one_client_to_the_webhook_throttle(app: int) -> None:
     around = a_loopback_address()
     over_the_limit = [400] * GUNICORN_LIMIT + [429]
@@ -278,6 +279,7 @@ def test_a_client_around_the_proxy_is_one_client_to_the_webhook_throttle(app: in
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_a_client_around_the_proxy_is_one_client_to_the_login_limit(app: int) -> None:
     get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
     around = a_loopback_address()
@@ -299,6 +301,7 @@ def test_a_client_around_the_proxy_is_one_client_to_the_login_limit(app: int) ->
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_trusted_entries_are_skipped_from_the_right(app: int) -> None:
     """The login limit files each failure under the address the rule gives: the first entry
     from the right that is not a trusted proxy (nginx's real_ip_recursive)."""
@@ -322,6 +325,7 @@ def test_trusted_entries_are_skipped_from_the_right(app: int) -> None:
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_the_metrics_allow_list_judges_the_client_not_its_header(app: int) -> None:
     def metrics(source: str, forwarded: str | None = None) -> int:
         headers = {"X-Forwarded-For": forwarded} if forwarded is not None else {}
