@@ -38,8 +38,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The fast tier, in about two minutes: the tests not marked slow (pyproject.toml), which prove
-# each guarantee at least once. `make test` runs them all.
+# The fast tier: lint and the tests not marked slow (pyproject.toml), which prove each
+# guarantee at least once. `make test` runs them all.
 check: lint
 	$(VENV)/bin/pytest $(PYTEST_PROCESSES) -m "not slow"
 
