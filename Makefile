@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--all-build-deps --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test bench lock
+.PHONY: demo lint check test bench lock
 
 PYTEST_PROCESSES := -n 2 --dist loadfile
 
@@ -32,11 +32,18 @@ $(STAMP): pyproject.toml requirements/dev.txt
 demo: $(STAMP)
 	$(VENV)/bin/python scripts/demo.py
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The fast tier: lint and the tests not marked slow (pyproject.toml), which prove each
+# guarantee at least once. `make test` runs them all.
+check: lint
+	$(VENV)/bin/pytest $(PYTEST_PROCESSES) -m "not slow"
+
+test: lint
 	# Two test processes (pytest-xdist), each module's tests in one of them: most tests wait on
 	# real timeouts, and each process is a run of its own (tests/settings.py).
 	$(VENV)/bin/pytest $(PYTEST_PROCESSES)

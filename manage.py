@@ -14,6 +14,12 @@ def main() -> None:
 
     try:
         execute_from_command_line(sys.argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+    except BrokenPipeError:
+        # The reader stopped (`manage.py pipeline_status | head`): nothing more to say. Whatever
+        # is still buffered goes to /dev/null, so the flush at exit fails no more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except ImproperlyConfigured as exc:
         # A configuration mistake is the operator's to fix: say what, without a traceback.
         sys.exit(f"Configuration error: {exc}")

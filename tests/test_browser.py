@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,12 @@ from stack.smtp import SmtpServer
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_signed
 from tests.helpers.web import hashed_name
 from webhooks import testing as stripe_testing
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # Chromium
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -368,7 +368,7 @@ def test_an_operator_confirms_a_bulk_resend_that_states_its_count(
         )
         assert success.text == "Requested 2 invoice email resend(s)."
         smtp.handler.wait_for(2, timeout=20)
-        time.sleep(1)
+        pipeline_quiet()
     assert sorted(m["To"] for m in smtp.messages) == sorted(
         f"Ada Lovelace <{i.customer_email}>" for i in chosen
     )

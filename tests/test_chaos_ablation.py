@@ -20,6 +20,8 @@ from chaos.observe import net_actions
 from chaos.report import recovery_over_bound
 from stack.process import ROOT
 
+pytestmark = pytest.mark.slow  # the chaos suite's tools, as test_chaos.py
+
 RESULTS = ROOT / "chaos" / "results"
 PATCHED = [net for net in ablation.NETS.values() if net.patched]
 

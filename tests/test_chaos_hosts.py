@@ -10,8 +10,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from chaos.hosts import BEAT_HOST_CUT, beat_analysis
 from stack.process import ROOT
+
+pytestmark = pytest.mark.slow  # the chaos suite's tools, as test_chaos.py
 
 
 def _stamp(moment: float) -> str:

@@ -257,6 +257,7 @@ def secret_key_as_documented() -> str:
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 @pytest.mark.parametrize("service", [*APP_SERVICES, "migrate"])
+@pytest.mark.slow
 def test_check_deploy_passes_with_the_environment_compose_gives(
     services: dict[str, dict[str, Any]], service: str, broker: str, tmp_path: Path
 ) -> None:

@@ -183,6 +183,7 @@ def test_republish_skips_a_row_another_publisher_holds_and_says_so(
     }
 
 
+@pytest.mark.slow
 def test_a_republish_the_broker_refuses_leaves_the_row_to_the_relay(
     staff: Client, queue: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -208,6 +208,7 @@ def token_header(db: Any) -> dict[str, str]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow
 def test_schemathesis_no_5xx(case: Any, live_server: Any, token_header: dict[str, str]) -> None:
     response = case.call(base_url=live_server.url, headers=token_header)
     assert response.status_code < 500, (case.path, case.method, response.text[:500])

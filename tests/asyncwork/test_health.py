@@ -305,7 +305,7 @@ def test_concurrent_anonymous_callers_share_one_run_of_the_checks(
     assert len(runs) == 1
     assert Client().get(HEALTH_URL).status_code == 200
     assert len(runs) == 1  # within the second: the shared result
-    time.sleep(1.1)
+    time.sleep(1.1)  # the shared result's second is over
     assert Client().get(HEALTH_URL).status_code == 200
     assert len(runs) == 2
 

@@ -21,6 +21,7 @@ def test_the_sql_names_the_model_table() -> None:
     assert WorkerHeartbeat._meta.db_table == heartbeat.TABLE
 
 
+@pytest.mark.slow
 def test_each_pool_process_beats_and_a_clean_stop_deletes_its_row() -> None:
     env = worker_env(1, {"WORKER_HEARTBEAT_SECONDS": 0.5, "WORKER_HEARTBEAT_LAPSE_SECONDS": 3})
     worker = launch.celery_worker(env, name="beating", concurrency=2)

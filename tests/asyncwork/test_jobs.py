@@ -109,6 +109,7 @@ def test_a_failed_run_is_one_error_line_with_its_traceback(
     assert row.last_error == "ZeroDivisionError('division by zero')"
 
 
+@pytest.mark.slow
 def test_a_run_whose_process_died_releases_the_lock() -> None:
     script = (
         "import time; from django.db import connection;"

@@ -311,6 +311,7 @@ def test_who_may_read_metrics(client: Client, settings: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_task_attempts_and_outcomes_are_counted_by_the_worker(
     client: Client, smtp: SmtpServer, settings: Any
 ) -> None:

@@ -22,6 +22,7 @@ from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.redis_server import PrivateRedis
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
@@ -30,20 +31,25 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def stallable_broker(private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch) -> Any:
+def stallable_broker(
+    private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> Any:
     """The broker is a Redis of this test's own, which it may stall: the machine's is shared.
-    Publishes (this thread's kept outbox connection) and the worker go there."""
+    Publishes (this thread's kept outbox connection), the worker and the test's reads of the
+    broker (``tests.helpers.broker``) go there."""
     from core.celery import app
 
     # Celery reads the environment's CELERY_BROKER_URL before its own setting.
     monkeypatch.setenv("CELERY_BROKER_URL", private_redis.url)
     monkeypatch.setattr(app.conf, "broker_url", private_redis.url)
+    settings.CELERY_BROKER_URL = private_redis.url
     _producer_drop()
     yield private_redis.client()
     _producer_drop()
 
 
 @broker.redis_only  # a shared RabbitMQ node cannot be stalled for one test
+@pytest.mark.slow
 def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
     client: Client, smtp: SmtpServer, stallable_broker: redis.Redis
 ) -> None:
@@ -64,7 +70,7 @@ def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
     with worker_thread():
         call_command("outbox", "relay", "--grace", "0")
         smtp.handler.wait_for(1, timeout=20)
-        time.sleep(1)
+        pipeline_quiet()
     row.refresh_from_db()
     assert row.published_at is not None
     assert len(smtp.messages) == 1
@@ -90,7 +96,7 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_i
             queue=row.queue,
         )
         assert outbox_relay() == 1
-        time.sleep(2)
+        pipeline_quiet()
     assert len(smtp.messages) == 1
 
 

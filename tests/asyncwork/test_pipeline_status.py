@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from io import StringIO
 
@@ -14,6 +16,8 @@ from django.db import connection
 
 from asyncwork.jobs import job_run
 from core.celery import app
+from stack.process import ROOT
+from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,3 +99,26 @@ def test_a_running_job_is_shown_with_the_process_running_it() -> None:
     assert line.endswith(f"  pid {os.getpid()} on host {socket.gethostname()}")
     assert report["health"]["checks"]["beat"]["active"] is None
     assert "no beat is dispatching" in screen
+
+
+@pytest.mark.parametrize("args", [["pipeline_status"], ["pipeline_status", "--json"], ["help"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly(args: list[str]) -> None:
+    """As ``manage.py pipeline_status | head -1``, with the reader gone before the first line
+    is written: every write meets a closed pipe. The command stops without a traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has stopped reading
+    try:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            env=worker_env(0),
+        )
+    finally:
+        os.close(write)
+    assert result.stderr == ""
+    assert result.returncode == 1  # as Python's own documentation has it for a closed pipe

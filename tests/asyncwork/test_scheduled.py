@@ -40,6 +40,7 @@ def _waiting_retry(task_id: str) -> OutboxMessage | None:
     return OutboxMessage.objects.filter(task_id=task_id, published_at__isnull=True).first()
 
 
+@pytest.mark.slow
 def test_a_retry_waits_as_an_outbox_row_with_nothing_held_in_the_broker() -> None:
     key = f"flaky-{uuid.uuid4().hex}"
     with worker_thread(concurrency=1):
@@ -75,6 +76,7 @@ def test_a_retry_waits_as_an_outbox_row_with_nothing_held_in_the_broker() -> Non
     assert not DeadLetter.objects.exists()
 
 
+@pytest.mark.slow
 def test_a_job_delivered_after_a_delay_retries_onto_its_own_queue() -> None:
     """A job first sent with a countdown, then failing: its retry waits for the job's own queue
     and runs. On RabbitMQ the delayed message comes through Celery's delay exchanges, and its
@@ -210,7 +212,7 @@ def test_a_retry_the_database_refuses_goes_back_to_its_queue_and_is_not_lost() -
             )
             # The next delivery runs at once, and waits for the database in its turn.
             again = wait_until(lambda: cache.get(f"{key}:runs") == 2, timeout=10)
-            time.sleep(2)
+            time.sleep(2)  # the outage goes on while that delivery waits for the database
         ran = wait_until(lambda: cache.get(key) == 2, timeout=30)
         log = worker.log_text()
     finally:

@@ -7,6 +7,8 @@ import pytest
 
 from tests.helpers.environment import PRODUCTION, manage
 
+pytestmark = pytest.mark.slow  # each test reads the settings in a process of its own
+
 
 @pytest.mark.parametrize(("soft", "hard"), [("100", "10"), ("0", "10")])
 def test_marks_out_of_order_are_refused(soft: str, hard: str) -> None:

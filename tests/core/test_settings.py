@@ -21,6 +21,8 @@ from stack.net import HOST
 from tests.helpers.environment import PRODUCTION, clean_env, manage
 from tests.helpers.http import Answer, send
 
+pytestmark = pytest.mark.slow  # each test reads the settings in a process of its own
+
 
 def settings_read(*names: str, env: dict[str, str]) -> list[str]:
     """The repr of each setting in ``names`` as ``manage.py`` sees it with ``env``."""

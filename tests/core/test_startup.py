@@ -17,6 +17,8 @@ from stack.net import free_port
 from stack.process import ROOT
 from tests.helpers.environment import PRODUCTION, clean_env, manage
 
+pytestmark = pytest.mark.slow  # each test starts an entry point in a process of its own
+
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {
     "manage.py check": [sys.executable, "manage.py", "check"],

@@ -73,6 +73,7 @@ def assert_served_as_deployed(port: int, static_root: Path) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_gunicorn_serves_the_admin_stylesheet_hashed_compressed_and_cacheable(
     production_web: Process, collected_static: Path
 ) -> None:
@@ -96,6 +97,7 @@ def test_gunicorn_serves_the_admin_stylesheet_hashed_compressed_and_cacheable(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_the_edge_passes_static_files_through(
     production_web: Process, collected_static: Path
 ) -> None:

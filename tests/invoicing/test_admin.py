@@ -41,6 +41,7 @@ from tests.helpers.admin import (
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
@@ -128,7 +129,7 @@ def test_resend_sends_a_new_email_under_its_own_key_and_records_who_asked(
         smtp.handler.wait_for(2, timeout=20)
         again = resend_confirmed(staff, [paid.pk])  # chosen again: a new confirmation, a new email
         smtp.handler.wait_for(3, timeout=20)
-        time.sleep(1)
+        pipeline_quiet()
 
     assert messages(response) == [
         ("success", "Requested 1 invoice email resend(s)."),
@@ -196,7 +197,7 @@ def test_the_confirmation_states_the_count_and_a_double_submit_sends_once(
         first = staff.post(INVOICES, data, follow=True)
         again = staff.post(INVOICES, data, follow=True)  # the same confirmation, resubmitted
         smtp.handler.wait_for(3, timeout=20)
-        time.sleep(1)
+        pipeline_quiet()
 
     assert messages(first) == [
         ("success", "Requested 3 invoice email resend(s)."),
@@ -252,7 +253,7 @@ def test_one_confirmation_submitted_twice_at_once_sends_once(
         finally:
             holder.close()
         smtp.handler.wait_for(2, timeout=20)
-        time.sleep(2)
+        pipeline_quiet()
 
     assert sorted(messages(page)[0][0] for page in pages) == ["success", "warning"]
     assert sorted(m["To"] for m in smtp.messages) == [

@@ -24,6 +24,7 @@ from stack.smtp import Faults, SmtpServer
 from tests.helpers.factories import paid_invoice
 from tests.helpers.mail import use_smtp
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,6 +67,7 @@ def paid_invoices(count: int) -> list[Invoice]:
     return [paid_invoice(f"in_outage_{n}", amount_paid=100 + n) for n in range(count)]
 
 
+@pytest.mark.slow
 def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recovery(
     breaker_settings: Any, finished_runs: list[dict[str, Any]]
 ) -> None:
@@ -96,7 +98,7 @@ def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recov
                 lambda: sum(r["state"] == "SUCCESS" for r in finished_runs) >= EMAILS,
                 timeout=10,
             )
-            time.sleep(0.5)  # anything still due would show up as a duplicate
+            pipeline_quiet()
             messages = smtp.messages
     finally:
         smtp.stop()
@@ -150,6 +152,7 @@ def test_a_refused_recipient_is_the_provider_answering_and_does_not_open_it(
     assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"permanent"}
 
 
+@pytest.mark.slow
 def test_deferrals_of_single_messages_are_the_provider_answering_and_do_not_open_it(
     breaker_settings: Any, smtp: SmtpServer
 ) -> None:
@@ -170,6 +173,7 @@ def test_deferrals_of_single_messages_are_the_provider_answering_and_do_not_open
     assert not DeadLetter.objects.exists()
 
 
+@pytest.mark.slow
 def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavailable(
     settings: Any, smtp_unreachable: int
 ) -> None:
@@ -181,7 +185,7 @@ def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavail
         for invoice in invoices:
             send_invoice_email.delay(invoice.pk)
         assert wait_until(lambda: DeadLetter.objects.count() == 2, timeout=30)
-        time.sleep(0.5)
+        pipeline_quiet()
     letters = list(DeadLetter.objects.order_by("args"))
     assert [letter.args for letter in letters] == [[i.pk] for i in invoices]
     for letter in letters:

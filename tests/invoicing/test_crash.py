@@ -25,6 +25,7 @@ from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import SCALED, SCALED_BREAKER, worker_env
+from tests.helpers.quiescence import pipeline_quiet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -65,7 +66,7 @@ def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
             bound = lease + 10
         assert wait_until(lambda: EmailDelivery.objects.get().state == "sent", timeout=bound)
         recovered_after = time.monotonic() - killed_at
-        time.sleep(1)
+        pipeline_quiet()
     finally:
         first.kill()
         if second is not None:

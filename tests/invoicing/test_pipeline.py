@@ -3,8 +3,6 @@ SMTP server (aiosmtpd)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.test import Client
 
@@ -13,6 +11,7 @@ from invoicing.models import EmailDelivery, Invoice
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
@@ -69,7 +68,7 @@ def test_paid_and_payment_succeeded_each_delivered_twice_send_one_email(
         invoice = Invoice.objects.get()
         send_invoice_email.delay(invoice.pk)
         send_invoice_email.delay(invoice.pk)
-        time.sleep(2)
+        pipeline_quiet()
     assert len(smtp.messages) == 1
     assert EmailDelivery.objects.get().state == "sent"
 
@@ -92,7 +91,7 @@ def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> 
     with worker_thread():
         post_event(client, stripe_testing.encode(paid_event()))
         assert wait_until(DeadLetter.objects.exists, timeout=20)
-        time.sleep(1)
+        pipeline_quiet()
     letter = DeadLetter.objects.get()
     invoice = Invoice.objects.get()
     assert smtp.handler.attempts == 1
@@ -154,6 +153,7 @@ def test_a_missing_invoice_is_a_permanent_failure(smtp: SmtpServer) -> None:
     assert "invoice 987654 does not exist" in letter.exception_message
 
 
+@pytest.mark.slow
 def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
     client: Client, smtp_unreachable: int
 ) -> None:

@@ -26,6 +26,7 @@ from stack.process import Process
 from stack.smtp import IN_WINDOW, SmtpServer
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import worker_env
+from tests.helpers.quiescence import pipeline_quiet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -114,7 +115,7 @@ def test_a_zombie_sends_nothing_more_and_its_late_writes_change_nothing(
             ),
             20,
         )
-        time.sleep(2)  # anything more it would send or write
+        pipeline_quiet()  # anything more it would send or write
         zombie_log = zombie.log_text()
     finally:
         for process in (*workers, beat):

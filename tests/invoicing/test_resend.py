@@ -6,7 +6,6 @@ requests under one key create one email, and a retry says what the first request
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from stack.smtp import SmtpServer
 from tests.helpers.factories import paid_invoice as new_paid_invoice
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,7 +74,7 @@ def test_same_key_twice_sends_once_and_a_new_key_sends_again(
         smtp.handler.wait_for(2, timeout=20)
         other = staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-456")
         smtp.handler.wait_for(3, timeout=20)
-        time.sleep(1)
+        pipeline_quiet()
 
     assert (first.status_code, again.status_code, other.status_code) == (202, 202, 202)
     # The first response, nothing more sent (its status may have moved on: see below).
@@ -163,7 +163,7 @@ def test_a_retry_says_what_the_first_request_did_now(staff: APIClient, smtp: Smt
     with worker_thread():
         smtp.handler.wait_for(1, timeout=20)
         assert wait_until(DeadLetter.objects.exists, timeout=20)
-        time.sleep(0.5)
+        pipeline_quiet()
 
     sent = staff.post(resend_url(delivered), HTTP_IDEMPOTENCY_KEY="a")
     failed = staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")

@@ -156,6 +156,7 @@ def _as_no_account() -> tuple[str, ...] | None:
     return prefix if probe.returncode == 0 else None
 
 
+@pytest.mark.slow
 def test_a_uid_with_no_account_and_no_login_variables_is_named_by_its_uid() -> None:
     """As in a container started with ``--user 12345``: no passwd entry, no $USER, no tty."""
     prefix = _as_no_account()
@@ -168,6 +169,7 @@ def test_a_uid_with_no_account_and_no_login_variables_is_named_by_its_uid() -> N
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "x" * 101, "bad\x1bname"])
+@pytest.mark.slow
 def test_a_bad_actor_is_a_clear_error_and_nothing_is_done(bad: str) -> None:
     waiting = old_letter()
     with pytest.raises(CommandError, match="give who is acting"):

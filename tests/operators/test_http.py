@@ -115,6 +115,7 @@ def test_the_limit_and_cool_off_come_from_settings() -> None:
     assert django_settings.AUTHENTICATION_BACKENDS[0] == "axes.backends.AxesStandaloneBackend"
 
 
+@pytest.mark.slow
 def test_failures_lock_the_username_at_this_address_until_the_cool_off(
     settings: Any, admin_user: Any, limit: int
 ) -> None:
@@ -251,6 +252,7 @@ def log_in_from(port: int, source: str, password: str, forwarded: str | None = N
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_a_client_around_the_proxy_is_one_client_to_the_login_limit(app: int) -> None:
     get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
     around = a_loopback_address()
@@ -272,6 +274,7 @@ def test_a_client_around_the_proxy_is_one_client_to_the_login_limit(app: int) ->
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_trusted_entries_are_skipped_from_the_right(app: int) -> None:
     """The login limit files each failure under the address the rule gives: the first entry
     from the right that is not a trusted proxy (nginx's real_ip_recursive)."""
@@ -295,6 +298,7 @@ def test_trusted_entries_are_skipped_from_the_right(app: int) -> None:
 
 
 @through_gunicorn
+@pytest.mark.slow
 def test_the_metrics_allow_list_judges_the_client_not_its_header(app: int) -> None:
     def metrics(source: str, forwarded: str | None = None) -> int:
         headers = {"X-Forwarded-For": forwarded} if forwarded is not None else {}

@@ -28,7 +28,7 @@ from stack.rabbitmq import RabbitNode
 from stack.smtp import SmtpServer
 
 _WHY_NOT = netns.available()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or ""), pytest.mark.slow]
 
 PORT = 7000
 

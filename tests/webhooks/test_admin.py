@@ -5,7 +5,6 @@ its permission and recorded as an operator action each time."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from stack.smtp import SmtpServer
 from tests.helpers.admin import action_choices, admin_as, messages, rows, run_action
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
@@ -133,7 +133,7 @@ def test_reprocessing_applies_an_event_whose_processing_failed_once(
         response = run_action(staff, EVENTS, "reprocess_selected", [row.pk])
         smtp.handler.wait_for(1, timeout=20)
         again = run_action(staff, EVENTS, "reprocess_selected", [row.pk])
-        time.sleep(2)  # a second email, if any, would arrive by now
+        pipeline_quiet()
 
     assert messages(response) == [
         ("success", "Reprocessed 1 webhook event(s): 1 processed, 0 ignored, 0 failed.")

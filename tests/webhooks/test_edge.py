@@ -127,6 +127,7 @@ def stored() -> set[str]:
 
 
 @uses_app
+@pytest.mark.slow
 def test_edge_refuses_what_is_over_its_rate_before_the_application(app: Pools) -> None:
     """The capacity guard across senders: eight deliveries at once, each from an address of its
     own (so no sender's own limit is reached), against 1 per second with a burst of 2: three
@@ -206,6 +207,7 @@ def slow_upstream() -> contextlib.AbstractContextManager[int]:
     return upstream(delay=1.0)
 
 
+@pytest.mark.slow
 def test_edge_refuses_what_is_over_its_in_flight_limit_at_once() -> None:
     """Under its rate but with the upstream slow: beyond ``in_flight`` requests at a time, from
     whichever senders, nginx answers 503 at once rather than queueing them on gunicorn."""
@@ -230,6 +232,7 @@ def test_edge_refuses_what_is_over_its_in_flight_limit_at_once() -> None:
             assert answer.headers["Retry-After"] == "1"
 
 
+@pytest.mark.slow
 def test_the_benchmarks_edge_without_limits_refuses_none_of_its_senders() -> None:
     """``bench.ingest_load`` measures the overload's reference through the edge with its limits
     out of the way: every one of its closed-loop senders, all from one address and all in
@@ -252,6 +255,7 @@ def test_the_benchmarks_edge_without_limits_refuses_none_of_its_senders() -> Non
     assert [answer.status for answer in answers] == [200] * senders
 
 
+@pytest.mark.slow
 def test_gunicorn_down_is_a_503_to_retry() -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
@@ -735,6 +739,7 @@ def gets_at_once(port: int, requests_: list[tuple[str, str, Mapping[str, str]]])
         return list(pool.map(one, requests_))
 
 
+@pytest.mark.slow
 def test_every_path_is_rate_limited_per_client() -> None:
     """One client, whatever it asks for (the API, static files, a missing page, a bad Host, a
     mix): EDGE_ADDRESS_RATE with EDGE_ADDRESS_BURST above it, then 429 from the edge; another
@@ -766,6 +771,7 @@ def test_every_path_is_rate_limited_per_client() -> None:
     assert sorted(answer.status for answer in mixed) == [200] * 3 + [429]
 
 
+@pytest.mark.slow
 def test_requests_in_progress_are_limited_per_client() -> None:
     """EDGE_ADDRESS_CONNECTIONS requests of one client in progress at once (here on a slow
     upstream); beyond that, 429 at once, while another client is served."""
@@ -807,6 +813,7 @@ SAME_64 = [
 OTHER_64 = ["2001:db8:1:3::1", "2001:db8:b::5", "2001:db8:0:1::1", "2001:0:0:6::1", "2002:0:0:1::1"]
 
 
+@pytest.mark.slow
 def test_an_ipv6_client_is_its_64() -> None:
     """Every address of a /64 shares one limit (a host commonly holds a whole /64), however
     nginx writes it; another /64 has a limit of its own; an IPv4 address written in IPv6 is
@@ -840,6 +847,7 @@ def test_an_ipv6_client_is_its_64() -> None:
 
 
 @uses_app
+@pytest.mark.slow
 def test_the_webhook_is_served_when_every_other_worker_is_stuck(app: Pools) -> None:
     """Every other path on a gunicorn that answers nothing (each of its workers stuck): signed
     deliveries are still answered 200 at once, by the webhook's own gunicorn."""
@@ -879,6 +887,7 @@ def test_the_webhook_is_served_when_every_other_worker_is_stuck(app: Pools) -> N
 
 
 @uses_app
+@pytest.mark.slow
 def test_metrics_is_404_at_the_edge_unless_its_sources_are_configured(app: Pools) -> None:
     with edge(app, rate=10, burst=10, in_flight=4) as nginx:
         default = send(nginx.port, method="GET", path="/metrics")
@@ -895,6 +904,7 @@ def test_metrics_is_404_at_the_edge_unless_its_sources_are_configured(app: Pools
     assert b"invoicing_" in allowed.body
 
 
+@pytest.mark.slow
 def test_x_forwarded_proto_counts_from_a_trusted_proxy_alone() -> None:
     """What the application is told about the scheme: a trusted proxy's X-Forwarded-Proto
     (https or http), anyone else's replaced by the edge's own scheme."""
@@ -917,6 +927,7 @@ def test_x_forwarded_proto_counts_from_a_trusted_proxy_alone() -> None:
     assert untrusted == {"https": "http", "http": "http"}
 
 
+@pytest.mark.slow
 def test_the_access_log_keeps_no_query_string_and_no_referer() -> None:
     address = "jenny.rosen@example.com"
     with upstream() as up, launch.edge(up, rate=10, burst=10, in_flight=4) as nginx:
@@ -941,6 +952,7 @@ def test_the_access_log_keeps_no_query_string_and_no_referer() -> None:
 
 
 @uses_app
+@pytest.mark.slow
 def test_outside_the_allowed_sources_is_403_at_the_edge(app: Pools) -> None:
     settings = {"WEBHOOK_ALLOWED_SOURCES": "10.0.0.0/8, 127.0.0.1/32"}
     with edge(app, rate=1, burst=1, in_flight=4, settings=settings) as nginx:
@@ -960,6 +972,7 @@ def test_outside_the_allowed_sources_is_403_at_the_edge(app: Pools) -> None:
 
 
 @uses_app
+@pytest.mark.slow
 def test_an_allowed_source_behind_a_trusted_proxy_is_judged_by_its_own_address(app: Pools) -> None:
     settings = {"WEBHOOK_ALLOWED_SOURCES": "203.0.113.0/24", "EDGE_TRUSTED_PROXIES": SIGNED}
     with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
@@ -998,6 +1011,7 @@ def at_once(port: int, senders: list[tuple[str, str]]) -> list[str]:
 
 
 @uses_app
+@pytest.mark.slow
 def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: Pools) -> None:
     settings = {
         "EDGE_TRUSTED_PROXIES": f"{SIGNED}/32",
@@ -1046,6 +1060,7 @@ def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_limit(app: Po
 
 
 @uses_app
+@pytest.mark.slow
 def test_health_and_admin_login_are_limited_per_address(app: Pools) -> None:
     settings = {
         "EDGE_HEALTH_RATE": 1,
@@ -1189,6 +1204,7 @@ def test_render_writes_nothing_when_it_refuses(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["default.conf"]
 
 
+@pytest.mark.slow
 def test_nginx_accepts_what_render_makes_of_every_list() -> None:
     nginx_check(
         {
@@ -1305,6 +1321,7 @@ def test_the_refresh_refuses_what_is_not_a_list_and_changes_nothing(
     assert [p.name for p in tmp_path.iterdir()] == ["sources.txt"]
 
 
+@pytest.mark.slow
 def test_the_healthchecks_compose_runs_pass_through_the_edge(live_server: Any) -> None:
     """compose.yaml's edge healthcheck fetches /health/live through nginx; anonymous /health/
     through it says the status alone."""

@@ -151,6 +151,7 @@ def test_unsigned_garbage_is_4xx_and_stores_nothing(
     escape=st.booleans(),
     skew=st.integers(min_value=-1000, max_value=1000),
 )
+@pytest.mark.slow
 def test_validly_signed_arbitrary_bodies_never_5xx(
     client: Client, event: dict[str, Any], raw: bytes, use_raw: bool, escape: bool, skew: int
 ) -> None:
@@ -214,6 +215,7 @@ HEADERS_OF_THE_EMAIL = {
 
 @FUZZ
 @given(event=hostile_events())
+@pytest.mark.slow
 def test_hostile_text_in_every_field_of_a_signed_event(
     client: Client, event: dict[str, Any]
 ) -> None:
