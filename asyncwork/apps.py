@@ -10,7 +10,7 @@ class AsyncWorkConfig(AppConfig):
 
         # Importing the declaring modules declares the machinery's own jobs, checks, metrics
         # sources and dashboard probes, ahead of any app's.
-        from asyncwork import dashboard, deadletters, gauges, health, outbox, rescue, retention  # noqa: F401  # noqa: F401
+        from asyncwork import dashboard, deadletters, gauges, health, outbox, rescue, retention  # noqa: F401
         from asyncwork.jobs import schedules_sync_after_migrate
 
         # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.

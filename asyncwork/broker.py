@@ -3,8 +3,8 @@
 kombu's Redis ``QoS.ack`` removes the message from the unacknowledged index and only then
 releases the worker's prefetch slot. When Redis does not answer in time (a stall, a failover),
 the removal raises, kombu logs the error and swallows it, and the slot is never released: a
-worker with prefetch 1 stays connected and fetches nothing, for good (the chaos suite's
-broker stall shows it; ``tests/invoicing/test_broker_stall.py`` proves the fix).
+worker with prefetch 1 stays connected and fetches nothing, for good
+(``tests/invoicing/test_broker_stall.py`` stalls a Redis under a worker and checks it goes on).
 
 Here the slot is released whatever the removal did. Nothing is lost or doubled by it: a
 message whose removal failed stays in the unacknowledged index, comes back after the
@@ -58,7 +58,7 @@ class Channel(redis.Channel):
         outside a pipeline (each publish, each queue-size read), which on redis-py 6+ copies
         every response callback and costs more CPU than the round trip itself. One client per
         channel and pool, kept: a client holds no connection of its own (the pool does), so
-        reconnecting after a Redis restart is the pool's, as before."""
+        reconnecting after a Redis restart is the pool's, as with kombu's own."""
         if client is not None:
             yield client
             return

@@ -190,7 +190,7 @@ def jobs_recover(*, reason: str) -> list[str]:
 
 
 # The description of every periodic task schedules_sync manages: it finds its own by it, so
-# the text stays as first written (it names the module the jobs were once declared in).
+# the text is fixed, whatever it names: the periodic tasks already written carry it.
 MANAGED = "Managed by manage.py setup_periodic_tasks (core/jobs.py)."
 SYNC_LOCK = "schedules-sync"
 

@@ -4,7 +4,7 @@ A Redis restart with nothing on disk drops every queued message; a PostgreSQL re
 the work in flight. The periodic safety nets (``asyncwork.jobs``) find that work at their next
 period, minutes later. Here the one beat leader notices the restart within one tick
 (``beat.STANDBY_POLL_SECONDS`` at most) and dispatches the jobs the apps declared to run on
-recovery (``job_register(..., on_recovery=...)``) at once, through ``jobs_recover``:
+recovery (``@job(..., on_recovery=...)``, ``asyncwork.jobs``) at once, through ``jobs_recover``:
 
 * the broker restarted: its ``INFO server`` ``run_id`` differs from the one read at the
   previous tick (a new Redis process, so its memory, the queues, started empty);

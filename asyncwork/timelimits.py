@@ -9,12 +9,13 @@ to a broker that restarted, for seconds), the timer fires for a job that has alr
 and the signal lands in a pool process that is writing that job's result to the main process,
 or waiting for its next job. Interrupted mid-write, the result arrives truncated; the main
 process fails to decode it (``Unrecoverable error: UnicodeDecodeError``) and the worker stops
-taking tasks (the chaos suite's Redis restart found it, docs/chaos.md).
+taking tasks (a Redis restart under load does it; ``tests/asyncwork/test_timelimits.py`` sends
+the late signal to a real worker's idle pool process).
 
 So each pool process replaces billiard's handler, once, by one that raises only while a task
 is running in it (between Celery's ``task_prerun`` and ``task_postrun``, which a task sends
 however it ends) and ignores the signal otherwise, with a warning. A limit that fires while
-its task runs behaves as before.
+its task runs raises in the task, as billiard's does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The worker's watchdog: no worker stays idle while its queues hold work.
 
 A worker can stay alive and consume nothing: its event loop died on an unrecoverable error
-(docs/chaos.md, "Open"), or its consumer lost its prefetch slots or its connection for good.
+(``asyncwork.timelimits`` prevents one such), or its consumer lost its prefetch slots or its
+connection for good.
 Its supervisor sees a live process and restarts nothing, while emails wait.
 
 A thread in the worker's main process (a worker bootstep, added in ``core.celery``) looks once

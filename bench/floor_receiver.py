@@ -9,8 +9,7 @@ without moving it backwards; insert the outbox row when the invoice becomes paid
 publish the invoice id to the broker through one prebuilt message and one producer per process,
 answer 200. On Redis the producer's channel is the one the workers use (``asyncwork.broker``):
 kombu's own builds a new Redis client for every command it sends, a cost no design has to
-pay. No throttle,
-no backpressure, no logging, no metrics, no field checks: what it skips is what the
+pay. No backpressure, no logging, no metrics, no field checks: what it skips is what the
 application pays for on top of the floor. The outbox row is written published, as the publish
 follows at once: no mark, and nothing that reads the outbox in the same database (the
 application's backpressure, probes and relay) takes the floor's rows for a backlog.

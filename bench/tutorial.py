@@ -13,7 +13,7 @@ never imports it.
   SMTP backend; an SMTP or network error is retried by Celery (``autoretry_for``,
   ``retry_backoff``).
 
-What it leaves out is what the application's guarantees cost: no throttle or backpressure, no
+What it leaves out is what the application's guarantees cost: no backpressure, no
 outbox (an email whose publish fails after the commit is never sent), no claim (a message
 delivered twice sends two emails, with two Message-IDs), no breaker, no dead letter.
 """

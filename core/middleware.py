@@ -13,9 +13,8 @@ from django.utils.functional import SimpleLazyObject, empty
 class MessageMiddleware(middleware.MessageMiddleware):
     """Django's message middleware, with a request's message storage made when the request
     first uses it rather than for every request: making it reads the message cookie and sets
-    up a signer, which the webhook, the API and the probes never use (``docs/performance.md``
-    has its cost). A storage never used has nothing to store, as Django's own ``update`` would
-    find, so the response is left as it is."""
+    up a signer, which the webhook, the API and the probes never use. A storage never used has
+    nothing to store, as Django's own ``update`` would find, so the response is left as it is."""
 
     def process_request(self, request: HttpRequest) -> None:
         request._messages = SimpleLazyObject(partial(default_storage, request))  # type: ignore[attr-defined]

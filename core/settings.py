@@ -357,7 +357,7 @@ for _host in INVOICE_URL_ALLOWED_HOSTS:
 CELERY_BROKER_URL = setting(
     "CELERY_BROKER_URL",
     "redis://127.0.0.1:6379/0",
-    "the broker: redis:// or, for RabbitMQ, amqp:// (docs/design.md, Choosing a broker)",
+    "the broker: redis:// or, for RabbitMQ, amqp:// (docs/explanation/choosing-a-broker.md)",
 )
 # kombu's Redis transport, except that an acknowledgement Redis does not answer still releases
 # the worker's prefetch slot (otherwise a broker stall leaves a worker connected and idle;

@@ -338,7 +338,8 @@ class InvoiceAdmin(ReadOnlyAdmin):
                 f"{queryset.count()} invoices selected: at most {RESEND_SELECTION_MAX} are "
                 "resent from here at once, and nothing was sent. For more, use the API from "
                 "the command line, one request per invoice: POST "
-                "/api/invoices/<id>/resend-email/ with an Idempotency-Key (docs/operations.md).",
+                "/api/invoices/<id>/resend-email/ with an Idempotency-Key "
+                "(docs/reference/api.md, Invoices).",
                 messages.ERROR,
             )
             return None

@@ -1,10 +1,10 @@
 """A broker stall while a task finishes must not leave the worker connected but idle.
 
 With Redis paused for writes, the acknowledgement of a finished email task times out. kombu's
-Redis QoS.ack raised before releasing the prefetch slot, so each failed ack kept one slot
-forever: a worker with one slot fetched nothing more (the chaos suite's stall profile found it;
-its figures are in chaos/README.md). The message itself stays in the unacknowledged index and
-comes back after the visibility timeout, where the email's key makes the redelivery a no-op.
+Redis QoS.ack raises before releasing the prefetch slot, so each failed ack would keep one slot
+forever and a worker with one slot would fetch nothing more; ``asyncwork.broker`` releases the
+slot whatever the ack did. The message itself stays in the unacknowledged index and comes back
+after the visibility timeout, where the email's key makes the redelivery a no-op.
 
 It stalls a Redis of its own (``private_redis``): the machine's is shared.
 """
