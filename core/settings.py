@@ -368,7 +368,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "queue_order_strategy": "priority",
 }
 # RabbitMQ: durable quorum queues with a delivery limit (asyncwork/queues.py), and publisher
-# confirms, so the outbox marks a row published only once the broker took it.
+# confirms, so the outbox marks a row published only once the broker took it. The Redis options
+# above do not apply: a dead worker's message returns when its connection closes.
 BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
 # RabbitMQ: deliveries of one message before it is dead-lettered as poison (asyncwork/tasks.py).
 # Returns that are no fault of the message (a restart) count too, hence more than a few.
