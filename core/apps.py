@@ -2,8 +2,7 @@ from django.apps import AppConfig
 
 
 class CoreConfig(AppConfig):
-    """The project. Last in ``INSTALLED_APPS``: its ``ready()`` runs once every app has made
-    its declarations in its own, and wires what must be fixed before a worker starts."""
+    """Last in ``INSTALLED_APPS``: ``ready()`` runs after every app declared its own."""
 
     name = "core"
     verbose_name = "Project"

@@ -10,9 +10,8 @@ from django.core.checks import CheckMessage, Info, Tags, register
 
 @register(Tags.security, deploy=True)
 def https_opt_out_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """``check --deploy``: an explicit ``DJANGO_SECURE_SSL_REDIRECT=0`` silences Django's four
-    warnings about what it turns off (``settings.HTTPS_OPT_OUT_CHECKS``); this says so, once,
-    so that a deployment serving plain HTTP on purpose still reads as one."""
+    """``check --deploy``: says once that ``DJANGO_SECURE_SSL_REDIRECT=0`` silenced Django's
+    warnings about what it turns off."""
     if not settings.HTTPS_OPTED_OUT:
         return []
     return [

@@ -1,4 +1,4 @@
-"""The project's own middleware: Django's, where Django's does work a request may not need."""
+"""Django's middleware, where Django's does work a request may not need."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from django.utils.functional import SimpleLazyObject, empty
 
 
 class MessageMiddleware(middleware.MessageMiddleware):
-    """Django's message middleware, with a request's message storage made when the request
-    first uses it rather than for every request: making it reads the message cookie and sets
-    up a signer, which the webhook, the API and the probes never use. A storage never used has
-    nothing to store, as Django's own ``update`` would find, so the response is left as it is."""
+    """Django's, with the message storage (a cookie read, a signer) made only when a request
+    first uses it: the webhook, the API and the probes never do."""
 
     def process_request(self, request: HttpRequest) -> None:
         request._messages = SimpleLazyObject(partial(default_storage, request))  # type: ignore[attr-defined]

@@ -23,9 +23,8 @@ env = environ.Env()
 
 
 def setting(name: str, default: Any, reason: str) -> Any:
-    """An operator setting: the variable ``name`` read as the type of ``default``. Each call
-    is its line in docs/configuration.md (``python -m scripts.configuration_doc``): the name,
-    the default as written here, and ``reason``, why an operator would set it."""
+    """The variable ``name`` read as the type of ``default``; each call is a line of
+    docs/configuration.md (``python -m scripts.configuration_doc``)."""
     if isinstance(default, bool):
         return env.bool(name, default=default)
     if isinstance(default, int):
@@ -45,9 +44,8 @@ _secrets_missing: list[str] = []
 
 
 def _secret(name: str, *, dev_default: str, reason: str) -> str:
-    """A secret (an operator setting, like ``setting``): a development default only while
-    DEBUG is on. Missing in production, it is noted, and start-up stops once every secret has
-    been read, naming all the missing ones at once."""
+    """A setting with a development default only while DEBUG is on; a missing one is noted and
+    start-up stops once all are read, naming every missing one."""
     value = env.str(name, default="").strip()
     if value:
         return value
@@ -74,8 +72,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
-    # Before staticfiles: `manage.py runserver` leaves static files to WhiteNoise too, so
-    # development serves them the way gunicorn does.
+    # Before staticfiles: runserver serves static files through WhiteNoise, as gunicorn does.
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
@@ -83,29 +80,26 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "axes",
     "django_celery_beat",
-    # What the domain apps build on, ready() first: the operators' plumbing, and the machinery,
-    # whose registries the domain apps fill in their own ready().
+    # Before the domain apps, which fill asyncwork's registries in their ready().
     "operators",
     "asyncwork",
     "invoicing",
     "webhooks",
-    # The project (settings, URLs, the Celery app): last, so its ready() sees every app's.
+    # Last, so its ready() sees every app's.
     "core",
 ]
 
 MIDDLEWARE = [
-    # First: X-Forwarded-Proto from a peer that is not a trusted proxy is dropped before
-    # anything reads it (Proxies and HTTPS, below).
+    # First: drops X-Forwarded-Proto from an untrusted peer before anything reads it.
     "operators.http.ForwardedProtoMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    # Static files (the admin's and the browsable API's CSS and JavaScript) are answered here,
-    # before sessions, authentication or the database are touched (Static files, below).
+    # Static files are answered before sessions, authentication or the database.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # Django's, with the message storage made only for a request that uses it (the admin).
+    # Django's, with the message storage made only for a request that uses it.
     "core.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: turns a login refused for too many failures into its 429.
@@ -137,8 +131,7 @@ _DATABASE_URL = setting(
     "PostgreSQL; libpq options go in its query (?connect_timeout=3, the default, sslmode=...)",
 )
 DATABASES = {"default": env.db_url_config(_DATABASE_URL)}
-# Persistent connections: a new PostgreSQL connection per webhook would cost more than the
-# webhook's own work. Health checks drop a connection that died (server restart) before use.
+# A new connection per webhook would cost more than its work; health checks drop dead ones.
 DATABASES["default"]["CONN_MAX_AGE"] = 60
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
@@ -162,8 +155,7 @@ CACHES: dict[str, dict[str, Any]] = {
 }
 
 # --- Auth, i18n -----------------------------------------------------------------------------------
-# django-axes first: a username locked out from this client address is refused before its
-# password is even checked (the admin login form; the API takes sessions and tokens only).
+# django-axes first: a locked-out login is refused before its password is checked.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
@@ -180,16 +172,9 @@ USE_I18N = True
 USE_TZ = True
 
 # --- Static files ---------------------------------------------------------------------------------
-# The application serves its own (WhiteNoise, right after SecurityMiddleware): gunicorn alone,
-# or behind the nginx edge, which passes /static/ on like any other path. `manage.py
-# collectstatic` (the Docker image's build, the demo) copies every app's files to STATIC_ROOT
-# under names carrying a hash of their content (base.css -> base.<hash>.css), with gzip and
-# Brotli copies beside them, and writes the manifest {% static %} reads those names from. A
-# hashed name never changes content, so it is served cacheable for ten years (immutable); a new
-# release gets new names. Without collectstatic, and with DEBUG off, a page naming a static
-# file fails (Django's "Missing staticfiles manifest entry"): run it wherever gunicorn runs.
-# With DEBUG on nothing needs collecting: the names stay plain and WhiteNoise finds each file
-# in its app, as `runserver` does.
+# Served by the app (WhiteNoise) under content-hashed names, cacheable for ten years. With DEBUG
+# off, run `manage.py collectstatic` wherever gunicorn runs, or a page naming a static file
+# fails ("Missing staticfiles manifest entry").
 STATIC_URL = "static/"
 STATIC_ROOT = Path(
     setting(
@@ -204,20 +189,13 @@ STORAGES = {
 }
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
-# The proxies in front of the app (addresses or networks; behind the nginx edge, the edge's
-# address): X-Forwarded-For and X-Forwarded-Proto count only on a request whose peer is one of
-# them (operators/http.py), for the client address of the /metrics allow-list and the admin
-# login limit, and for HTTPS. Empty: no forwarded header counts; a
-# client can send them itself.
+# X-Forwarded-For and -Proto count only from these peers (operators/http.py); empty: never.
 _TRUSTED_PROXIES: list[str] = setting(
     "TRUSTED_PROXIES",
     [],
     "addresses or networks of the proxies in front of the app (behind the edge: its address)",
 )
 TRUSTED_PROXIES = [entry.strip() for entry in _TRUSTED_PROXIES]
-# On by default in production; DJANGO_SECURE_SSL_REDIRECT=0 turns the HTTPS-only settings off
-# for plain HTTP on loopback (tests, stripe-cli, compose.yaml on a laptop) while keeping the
-# rest of production.
 HTTPS_ONLY = setting(
     "DJANGO_SECURE_SSL_REDIRECT",
     not DEBUG,
@@ -230,17 +208,12 @@ SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS_ONLY else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
 if TRUSTED_PROXIES:
-    # The TLS-terminating proxy says whether the client's connection was HTTPS: the proxy the
-    # app talks to must set this header itself, replacing any the client sent (deploy/nginx
-    # does). From any other peer it is dropped before Django reads it
-    # (operators.http.ForwardedProtoMiddleware), so a plain-HTTP client cannot pass as HTTPS.
-    # A proxy terminating TLS in front of an app that was not told about it gets a redirect to
-    # HTTPS for every request (a loop): list it in TRUSTED_PROXIES.
+    # The trusted proxy must set it itself, replacing the client's (deploy/nginx does); from
+    # any other peer it is dropped (operators.http.ForwardedProtoMiddleware). A TLS proxy not
+    # listed in TRUSTED_PROXIES gets a redirect loop.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision, not an oversight: `check --deploy`
-# then leaves out the four warnings about exactly what it turned off (the redirect, HSTS and
-# the two Secure-only cookies) and reports the decision as one INFO instead (core.I001,
-# core/checks.py), so it stays visible. Every other deployment check still applies.
+# An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision: `check --deploy` reports it as one
+# INFO (core.I001, core/checks.py) instead of the four warnings about what it turned off.
 HTTPS_OPTED_OUT = "DJANGO_SECURE_SSL_REDIRECT" in env and not HTTPS_ONLY
 HTTPS_OPT_OUT_CHECKS = ["security.W004", "security.W008", "security.W012", "security.W016"]
 SILENCED_SYSTEM_CHECKS = HTTPS_OPT_OUT_CHECKS if HTTPS_OPTED_OUT else []
@@ -253,8 +226,7 @@ CSRF_TRUSTED_ORIGINS = setting(
 )
 
 # --- Stripe webhooks ------------------------------------------------------------------------
-# One secret, or several separated by commas while a secret is rolled: Stripe then signs each
-# delivery with every active secret for up to 24 h.
+# Several while a secret is rolled: Stripe signs with every active secret for up to 24 h.
 STRIPE_WEBHOOK_SECRETS = [
     s.strip()
     for s in _secret(
@@ -265,25 +237,18 @@ STRIPE_WEBHOOK_SECRETS = [
     if s.strip()
 ]
 if _secrets_missing:
-    # One line for the operator (manage.py, gunicorn and celery print it without a traceback,
-    # core/startup.py): every missing secret at once, and no hint at DJANGO_DEBUG, whose
-    # development secrets are public.
+    # One line (core/startup.py), with no hint at DJANGO_DEBUG: its secrets are public.
     raise ImproperlyConfigured(
         f"{' and '.join(_secrets_missing)} must be set when DJANGO_DEBUG is off (the default): "
         f"{'it has' if len(_secrets_missing) == 1 else 'they have'} no production default."
     )
-# Seconds a signature timestamp may lie in the past or the future.
 STRIPE_WEBHOOK_TOLERANCE = setting(
     "STRIPE_WEBHOOK_TOLERANCE", 300, "seconds a signature's timestamp may be off, either way"
 )
 if STRIPE_WEBHOOK_TOLERANCE <= 0:
     # stripe-python treats a falsy tolerance as "no check": never allow that.
     raise ImproperlyConfigured("STRIPE_WEBHOOK_TOLERANCE must be a positive number of seconds.")
-# The Stripe mode this endpoint acts on: "live", "test" or "any". A signed event of the other
-# mode (a test-mode secret configured beside the live one, a leaked one) is stored as ignored
-# with the reason, answered 200, and changes nothing. "live" in production; "test" while DEBUG
-# is on, so a development machine never acts on a live event (emails a real customer) unless
-# told to; "any" only when set.
+# "test" while DEBUG is on: a development machine never emails a real customer unless told to.
 STRIPE_LIVEMODE = (
     setting(
         "STRIPE_LIVEMODE",
@@ -297,9 +262,6 @@ if STRIPE_LIVEMODE not in {"live", "test", "any"}:
     raise ImproperlyConfigured(
         f"STRIPE_LIVEMODE must be live, test or any (got {STRIPE_LIVEMODE!r})."
     )
-# Stripe Connect: the connected account (acct_...) this endpoint acts for. An event carrying
-# another account in its top-level "account", or none (the platform's own), is stored as
-# ignored in the same way. Empty: no account check.
 STRIPE_ACCOUNT = setting(
     "STRIPE_ACCOUNT", "", "Connect: the acct_... acted for; other accounts' events are ignored"
 ).strip()
@@ -332,10 +294,7 @@ ADMINS = [
     ("Operator", a)
     for a in setting("DJANGO_ADMINS", [], "addresses that get the dead-letter alert mail")
 ]
-# The only hosts the paid-invoice email links to (the invoice's hosted_invoice_url), and only
-# over https, without user info or another port: any other link is left out of the email and a
-# warning logged, so a hostile URL in a signed event (javascript:, a look-alike host) never
-# reaches a customer. Empty: never link.
+# Any other hosted_invoice_url (javascript:, a look-alike host) is left out of the email.
 INVOICE_URL_ALLOWED_HOSTS = [
     h.strip().lower()
     for h in setting(
@@ -359,9 +318,8 @@ CELERY_BROKER_URL = setting(
     "redis://127.0.0.1:6379/0",
     "the broker: redis:// or, for RabbitMQ, amqp:// (docs/explanation/choosing-a-broker.md)",
 )
-# kombu's Redis transport, except that an acknowledgement Redis does not answer still releases
-# the worker's prefetch slot (otherwise a broker stall leaves a worker connected and idle;
-# asyncwork/broker.py). A rediss:// URL keeps kombu's own: its TLS set-up keys on the scheme.
+# kombu's, but an unanswered acknowledgement still frees the prefetch slot (asyncwork/broker.py).
+# rediss:// keeps kombu's own: its TLS set-up keys on the scheme.
 if CELERY_BROKER_URL.startswith("redis://"):
     CELERY_BROKER_TRANSPORT = "asyncwork.broker:Transport"
 # Messages carry ids and intent; JSON keeps them readable and refuses pickled code.
@@ -380,97 +338,65 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # A default time budget for every task; the email task sets a tighter one of its own.
 CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_TASK_TIME_LIMIT = 120
-# A lost broker connection does NOT cancel running tasks: cancelling an email task between the
-# SMTP server's 250 and marking the key sent would manufacture a duplicate (the chaos suite
-# caught it). A task that finishes but cannot be acknowledged is redelivered, and its claim
-# makes the redelivery a no-op.
+# Cancelling an email task between the SMTP 250 and marking the key sent would make a
+# duplicate; a finished task redelivered for want of an ack is a no-op under its claim.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Long-running workers grow; recycle pool processes before they do.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 5000
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = 256_000  # KiB
-# Without it, Celery's Django fixup closes the database connection before and after every task:
-# a new PostgreSQL connection (and backend) per email.
-# With it, Celery closes them only every this many tasks, and each task is bracketed by
-# Django's per-request rule instead (CONN_MAX_AGE, errors, health check; closed outright after a
-# task that did not succeed, and on a threads or green pool: asyncwork/db.py).
+# Otherwise Celery opens a new database connection per task; each task follows Django's
+# per-request rule instead (asyncwork/db.py).
 CELERY_DB_REUSE_MAX = 1000
 
-# An unacknowledged message is redelivered after this many seconds (the worker that held it
-# is presumed dead). It must outlive every task's time limit, or a running task is delivered
-# again; it also bounds how long a message held by a SIGKILLed worker waits before
-# redelivery. No retry is held meanwhile: retries wait as outbox rows (asyncwork/tasks.py).
+# Redis: an unacknowledged message is redelivered after this; it must outlive every task's
+# time limit, or a running task is delivered again. Retries wait as outbox rows, not here.
 CELERY_VISIBILITY_TIMEOUT = 180
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
-    # Scan for abandoned messages every 10 s instead of kombu's default ~100 s.
     "unacked_restore_interval": 10,
     "unacked_restore_throttle": 1,
     # A restore that died holding the mutex blocks others for this long, not 5 minutes.
     "unacked_mutex_expire": 30,
-    # Publishing must not hang on a stalled broker: fail fast instead; the
-    # outbox keeps the message.
+    # Publishing fails fast on a stalled broker; the outbox keeps the message.
     "socket_timeout": 2.0,
     "socket_connect_timeout": 1.0,
     "global_keyprefix": setting(
         "CELERY_BROKER_KEY_PREFIX", "", "prefix of every broker key: runs sharing a Redis"
     ),
-    # A worker reads its queues in the order they were declared (asyncwork/queues.py), each
-    # only once those before it are empty, instead of kombu's round robin: work a safety net
-    # enqueued again goes before fresh work of the same kind.
+    # Queues in declared order (asyncwork/queues.py), not round robin: re-enqueued work first.
     "queue_order_strategy": "priority",
 }
-# RabbitMQ (an amqp:// broker URL) instead of Redis: the queues are durable quorum queues
-# (replicated on a cluster; asyncwork/queues.py declares them), each with a delivery limit
-# that dead-letters a message redelivered too often onto the dlq queue, and a publish returns
-# only once the broker confirmed it (publisher confirms), so the outbox marks a row published
-# after the broker took the message. Retries and deferrals wait in PostgreSQL (outbox rows
-# due later, asyncwork/scheduled.py), as on Redis, not held unacknowledged by a worker, which
-# RabbitMQ would cut off after its consumer timeout. The Redis-only options above do not
-# apply: a message held by a worker that died is redelivered when its connection closes.
+# RabbitMQ: durable quorum queues with a delivery limit (asyncwork/queues.py), and publisher
+# confirms, so the outbox marks a row published only once the broker took it. The Redis options
+# above do not apply: a dead worker's message returns when its connection closes.
 BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
-# RabbitMQ only (Redis does not count deliveries): the deliveries of one message before it is
-# taken for a poison message (one that kills the worker running it, again and again). The last
-# is not run but dead-lettered with the reason "redelivered too often" (asyncwork/tasks.py);
-# should a worker die on that one too, the queue's delivery limit moves it onto dlq. A return
-# that is no fault of the message (a worker's connection lost, a restart) counts too, hence
-# room for more than a few.
+# RabbitMQ: deliveries of one message before it is dead-lettered as poison (asyncwork/tasks.py).
+# Returns that are no fault of the message (a restart) count too, hence more than a few.
 BROKER_DELIVERY_LIMIT = 10
 if BROKER_IS_RABBITMQ:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "confirm_publish": True,
-        # Publishing must not hang on a stalled broker (the outbox keeps the message).
         "connect_timeout": 1.0,
     }
-    # Celery's delay queues (native delayed delivery: a task sent with a countdown or an ETA
-    # waits there): classic queues, durable, each message persistent. As quorum queues
-    # (Celery's default) they dead-letter at-least-once, and on RabbitMQ 3.10 they can lose a
-    # message; classic ones keep it, on one node of a cluster.
+    # Celery's delay queues as quorum queues can lose a message on RabbitMQ 3.10.
     CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "classic"
-    # A worker's remote-control queue (``<name>.celery.pidbox``) is shared, not exclusive to
-    # one connection: after a network partition the node may still hold the cut worker's old
-    # connection, and a worker that returns under the same name was refused an exclusive one
-    # (RESOURCE_LOCKED, which stops it), at every restart, until the node noticed the dead
-    # connection: about 70 s after the heal in the chaos run across hosts. Still auto-deleted
-    # (10 s after its last consumer goes, CELERY_CONTROL_QUEUE_EXPIRES' default).
+    # After a partition the node may still hold a cut worker's connection; an exclusive
+    # pidbox queue would refuse the returning worker (RESOURCE_LOCKED) until it noticed.
     CELERY_CONTROL_QUEUE_EXCLUSIVE = False
 # django-celery-beat's DatabaseScheduler, dispatching only while it holds the leader lock.
 CELERY_BEAT_SCHEDULER = "asyncwork.beat:LeaderDatabaseScheduler"
 
 # --- The invoice email task -------------------------------------------------------------------
-# Five attempts in all (Celery counts retries: max_retries = attempts - 1).
 EMAIL_MAX_ATTEMPTS = 5
-# Exponential backoff with full jitter: attempt n waits randrange(min(MAX, BASE * 2**n) + 1).
 EMAIL_RETRY_BACKOFF_BASE = setting(
     "EMAIL_RETRY_BACKOFF_BASE", 2, "seconds: attempt n waits randrange(min(MAX, BASE * 2**n) + 1)"
 )
 EMAIL_RETRY_BACKOFF_MAX = setting(
     "EMAIL_RETRY_BACKOFF_MAX", 60, "seconds: the longest wait between two attempts"
 )
-# The settings below are not read from the environment; the tests' and the chaos suite's
-# settings modules scale them down, keeping these relations: visibility timeout > every hard
-# time limit; claim lease > the email task's hard time limit, so a live claim is never taken
-# over while its owner can still be sending.
+# Test settings scale these down, keeping: visibility timeout > every hard time limit; claim
+# lease > the email task's hard limit, so a live claim is never taken over mid-send.
 EMAIL_TASK_SOFT_TIME_LIMIT = 45
 EMAIL_TASK_TIME_LIMIT = 60
 EMAIL_CLAIM_LEASE_SECONDS = 90
@@ -479,7 +405,6 @@ if EMAIL_RETRY_BACKOFF_BASE < 1 or EMAIL_RETRY_BACKOFF_MAX < 1:
     raise ImproperlyConfigured("EMAIL_RETRY_BACKOFF_BASE and _MAX must be at least 1 second.")
 
 # --- Circuit breaker on the email provider (asyncwork/breaker.py) -------------------------------
-# Consecutive transient SMTP failures, from any worker, that open the breaker.
 EMAIL_BREAKER_FAILURE_THRESHOLD = setting(
     "EMAIL_BREAKER_FAILURE_THRESHOLD",
     5,
@@ -490,8 +415,7 @@ EMAIL_BREAKER_RESET_SECONDS = setting(
     30,
     "seconds the breaker stays open before one probe; a deferred email waits up to twice this",
 )
-# Seconds an email may be deferred by an open breaker before it is dead-lettered (one day):
-# longer than any outage a provider announces, short enough for an operator to act.
+# Seconds an open breaker may defer an email before it is dead-lettered.
 EMAIL_PROVIDER_DEADLINE_SECONDS = 86400
 
 if EMAIL_BREAKER_FAILURE_THRESHOLD < 1 or EMAIL_BREAKER_RESET_SECONDS < 1:
@@ -504,25 +428,21 @@ if EMAIL_PROVIDER_DEADLINE_SECONDS < EMAIL_BREAKER_RESET_SECONDS:
     )
 
 # --- Outbox -----------------------------------------------------------------------------------
-# Rows younger than this are left to their own on-commit publish; the sweep takes the rest.
+# Rows younger than this are left to their on-commit publish; the relay takes the rest.
 OUTBOX_RELAY_GRACE_SECONDS = 10
 # Seconds a publish may wait on the broker before the row is left to the relay.
 OUTBOX_PUBLISH_TIMEOUT = 0.5
 
 # --- Scheduled jobs ---------------------------------------------------------------------------
-# Save each entry's last run after every dispatch, so a standby taking over knows it.
+# Save each entry's last run after every dispatch, for a standby taking over.
 CELERY_BEAT_SYNC_EVERY = 1
 # A paid invoice with no email and nothing pending for this long is re-enqueued by reconcile.
 RECONCILE_QUIET_SECONDS = 600
-# Days a webhook event's raw body and headers (customer names, addresses, client IPs) are
-# kept, whatever the event's state; the row itself stays for WEBHOOK_RETENTION_DAYS.
 WEBHOOK_BODY_RETENTION_DAYS = setting(
     "WEBHOOK_BODY_RETENTION_DAYS",
     30,
     "days a webhook's raw body and headers (personal data) are kept",
 )
-# Days a processed or ignored event's row is kept. Its event id is what makes a redelivery a
-# duplicate, and Stripe redelivers for up to 3 days: never less than that.
 WEBHOOK_RETENTION_DAYS = setting(
     "WEBHOOK_RETENTION_DAYS", 30, "days a processed or ignored event's row is kept (at least 3)"
 )
@@ -540,13 +460,10 @@ DLQ_ALERT_THRESHOLD = setting(
 )
 
 # --- Backpressure, health ---------------------------------------------------------------------
-# Requests per client address are limited at the edge (deploy/nginx/default.conf.template).
-# Backlog (the larger of unpublished outbox rows and messages waiting on the email queue) at
-# which webhook events we do not act on are refused with 503 and not stored...
+# Backlog: the larger of unpublished outbox rows and messages waiting on the email queue.
 BACKPRESSURE_SOFT_MARK = setting(
     "BACKPRESSURE_SOFT_MARK", 5000, "backlog at which events with no handler get 503"
 )
-# ...and at which every webhook event is refused with 503, payment events included.
 BACKPRESSURE_HARD_MARK = setting(
     "BACKPRESSURE_HARD_MARK", 50000, "backlog at which every webhook event gets 503"
 )
@@ -558,18 +475,14 @@ PROBE_TIMEOUT_SECONDS = 0.5
 HEALTH_TIMEOUT_SECONDS = 2.0
 # An unpublished outbox row older than this fails /health/: the relay should have sent it.
 OUTBOX_STALE_SECONDS = 300
-# Seconds each process reuses its last /health/ report for anonymous callers: a flood of
-# probes runs the checks at most once per this period, however many arrive at once.
+# Seconds each process reuses its last /health/ report for anonymous callers.
 HEALTH_CACHE_SECONDS = 1.0
 
 if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
 
 # --- Observability (asyncwork/metrics.py, asyncwork/logging.py) -------------------------------
-# GET /metrics: with a token, only requests presenting it (Authorization: Bearer ...); without
-# one, only clients in these networks (the client address, see TRUSTED_PROXIES). Loopback by
-# default: a private network is not a trusted one (behind a load balancer or Docker's gateway,
-# every client would be in it).
+# Loopback by default: behind a load balancer or Docker's gateway every client is private.
 METRICS_TOKEN = setting(
     "METRICS_TOKEN", "", "when set, /metrics and the full /health/ need Authorization: Bearer it"
 ).strip()
@@ -581,25 +494,17 @@ METRICS_ALLOWED_NETWORKS = [
         "without a token, the client networks that may read /metrics",
     )
 ]
-# A Celery worker serves its own counters on this port (0: not served), from its main process.
-# Under the prefork pool that needs PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself,
-# in the environment of the web and the worker processes alike): a directory of its own per
-# process group, emptied at start, where every process of the group keeps its counts.
-# A worker with a free slot, messages waiting in its queues and no task taken for this long
-# exits (asyncwork.watchdog) for its supervisor to restart it; 0 turns the watchdog off.
+# A worker with a free slot and waiting messages that takes no task for this long exits for its
+# supervisor to restart it (asyncwork.watchdog); 0: off.
 WORKER_WATCHDOG_SECONDS = 10
-# Each process that runs tasks writes a heartbeat row this often (asyncwork.heartbeat)...
+# Each task-running process writes a heartbeat row this often (asyncwork.heartbeat)...
 WORKER_HEARTBEAT_SECONDS = 2.0
-# ...and a claim whose owner has written none for this long (by the database's clock; at least
-# three heartbeats) is taken over at once, its work re-enqueued by the workers-rescue job; 0:
-# only the lease decides.
+# ...and a claim whose owner wrote none for this long (database clock; at least three
+# heartbeats) is taken over; 0: only the lease decides.
 WORKER_HEARTBEAT_LAPSE_SECONDS = 10.0
 WORKER_METRICS_PORT = setting(
     "WORKER_METRICS_PORT", 0, "where a Celery worker serves its counters; 0: not served"
 )
-# Nothing authenticates that port: loopback unless told otherwise. A deployment where
-# Prometheus scrapes from another host sets the interface (compose.yaml: 0.0.0.0 inside its
-# own network, the port never published).
 WORKER_METRICS_ADDR = setting(
     "WORKER_METRICS_ADDR", "127.0.0.1", "the interface of that port (nothing authenticates it)"
 )
@@ -617,14 +522,10 @@ for _name, _entries in (
             ) from exc
 
 # --- Operators (manage.py setup_groups) ------------------------------------------------------
-# The apps whose models operators see: "viewers" get each model's view permission, "operators"
-# those and every permission the models declare in their Meta (the powers: replay, resend...).
-# Accounts and API tokens are not among them: managing people is not an operator's job.
+# The apps whose models operators see; accounts and API tokens are not an operator's job.
 OPERATOR_APPS = ["asyncwork", "operators", "invoicing", "webhooks", "django_celery_beat"]
 # --- API tokens and admin logins ------------------------------------------------------------
-# API tokens (django-rest-knox) are stored as a SHA-512 digest, never the token itself, and
-# expire this many hours after they are issued (`manage.py api_token create USERNAME`), or
-# after `--hours N`, which may not exceed the maximum: a forgotten token dies within it.
+# django-rest-knox: stored as a SHA-512 digest; a forgotten token dies within the maximum.
 API_TOKEN_TTL_HOURS = setting("API_TOKEN_TTL_HOURS", 24, "hours an API token lives by default")
 API_TOKEN_MAX_HOURS = setting(
     "API_TOKEN_MAX_HOURS", 90 * 24, "hours no API token may outlive, whatever --hours says"
@@ -638,40 +539,31 @@ if API_TOKEN_TTL_HOURS > API_TOKEN_MAX_HOURS:
     )
 REST_KNOX = {
     "TOKEN_TTL": timedelta(hours=API_TOKEN_TTL_HOURS),
-    # Same header as DRF's tokens: Authorization: Token <token>.
     "AUTH_HEADER_PREFIX": "Token",
-    # A token's life is fixed when it is issued; using it does not extend it.
+    # A token's life is fixed when issued.
     "AUTO_REFRESH": False,
 }
-# Admin login attempts (django-axes): after this many failures for one username from one
-# client address, that pair is refused (429) until no failure has come for the cool-off;
-# a success clears its count. The address is the client address: the socket's, or from a
-# trusted proxy, the X-Forwarded-For entry it vouches for (operators/http.py).
+# Admin logins: a (username, client address) pair is refused (429) after this many failures,
+# until the cool-off passes with none.
 AXES_FAILURE_LIMIT = 5
 AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "operators.http.client_address"
 AXES_USERNAME_CALLABLE = "operators.http.login_username"
 AXES_RESET_ON_SUCCESS = True
-# No "AXES: BEGIN ..." line on every process start (every manage.py command, every worker):
-# a lockout is still logged, with the username and address it locked.
+# No "AXES: BEGIN ..." line at every process start; lockouts are still logged.
 AXES_VERBOSE = False
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    # DRF's own get_ident (its throttles; none is configured) reads only REMOTE_ADDR, never a
-    # header a client can write. The application's client address is
-    # operators.http.client_address (TRUSTED_PROXIES).
+    # DRF's get_ident reads only REMOTE_ADDR; the app's is operators.http.client_address.
     "NUM_PROXIES": 0,
-    # Tokens first: the first class names the challenge of a 401 (WWW-Authenticate: Token), so
-    # a missing, wrong or expired token is 401; with sessions first it would be 403.
+    # Tokens first: the first class names the 401 challenge; with sessions first it is 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Hashed, expiring tokens (REST_KNOX above), through knox's class (operators/tokens.py).
         "operators.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # The API is for operators: staff, and then what their permissions allow, as in the admin
-    # (reading needs `view_`; an action needs the power it declares: operators/permissions.py).
+    # Staff, then what their permissions allow, as in the admin (operators/permissions.py).
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAdminUser",
         "operators.permissions.ModelPermissionsWithPowers",
@@ -690,15 +582,12 @@ SPECTACULAR_SETTINGS = {
 
 # --- Logging ----------------------------------------------------------------------------------
 LOG_FORMAT = setting("LOG_FORMAT", "text", "json: one JSON object per line")
-# Email addresses in log lines are masked (j***@example.com) unless LOG_PII=1: logs travel to
-# more places, and are kept longer, than the database rows operators read them from.
+# Logs travel further and live longer than the database rows they come from.
 LOG_PII = setting("LOG_PII", False, "1: email addresses in full in log lines, not masked")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        # Both carry event_id, invoice_id, task_id and attempt when the line has them
-        # (asyncwork/logging.py): appended to a text line, top-level keys of a JSON object.
         "text": {
             "()": "asyncwork.logging.TextFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -726,14 +615,10 @@ LOGGING = {
         "level": setting("LOG_LEVEL", "INFO", "the lowest level logged: DEBUG, INFO, WARNING..."),
     },
     "loggers": {
-        # Django's own lines reach the console handler like every other, and nothing else:
-        # naming the handlers here replaces Django's default list, whose mail_admins would mail
-        # ADMINS every ERROR (a 500, a refused Host) from the web worker, synchronously and
-        # through the invoices' SMTP account. ADMINS get the dead-letter alert (the scheduled
-        # dlq-alert job) and nothing else.
+        # Replaces Django's handlers, whose mail_admins would mail ADMINS every ERROR from the
+        # web worker through the invoices' SMTP account; ADMINS get the dead-letter alert only.
         "django": {"handlers": []},
-        # A Host not in ALLOWED_HOSTS (a scan, a misrouted client) is one WARNING line and a
-        # count per request (asyncwork.logging.SuspiciousRequestFilter), not an ERROR traceback.
+        # A Host not in ALLOWED_HOSTS: one WARNING line and a count, not an ERROR traceback.
         "django.security.DisallowedHost": {"filters": ["suspicious"]},
         "django.db.backends": {"level": "INFO"},
     },

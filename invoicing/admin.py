@@ -1,12 +1,8 @@
-"""Invoices for the operator: the payment email's status at a glance, a deliberate resend, and
-a correction of the recipient.
+"""Invoices for the operator: the payment email's status, a deliberate resend, and a correction
+of the recipient, each action under its permission.
 
-Every field of an invoice is the provider's, and read-only here: the provider's next event would
-replace an edit anyway. Where the emails go is corrected by its own permissioned form ("Correct
-recipient" on the invoice's page), kept apart from the provider's address and recorded with its
-before and after. Each action needs its permission (``resend_invoice_email``,
-``correct_invoice_recipient``). A resend asks first, stating the count, and sends a selection
-once however often its confirmation is submitted (through the API's idempotency store)."""
+An invoice's fields are the provider's and read-only: its next event would replace an edit. A
+resend asks first, stating the count, and sends a selection once however often it is confirmed."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ from invoicing.selectors import (
 from invoicing.services import invoice_email_resend_selection_once, invoice_recipient_correct
 from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
 
-# Invoices one confirmation resends at most: beyond that a misclick ("select all") would mail
-# a whole customer base in one transaction. More go through the API, one invoice a request.
+# A misclick on "select all" must not mail a whole customer base; more go through the API.
 RESEND_SELECTION_MAX = 100
 
 PROVIDER_FIELDS = (
@@ -58,9 +53,6 @@ PROVIDER_FIELDS = (
 
 
 class EmailDeliveryInline(admin.TabularInline):
-    """The invoice's emails: each one's state, attempts, last error (in words), Message-ID and
-    when it was sent."""
-
     model = EmailDelivery
     extra = 0
     can_delete = False
@@ -293,8 +285,7 @@ class InvoiceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Dead letters")
     def dead_letters(self, obj: Invoice) -> str:
-        """Each of the invoice's dead letters, waiting or replayed, linked to its page (where
-        it is replayed), and all of them in the dead-letter list."""
+        """Each dead letter linked to its page (where it is replayed), and all in the list."""
         letters = list(invoice_dead_letters(obj)[:50])
         if not letters:
             return "none"
@@ -327,10 +318,8 @@ class InvoiceAdmin(ReadOnlyAdmin):
     def resend_email(
         self, request: HttpRequest, queryset: QuerySet[Invoice]
     ) -> TemplateResponse | None:
-        """A deliberate new email per selected paid invoice, each under a key of its own (the
-        payment email's key is never touched), recording who asked; the service decides what
-        may be resent. First a confirmation page with the count, carrying a key made for this
-        selection; confirming sends under that key, so submitting it twice sends once."""
+        """A confirmation page with the count, carrying a key made for this selection; the
+        confirmed resend runs under that key, so submitting it twice sends once."""
         selected = list(queryset.order_by("pk")[: RESEND_SELECTION_MAX + 1])
         if len(selected) > RESEND_SELECTION_MAX:
             self.message_user(

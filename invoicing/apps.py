@@ -2,10 +2,7 @@ from django.apps import AppConfig
 
 
 class InvoicingConfig(AppConfig):
-    """The email guarantee. What the machinery and the webhook endpoint know of it is declared
-    beside the code it names: its queues (``services``), the webhook events it handles
-    (``webhooks``), its scheduled jobs and rescue (``jobs``), its health check and dashboard
-    probes (``probes``), metrics (``metrics``), dead-letter describers (``deadletters``)."""
+    """The email guarantee; its declarations to the machinery sit beside the code they name."""
 
     name = "invoicing"
 

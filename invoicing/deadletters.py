@@ -1,11 +1,5 @@
-"""What the invoicing app's dead letters are about: the invoice (its number, where its emails
-go, its admin page), declared with ``asyncwork.deadletters.dead_letter_describer``, so the
-dead-letter admin, the API and ``manage.py dlq`` show them without the machinery knowing what an
-invoice is.
-
-Each describer takes every dead letter of its task on a page and reads their invoices in one
-query. A dead letter whose invoice (or resend) is gone, or whose arguments are not what the
-task takes, is left undescribed: it is shown by its task and arguments."""
+"""The invoice each of this app's dead letters is about (``dead_letter_describer``), read in one
+query per page; one whose invoice is gone is left undescribed."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "rec
 
 
 def _id_argument(letter: DeadLetter) -> int | None:
-    """The row id a job of this app takes as its one argument, if that is what it stored."""
+    """The row id the job takes as its one argument, if that is what it stored."""
     args: Any = letter.args
     if isinstance(args, list) and args and type(args[0]) is int:
         return int(args[0])

@@ -1,31 +1,9 @@
-"""The safety nets of the email guarantee, scheduled jobs (``asyncwork.jobs.job``).
+"""The safety nets of the email guarantee: scheduled jobs (``asyncwork.jobs.job``) and a rescue.
 
-* ``email_claims_recover``: a claim still ``sending`` after its lease belongs to a worker that
-  died (SIGKILL, hard time limit) after claiming; release it and enqueue the email again. A
-  resend still ``pending`` after the quiet period lost its message; enqueue it again.
-  The same takeover happens when the dead worker's message is redelivered; this job does not
-  wait for the broker's visibility timeout, and it also covers a message the broker lost.
-* ``invoices_reconcile``: a paid invoice with no email sent and nothing pending for
-  ``RECONCILE_QUIET_SECONDS`` (no live claim, no recent or unpublished outbox row, no dead
-  letter waiting for a human) gets its email enqueued again. This is what recovers the jobs a
-  Redis restart dropped (Redis keeps nothing on disk here). It also runs at once when the
-  beat leader sees the broker restart or the database come back (``asyncwork.recovery``), as
-  ``invoices_reconcile_now``: after a broker restart without the quiet period, since the
-  restart provably dropped what was queued before it; after a database reconnect with it,
-  since the broker lost nothing. Re-enqueueing an email that is still queued or being sent is
-  harmless to the guarantee (its claim is the fence: the second message finds it sent or
-  claimed and skips), but it is one more message in the queue.
-
-* ``email_claims_rescue`` (a rescue, ``asyncwork.rescue.rescue``, run by the machinery's
-  ``workers-rescue`` job every few seconds): a claim still ``sending`` whose owner's heartbeat
-  lapsed belongs to a process that is gone (SIGKILL, a host lost, a pause past the lapse); release
-  it and enqueue the email again at once, without waiting for its lease.
-
-All enqueue through the outbox onto the recovery queue (``EMAIL_RECOVERY_QUEUE``), which a
-worker takes before the email queue (on Redis; on RabbitMQ it is the email queue): what a
-safety net finds has waited longest, and would otherwise wait again behind every email queued
-since (after a Redis restart, the whole backlog). All are safe to run twice: what they
-enqueue is pending afterwards, so the next run leaves it alone.
+Each re-enqueues through the outbox onto ``EMAIL_RECOVERY_QUEUE``, read before the email queue
+(what a safety net finds has waited longest), and is safe to run twice: what it enqueued is
+pending afterwards. A second message for an email still queued or sending finds its claim and
+skips.
 """
 
 from __future__ import annotations
@@ -50,15 +28,14 @@ from invoicing.services import (
 )
 
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
-# How far back reconcile looks for a paid invoice with no email: a week covers any outage
-# worth repairing by itself; older ones are an operator's to resend.
+# How far back reconcile looks; older invoices are an operator's to resend.
 RECONCILE_WINDOW_DAYS = 7
 
 
 @job("email-claims-recover", every=timedelta(seconds=60))
 def email_claims_recover(*, limit: int = 500) -> int:
-    """Release claims whose lease expired and re-enqueue their emails, and re-enqueue resends
-    still pending after the quiet period (their message was lost); returns how many."""
+    """Release claims whose lease expired (their worker died) and re-enqueue their emails, and
+    re-enqueue resends still pending after the quiet period (message lost); returns how many."""
     now = timezone.now()
     quiet_since = now - timedelta(seconds=settings.RECONCILE_QUIET_SECONDS)
     with transaction.atomic():
@@ -83,8 +60,6 @@ def email_claims_recover(*, limit: int = 500) -> int:
 
 
 def _enqueue_again(delivery: EmailDelivery) -> None:
-    """Onto the recovery queue, which workers take before the email queue: the email has
-    waited since its first enqueue, longer than anything queued behind it."""
     if delivery.key.startswith(EMAIL_KEY_PREFIX):
         outbox_enqueue(
             task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id], queue=EMAIL_RECOVERY_QUEUE
@@ -106,16 +81,11 @@ FOR UPDATE SKIP LOCKED
 """  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
 
 
-# At once, once the claim's owner is gone (its heartbeat lapsed): the workers-rescue job.
 @rescue("email-claims")
 def email_claims_rescue(*, limit: int = 500) -> int:
-    """Release the claims whose owner is gone (its heartbeat lapsed: ``asyncwork.heartbeat``)
-    and re-enqueue their emails at once, without waiting for their lease; returns how many.
-
-    The row keeps its owner and token: a claim nobody has taken since may still be marked sent
-    by its owner, if it was only paused and its send went through; the re-enqueued message
-    then finds the email sent. Once another worker claims it, the old owner's writes match
-    nothing (``invoicing.services.Claim.held``)."""
+    """Run by the ``workers-rescue`` job: release the claims whose owner's heartbeat lapsed and
+    re-enqueue their emails without waiting for the lease; returns how many. The row keeps its
+    owner and token, so a paused owner whose send went through may still mark it sent."""
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(_RESCUE_SQL, {"limit": limit, "heartbeat_lapse": lapse_seconds()})
@@ -154,25 +124,19 @@ LIMIT %(limit)s
 
 
 def invoices_reconcile_now(reason: str) -> int | str:
-    """The reconcile at once after a restart. After a broker restart (``reason``
-    ``BROKER_RESTARTED``), every paid invoice with no email sent, no live claim, no unpublished
-    outbox row and no dead letter waiting gets its email enqueued, however recently its message
-    was published or its attempt failed: the restart dropped every queued message. After a
-    database reconnect, the quiet period holds as in the periodic run: the broker still holds
-    every message queued before, and re-enqueueing those would double the queue."""
+    """The reconcile at once after a recovery: without the quiet period after a broker
+    restart, which dropped every queued message; with it after a database reconnect, as the
+    broker lost nothing."""
     return invoices_reconcile(quiet_seconds=0 if reason == BROKER_RESTARTED else None)
 
 
-# Periodically, and at once after a broker restart or a database reconnect (asyncwork.recovery).
 @job("email-reconcile", every=timedelta(seconds=120), on_recovery=invoices_reconcile_now)
 def invoices_reconcile(*, limit: int = 1000, quiet_seconds: int | None = None) -> int | str:
-    """Enqueue the email of every paid invoice that has none and nothing pending.
+    """Enqueue the email of every paid invoice that has none sent and nothing pending (no live
+    claim, no dead letter waiting, no outbox row unpublished or younger than ``quiet_seconds``,
+    default ``RECONCILE_QUIET_SECONDS``): this recovers the jobs a Redis restart dropped.
 
-    ``quiet_seconds`` (``RECONCILE_QUIET_SECONDS`` unless given): how long a published
-    message, or a failed attempt, counts as pending.
-
-    Stands aside while the provider's breaker is not closed: jobs deferred by an open breaker
-    hold no claim and would look lost, and enqueueing more of them only grows the queue."""
+    Stands aside unless the breaker is closed: jobs it deferred hold no claim and look lost."""
     breaker = email_breaker().state()["state"]
     if breaker != "closed":
         return f"skipped: email provider breaker {breaker}"

@@ -1,22 +1,10 @@
-"""Building the invoice email and sending it, with SMTP failures sorted into transient and
-permanent.
+"""Building the invoice email and sending it, SMTP failures sorted for the task: transient
+(4xx, retried), unreachable (refused, reset, timeout, 421) or permanent (5xx, an invalid
+recipient: dead-lettered at once).
 
-Transient (retried): SMTP 4xx replies, connection refused or reset, timeouts, disconnects.
-Permanent (dead-lettered at once): SMTP 5xx replies, a missing or invalid recipient, an address
-carrying a line break (header injection), an address the server cannot take (a UTF-8 local
-part, and no SMTPUTF8 offered).
-
-What came in a signed event is authentic, not harmless, so before it reaches the message:
-
-* the recipient is validated by email-validator: an internationalised domain is sent in its
-  ASCII form (IDNA 2008), which every server takes; a UTF-8 local part is kept as it is and
-  needs a server offering SMTPUTF8 (``EmailBackend``, below);
-* the customer's name and the invoice number lose every control character and line or
-  paragraph separator (each becomes a space): Python's email package breaks a header line on
-  ``\v``, ``\f``, ``\x1c``-``\x1e``, ``\x85``, U+2028 and U+2029 as well as on CR and LF;
-* the hosted invoice URL is linked only when it is ``https`` on a host in
-  ``INVOICE_URL_ALLOWED_HOSTS``, with no user info and no other port; otherwise the email goes
-  out without the link and a warning is logged with the invoice id and the reason.
+A signed event is authentic, not harmless: the recipient is validated (email-validator), the
+name and number lose every character Python's email package breaks a header line on, and the
+hosted URL is linked only over https to a host in ``INVOICE_URL_ALLOWED_HOSTS``.
 """
 
 from __future__ import annotations
@@ -54,8 +42,7 @@ from invoicing.models import Invoice
 
 logger = logging.getLogger(__name__)
 
-# A worker thread's SMTP connection is replaced after this many messages or seconds: servers
-# limit messages per connection and drop idle ones; reuse saves a handshake per email.
+# A thread's kept SMTP connection is replaced after this many messages or seconds.
 CONNECTION_MAX_MESSAGES = 100
 CONNECTION_MAX_AGE_SECONDS = 60
 
@@ -106,16 +93,14 @@ _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def header_text(value: str) -> str:
-    """``value`` fit for one header line: each control character or line/paragraph separator
-    becomes a space, runs of white space become one, lone surrogates become U+FFFD."""
+    """``value`` on one header line: controls and separators become spaces, runs of white space
+    one, lone surrogates U+FFFD."""
     return " ".join(_CONTROLS.sub(" ", text_storable(value)).split())
 
 
 def recipient_address(*, email: str, name: str) -> str:
     """The To address for ``email`` with ``name`` as its display name, or ``PermanentError``.
-
-    A line break in the address stays a permanent error rather than being repaired: unlike a
-    name, there is no telling which address was meant, and guessing could mail a stranger."""
+    A line break in the address is not repaired: guessing could mail a stranger."""
     address = email.strip()
     if not address:
         raise PermanentError("invoice has no customer email")
@@ -136,7 +121,6 @@ def recipient_address(*, email: str, name: str) -> str:
     else:
         # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (EmailBackend).
         username, domain = valid.local_part, valid.domain
-    # Address quotes a display name where RFC 5322 needs it.
     return str(Address(display_name=header_text(name), username=username, domain=domain))
 
 
@@ -167,7 +151,7 @@ def invoice_url(invoice: Invoice) -> str:
         return ""
     refusal = _url_refusal(url)
     if refusal:
-        # Not the URL itself: it is the sender's text, and may be built to mislead a reader.
+        # Not the URL itself: it may be built to mislead a reader.
         logger.warning(
             "hosted invoice URL left out of the email: %s",
             refusal,
@@ -178,8 +162,7 @@ def invoice_url(invoice: Invoice) -> str:
 
 
 def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlternatives:
-    """The paid-invoice email, to the invoice's recipient: an operator's correction if there
-    is one, else the provider's customer email."""
+    """The paid-invoice email, to ``invoice.recipient``."""
     to = recipient_address(email=invoice.recipient, name=invoice.customer_name)
     context = {
         "name": header_text(invoice.customer_name),
@@ -201,19 +184,13 @@ def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlter
 
 
 def smtp_reply_text(code: int, reply: bytes | str) -> str:
-    """An SMTP reply in words, as an operator reads it: ``550 5.1.1 mailbox unavailable``.
-
-    The server's text is decoded (bytes that are not UTF-8 become U+FFFD) and put on one line
-    with no control character (a multi-line reply's lines joined): it is stored on the dead
-    letter and shown in the admin, and PostgreSQL refuses a NUL in text."""
+    """An SMTP reply on one storable line: ``550 5.1.1 mailbox unavailable``."""
     text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
     return header_text(f"{code} {text}")
 
 
 def refused_recipients_text(recipients: Mapping[str, tuple[int, bytes | str]]) -> str:
-    """``{'Jenny <x@y>': (550, b'5.1.1 mailbox unavailable')}`` (smtplib's ``recipients``,
-    keyed by the address as Django gave it) in words: ``550 5.1.1 mailbox unavailable (x@y)``,
-    one per refused recipient."""
+    """smtplib's ``recipients`` in words: ``550 5.1.1 mailbox unavailable (x@y); ...``."""
     return "; ".join(
         f"{smtp_reply_text(code, reply)} ({header_text(parseaddr(address)[1] or address)})"
         for address, (code, reply) in recipients.items()
@@ -234,9 +211,8 @@ class _Kept:
     sent: int = 0
 
     def __del__(self) -> None:
-        # Its thread has ended (a pool thread, a test's worker) or a forked child let it go:
-        # close this process's socket without a word (no QUIT from a finalizer, which could
-        # wait on a dead server). Every message on it has ended with RSET already.
+        # Its thread ended or a forked child let it go: close the socket without QUIT, which
+        # could wait on a dead server from a finalizer.
         with contextlib.suppress(Exception):
             self.connection.connection.close()
 
@@ -259,9 +235,8 @@ def _connection_key() -> tuple[Any, ...]:
 
 
 def _dropped(connection: Any) -> bool:
-    """Whether the server has closed the kept connection (or said something unasked, such as
-    a 421 before closing): its socket is gone or readable while no command is pending. A
-    local check, no round trip."""
+    """Whether the server closed the connection or spoke unasked (a 421): the socket is gone or
+    readable with no command pending. No round trip."""
     sock = getattr(getattr(connection, "connection", None), "sock", None)
     if sock is None:
         return True
@@ -272,8 +247,8 @@ def _dropped(connection: Any) -> bool:
 
 
 def _connection_discard() -> None:
-    """Close this thread's kept connection, quietly; one inherited from the parent of a forked
-    process is let go without a word on its socket, which the parent still owns."""
+    """Close this thread's kept connection; one inherited across a fork is only dropped, as
+    the parent owns its socket."""
     kept: _Kept | None = _local.__dict__.pop("kept", None)
     if kept is not None and kept.key[0] == os.getpid():
         with contextlib.suppress(Exception):
@@ -281,10 +256,8 @@ def _connection_discard() -> None:
 
 
 def _connection_kept() -> Any:
-    """This thread's SMTP connection, opened on first use and kept across messages, up to
-    ``CONNECTION_MAX_MESSAGES`` messages and ``CONNECTION_MAX_AGE_SECONDS``; a new
-    one once the server has dropped it or the settings have changed. Only a backend with a
-    connection of its own (SMTP) is kept; any other is returned fresh."""
+    """This thread's SMTP connection, kept across messages within the bounds above and
+    replaced once dropped or the settings changed. A non-SMTP backend is returned fresh."""
     kept: _Kept | None = getattr(_local, "kept", None)
     key = _connection_key()
     if kept is not None and (
@@ -305,14 +278,9 @@ def _connection_kept() -> Any:
 
 
 def _send(message: EmailMultiAlternatives) -> None:
-    """Send ``message`` over the kept connection; after any failure the connection is closed,
-    and the next message opens a new one. A message is never sent twice here: a connection
-    found dropped is replaced before anything of the message is written; one that fails
-    mid-message raises, as a new connection would, for the task's retry.
-
-    After the server's 250 the message is ended with RSET, which tells the server (and the
-    test server's record of crash windows) that its reply was read; an RSET that fails only
-    closes the connection: the message is delivered, and raising would send it again."""
+    """Send over the kept connection, closed after any failure; never sends twice here. After
+    the 250, RSET tells the server its reply was read; a failed RSET only closes the
+    connection: raising would send the delivered message again."""
     try:
         message.connection = _connection_kept()
         message.send()
@@ -333,19 +301,14 @@ def _send(message: EmailMultiAlternatives) -> None:
 
 @worker_process_shutdown.connect(weak=False, dispatch_uid="invoicing.mail.close")
 def smtp_connection_close(**_: Any) -> None:
-    """Close this thread's kept SMTP connection with QUIT (a worker process on its way out:
-    Celery's ``worker_process_shutdown``)."""
+    """Close this thread's kept SMTP connection with QUIT as the worker process exits."""
     _connection_discard()
 
 
 def deliver(message: EmailMultiAlternatives) -> None:
-    """Send through Django's email backend over a connection kept per worker thread
-    (``_connection_kept``), bounded by ``EMAIL_TIMEOUT`` on every socket operation, and
-    classify what went wrong.
-
-    Each error says what happened in words an operator can act on (``recipient refused: 550
-    5.1.1 mailbox unavailable (x@y)``), which the dead letter keeps as its message; smtplib's
-    own exception, with its raw reply, stays chained to it and so in the traceback."""
+    """Send over this thread's kept connection (``EMAIL_TIMEOUT`` on every socket operation);
+    raise ``TransientError``, ``Unreachable`` or ``PermanentError`` in words an operator can
+    act on, smtplib's exception chained."""
     try:
         _send(message)
     except smtplib.SMTPRecipientsRefused as exc:
@@ -373,17 +336,11 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise Unreachable(f"SMTP unreachable: {_words(exc)}") from exc
 
 
-# --- Django's SMTP backend, able to send to a UTF-8 local part (RFC 6531): EMAIL_BACKEND -------
-# Django 5.2 passes every address through ``sanitize_address``, which puts a non-ASCII local
-# part into an RFC 2047 encoded word: ``=?utf-8?b?...?=@example.com`` names another mailbox, in
-# the envelope and in the headers alike. A message with such an address is sent here with the
-# SMTPUTF8 extension instead: the addresses as UTF-8 in ``MAIL FROM``, ``RCPT TO`` and the
-# address headers (RFC 6532), serialised by the standard library's ``SMTPUTF8`` policy. A server
-# that does not offer SMTPUTF8 is never handed one: ``SMTPNotSupportedError`` is raised before
-# ``MAIL FROM``, naming the address, and the caller decides what that means
-# (``deliver``, above: a permanent failure).
-#
-# A message whose addresses are all ASCII, display names aside, takes Django's own ``_send``.
+# --- EMAIL_BACKEND: Django's SMTP backend, able to send to a UTF-8 local part (RFC 6531) -------
+# Django's ``sanitize_address`` turns a non-ASCII local part into an RFC 2047 encoded word, which
+# names another mailbox. Such a message is sent with SMTPUTF8 instead, or, if the server does not
+# offer it, refused with ``SMTPNotSupportedError`` before ``MAIL FROM``. All-ASCII addresses take
+# Django's own ``_send``.
 
 
 def address_spec(address: str) -> str:
@@ -400,9 +357,8 @@ def needs_smtputf8(address: str) -> bool:
     return not address.isascii() and not address_spec(address).isascii()
 
 
-# UTF-8 headers (RFC 6532), CRLF, each header written as it stands: refolding a long address
-# header with utf8=True drops the quotes around a display name holding a comma (CPython's
-# folder), which turns one recipient into two. Django folded the headers it encoded itself.
+# Headers written as they stand: CPython's utf8 refolding drops the quotes around a display
+# name holding a comma, turning one recipient into two.
 _AS_WRITTEN = SMTPUTF8.clone(refold_source="none")
 
 
@@ -416,9 +372,8 @@ class EmailBackend(smtp.EmailBackend):
         if not utf8:
             return bool(super()._send(email_message))  # type: ignore[misc]
         message = email_message.message()
-        # Django's headers carry the sanitised (encoded-word) addresses: put back the addresses
-        # as written, which RFC 6532 allows in UTF-8. Django refused any line break in them
-        # while building the message.
+        # Put back the addresses as written in place of Django's encoded words (RFC 6532);
+        # Django refused any line break in them while building the message.
         extra = email_message.extra_headers
         written = {
             "From": extra.get("From", email_message.from_email),
@@ -429,7 +384,6 @@ class EmailBackend(smtp.EmailBackend):
         for name, value in written.items():
             if value and name in message:
                 message.replace_header(name, value)
-        # Django's message classes take no policy in their as_bytes: the standard generator does.
         data = BytesIO()
         BytesGenerator(data, policy=_AS_WRITTEN).flatten(message)
         assert self.connection is not None  # send_messages opened it

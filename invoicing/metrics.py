@@ -1,8 +1,5 @@
-"""The invoicing app's scrape-time figures for ``/metrics`` (``metrics_source``; see
-``asyncwork.metrics``): read from ``EmailDelivery`` and the provider's breaker when Prometheus
-asks, through the probes the admin dashboard reads (``invoicing.probes``), so they are exact
-across every worker and survive restarts. The workers' own count of emails sent is
-``invoicing.tasks.WORKER_EMAILS_SENT``."""
+"""The invoicing app's scrape-time figures for ``/metrics`` (``asyncwork.metrics``), read from
+the database and Redis: exact across workers and restarts."""
 
 from __future__ import annotations
 
@@ -16,10 +13,8 @@ from invoicing.probes import email_breaker_probe, email_probe
 
 @metrics_source("emails", database=True)
 def email_delivery_metrics() -> list[Metric]:
-    """Emails sent, send attempts (claims taken) and deliveries by state, per key kind
-    (``invoice_email_sent``, ``invoice_email_resend``), from ``email_probe``'s one grouped
-    scan; on a table large enough to meet the statement timeout, this source drops out of the
-    scrape (reported, not a failure of the rest)."""
+    """Emails sent, attempts and deliveries by state, per key kind; past the statement timeout
+    this source drops out of the scrape, reported."""
     sent = CounterMetricFamily(
         "invoicing_emails_sent", "Emails sent (EmailDelivery rows marked sent).", labels=["kind"]
     )

@@ -1,9 +1,4 @@
-"""Invoices and the one-email-per-invoice key.
-
-``EmailDelivery.key`` is the idempotency key of an email (``invoice_email_sent:<invoice pk>``
-for the payment email): UNIQUE, so at most one row, and so at most one live claim, exists per
-email whatever runs concurrently.
-"""
+"""Invoices and the one-email-per-invoice key."""
 
 from __future__ import annotations
 
@@ -21,9 +16,8 @@ class Invoice(models.Model):
     provider_invoice_id = models.CharField(max_length=255, unique=True)
     number = models.CharField(max_length=255, blank=True)
     customer_email = models.CharField(max_length=320, blank=True)
-    # An operator's correction of where the emails go. Kept apart from ``customer_email``,
-    # which is the provider's and is replaced by its every newer event: a correction must
-    # not be undone by the next event for the invoice.
+    # An operator's correction, apart from the provider's customer_email: its next event
+    # must not undo it.
     recipient_override = models.EmailField(max_length=320, blank=True)
     customer_name = models.CharField(max_length=255, blank=True)
     amount_paid = models.BigIntegerField(default=0, help_text="Integer minor units.")
@@ -31,8 +25,7 @@ class Invoice(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.OPEN)
     hosted_invoice_url = models.URLField(max_length=2000, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
-    # The provider's time (event ``created``) of the last state applied: an older event for
-    # this invoice changes nothing.
+    # The provider's time of the last state applied: an older event changes nothing.
     provider_updated_at = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -49,13 +42,12 @@ class Invoice(models.Model):
 
     @property
     def recipient(self) -> str:
-        """Where this invoice's emails go: the operator's correction if there is one, else the
-        address the provider gave."""
+        """Where the emails go: the operator's correction, else the provider's address."""
         return self.recipient_override or self.customer_email
 
 
 class EmailDelivery(models.Model):
-    """One email's idempotency key and its claim: a worker sends only while it holds the row."""
+    """One email's UNIQUE idempotency key and its claim: a worker sends only while holding it."""
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending (requested, not yet claimed)"
@@ -79,8 +71,7 @@ class EmailDelivery(models.Model):
     class Meta:
         verbose_name_plural = "email deliveries"
         indexes = [
-            # The claims in flight, which the rescue (every few seconds) and the recovery job
-            # read: a few rows, whatever the number of emails ever sent.
+            # The claims in flight, read every few seconds by the rescue: a few rows.
             models.Index(
                 fields=["updated_at"],
                 name="emaildelivery_sending_idx",

@@ -1,6 +1,5 @@
-"""The invoicing app's probes (see ``asyncwork.probes``): its emails, and its provider's circuit
-breaker. ``/metrics`` (``invoicing.metrics``), ``/health/`` (``email_breaker_check``) and the
-admin dashboard (the figures below) read these same functions."""
+"""The invoicing app's probes (``asyncwork.probes``), read by ``/metrics``, ``/health/`` and the
+admin dashboard alike."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from invoicing.services import email_breaker
 
 @dataclass(frozen=True)
 class DeliveryCount:
-    """``EmailDelivery`` rows of one key kind (``invoice_email_sent``, ``invoice_email_resend``)
-    in one state, and the attempts (claims taken) they add up to."""
+    """Rows and attempts of one key kind (``invoice_email_sent``...) in one state."""
 
     kind: str
     state: str
@@ -43,9 +41,7 @@ class EmailProbe:
 
 
 def email_probe() -> EmailProbe:
-    """One grouped scan of ``EmailDelivery`` (its cost grows with the table, bounded by the
-    statement timeout of its caller's ``bounded()``): rows and attempts per key kind and state,
-    and the emails sent in the last hour and day."""
+    """One grouped scan of ``EmailDelivery``, bounded by its caller's statement timeout."""
     now = timezone.now()
     kind = Func(F("key"), Value(":"), Value(1), function="split_part", output_field=CharField())
     rows = (
@@ -73,8 +69,7 @@ def email_breaker_probe() -> BreakerProbe:
 
 @health_check("breaker", critical=False)
 def email_breaker_check() -> dict[str, Any]:
-    """The breaker's part of /health/ (not critical: while it is open, emails wait; nothing
-    is lost and webhooks are still taken)."""
+    """Not critical: while the breaker is open emails wait, and webhooks are still taken."""
     breaker = email_breaker_probe()
     status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
         breaker.state, "unknown"
@@ -88,9 +83,6 @@ def _deliveries(**query: str) -> str:
 
 @dashboard_probe("emails", email_probe, title="Emails", database=True)
 def email_figures(probe: EmailProbe) -> list[Figure]:
-    """The dashboard's emails: sent lately, and those in flight or failed, each linking to the
-    deliveries it counts."""
-
     def since(delta: timedelta) -> str:
         return (probe.measured_at - delta).replace(microsecond=0).isoformat()
 

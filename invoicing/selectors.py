@@ -1,6 +1,4 @@
-"""Reads several callers share (admin, API, pipeline status): an invoice with the state of
-its payment email, in one query; what became of one requested email; an invoice's dead
-letters."""
+"""Reads the admin and the API share."""
 
 from __future__ import annotations
 
@@ -81,10 +79,8 @@ def filter_by_email_status(queryset: QuerySet[Any], status: str) -> QuerySet[Any
 
 
 def email_delivery_outcome(delivery: EmailDelivery) -> str:
-    """What became of a requested email (a resend), now: ``sent``; ``failed`` when its job was
-    dead-lettered (no attempt is left; a replay makes it ``queued`` again); otherwise
-    ``queued``: waiting, being sent, or between attempts after a transient failure (the
-    ``failed`` state of a claim released for its retry)."""
+    """A resend's outcome now: ``sent``; ``failed`` while its job is dead-lettered; otherwise
+    ``queued`` (waiting, sending, or between attempts)."""
     if delivery.state == EmailDelivery.State.SENT:
         return "sent"
     dead = DeadLetter.objects.filter(
@@ -94,8 +90,7 @@ def email_delivery_outcome(delivery: EmailDelivery) -> str:
 
 
 def invoice_dead_letters(invoice: Invoice) -> QuerySet[DeadLetter]:
-    """The dead letters of this invoice's emails, waiting or replayed, newest first: its
-    payment email's and its resends'."""
+    """The dead letters of the invoice's payment email and resends, newest first."""
     resends = [[pk] for pk in invoice.emails.values_list("pk", flat=True)]
     return DeadLetter.objects.filter(
         Q(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk])

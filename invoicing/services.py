@@ -1,31 +1,17 @@
 """The email guarantee: one email per paid invoice, whatever runs twice.
 
-The key ``invoice_email_sent:<invoice pk>`` is an ``EmailDelivery`` row under a UNIQUE
-constraint. A worker sends only after it has *claimed* that row with one atomic
-``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement: the claim succeeds for a new key, a
-key whose last attempt failed, or a claim whose lease has expired or whose owner is gone; it
-fails for a key already sent or claimed by a live worker. So two workers racing for one invoice
-send one email, and a run after success is a no-op.
+The key ``invoice_email_sent:<invoice pk>`` is a UNIQUE ``EmailDelivery`` row. A worker sends
+only after claiming it in one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement, which
+succeeds for a new or failed key, or a claim whose lease expired or whose owner's heartbeat
+lapsed; so racing workers send one email, and a run after success is a no-op. The owner's later
+writes are fenced on the claim (``Claim.held``): a late owner, once overtaken, changes nothing.
 
-A claim records its owner, the worker process (``asyncwork.heartbeat.heartbeat_owner``), and a
-token (``attempts``, raised by every claim). Every later write of the owner (the release, the
-mark sent) is fenced on both (``Claim.held``): once the claim is taken over, a late owner (a
-process paused past the lapse, then resumed) changes nothing. The worker reads the invoice,
-claims its key, then builds the message under the claim and sends it: a pause past the lapse
-anywhere between the claim and the server's reply is the crash window below.
-
-The crash window: a worker that dies after the SMTP server accepted the message but before it
-marked the key sent leaves a claim in ``sending``. The claim blocks every other worker while
-its owner lives: for ``EMAIL_CLAIM_LEASE_SECONDS`` (longer than the task's hard time limit, so
-a live owner is never overtaken) unless the owner's heartbeat lapses first
-(``WORKER_HEARTBEAT_LAPSE_SECONDS``, by the database's clock). Then a redelivered message takes
-the claim over, or the ``workers-rescue`` job releases it and re-enqueues the email
-(``invoicing.jobs.email_claims_rescue``), and it is sent again: at most one duplicate per crash,
-carrying the same deterministic Message-ID so the receiving side can collapse it.
-
-The provider's circuit breaker (``email_breaker``) is asked before the claim, so a job it
-defers holds no claim: while it is open no worker touches SMTP, and the job is re-published
-without spending an attempt (``ProviderUnavailable``, ``ReliableTask.defer``).
+Crash window: a worker that dies between the SMTP server's 250 and marking the key sent leaves
+the claim in ``sending``. Once its lease (``EMAIL_CLAIM_LEASE_SECONDS``, longer than the task's
+hard time limit) expires or its heartbeat lapses, a redelivery or the ``workers-rescue`` job
+(``invoicing.jobs.email_claims_rescue``) sends again: at most one duplicate per crash, with the
+same Message-ID. The breaker (``email_breaker``) is asked before the claim, so a deferred job
+holds no claim and spends no attempt (``ProviderUnavailable``, ``ReliableTask.defer``).
 """
 
 from __future__ import annotations
@@ -60,22 +46,16 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
-# Seconds a worker process trusts a read of the breaker closed with no failure counted: one
-# Redis read per second while it is closed, not two round trips per email; another process's
-# opening of it is seen up to this late.
+# Seconds a process trusts a closed-breaker read: another process's opening is seen this late.
 BREAKER_CHECK_SECONDS = 1.0
 
 SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"  # invoicing/tasks.py
 RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
-# The email tasks' own queue, so a flood of other jobs never delays an email (a worker's alone
-# if it is started with -Q); its depth is work accepted and not yet done, which backpressure
-# sheds on.
+# The email tasks' own queue: other jobs never delay an email; backpressure sheds on its depth.
 EMAIL_QUEUE = queue_declare(
     "email", pressure=True, tasks=(SEND_INVOICE_EMAIL_TASK, RESEND_INVOICE_EMAIL_TASK)
 )
-# The emails a safety net enqueues again (a rescue, the recovery, the reconcile:
-# invoicing/jobs.py), read before EMAIL_QUEUE: they are older than anything waiting there
-# (asyncwork/queues.py; on RabbitMQ it is EMAIL_QUEUE).
+# Emails a safety net re-enqueues (invoicing/jobs.py), read before EMAIL_QUEUE: they are older.
 EMAIL_RECOVERY_QUEUE = queue_declare("email-recovery", pressure=True, ahead_of=EMAIL_QUEUE)
 
 
@@ -97,10 +77,9 @@ class InvoiceData:
 def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Invoice | None:
     """Upsert an invoice from a payment event, inside the caller's transaction.
 
-    Never moves an invoice backwards: an event older than the state already applied changes
-    nothing (returns None), and a paid invoice stays paid. When this event is the one that made
-    the invoice paid, the intent to email it is written to the outbox in the same transaction.
-    An operator's ``recipient_override`` is not the provider's to change, and is kept.
+    Never backwards: an event older than the applied state changes nothing (returns None), and a
+    paid invoice stays paid. The event that makes it paid writes the email to the outbox in the
+    same transaction. ``recipient_override`` is the operator's and is kept.
     """
     fields = {
         "number": data.number,
@@ -135,7 +114,6 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
             invoice.status = Invoice.Status.PAID
             invoice.paid_at = paid_at_before or data.paid_at
         invoice.save()
-    # The rest of the request's lines, and the email job it publishes, carry the invoice.
     log_context_bind(invoice_id=invoice.pk)
     if not was_paid and invoice.status == Invoice.Status.PAID:
         outbox_enqueue(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk])
@@ -151,8 +129,7 @@ def invoice_email_key_for(invoice_id: int) -> str:
 
 
 def invoice_email_message_id(invoice: Invoice, key: str) -> str:
-    """A Message-ID derived from the invoice and the key alone: every send of one email,
-    including a duplicate after a crash, carries the same one."""
+    """Deterministic from the invoice and key: a duplicate after a crash carries the same one."""
     provider = re.sub(r"[^A-Za-z0-9_.-]", "", invoice.provider_invoice_id)[:64] or "invoice"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
@@ -161,10 +138,8 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
 # Whose claim a claim may take over: one whose owner is gone (its heartbeat lapsed).
 _OWNER_GONE = owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")
 
-# ``email_claim``'s statement: the claim's row, token, Message-ID and take-over flag, or no row
-# when it was not claimed. Of a key it claims only a key pending or failed, a claim whose lease
-# has expired or whose owner is gone. A new key records the Message-ID it is given; a claimed
-# one keeps its own, so every send of the key carries the one it recorded first.
+# Returns the claim's row, token, Message-ID and take-over flag, or no row when not claimed. A
+# claimed key keeps the Message-ID it recorded first.
 _CLAIM_SQL = f"""
 INSERT INTO {EmailDelivery._meta.db_table} AS d
     (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
@@ -183,8 +158,7 @@ RETURNING d.id, d.attempts, d.message_id, (d.xmax <> 0) AS reclaimed
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim held: its row, its token (``attempts``, which every claim of the row raises),
-    the Message-ID to send, and its owner (``claimed_by``)."""
+    """A claim held; ``attempts`` is its token, raised by every claim of the row."""
 
     delivery_id: int
     attempts: int
@@ -192,24 +166,22 @@ class Claim:
     owner: str
 
     def held(self) -> QuerySet[EmailDelivery]:
-        """The row while this very claim is on it: the fence of every write its owner makes
-        after the claim. A claim taken over since (by a redelivered message or a rescue, once
-        the owner's lease expired or its heartbeat lapsed) has another token, so the owner's
-        late writes match nothing."""
+        """The row while this very claim is on it: the fence of the owner's later writes. A
+        claim taken over since has another token, so they match nothing."""
         return EmailDelivery.objects.filter(
             pk=self.delivery_id, claimed_by=self.owner, attempts=self.attempts
         )
 
 
 class ClaimRead(NamedTuple):
-    """What ``email_claim`` read and took: the invoice, and the claim (None if not taken)."""
+    """The invoice ``email_claim`` read, and the claim (None if not taken)."""
 
     invoice: Invoice
     claim: Claim | None
 
 
 def _invoice_read(invoice_id: int) -> Invoice:
-    """The invoice an email job names; ``PermanentError`` if there is none (no retry finds it)."""
+    """Raises ``PermanentError`` if there is none: no retry would find it."""
     try:
         return Invoice.objects.get(pk=invoice_id)
     except Invoice.DoesNotExist:
@@ -217,13 +189,9 @@ def _invoice_read(invoice_id: int) -> Invoice:
 
 
 def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
-    """Read the invoice ``invoice_id``, then claim the right to send its email under ``key``.
-    The claim is None if the invoice is not paid, or the key is sent or held by a live claim.
-    Raises ``PermanentError`` if there is no such invoice.
-
-    One statement, enforced by the UNIQUE key: no check-then-insert window. A paid invoice
-    stays paid (``invoice_record_payment``), so the status read before the claim still holds
-    under it."""
+    """Read the invoice, then claim its email under ``key``: claim None if the invoice is not
+    paid, or the key is sent or held by a live claim. Raises ``PermanentError`` if there is no
+    invoice. A paid invoice stays paid, so the status read before the claim holds under it."""
     invoice = _invoice_read(invoice_id)
     if invoice.status != Invoice.Status.PAID:
         return ClaimRead(invoice, None)
@@ -262,13 +230,9 @@ def _claim_release(claim: Claim, *, error: str) -> None:
 
 
 def _claim_mark_sent(claim: Claim) -> bool:
-    """Mark the key sent, if this claim is still the row's; False if it was taken over (the
-    message went out anyway: the one duplicate, with the same Message-ID). A claim a rescue
-    released and nobody has claimed again is still this one, and the truth is that it was
-    sent: marking it so spares the re-enqueued message a second send.
-
-    The message is already accepted, so a database blip here is waited out (about 6 s) rather
-    than turned into a retry that could send a duplicate."""
+    """Mark the key sent if this claim is still the row's (also after a rescue released it:
+    it was sent); False if taken over. The message is already accepted, so a database blip is
+    waited out (about 6 s), not turned into a retry that would send a duplicate."""
     for delay in (0.5, 1, 1.5, 3, None):
         try:
             marked = (
@@ -296,15 +260,13 @@ def _claim_mark_sent(claim: Claim) -> bool:
 
 
 def email_breaker() -> Breaker:
-    """The circuit breaker on the email provider, shared by every worker; built from the
-    settings as they are now (tests and operators change them at run time)."""
+    """The email provider's breaker, shared by every worker, from the settings as they are now."""
     return Breaker(
         "email",
         threshold=settings.EMAIL_BREAKER_FAILURE_THRESHOLD,
         reset_seconds=settings.EMAIL_BREAKER_RESET_SECONDS,
         # A probe whose worker died frees the probe once the task's hard limit has passed.
         probe_ttl_seconds=settings.EMAIL_TASK_TIME_LIMIT + 10,
-        # One Redis read per window while it is closed, not two round trips per email.
         check_seconds=BREAKER_CHECK_SECONDS,
     )
 
@@ -319,17 +281,10 @@ def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
 
 
 def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> None:
-    """``mail.deliver``, its outcome told to the breaker. Only the provider not answering
-    (``Unreachable``: refused, reset, timed out, or a 421) counts against it; a reply about
-    this message or mailbox, a 4xx deferral (451) as much as a 5xx refusal, is the provider
-    answering, which proves it up, so it counts as a success. (Counting 451s opened the breaker
-    a few times in every chaos run, whose SMTP server defers one message in five: with nine
-    sends at once, five deferrals in a row are common, and each opening held every email back
-    for up to two cool-downs.)
-
-    A failed probe re-opens the breaker and is deferred like the jobs it probed for, not
-    retried: it tested the provider on everyone's behalf, and charging its attempt would let
-    a long outage exhaust whichever jobs happen to draw the probes."""
+    """``mail.deliver``, its outcome told to the breaker. Only ``Unreachable`` (refused,
+    reset, timed out, 421) counts against it; any reply about the message (451 or 5xx) proves
+    the provider up. A failed probe is deferred, not retried: it tested the provider for all,
+    and charging its attempt would let a long outage exhaust the jobs that draw probes."""
     try:
         mail.deliver(message)
     except Unreachable as exc:
@@ -346,20 +301,17 @@ def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Dec
 
 
 def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -> str:
-    """Send the paid-invoice email for ``invoice_id`` at most once under ``key`` (the payment
-    email's ``invoice_email_sent`` key unless a resend names its own). Returns what happened:
-    ``sent``, ``not_paid``, or ``skipped`` (already sent, or another worker holds the claim).
-
-    Raises ``TransientError`` (retry), ``PermanentError`` (dead-letter) or
-    ``ProviderUnavailable`` (the provider's breaker is open: defer, no attempt spent)."""
+    """Send the paid-invoice email at most once under ``key`` (default: the payment email's).
+    Returns ``sent``, ``not_paid`` or ``skipped`` (sent, or claimed elsewhere). Raises
+    ``TransientError`` (retry), ``PermanentError`` (dead-letter) or ``ProviderUnavailable``
+    (breaker open: defer, no attempt spent)."""
     log_context_bind(invoice_id=invoice_id)
     # Asked before the claim, so a deferred job holds no claim.
     breaker = email_breaker()
     decision = breaker.allow()
     try:
         if not decision.allowed:
-            # Deferred only if there is an email to send: a job for an invoice gone or unpaid
-            # ends now, as it would with the breaker closed.
+            # Deferred only if there is an email to send.
             if _invoice_read(invoice_id).status != Invoice.Status.PAID:
                 return _not_paid(invoice_id)
             raise _provider_unavailable(decision.retry_in)
@@ -393,15 +345,13 @@ def _invoice_email_send_claimed(
             extra={"invoice_id": invoice_id, "key": key},
         )
         return "skipped"
-    # Built under the claim, from the invoice the claim read: a process stopped here (SIGSTOP,
-    # a long pause) past the lapse, and resumed once another took the claim over, sends the one
-    # duplicate with the same Message-ID, as one stopped inside its send does.
+    # Built under the claim: a process paused here past the lapse sends at most the one
+    # duplicate, with the same Message-ID.
     try:
         built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
         _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:
-        # Release the claim whatever failed, so the retry (or a replay) can claim it again.
-        # Our own errors are already in words; anything else keeps its class.
+        # Release whatever failed, so a retry or replay can claim again.
         words = isinstance(exc, (PermanentError, TransientError))
         _claim_release(claim, error=str(exc) if words else repr(exc))
         raise
@@ -455,12 +405,10 @@ def _user_key(user: AbstractBaseUser | AnonymousUser, idempotency_key: str) -> s
 def invoice_email_resend_request(
     *, invoice_id: int, idempotency_key: str, actor: str
 ) -> ResendRequest:
-    """Ask for a deliberate new email for a paid invoice, under a key of its own
-    (``invoice_email_resend:<invoice>:<hash of the idempotency key>``): the same idempotency
-    key again finds the first request and sends nothing more; the payment email's key is never
-    touched. A new request is recorded as an operator action of ``actor`` (a repeated one is the
-    same request, and is not). Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid
-    invoice."""
+    """A deliberate new email for a paid invoice, under its own key
+    (``invoice_email_resend_key``): the same idempotency key again sends nothing more, and the
+    payment email's key is never touched. A new request is recorded as an operator action.
+    Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid invoice."""
     invoice = Invoice.objects.get(pk=invoice_id)
     if invoice.status != Invoice.Status.PAID:
         raise ValueError("only a paid invoice's email can be resent")
@@ -496,21 +444,17 @@ def _recipient_state(invoice: Invoice) -> dict[str, str]:
 
 
 def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor: str) -> Invoice:
-    """Send this invoice's emails to ``email`` from now on, instead of the address the
-    provider gave (an empty ``email`` removes the correction). The correction is kept in
-    ``recipient_override``, apart from the provider's ``customer_email``, so the provider's
-    next event for the invoice does not undo it. Recorded, with ``reason`` and the values before
-    and after, as an operator action of ``actor``. Sends nothing: replay the dead letter or
-    resend the email once it is corrected.
+    """Send this invoice's emails to ``email`` from now on (empty: remove the correction). Kept
+    in ``recipient_override``, so the provider's next event does not undo it; recorded as an
+    operator action with ``reason``, before and after. Sends nothing.
 
-    Raises ``Invoice.DoesNotExist``, or ``ValueError`` with the reason for an invalid address,
-    a missing reason, or a correction that changes nothing."""
+    Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an invalid address, a missing reason,
+    or a correction that changes nothing."""
     email = email.strip()
     reason = " ".join(reason.split())
     if email:
         try:
-            # The rules the email itself will be sent under, so a correction that passes here
-            # is one the send accepts.
+            # The send's own rules: a correction accepted here is one the send accepts.
             mail.recipient_address(email=email, name="")
         except PermanentError as exc:
             raise ValueError(f"{email!r} is not a valid email address: {exc}") from exc
@@ -525,7 +469,6 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
             )
         before = _recipient_state(invoice)
         invoice.recipient_override = email
-        # Only this field: the provider's fields are the provider's.
         invoice.save(update_fields=["recipient_override", "updated_at"])
         operator_action_record(
             action=INVOICE_RECIPIENT_CORRECT,
@@ -551,13 +494,10 @@ def invoice_email_resend_request_once(
     fingerprint: str,
     request: str,
 ) -> ResendRequest:
-    """The API's resend: ``invoice_email_resend_request`` done once per (``user``,
-    ``idempotency_key``), the key scoped to the user as Stripe scopes keys to an account
-    (``asyncwork.idempotency``). The same key and request again returns the first request's
-    delivery and sends nothing more; the same key for a different request (another invoice)
-    raises ``IdempotencyKeyReused``; another user's same key is a request of its own. Raises
-    ``Invoice.DoesNotExist`` or ``ValueError`` like ``invoice_email_resend_request`` (the key
-    stays unused then)."""
+    """The API's resend: ``invoice_email_resend_request`` once per (``user``,
+    ``idempotency_key``) (``asyncwork.idempotency``). The same key and request returns the first
+    delivery; the same key for another invoice raises ``IdempotencyKeyReused``. Raises like
+    ``invoice_email_resend_request``, leaving the key unused."""
     performed = idempotent_perform(
         user=user,
         key=idempotency_key,
@@ -583,12 +523,10 @@ def invoice_email_resend_selection_once(
     idempotency_key: str,
     actor: str,
 ) -> ResendSelection:
-    """The admin's bulk resend: ``invoice_email_resend_request`` for each invoice of a
-    selection, all in one transaction, done once per (``user``, ``idempotency_key``) in the
-    store the API's resend uses (``asyncwork.idempotency``). The same key and selection again
-    (a double submit, concurrent or later) sends nothing more and says what the first one
-    requested; the same key for another selection raises ``IdempotencyKeyReused``. Invoices
-    that are not paid, or gone, are skipped; the key is used even if every one was."""
+    """The admin's bulk resend: ``invoice_email_resend_request`` for each invoice, in one
+    transaction, once per (``user``, ``idempotency_key``). The same key and selection again (a
+    double submit) sends nothing more and reports the first; another selection raises
+    ``IdempotencyKeyReused``. Unpaid or gone invoices are skipped."""
     ids = sorted(set(invoice_ids))
     email_key = _user_key(user, idempotency_key)
 

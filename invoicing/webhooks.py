@@ -1,12 +1,7 @@
-"""The webhook events invoicing acts on: ``invoice.paid`` and ``invoice.payment_succeeded``
-(``webhook_handler``; see ``webhooks.events``).
+"""The webhook events invoicing acts on (``webhooks.events.webhook_handler``).
 
-``invoice_parse`` reads the invoice object of such an event before anything is stored: an id
-that is not printable text is refused (400), since we could not key on it; every free-text
-field is made storable rather than refused, so a customer's typo never costs the payment its
-record or its receipt. ``invoice_payment_apply`` records the payment inside the transaction that
-stores the event; it is idempotent and never moves an invoice backwards, so a duplicate or a
-reprocess changes nothing.
+Free-text fields are made storable rather than refused, so a customer's typo never costs the
+payment its record or receipt. Applying is idempotent and never moves an invoice backwards.
 """
 
 from __future__ import annotations
@@ -25,8 +20,7 @@ PAYMENT_EVENT_TYPES = ("invoice.paid", "invoice.payment_succeeded")
 
 
 def invoice_parse(obj: Any) -> InvoiceData:
-    """A Stripe invoice object (``data.object``) as the invoice we keep; ``WebhookRejected`` for
-    one we cannot key on or store."""
+    """``data.object`` as the invoice we keep; ``WebhookRejected`` (400) if we cannot key on it."""
     if not isinstance(obj, dict):
         raise WebhookRejected("data.object is missing")
     invoice_id = obj.get("id")

@@ -1,10 +1,5 @@
-"""The operator's side of the admin: the audit trail (``OperatorAction``, read-only, listed
-on its own and beside each row it names), API tokens (listed and revoked, never issued here),
-and the helpers every app's admin builds on: read-only lists, the actor an admin action is
-recorded under, and the powers a model declares.
-
-Rows that record what happened are read-only everywhere, so the audit trail is written by the
-services that act and by nothing else."""
+"""The audit trail and API tokens in the admin, and the helpers every app's admin builds on.
+Rows that record what happened are read-only everywhere: only the acting services write them."""
 
 from __future__ import annotations
 
@@ -139,9 +134,7 @@ class OperatorActionAdmin(ReadOnlyAdmin):
         return format_html("<pre>{}</pre>", json.dumps(obj.after, indent=2, ensure_ascii=False))
 
 
-# knox's own admin can add a token, and one with no expiry if the field is left empty; here
-# tokens are only listed and revoked (deleted, and recorded like the command's revoke). They
-# are issued by `manage.py api_token create`, which always sets an expiry (operators/tokens.py).
+# knox's admin can add a token with no expiry; here tokens are only listed and revoked.
 admin.site.unregister(AuthToken)
 
 

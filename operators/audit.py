@@ -1,10 +1,5 @@
-"""The operator audit trail: every operator action is one ``OperatorAction`` row per row it
-acted on, written by the service that acted, inside that service's transaction.
-
-So the admin, the API and the command line are recorded by one code path (the service each
-calls), an action that rolled back leaves no row, and one that committed always has one.
-``operator_action_record`` refuses to run outside a transaction, and refuses an action with no
-actor: an audit row that says nobody did it is worth nothing.
+"""The operator audit trail, written by the service that acts, inside its transaction: the
+admin, the API and the command line share one code path, and only a committed action has a row.
 """
 
 from __future__ import annotations
@@ -29,8 +24,8 @@ def operator_action_record(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
 ) -> OperatorAction:
-    """Record that ``actor`` did ``action`` to ``target``, with what it came to (``detail``)
-    and, for a change of a value, the value ``before`` and ``after``."""
+    """Record that ``actor`` did ``action`` to ``target``. Refuses to run outside a transaction
+    or without an actor."""
     if not actor:
         raise ValueError("an operator action needs an actor")
     if not connection.in_atomic_block:
@@ -71,9 +66,7 @@ def cli_actor_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_actor(name: str | None = None) -> str:
-    """``cli:<name>``, the actor of an action taken from a management command: the
-    ``--actor`` given, else the OS login name (``getpass.getuser``: $LOGNAME, $USER, then the
-    account of the process's uid, so no terminal is needed)."""
+    """``cli:<name>``: the ``--actor`` given, else the OS login name (no terminal needed)."""
     if name is None:
         try:
             name = getpass.getuser()

@@ -1,18 +1,10 @@
-"""Who is asking: the client address every per-client decision uses, whether the request came
-over HTTPS, and the username a login attempt names.
+"""Who is asking: the client address every per-client decision uses (the ``/metrics``
+allow-list, the admin login limit), whether the request came over HTTPS, and the username a
+login attempt names.
 
-One rule for the whole application (the ``/metrics`` allow-list, the admin login limit): a
-request whose peer (``REMOTE_ADDR``, the socket's) is not one of ``TRUSTED_PROXIES`` comes from
-that peer, whatever its ``X-Forwarded-For`` says. From a trusted
-proxy, ``X-Forwarded-For`` is read from the right, skipping the entries that are trusted
-proxies themselves (nginx's ``real_ip_recursive``): the first that is not is the client, and
-with every entry trusted, the leftmost. Everything left of the client's entry is whatever the
-client wrote, so it never counts; an entry that is not an address, or no header, gives the
-peer. ``X-Forwarded-Proto`` counts (Django's ``SECURE_PROXY_SSL_HEADER``) only from a trusted
-proxy too: ``ForwardedProtoMiddleware`` drops it from any other peer.
-
-IPv4 clients seen through a dual-stack socket (``::ffff:192.0.2.1``) are their IPv4 address,
-and an IPv6 scope (``%eth0``) is dropped: every address given is one PostgreSQL accepts.
+``X-Forwarded-For`` and ``X-Forwarded-Proto`` count only from a peer in ``TRUSTED_PROXIES``;
+from any other, the client is the peer. Every address given is one PostgreSQL accepts (IPv4
+through a dual-stack socket is IPv4; an IPv6 scope is dropped).
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @lru_cache(maxsize=16)
 def networks(entries: tuple[str, ...]) -> tuple[Network, ...]:
-    """The networks of a setting's comma-separated entries (addresses or CIDRs; core/settings.py
-    has refused a bad one at start-up), parsed once per distinct setting."""
+    """A setting's entries as networks (validated at start-up by core/settings.py)."""
     return tuple(ipaddress.ip_network(entry.strip(), strict=False) for entry in entries)
 
 
@@ -53,16 +44,13 @@ def address_within(address: Address, within: Iterable[Network]) -> bool:
     return any(address in network for network in within)
 
 
-# Requests come from few peers (the proxies) for few clients (Stripe sends from a dozen
-# addresses), and parsing an address costs microseconds (ipaddress is pure Python): the
-# answers are kept per peer and per header, a bounded number of each.
+# Few peers and few clients, and ipaddress is slow: answers are cached, boundedly.
 _ANSWERS_KEPT = 1024
 
 
 @lru_cache(maxsize=_ANSWERS_KEPT)
 def _peer(remote_addr: str, trusted_entries: tuple[str, ...]) -> tuple[str | None, bool]:
-    """The peer's address as text (None if it is not one), and whether it is a trusted
-    proxy."""
+    """The peer's address (None if not one), and whether it is a trusted proxy."""
     address = address_parse(remote_addr)
     if address is None:
         return None, False
@@ -71,9 +59,9 @@ def _peer(remote_addr: str, trusted_entries: tuple[str, ...]) -> tuple[str | Non
 
 @lru_cache(maxsize=_ANSWERS_KEPT)
 def _forwarded_client(forwarded: str, trusted_entries: tuple[str, ...]) -> str | None:
-    """The client a trusted proxy's ``X-Forwarded-For`` names: from the right, the first entry
-    that is not a trusted proxy, else the leftmost; None for an entry that is not an address
-    or an empty header."""
+    """From the right, the first entry that is not a trusted proxy (nginx's
+    ``real_ip_recursive``), else the leftmost; None for a non-address or an empty header.
+    Entries left of it are the client's own writing and never count."""
     trusted = networks(trusted_entries)
     client = None
     for entry in reversed(forwarded.split(",")):
@@ -84,13 +72,12 @@ def _forwarded_client(forwarded: str, trusted_entries: tuple[str, ...]) -> str |
 
 
 def peer_is_trusted_proxy(request: HttpRequest) -> bool:
-    """True when the request's peer (the socket's address) is one of ``TRUSTED_PROXIES``."""
+    """Whether the socket's peer is one of ``TRUSTED_PROXIES``."""
     return _peer(request.META.get("REMOTE_ADDR") or "", tuple(settings.TRUSTED_PROXIES))[1]
 
 
 def client_address(request: HttpRequest) -> str | None:
-    """The client's IP address, or None when the socket gives none (a test request without
-    ``REMOTE_ADDR``)."""
+    """The client's IP address, or None when the socket gives none."""
     trusted = tuple(settings.TRUSTED_PROXIES)
     peer, from_proxy = _peer(request.META.get("REMOTE_ADDR") or "", trusted)
     if not from_proxy:
@@ -99,11 +86,8 @@ def client_address(request: HttpRequest) -> str | None:
 
 
 class ForwardedProtoMiddleware:
-    """First in ``MIDDLEWARE``: a request whose peer is not a trusted proxy loses its
-    ``X-Forwarded-Proto`` before Django's ``SecurityMiddleware`` (the HTTPS redirect, HSTS) and
-    ``request.is_secure()`` (Secure cookies, CSRF's referer check) read it, so a plain-HTTP
-    client cannot pass as HTTPS by sending it. ``X-Forwarded-For`` stays: ``client_address``
-    ignores it from such a peer, and the webhook keeps it with the delivery's headers."""
+    """First in ``MIDDLEWARE``: drops ``X-Forwarded-Proto`` from an untrusted peer before
+    anything reads it, so a plain-HTTP client cannot pass as HTTPS."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
@@ -115,10 +99,8 @@ class ForwardedProtoMiddleware:
 
 
 def login_username(request: HttpRequest, credentials: dict[str, Any] | None = None) -> str | None:
-    """The username a login attempt names, as django-axes files it (``AXES_USERNAME_CALLABLE``):
-    axes' own rule, cut to its 255-character column and without NUL. Django's login form does
-    not bound the username it authenticates, so a scanner's longer one reached PostgreSQL and
-    was a 500."""
+    """``AXES_USERNAME_CALLABLE``: axes' own rule, without NUL and cut to its 255-character
+    column, as Django's login form does not bound it."""
     field = get_user_model().USERNAME_FIELD
     source = credentials if credentials else getattr(request, "data", request.POST)
     username = source.get(field)

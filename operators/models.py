@@ -1,8 +1,4 @@
-"""The audit trail of what operators did (``operators.audit`` writes it).
-
-One row per action per row acted on, written inside the transaction of the service that acted,
-so a committed action always has its row and a rolled-back one never does.
-"""
+"""The audit trail of what operators did (``operators.audit`` writes it)."""
 
 from __future__ import annotations
 
@@ -12,14 +8,10 @@ from django.db import models
 
 
 class OperatorAction(models.Model):
-    """One thing an operator did to one row, through the admin, the API or a command: which
-    action, who, when, on what, and what it came to (with the value before and after, for a
-    correction). The service that acts writes it in its own transaction (``operators.audit``): an
-    action that rolled back leaves no row, and one that committed always has one."""
+    """One thing an operator did to one row, through the admin, the API or a command."""
 
     action = models.CharField(max_length=100, db_index=True)
-    # ``admin:<user>``, ``api:<user>`` or ``cli:<--actor, else the login name>``: where it came
-    # from, and who.
+    # ``admin:<user>``, ``api:<user>`` or ``cli:<--actor, else the login name>``.
     actor = models.CharField(max_length=150, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     target_type = models.ForeignKey(

@@ -1,12 +1,6 @@
-"""The API's permission check: Django's model permissions, reading included, plus the named
-permission (the power) each operator action declares.
-
-DRF's ``DjangoModelPermissions`` lets any authenticated user read; here a read needs the
-model's ``view_`` permission, as in the admin. An action of a viewset (a POST such as
-``replay``) needs the ``view_`` permission and the power named for it in the view's
-``action_permissions``; an action that names none needs the model's ``add_`` permission (DRF's
-rule for a POST), which no operator group has: an action is refused until it declares its
-power.
+"""The API's permission check: a read needs the model's ``view_`` permission, as in the admin
+(DRF's lets any user read); an action needs ``view_`` and the power named for it in the view's
+``action_permissions``, else ``add_``, which no operator group has.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """API tokens (django-rest-knox): issued to a named user, stored only as a digest, expiring.
 
-The token is shown once, when issued; the database keeps its SHA-512 digest and the first
-15 characters (knox's lookup prefix), so a copy of the database authenticates nobody. Each
-token expires ``API_TOKEN_TTL_HOURS`` after it is issued, or after the lifetime asked for,
-which is never above ``API_TOKEN_MAX_HOURS`` (knox deletes it at its first use after that,
-and the API answers 401). Tokens are issued from the command line (``manage.py api_token
-create USERNAME``), by someone who can already run commands on the deployment: no HTTP
-endpoint trades a password for a token, so there is no second password form to guess at
-beside the admin's, which django-axes limits.
-
-Issuing and revoking a token are operator actions, recorded on the token's user in the same
-transaction: the token's lookup prefix and expiry, never the token.
+The token is shown once; the database keeps its digest and lookup prefix, so a copy of it
+authenticates nobody. Tokens are issued only from the command line (``manage.py api_token``):
+no HTTP endpoint trades a password for one, so the admin's is the only password form. Issuing
+and revoking are recorded as operator actions, never with the token.
 """
 
 from __future__ import annotations
@@ -37,11 +30,8 @@ ACTION_REVOKE = "api_token.revoke"
 
 
 class ApiTokenAuthentication(TokenAuthentication):
-    """knox's token authentication, except that a token that is not printable ASCII is a 401
-    before it reaches knox: knox decodes the header's bytes as UTF-8 unguarded, so
-    ``Authorization: Token \\xe9`` was a 500 (DRF's own TokenAuthentication catches it), and a
-    NUL reached PostgreSQL, which refuses it in text (another 500). A real token is
-    hexadecimal."""
+    """knox's, except that a token that is not printable ASCII is a 401 before knox, which
+    would decode it unguarded or pass a NUL to PostgreSQL (a 500 either way)."""
 
     def authenticate_credentials(self, token: bytes) -> tuple[AbstractBaseUser, AuthToken]:
         if not all(0x21 <= byte <= 0x7E for byte in token):
@@ -78,16 +68,15 @@ def _user(username: str) -> AbstractBaseUser:
 
 
 def _token_state(token: AuthToken) -> dict[str, Any]:
-    """What the audit trail keeps of a token: its lookup prefix (which authenticates nobody)
-    and its expiry."""
+    """What the audit trail keeps of a token: its lookup prefix and expiry."""
     expiry = token.expiry.isoformat() if token.expiry else None
     return {"token_key": token.token_key, "expiry": expiry}
 
 
 def api_token_create(*, username: str, actor: str, ttl: timedelta | None = None) -> IssuedToken:
-    """Issue a token for ``username`` that expires after ``ttl`` (``API_TOKEN_TTL_HOURS`` by
-    default), recorded as an operator action of ``actor``. Raises ``TokenRefused`` for an
-    unknown or inactive user or a lifetime not above zero or above ``API_TOKEN_MAX_HOURS``."""
+    """Issue a token expiring after ``ttl`` (default ``API_TOKEN_TTL_HOURS``), recorded as an
+    operator action. Raises ``TokenRefused`` for an unknown or inactive user, or a lifetime not
+    above zero or above ``API_TOKEN_MAX_HOURS``."""
     ttl = ttl if ttl is not None else timedelta(hours=settings.API_TOKEN_TTL_HOURS)
     if ttl <= timedelta(0):
         raise TokenRefused("a token's lifetime must be above zero")
@@ -112,9 +101,8 @@ def api_token_create(*, username: str, actor: str, ttl: timedelta | None = None)
 
 
 def api_token_revoke(*, username: str, actor: str) -> int:
-    """Delete every token of ``username``, recorded as operator actions of ``actor``; returns
-    how many. Raises ``TokenRefused`` for an unknown user (an inactive one's tokens are deleted
-    too)."""
+    """Delete every token of ``username`` (inactive users' too); returns how many. Raises
+    ``TokenRefused`` for an unknown user."""
     model = get_user_model()
     user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
     if user is None:
@@ -123,8 +111,7 @@ def api_token_revoke(*, username: str, actor: str) -> int:
 
 
 def api_tokens_revoke(*, tokens: QuerySet[AuthToken], actor: str) -> int:
-    """Delete ``tokens`` (the command's, or those the admin deletes), each recorded on its user
-    as an operator action of ``actor``; returns how many."""
+    """Delete ``tokens``, each recorded on its user as an operator action; returns how many."""
     with transaction.atomic():
         doomed = list(
             tokens.select_related("user").select_for_update(of=("self",)).order_by("created")

@@ -1,6 +1,5 @@
-"""Webhook deliveries for the operator: read-only, as received, with their verdict; a named
-"Reprocess" action, for those with the ``reprocess_webhookevent`` permission, applies chosen
-events again through the service (idempotent, and recorded as an operator action)."""
+"""Webhook deliveries, read-only as received, and a "Reprocess" action under the
+``reprocess_webhookevent`` permission."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class WebhookEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Verdict", ordering="state")
     def verdict(self, obj: WebhookEvent) -> str:
-        # "Accepted" and "duplicate" are answers to a delivery, not stored: a duplicate stores
-        # nothing. What a stored event came to is its state.
+        # "Duplicate" is an answer, not stored: a duplicate stores nothing.
         return obj.state
 
     @admin.display(description="Error")

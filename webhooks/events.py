@@ -1,19 +1,8 @@
 """What a verified webhook event is, and which app acts on each event type.
 
-``webhooks`` verifies, stores once and dispatches; what an event *means* belongs to
-the app that handles its type, which this app does not name. An app declares a handler for
-its event types where it defines it: ``@webhook_handler("invoice.paid", parse=...)`` on the
-function that applies them.
-
-* ``parse`` reads the event's ``data.object`` into what ``apply`` needs, before anything is
-  stored, and raises ``WebhookRejected`` (a 400, nothing stored) for an object it cannot act on;
-* the decorated ``apply`` acts on it inside the transaction that stores the event, so the event row
-  and its effect commit together or not at all; it must be idempotent, since a reprocess applies a
-  stored event again.
-
-An event type with a handler is one this endpoint acts on: it is stored as ``processed`` and is
-essential under backpressure. Any other type is stored as ``ignored`` and shed first. Adding an
-event type is one decorated function (``invoicing/webhooks.py`` shows one).
+An app declares ``@webhook_handler("invoice.paid", parse=...)`` on the function that applies
+those events (``invoicing/webhooks.py``). A type with a handler is stored as ``processed`` and is
+essential under backpressure; any other is stored as ``ignored`` and shed first.
 """
 
 from __future__ import annotations
@@ -57,9 +46,11 @@ Apply = TypeVar("Apply", bound=Callable[[Any, Event], None])
 
 
 def webhook_handler(*event_types: str, parse: Callable[[Any], Any]) -> Callable[[Apply], Apply]:
-    """Act on events of ``event_types`` (replacing any handler they had): ``parse(data.object)``
-    when the event is read, the decorated ``apply(parsed, event)`` in the transaction that
-    stores it."""
+    """Act on events of ``event_types`` (replacing any handler they had).
+
+    ``parse(data.object)`` runs before anything is stored; ``WebhookRejected`` there is a 400.
+    The decorated ``apply(parsed, event)`` runs in the transaction that stores the event, and
+    must be idempotent (a reprocess applies it again) and never move state backwards."""
 
     def declare(apply: Apply) -> Apply:
         for event_type in event_types:

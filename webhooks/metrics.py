@@ -1,6 +1,5 @@
-"""What the webhook endpoint counts as it answers: deliveries by outcome, in the web process
-(summed over gunicorn's workers through ``PROMETHEUS_MULTIPROC_DIR``, as every event counter of
-``asyncwork.metrics``). The metric is labelled, so importing this module writes nothing."""
+"""Webhook deliveries by outcome, counted in the web process (summed over gunicorn's workers
+through ``PROMETHEUS_MULTIPROC_DIR``)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ WEBHOOK_DELIVERIES = Counter(
     ["outcome", "reason"],
 )
 
-# Each series' child, looked up once (``labels()`` costs more than the increment). Filled on
-# first use, not at import: a child is a value, and in multiprocess mode a file.
+# Each series' child, looked up once (``labels()`` costs more than the increment); filled on
+# first use, as in multiprocess mode each child is a file.
 _webhook_series: dict[tuple[str, str], Any] = {}
 
 

@@ -17,8 +17,7 @@ class WebhookEvent(models.Model):
     livemode = models.BooleanField(default=False)
     body = models.TextField(help_text="The raw body exactly as received.")
     headers = models.JSONField(default=dict)
-    # When retention cleared the body and headers (WEBHOOK_BODY_RETENTION_DAYS): the row, and
-    # with it the event id that makes a redelivery a duplicate, stays.
+    # Set when retention cleared body and headers; the row, and its dedupe, stays.
     body_cleared_at = models.DateTimeField(null=True, blank=True)
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
     state = models.CharField(max_length=10, choices=State.choices)

@@ -1,9 +1,7 @@
-"""How long webhook deliveries are kept (rules of ``asyncwork.retention``).
+"""How long webhook deliveries are kept (``asyncwork.retention``).
 
-The raw body and headers of every event go after ``WEBHOOK_BODY_RETENTION_DAYS``, whatever its
-state: they hold personal data, and the row without them still answers for deduplication. A
-processed or ignored event goes after ``WEBHOOK_RETENTION_DAYS``; a failed one stays until an
-operator deals with it.
+Bodies and headers (personal data) go after ``WEBHOOK_BODY_RETENTION_DAYS``; the row still
+deduplicates. Processed or ignored rows go after ``WEBHOOK_RETENTION_DAYS``; failed ones stay.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The webhook guarantee: a verified delivery is stored once, under the provider's event id,
-together with its effect (its type's handler, ``webhooks.events``), in one transaction.
+together with its handler's effect, in one transaction.
 
-The event row is inserted with ``ON CONFLICT (event_id) DO NOTHING``: a duplicate delivery,
-sequential or concurrent, finds the row (or waits for the transaction inserting it) and
-changes nothing, without an IntegrityError anywhere.
-
-An event outside this endpoint's scope (the other Stripe mode, another Connect account) is
-stored as ``ignored`` with the reason in ``error``, and changes nothing: its handler is not
-called. It is answered 200 like any stored event: refusing it would only have the provider retry
-it for days.
-
-``webhook_event_reprocess`` (the admin's "Reprocess") applies stored deliveries again; applying
-is idempotent, so it changes nothing for an event already applied. Each event reprocessed is
-recorded as an operator action in its own transaction.
+The row is inserted with ``ON CONFLICT (event_id) DO NOTHING``: a duplicate delivery, even a
+concurrent one, changes nothing. An out-of-scope event is stored as ``ignored`` with the reason
+in ``error`` and answered 200: refusing it would only have the provider retry it for days.
 """
 
 from __future__ import annotations
@@ -90,15 +81,10 @@ WEBHOOK_EVENT_REPROCESS = "webhook_event.reprocess"
 
 
 def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reprocessed:
-    """Apply stored deliveries (by provider event id) again, each in its own transaction under
-    its row's lock, in the order they were received.
-
-    The stored body is parsed again, but its signature is not checked again: the row was
-    verified before it was stored. Applying is the handler of its type, which is idempotent
-    (``webhooks.events``), so an event already applied changes nothing and writes no second
-    outbox row, and one whose earlier processing failed is applied now. Each
-    row ends ``processed``, ``ignored`` or ``failed``, with the reason in ``error``, and is
-    recorded as an operator action of ``actor``.
+    """Apply stored deliveries again (the admin's "Reprocess"), in the order received, each in
+    its own transaction under its row's lock and recorded as an operator action. The body is
+    parsed again but not re-verified; handlers are idempotent, so an applied event changes
+    nothing. Each row ends ``processed``, ``ignored`` or ``failed`` (reason in ``error``).
     """
     wanted = set(event_ids)
     order = list(

@@ -1,26 +1,12 @@
 """Verifying and reading Stripe webhook deliveries.
 
-Signature checking is stripe-python's ``WebhookSignature.verify_header`` (HMAC-SHA256 over
-``"{t}.{body}"``, constant-time comparison, any ``v1`` may match), called once per configured
-secret so a secret can be rolled. Around it we cover what it does not:
+Signatures are checked by stripe-python's ``WebhookSignature.verify_header``, once per
+configured secret (so a secret can be rolled). Around it we refuse what it lets through or turns
+into a 500: a timestamp in the future, a body that is not UTF-8, a header that is not ASCII.
 
-* a timestamp too far in the *future* (stripe-python rejects only stale ones);
-* a body that is not UTF-8 (stripe-python raises ``UnicodeDecodeError``, which would be a 500);
-* a header that is not ASCII (``hmac.compare_digest`` raises ``TypeError`` on such a string);
-* a zero tolerance (stripe-python then skips the check; settings refuse it).
-
-A signed event is authentic, not harmless (a leaked secret, a test-mode secret configured
-beside the live one, a customer typing a name). So ``event_parse``:
-
-* refuses (400) an event whose id or type is not printable text: no lone surrogates, controls
-  or surrounding spaces; we could not key on it;
-* marks an event of the other Stripe mode (``STRIPE_LIVEMODE``), or for another Connect
-  account (``STRIPE_ACCOUNT``), as out of scope before reading its object: it is stored as
-  ignored with the reason, and changes nothing;
-* reads the object of an event it acts on through its type's handler (``webhooks.events``),
-  which refuses what it cannot key on and makes every free-text field storable rather than
-  refusing it (``field_text``: a lone surrogate, valid in JSON, becomes U+FFFD and NUL is
-  dropped), so a customer's typo never costs the payment its record.
+A signed event is authentic, not harmless: ``event_parse`` refuses (400) an id or type we could
+not key on, and marks an event of another mode or Connect account out of scope before reading
+its object (stored as ignored, changing nothing).
 """
 
 from __future__ import annotations
@@ -84,8 +70,7 @@ def signature_verify(
 
 
 def field_text(obj: dict[str, Any], key: str, *, limit: int = 1000) -> str:
-    """A free-text field of a Stripe object, made storable (lone surrogates replaced, NUL
-    dropped)."""
+    """A free-text field, made storable (lone surrogates replaced, NUL dropped)."""
     value = obj.get(key)
     if value is None:
         return ""
@@ -118,8 +103,8 @@ def field_epoch(obj: dict[str, Any], key: str) -> datetime | None:
 
 
 def name_valid(value: Any) -> TypeGuard[str]:
-    """An identifier we key on: 1-255 printable characters (no controls, no lone surrogates,
-    which ``isprintable`` counts as unprintable), no surrounding spaces."""
+    """An identifier we key on: 1-255 printable characters (no lone surrogates), no surrounding
+    spaces."""
     return (
         isinstance(value, str)
         and 0 < len(value) <= 255
@@ -129,8 +114,7 @@ def name_valid(value: Any) -> TypeGuard[str]:
 
 
 def event_scope_check(*, livemode: bool, account: Any) -> str:
-    """Why this endpoint does not act on an event of this mode and account (settings
-    ``STRIPE_LIVEMODE`` and ``STRIPE_ACCOUNT``, read now), or "" if it does."""
+    """Why ``STRIPE_LIVEMODE`` or ``STRIPE_ACCOUNT`` excludes this event, or "" if neither."""
     mode = settings.STRIPE_LIVEMODE
     if mode != "any" and livemode != (mode == "live"):
         return f"{'live' if livemode else 'test'}-mode event; STRIPE_LIVEMODE is {mode}"

@@ -1,8 +1,7 @@
 """Realistic Stripe events, signed exactly as Stripe signs them.
 
-Shared by the tests, the benchmarks, the demo and ``manage.py stripe_trigger``. The signature
-is computed here with ``hmac`` directly (not with stripe-python, which the receiver uses), so a
-test of the receiver checks it against an independent implementation of Stripe's scheme.
+Shared by the tests, the benchmarks, the demo and ``manage.py stripe_trigger``. Signed with
+``hmac`` directly, not stripe-python, so the receiver is tested against an independent signer.
 """
 
 from __future__ import annotations

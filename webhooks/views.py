@@ -1,5 +1,4 @@
-"""POST /webhooks/stripe/: verify, shed under backpressure, store once, answer; the
-email is someone else's job.
+"""POST /webhooks/stripe/: verify, shed under backpressure, store once, answer.
 
 Every answer other than 200 stores nothing; a 200 is sent only after the event committed."""
 
@@ -24,8 +23,7 @@ from webhooks.stripe import event_parse, signature_verify
 
 logger = logging.getLogger(__name__)
 
-# What the provider is told to wait before retrying a delivery we cannot take: Stripe retries
-# on its own schedule anyway; this spaces out any other sender.
+# Stripe retries on its own schedule; this spaces out any other sender.
 RETRY_AFTER_SECONDS = 30
 
 
@@ -33,8 +31,7 @@ def _reject(reason: str, status: int) -> JsonResponse:
     webhook_delivery_count("rejected", reason)
     logger.warning("webhook rejected: %s", reason, extra={"reason": reason, "status": status})
     response = JsonResponse({"error": reason}, status=status)
-    # Logged once, above, with the reason: the flag django.utils.log.log_response sets and
-    # checks keeps django.request from adding "Bad Request: /webhooks/stripe/" for it.
+    # Logged above: keeps django.request from adding "Bad Request: ..." (log_response's flag).
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
@@ -79,8 +76,7 @@ class StripeWebhookView(View):
 
     def _take(self, request: HttpRequest, *, event: Event, payload: bytes) -> JsonResponse:
         """Shed, or store once and acknowledge, a verified event."""
-        # Shed under backpressure: only now is the type known, and nothing is stored yet.
-        # Essential: a type this endpoint acts on (a registered handler), in its mode and account.
+        # Only now is the type known, and nothing is stored yet.
         shed = backpressure_shed(essential=event.handled)
         if shed is not None:
             webhook_delivery_count("shed", str(shed))

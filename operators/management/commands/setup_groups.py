@@ -1,14 +1,6 @@
-"""``manage.py setup_groups``: the two groups operators are put in, synced with what the apps
-declare.
-
-- **viewers**: the view permission of every model of ``settings.OPERATOR_APPS``: they see every
-  list and page of the admin and read the API, and act on nothing.
-- **operators**: the same, plus every permission those models declare in their ``Meta`` (the
-  powers: replay a dead letter, republish an outbox message, reprocess a webhook event, resend
-  an invoice email, correct an invoice's recipient).
-
-Idempotent: a second run changes nothing. A group changed by hand is set back to its
-definition, and the command says what it added and removed.
+"""``manage.py setup_groups``: **viewers** get the view permission of every model of
+``settings.OPERATOR_APPS``; **operators** those and every permission the models declare in
+their ``Meta`` (the powers). Idempotent; a group changed by hand is set back, with what changed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """``manage.py stripe_trigger EVENT_TYPE``: the offline twin of ``stripe trigger``.
 
-Builds a realistic Stripe event, signs it with ``STRIPE_WEBHOOK_SECRET`` exactly as Stripe does
-(``t=<unix time>,v1=<HMAC-SHA256 of "<t>.<body>">``, plus a fake ``v0`` as test mode sends),
-and POSTs it to the receiver. ``--repeat`` delivers the same event again (a provider retry:
-each with a fresh timestamp and signature, as Stripe's retries are); ``--stale`` signs it with a
-timestamp older than the tolerance, which the receiver must refuse. ``--customer-email`` alone
-sends the invoice to that address with no display name (``customer_name: null``, as Stripe
-sends for a customer without one), never with the default customer's name.
+Builds a realistic Stripe event, signs it with ``STRIPE_WEBHOOK_SECRET`` as Stripe does
+(``webhooks.testing``) and POSTs it to the receiver. ``--repeat`` redelivers it freshly signed,
+as Stripe's retries are; ``--stale`` signs it older than the tolerance.
 """
 
 from __future__ import annotations
