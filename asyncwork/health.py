@@ -143,7 +143,7 @@ def check_dlq() -> CheckResult:
 
 @health_check("beat", critical=False)
 def check_beat() -> CheckResult:
-    """Degraded, not failing: without beat the jobs still run; only the scheduled safety nets wait."""
+    """Degraded, not failing: without beat the jobs still run; only the safety nets wait."""
     beat = beat_probe()
     active = asdict(beat.active) if beat.active else None  # {"host": ..., "pid": ...}
     return {"status": "ok" if beat.active else "degraded", "active": active}
