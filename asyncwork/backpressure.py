@@ -61,9 +61,6 @@ class Pressure:
         return Level.HARD
 
 
-# --- Measuring ---------------------------------------------------------------------------------
-
-
 def pressure_measure() -> Pressure:
     """Measure both figures now; one that cannot be measured is None (and logged)."""
     outbox: int | None = None
@@ -80,8 +77,6 @@ def pressure_measure() -> Pressure:
             logger.warning("backpressure: cannot measure the broker queues: %r", exc)
     return Pressure(outbox_backlog=outbox, queue_depth=depth, measured_at=time.monotonic())
 
-
-# --- Deciding ----------------------------------------------------------------------------------
 
 _last: Pressure | None = None
 _measuring = threading.Lock()

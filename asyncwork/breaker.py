@@ -1,23 +1,16 @@
-"""A circuit breaker shared by every worker, its state in Redis.
+"""A circuit breaker shared by every worker, its state in Redis; every transition one Lua script.
 
-* closed -> open: ``threshold`` consecutive failures, from any process, open it. The caller
-  decides what a failure is (the email path reports transient provider failures only).
-* open: every caller is denied and told the seconds left of the cool-down (``reset_seconds``, on
-  the Redis server's clock, so hosts whose clocks disagree still agree).
-* half-open: once the cool-down has passed, exactly one caller across all processes gets the
-  probe (``SET NX`` on a token key, in the script that reads the state). The token expires after
-  ``probe_ttl_seconds`` (longer than the task's hard time limit), freeing the probe of a dead
-  worker; a probe that never called the provider gives it back (``release_probe``).
-* a success closes it and resets the count; the probe's failure re-opens it for a new cool-down.
-  Every transition is one Lua script, atomic against every other process.
-* ``check_seconds`` (0 by default): a process that read the breaker closed with no failure trusts
-  that for ``check_seconds``, asking Redis nothing before a call and telling it no success. A
-  failure is always told at once and ends the window. The cost: a breaker opened elsewhere is
-  seen up to ``check_seconds`` late, after at most one more failed call here, and a success here
-  does not reset failures counted elsewhere meanwhile.
-* Redis is not the outage: every call has a short socket timeout and one retry; if Redis cannot
-  be reached, ``allow()`` says closed and a warning is logged, at most once per ``_WARN_EVERY``
-  seconds per breaker and process.
+* ``threshold`` consecutive failures from any process open it; the caller decides what a failure
+  is.
+* Open, callers are denied with the seconds left of ``reset_seconds`` (on Redis's clock). Then
+  exactly one caller gets the probe (``SET NX`` on a token expiring after ``probe_ttl_seconds``,
+  longer than the hard time limit; ``release_probe`` gives back an unused one). A success closes
+  it; the probe's failure re-opens it.
+* ``check_seconds``: a process that read it closed with no failure trusts that for so long,
+  telling Redis no success; a failure is told at once. So an opening elsewhere is seen up to
+  ``check_seconds`` late.
+* Redis is not the outage: short socket timeouts, one retry; unreachable, ``allow()`` says closed
+  and a warning is logged at most every ``_WARN_EVERY`` seconds.
 """
 
 from __future__ import annotations
@@ -158,8 +151,8 @@ def _warn_unavailable(name: str, action: str, exc: Exception) -> None:
 
 
 class Breaker:
-    """The breaker ``name``, shared by every process using the same Redis and key prefix. Cheap to
-    construct: build one per call with the current settings."""
+    """Breaker ``name``, shared by every process on the same Redis and key prefix. Cheap: build one
+    per call."""
 
     def __init__(
         self,
@@ -267,8 +260,7 @@ class Breaker:
             logger.info("circuit breaker %r closed", self.name, extra={"breaker": self.name})
 
     def release_probe(self, decision: Decision) -> None:
-        """Give back a probe that never called the provider, so the next caller can probe at once; a
-        no-op once the probe recorded an outcome."""
+        """Give back a probe that never called the provider; a no-op once it recorded an outcome."""
         if decision.token is None:
             return
         try:
@@ -285,9 +277,8 @@ class Breaker:
             _warn_unavailable(self.name, "reset", exc)
 
     def state(self) -> dict[str, Any]:
-        """For health checks and metrics: ``state`` (closed, open, half-open, or unknown when Redis
-        is unreachable), ``failures``, ``opened_at`` (Unix time), ``retry_in`` (seconds left of
-        the cool-down), ``probing``."""
+        """``name``, ``state`` (closed, open, half-open, unknown), ``failures``, ``opened_at`` (Unix
+        time), ``retry_in``, ``probing``."""
         try:
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(self.key)

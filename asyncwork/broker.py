@@ -65,8 +65,6 @@ class Transport(redis.Transport):
     Channel = Channel
 
 
-# --- Reading the broker's queues ----------------------------------------------------------
-
 _brokers: dict[tuple[str, float], redis_py.Redis] = {}
 _brokers_lock = threading.Lock()
 

@@ -209,9 +209,6 @@ def dlq_alert() -> int:
     return depth
 
 
-# --- What a dead letter is about, in words -----------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Subject:
     """What a dead letter's job was about, as the app owning the job describes it."""

@@ -3,28 +3,16 @@ process serving HTTP?
 
 ``/health/`` answers 200 when every critical check passes, 503 otherwise, never 500. Anyone gets
 ``{"status": ...}`` only, from a report each process computes at most once per
-``HEALTH_CACHE_SECONDS`` (concurrent callers share one computation, so a flood of probes costs
-one run per second). A staff session or the ``METRICS_TOKEN`` bearer gets the whole report,
-computed for the request.
+``HEALTH_CACHE_SECONDS`` (single flight); a staff session or the ``METRICS_TOKEN`` bearer gets
+the whole report, computed for the request. The checks run in parallel within
+``HEALTH_TIMEOUT_SECONDS``; one still running then counts as failing. ``dlq`` and ``beat`` are
+not critical: dead letters are a human's inbox (``dlq_alert``), and a 503 would only pull healthy
+web processes out of a load balancer.
 
-The checks run in parallel within ``HEALTH_TIMEOUT_SECONDS``; one still running at the deadline
-counts as failing. Each bounds its own calls (``PROBE_TIMEOUT_SECONDS``), so a thread left behind
-ends soon after.
-
-* ``database`` (critical): ``SELECT 1``.
-* ``broker`` (critical): Redis ``PING``, or a passive declaration of ``dlq`` on RabbitMQ.
-* ``outbox`` (critical): failing when the oldest unpublished row is older than
-  ``OUTBOX_STALE_SECONDS``.
-* ``backpressure`` (critical): degraded at the soft mark, failing at the hard mark.
-* ``dlq``: degraded at ``DLQ_ALERT_THRESHOLD``, never failing: dead letters are a human's inbox
-  (``dlq_alert`` mails), and a 503 would only pull healthy web processes out of a load balancer.
-* ``beat``: degraded when no beat holds the leader lock.
-
-An app adds its own with ``@health_check(name, critical=...)``. A check returns a dict with at
-least ``status`` (``ok``, ``degraded``, ``failing``, ``unknown``) and its figures; raising counts
-as failing.
-
-``/health/live`` does no I/O, so a process is never restarted because a dependency is down.
+An app adds checks with ``@health_check(name, critical=...)``: a check returns a dict with
+``status`` (``ok``, ``degraded``, ``failing``, ``unknown``) and its figures; raising counts as
+failing. ``/health/live`` does no I/O, so a process is never restarted because a dependency is
+down.
 """
 
 from __future__ import annotations

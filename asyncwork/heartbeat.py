@@ -1,23 +1,15 @@
 """Worker liveness by heartbeat: who owns a claim, and whether that owner is gone.
 
-Every process that runs tasks keeps a ``WorkerHeartbeat`` row whose ``beat_at`` a thread of its
-own writes every ``WORKER_HEARTBEAT_SECONDS`` with the database's clock. ``heartbeat_owner()``
-names the process (host, pid, random token: a reused pid is another owner); a task that claims
-work records that name.
+Every process that runs tasks keeps a ``WorkerHeartbeat`` row, written every
+``WORKER_HEARTBEAT_SECONDS`` by a thread of its own; a task that claims work records
+``heartbeat_owner()`` (host, pid, token). An owner is gone when others have beaten without it for
+``WORKER_HEARTBEAT_LAPSE_SECONDS`` and its claim is older than that (``owner_lapsed_sql``); ages
+are on the database's clock, counted from the newest heartbeat, so neither clock skew nor a
+database outage makes live owners look dead. What a gone owner's claims become is the domain's
+(``asyncwork.rescue``).
 
-An owner is gone when it has written no heartbeat for ``WORKER_HEARTBEAT_LAPSE_SECONDS`` and its
-claim is older than that (``owner_lapsed_sql``, a predicate a domain puts in its claim and rescue
-queries). Ages are read on the database's clock, counted back from the newest heartbeat of any
-process, so neither host clock skew nor a database outage makes live owners look dead. A live but
-slow owner is never overtaken: for it the claim's lease stays the fence. What a gone owner's
-claims become is the domain's to say (``asyncwork.rescue``).
-
-The worker's own (consumer) process beats too, listing the jobs it holds (``held_jobs``); if it
-dies, the rescue re-enqueues them once its heartbeat lapsed rather than after the broker's
-visibility timeout. A job run twice so is a no-op.
-
-``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off; heartbeats are still written,
-for the dashboard.
+The consumer process beats too, listing the jobs it holds (``held_jobs``), which the rescue
+re-enqueues once it lapsed. ``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off.
 """
 
 from __future__ import annotations
@@ -62,10 +54,9 @@ def lapse_seconds() -> float:
 
 
 def owner_lapsed_sql(*, owner: str, since: str) -> str:
-    """An SQL predicate, true when the process named by column ``owner`` is gone: rescue by
-    heartbeat is on and, for longer than the lapse before the newest heartbeat of any process, it
-    wrote none and its claim (column ``since``) existed. Its one parameter is
-    ``%(heartbeat_lapse)s``: pass ``lapse_seconds()``. With no heartbeat at all, nobody is gone."""
+    """An SQL predicate, true when the process named by column ``owner`` is gone: rescue is on and,
+    for longer than the lapse before the newest heartbeat, it wrote none and its claim (column
+    ``since``) existed. Parameter ``%(heartbeat_lapse)s``: ``lapse_seconds()``."""
     # Aliases of its own, which a caller's query is unlikely to use for its own tables.
     newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
     fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
@@ -86,9 +77,8 @@ ON CONFLICT (owner) DO UPDATE SET beat_at = now(), holding = EXCLUDED.holding
 
 
 def held_jobs() -> list[dict[str, Any]]:
-    """The ``ReliableTask`` jobs this worker's consumer received and has not finished, each as
-    re-enqueueing it takes: task, id, args, kwargs, queue, retries. (Scheduled jobs are beat's to
-    dispatch again.)"""
+    """The ``ReliableTask`` jobs this consumer received and has not finished, as re-enqueueing takes
+    them."""
     from celery.worker import state
 
     from asyncwork.tasks import ReliableTask  # the models are loaded by the first beat

@@ -1,18 +1,11 @@
-"""Idempotency keys for API requests: a request retried under its key does its work once.
+"""Idempotency keys for API requests, Stripe's rules held by PostgreSQL: a request retried under its
+key does its work once.
 
-Stripe's rules, held by PostgreSQL: the ``IdempotencyRecord`` (UNIQUE per user and key) is
-inserted with ``ON CONFLICT DO NOTHING`` in the transaction of the work.
-
-* a new key: record, work, and what it created commit together; failed work rolls the record
-  back, so a retry does the work;
-* same user, key and fingerprint: nothing is done again; the caller gets what the first request
-  created;
-* same user and key, different request: ``IdempotencyKeyReused`` (422);
-* another user's same key is a request of its own;
-* concurrently, PostgreSQL makes the second INSERT wait for the first transaction: no
-  check-then-insert window.
-
-Records do not expire: they are small and made by operators one at a time.
+The ``IdempotencyRecord`` (UNIQUE per user and key) is inserted with ``ON CONFLICT DO NOTHING``
+in the work's transaction, so failed work leaves the key unused, and a concurrent duplicate waits
+for the first transaction (no check-then-insert window). The same request again gets what the
+first created; the same key with another request raises ``IdempotencyKeyReused`` (422). Keys are
+per user and do not expire.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Scheduled jobs: declared where they are defined, synced into django-celery-beat, each run under
-its own PostgreSQL lock.
+"""Scheduled jobs: declared where they are defined (``@job``), synced into django-celery-beat, each
+run under its own PostgreSQL lock.
 
-``@job(name, every=...)`` (or ``cron=...``) declares a job; its one name is its task's, its
-lock's and its ``ScheduledJob`` row's. ``schedules_sync`` makes the declared jobs
-django-celery-beat periodic tasks after every ``migrate`` and from ``manage.py
-setup_periodic_tasks``: idempotent, and concurrent runs take turns (an advisory lock), so two
-deploys migrating at once neither fail nor duplicate a schedule. Managed tasks whose job is no
-longer declared are disabled.
-
-Every job is single-owner and safe to run twice: ``job_run`` takes the job's advisory lock
-without waiting (a second run skips, logged and counted; a dead process's session releases the
-lock); each body is idempotent; beat sends each tick with an expiry of one interval, so ticks
-that piled up while no worker ran are dropped.
-
-A job declared ``on_recovery`` also runs at once when the beat leader sees the broker restarted
-or the database reconnect (``jobs_recover``, ``asyncwork.recovery``); the periodic run stays the
-safety net.
+A job's one name is its task's, its lock's (``job:<name>``) and its ``ScheduledJob`` row's.
+``schedules_sync`` runs after every ``migrate``: idempotent, and concurrent runs take turns.
+``job_run`` takes the lock without waiting, so a second run skips; each body is idempotent; a
+tick expires after one interval, so ticks piled up while no worker ran are dropped. A job
+declared ``on_recovery`` also runs when the beat leader sees a broker restart or a database
+reconnect (``asyncwork.recovery``).
 """
 
 from __future__ import annotations
@@ -85,12 +76,9 @@ def job(
     on_recovery: bool | Callable[[str], Any] = False,
 ) -> Callable[[Run], Run]:
     """Declare the decorated function (returned unchanged) the body of job ``name``, run every
-    ``every`` or on ``cron`` under the job's lock by a Celery task of that name.
-
-    ``on_recovery``: True also runs the body after a broker restart or a database reconnect
-    (``jobs_recover``); a callable runs instead on those occasions, given the reason
-    (``BROKER_RESTARTED``, ``DATABASE_RECONNECTED``), so a job can tell work the restart provably
-    dropped from work it did not."""
+    ``every`` or on ``cron``. ``on_recovery``: True also runs it on recovery (``jobs_recover``);
+    a callable runs instead then, given the reason (``BROKER_RESTARTED``: the queued work is
+    provably lost, or ``DATABASE_RECONNECTED``)."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
 
@@ -253,10 +241,8 @@ def schedules_sync_after_migrate(
     stdout: TextIO | None = None,
     **_: Any,
 ) -> None:
-    """``post_migrate`` receiver (sent once per ``migrate`` and ``flush`` for asyncwork): sync the
-    schedules, so beat has them after ``migrate`` alone. Only on the default database, and only
-    once every migration of django-celery-beat and asyncwork is applied: a partial migrate leaves
-    tables the sync needs missing."""
+    """``post_migrate`` receiver: sync the schedules, on the default database once every
+    django-celery-beat and asyncwork migration is applied."""
     if using != DEFAULT_DB_ALIAS:
         return
     if not _migrations_applied(using, ("django_celery_beat", "asyncwork")):

@@ -1,27 +1,16 @@
 """Log lines that say which event, invoice, task and attempt they belong to.
 
-* Inside a log context (``log_context``: the webhook view opens one per delivery, the Celery
-  signals below one per task run) every record carries the context's ``event_id`` and
-  ``invoice_id``; ``log_context_bind`` adds one to the open context and does nothing outside one.
-  Leaving a context restores the one before, so nothing leaks into the next request or task run.
-* Inside a Celery task every record also carries ``task_id`` (an outbox job's is ``outbox-<id>``,
-  across its retries) and ``attempt`` (``retries + 1``; a deferral spends none).
-* The context crosses the broker in a ``log_context`` message header, so an event's ``event_id``
-  reaches the worker that sends its email, and every retry.
-* A field a call passes itself (``extra={...}``) wins over the context's.
-
-``ContextFilter`` sits on the console handler (``settings.LOGGING``); with ``LOG_FORMAT=json``
-the fields are top-level keys, otherwise ``TextFormatter`` appends them as ``event_id=evt_...
-task_id=outbox-7 attempt=2``. Celery configures no logging of its own (``celery_logging_keep``):
-``settings.LOGGING`` applies in workers and beat too.
+Inside a log context (``log_context``; the webhook view opens one per delivery, the Celery
+signals below one per task run) every record carries its ``event_id`` and ``invoice_id``, and
+inside a task its ``task_id`` and ``attempt``. A context crosses the broker in a ``log_context``
+header, so an event's id reaches the worker that emails it, and every retry. Leaving a context
+restores the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
+(``settings.LOGGING``); JSON lines have them as keys, ``TextFormatter`` appends ``name=value``.
+Celery configures no logging of its own (``celery_logging_keep``).
 
 Unless ``LOG_PII=1`` both formatters mask every email address in the finished line, traceback
-included (``jenny@example.com`` -> ``j***@example.com``; quoted local parts and ``%40``/``%2540``
-too). The domain stays: it tells a provider's trouble from one mailbox's. Masking is linear in
-the line's length, and a record keeps at most ``TEXT_MAX`` of its message and of its traceback.
-
-``SuspiciousRequestFilter`` makes a request Django refuses as suspicious one WARNING line and a
-count in ``/metrics``.
+included (``j***@example.com``: the domain tells a provider's trouble from one mailbox's), in
+linear time, and keep at most ``TEXT_MAX`` of a message and of a traceback.
 """
 
 from __future__ import annotations
@@ -94,9 +83,8 @@ class ContextFilter(logging.Filter):
 
 
 class SuspiciousRequestFilter(logging.Filter):
-    """On ``django.security.<kind>`` (logged once per refused request, at ERROR with a traceback):
-    the client's mistake, already answered 400. Makes it one WARNING line without the traceback,
-    counted in ``invoicing_http_suspicious_requests_total{kind}``."""
+    """On ``django.security.<kind>``: a refused request (already a 400) becomes one WARNING line
+    without traceback, counted in ``invoicing_http_suspicious_requests_total``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         suspicious_request_count(record.name.rpartition(".")[2])
@@ -166,8 +154,7 @@ def text_bounded(text: str) -> str:
 
 
 def record_bounded(record: logging.LogRecord, formatter: logging.Formatter) -> logging.LogRecord:
-    """``record``, or a copy with message and traceback ``text_bounded`` (other handlers see the
-    original)."""
+    """``record``, or a copy with message and traceback ``text_bounded``."""
     if record.exc_info and not record.exc_text:  # cached on the record, as logging does
         record.exc_text = formatter.formatException(record.exc_info)
     message = record.getMessage()
@@ -216,23 +203,20 @@ class JsonFormatter(JsonFormatterBase):
         return pii_mask(line) if self.mask_pii else line
 
 
-# --- Celery --------------------------------------------------------------------------------------
-
 # A run's token, by task id and thread: a redelivered message can run twice at once.
 _tokens: dict[tuple[str, int], Token[dict[str, Any] | None]] = {}
 
 
 def _context_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """``before_task_publish``: the context's fields travel in a header; a re-publish keeps the
-    header it arrived with."""
+    """``before_task_publish``: the context's fields travel in a header (a re-publish keeps its
+    own)."""
     fields = _context.get()
     if fields and headers is not None and HEADER not in headers:
         headers[HEADER] = dict(fields)
 
 
 def _context_task_start(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    """``task_prerun``: open the run's context from its message header (and any context it was
-    applied eagerly in)."""
+    """``task_prerun``: open the run's context from its header (and any eager caller's context)."""
     carried = getattr(getattr(task, "request", None), HEADER, None)
     fields = {**(_context.get() or {}), **(_known(carried) if isinstance(carried, dict) else {})}
     _tokens[(task_id or "", threading.get_ident())] = _context.set(fields)

@@ -1,24 +1,15 @@
 """Prometheus metrics: state computed at scrape time, and events counted where they happen.
 
-State (``StateCollector``, served by the web process at ``GET /metrics``): read from PostgreSQL,
-Redis and the broker when Prometheus asks, so exact whichever process did the work, and surviving
-every restart. Each source is a function declared with ``@metrics_source`` (the machinery's in
-``asyncwork.gauges``, reading ``asyncwork.probes``); a ``database`` source runs in ``bounded()``.
-A source that fails is left out of that scrape and reported as
-``invoicing_metrics_source_up{source} 0``; after a database error the remaining database sources
-are skipped, so a dead database costs one timeout. ``/metrics`` never answers 500.
+State (``StateCollector``, ``GET /metrics`` of the web process) is read from PostgreSQL and the
+brokers when Prometheus asks: exact, whichever process did the work. Sources are declared with
+``@metrics_source`` (the machinery's in ``asyncwork.gauges``); one that fails is left out and
+reported as ``invoicing_metrics_source_up{source} 0``, after a database error the other database
+sources are skipped, and ``/metrics`` never answers 500.
 
-Events (counters and a histogram) are per process group and restart from zero with it (``rate()``
-handles that):
-
-* web: what the apps count as they answer, suspicious requests, outbox publishes. With
-  ``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn's processes share counts through files there and
-  ``/metrics`` sums them; without it the one process's registry is served.
-* workers: task starts and attempts by outcome, an app's own counts, their outbox publishes. With
-  ``WORKER_METRICS_PORT`` set the main process serves them over HTTP. The prefork pool then
-  requires ``PROMETHEUS_MULTIPROC_DIR`` (its own, emptied at start before the pool forks) and
-  serves the sum over all its children, dead ones included, so a recycled child loses nothing.
-  The threads and solo pools need no directory.
+Events are counters per process group. With ``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn's
+processes are summed through its files. With ``WORKER_METRICS_PORT`` set a worker's main process
+serves its counts; under prefork that requires a directory of its own, emptied at start, summing
+every child, dead ones included.
 """
 
 from __future__ import annotations
@@ -60,7 +51,6 @@ from operators.http import (
 
 logger = logging.getLogger(__name__)
 
-# --- Event counters ---------------------------------------------------------------------------
 # Every metric here is labelled: none writes a value (or a multiprocess file) until first used.
 
 TASK_STARTS = Counter(
@@ -86,9 +76,6 @@ def suspicious_request_count(kind: str) -> None:
     """One request refused as suspicious; ``kind`` is the ``SuspiciousOperation`` class name, never
     client text, so the label's values stay few."""
     SUSPICIOUS_REQUESTS.labels(kind=kind).inc()
-
-
-# --- Scrape-time state ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -156,8 +143,7 @@ _state_registry.register(StateCollector())
 
 
 def _event_registry() -> CollectorRegistry:
-    """The event counters, summed over ``PROMETHEUS_MULTIPROC_DIR`` when set, else this process's
-    own."""
+    """The event counters, summed over ``PROMETHEUS_MULTIPROC_DIR`` when set."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not directory:
         return REGISTRY
@@ -171,9 +157,6 @@ def metrics_exposition() -> bytes:
     return generate_latest(_event_registry()) + generate_latest(_state_registry)
 
 
-# --- The view -----------------------------------------------------------------------------------
-
-
 def metrics_token_presented(request: HttpRequest) -> bool:
     """True when ``METRICS_TOKEN`` is set and the request carries it as a bearer token (compared in
     constant time). It opens ``/metrics`` and ``/health/``'s details."""
@@ -185,10 +168,9 @@ def metrics_token_presented(request: HttpRequest) -> bool:
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
-    """None when the request may read /metrics: with ``METRICS_TOKEN`` set, it presents the token;
-    otherwise its client address (``operators.http.client_address``) is inside
-    ``METRICS_ALLOWED_NETWORKS``. ``X-Forwarded-For`` from a peer not in ``TRUSTED_PROXIES`` is
-    refused: that proxy's address says nothing about the client."""
+    """None when the request may read /metrics: it presents ``METRICS_TOKEN`` when set, else its
+    client address is in ``METRICS_ALLOWED_NETWORKS``. ``X-Forwarded-For`` from a peer not in
+    ``TRUSTED_PROXIES`` is refused."""
     if settings.METRICS_TOKEN:
         if metrics_token_presented(request):
             return None
@@ -218,8 +200,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     response["Cache-Control"] = "no-store"
     return response
 
-
-# --- Celery ---------------------------------------------------------------------------------------
 
 _OUTCOMES = {
     "SUCCESS": "success",
@@ -265,8 +245,7 @@ _serving: list[int] = []
 
 
 def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
-    """``worker_init`` (main process, before the pool starts): serve the event counters on
-    ``WORKER_METRICS_PORT``."""
+    """``worker_init``: serve the event counters on ``WORKER_METRICS_PORT``."""
     port = settings.WORKER_METRICS_PORT
     if not port or _serving:
         return

@@ -1,17 +1,14 @@
 """The transactional outbox: nothing is published before the state change that caused it commits.
 
 ``outbox_enqueue`` writes the row in the caller's transaction and publishes it on commit; a
-publish that fails leaves the row for ``outbox_relay``. The relay and ``outbox_republish`` take
-rows under ``SELECT ... FOR UPDATE SKIP LOCKED``, so two of them never publish a row at once.
-Every publish is one ``send_task`` on a per-thread producer, bounded by
-``OUTBOX_PUBLISH_TIMEOUT``; on RabbitMQ it returns once the broker confirmed, so a row is marked
-published only after the broker took it. A crash between publish and mark publishes the row
-again: consumers are idempotent.
+failed publish leaves the row for ``outbox_relay``. The relay and ``outbox_republish`` take rows
+``FOR UPDATE SKIP LOCKED``. Each publish is one ``send_task`` bounded by
+``OUTBOX_PUBLISH_TIMEOUT``, confirmed by RabbitMQ before the row is marked; a crash in between
+publishes it again, which idempotent consumers absorb.
 
-``outbox_schedule`` writes a row with a due time (a retry, a deferral) that nothing publishes
-before then (``outbox_publish_due``, polled by ``asyncwork.scheduled``, and the relay). The wait
-is spent in PostgreSQL, not as an unacknowledged message that Redis would return only after its
-visibility timeout if its worker died.
+``outbox_schedule`` writes a row due later (a retry, a deferral), published once due by the
+workers' poll (``asyncwork.scheduled``) or the relay: the wait is spent in PostgreSQL, not as an
+unacknowledged message a dead worker would hold until Redis's visibility timeout.
 """
 
 from __future__ import annotations

@@ -45,9 +45,6 @@ def _age(since: datetime | None, now: datetime) -> float | None:
     return None if since is None else max(0.0, (now - since).total_seconds())
 
 
-# --- The machinery's probes -------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class OutboxProbe:
     """Unpublished outbox rows counted up to ``cap`` (the hard mark: cheap however large the
@@ -255,9 +252,6 @@ class BreakerProbe:
 
 def breaker_probe(breaker: Breaker) -> BreakerProbe:
     return BreakerProbe(**breaker.state())
-
-
-# --- The dashboard's registry -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

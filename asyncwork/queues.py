@@ -1,16 +1,11 @@
-"""The Celery queues and every task's route: one registry, read when a task is published and when a
-worker starts.
+"""The Celery queues and every task's route: one registry, read at publish and at worker start.
 
-``default`` always exists and holds the scheduled jobs. ``dlq`` is RabbitMQ's and nobody consumes
-it: a message delivered past its queue's delivery limit (its worker died every time, so no
-dead-letter row was written) waits there for an operator. An app declares its other queues beside
-its tasks (``queue_declare``); a ``pressure`` queue's depth is accepted work not yet done, which
-backpressure sheds on and ``/metrics`` reports.
-
-A worker consumes ``default``, then the declared queues in declaration order; on Redis strictly
-(``queue_order_strategy: priority``). A queue declared ``ahead_of`` another is read before it, so
-work enqueued again (a rescue, a retry) does not wait behind everything queued since; RabbitMQ
-cannot order a consumer's queues, so there it is folded into the other.
+``default`` holds the scheduled jobs. ``dlq`` is RabbitMQ's, consumed by nobody: a message
+delivered past its queue's delivery limit waits there for an operator. Apps declare their queues
+beside their tasks (``queue_declare``); a ``pressure`` queue's depth is work accepted and not
+done. A worker reads ``default``, then the declared queues in order (strictly on Redis); a queue
+declared ``ahead_of`` another is read before it, so work enqueued again does not wait behind the
+backlog (on RabbitMQ it is folded into the other).
 """
 
 from __future__ import annotations

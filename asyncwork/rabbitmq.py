@@ -34,9 +34,6 @@ class DeadLetterQueueDeclare(bootsteps.StartStopStep):
             channel.close()
 
 
-# --- Reading the broker's queues ----------------------------------------------------------
-
-
 class BrokerUnreadable(ConnectionError):
     """RabbitMQ did not answer a read of its queues in time (or refused the connection)."""
 

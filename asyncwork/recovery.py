@@ -1,17 +1,13 @@
-"""Recovery at once after a restart, detected by the beat leader on its tick.
+"""Recovery at once after a restart, detected by the beat leader on its tick: it dispatches the jobs
+declared ``on_recovery`` (``jobs_recover``) when
 
-A Redis restart with nothing on disk drops every queued message; a PostgreSQL restart fails the
-work in flight. The beat leader notices within ``beat.STANDBY_POLL_SECONDS`` and dispatches the
-jobs declared ``on_recovery`` (``jobs_recover``, ``asyncwork.jobs``) when:
+* the broker's ``run_id`` changed (a new Redis process: its queues started empty);
+* a marker key it keeps in the broker's database is gone (``FLUSHALL``, a failover to a replica
+  behind);
+* it lost its lock's connection, or a tick failed on the database, and took the lock again.
 
-* the broker's ``run_id`` differs from the previous tick's (a new Redis process);
-* a marker key the leader keeps in the broker's database is gone (``FLUSHALL``, a failover to a
-  replica behind);
-* the leader lost its lock's connection, or a tick failed on the database, and then took the lock
-  again.
-
-Once per restart: only the leader checks. A leader that just started only records the run id; a
-restart nobody saw is left to the periodic jobs.
+Only the leader checks, so once per restart; a new leader only records the run id, leaving a
+restart it did not see to the periodic jobs.
 """
 
 from __future__ import annotations

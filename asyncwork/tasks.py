@@ -1,21 +1,15 @@
-"""``ReliableTask``, the base of every job but the scheduled ones (``asyncwork.jobs``): the retry
-doctrine, once.
+"""``ReliableTask``, the base of every job but the scheduled ones (``asyncwork.jobs``).
 
-* ``TransientError`` (and a lost database connection, a soft time limit) is retried with
-  exponential backoff and full jitter, at most ``max_retries`` times; anything else, or a
-  transient failure on its last attempt, is dead-lettered at once (``asyncwork.deadletters``).
-* ``acks_late`` + ``reject_on_worker_lost``: a worker that dies mid-task leaves the message to be
-  redelivered; the dead letter is written before the ack, so one dying while it dead-letters runs
-  the job again rather than losing it.
-* ``Deferred`` (a dependency known down, e.g. an open breaker) spends no attempt: ``defer()``
-  runs the job again after the cool-down plus jitter, until a deadline counted from the first
-  deferral, then dead-letters it.
-* A retry or a deferral waits as an outbox row due after its countdown (``outbox_schedule``), and
-  this message is acknowledged: a dying worker, a broker restart or RabbitMQ's consumer timeout
-  takes no waiting retry with it.
-* A dead letter is one ERROR line; a declared failure (permanent, transient, deferred) logs no
-  traceback (it is on the ``DeadLetter`` row), any other exception is a bug and its line carries
-  one.
+* ``TransientError``, a lost database connection or a soft time limit is retried with backoff and
+  full jitter up to ``max_retries``; anything else, or the last attempt, is dead-lettered
+  (``asyncwork.deadletters``), before the message is acknowledged (``acks_late``,
+  ``reject_on_worker_lost``).
+* ``Deferred`` spends no attempt: ``defer()`` runs the job again after the cool-down, until a
+  deadline from the first deferral.
+* A retry or deferral waits as an outbox row due later (``outbox_schedule``), not in a worker or
+  the broker.
+* A declared failure's dead letter logs no traceback (the row has it); any other exception is a
+  bug, and its line carries one.
 """
 
 from __future__ import annotations
@@ -112,13 +106,10 @@ class ReliableTask(Task):
     def _schedule(
         self, *, countdown: float, retries: int, headers: dict[str, Any], args: Any, kwargs: Any
     ) -> None:
-        """Write this job's next run as an outbox row due in ``countdown`` seconds, carrying
-        ``retries`` and ``headers``.
-
-        A row the database refuses is tried again every ``RETRY_WRITE_INTERVAL`` seconds for
-        ``RETRY_WRITE_WAIT``, this message held meanwhile; still refused (or at the soft time
-        limit), the message goes back to its queue unchanged (``Reject`` with requeue, no attempt
-        spent). A job is never dropped for want of its retry's row."""
+        """Write this job's next run as an outbox row due in ``countdown`` seconds. A row the
+        database refuses is retried every ``RETRY_WRITE_INTERVAL`` for ``RETRY_WRITE_WAIT``
+        seconds; still refused (or at the soft time limit), the message is requeued unchanged
+        (``Reject``): a job is never dropped for want of its retry's row."""
         request = self.request
         if connection.in_atomic_block:
             # Raising Retry would roll the row back with the caller's transaction.
