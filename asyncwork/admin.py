@@ -1,8 +1,7 @@
 """Admin for the async machinery: rows that record what happened are read-only; operators act
-through named actions that call the same services as the commands. Each action declares the
-permission it needs (``@admin.action(permissions=...)``), so a staff user without it sees the
-rows and no action; each action is recorded by its service as an ``OperatorAction``, listed
-read-only here and beside the row it acted on."""
+through actions that call the same services as the commands, each declaring the power it needs
+and recorded as an ``OperatorAction``.
+"""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ _SUBJECT = "_described_subject"
 
 
 class DeadLetterChangeList(ChangeList):
-    """Describes the page's dead letters in one go: one query per kind of job on the page
-    (``dead_letter_subjects``), not one per row."""
+    """Describes the page's dead letters at once: one query per kind of job, not per row."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -83,18 +81,16 @@ def _subject(letter: DeadLetter) -> Subject | None:
 
 @admin.display(description="Replay", ordering="replayed_at")
 def replayed_at(letter: DeadLetter) -> str:
-    """The change list's replay column, in words: waiting, or replayed by whom and when. A
-    function named after the field it shows, so its column keeps the class
-    ``field-replayed_at`` (a method of that name would lose to the model's field)."""
+    """The replay column in words. A function, not a method, so its column keeps the class
+    ``field-replayed_at`` (a method would lose to the model's field)."""
     return dead_letter_replay_state(letter)
 
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    """Each row says what failed (the subject its app describes, e.g. an invoice and its
-    recipient, linked to its page), why in words, how often it was tried, how long ago, and
-    whether it was replayed. The page of one dead letter has a Replay button for those with
-    the power, the traceback folded away, and the history of what operators did to it."""
+    """What failed (the subject its app describes, linked), why in words, how often, how long ago,
+    and whether replayed; one dead letter's page has a Replay button, the traceback folded, and
+    the operators' actions on it."""
 
     list_display = (
         "id",
@@ -241,8 +237,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """The page's Replay button: the same service as the action, the API and the
-        command, for this one dead letter."""
+        """The page's Replay button: the same service as the action, for this dead letter."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not (self.has_view_permission(request) and self.has_replay_permission(request)):
@@ -396,8 +391,8 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
         return obj.last_error[:80]
 
 
-# django-celery-beat's "Periodic tasks" page, where an operator looks for the jobs, shows what
-# each job last did (asyncwork.ScheduledJob, by name) and who holds its lock now.
+# django-celery-beat's "Periodic tasks" page also shows what each job last did and who holds its
+# lock.
 admin.site.unregister(PeriodicTask)
 
 
@@ -424,10 +419,8 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
         )
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        # django-celery-beat's own actions (enable, disable, toggle, run) declare no
-        # permission, so Django would offer them to anyone who may view the schedules. They
-        # change a schedule or start its job: an action that declares nothing needs the change
-        # permission here.
+        # django-celery-beat's own actions declare no permission yet change a schedule or start a
+        # job: they need the change permission here.
         actions = super().get_actions(request)
         if self.has_change_permission(request):
             return actions

@@ -1,11 +1,8 @@
-"""REST API for dead letters (staff only): list, read, replay. Reading needs the view
-permission and replaying the ``asyncwork.replay_deadletter`` power too (``operators.permissions``).
-Replay calls the same service as the admin action and ``manage.py dlq replay``, which records
-it as an operator action.
-
-Each dead letter also says what it was about (``subject``: what its app describes, e.g. an
-invoice's number, recipient and admin page; null when nothing does) and why it failed in words
-(``failure``). A page's subjects are read in one go, one query per kind of job on it."""
+"""REST API for dead letters, staff only: list, read, replay (which needs the
+``asyncwork.replay_deadletter`` power, ``operators.permissions``, and is the admin's service).
+Each dead letter says what it was about (``subject``, null when its app does not say) and why it
+failed (``failure``).
+"""
 
 from __future__ import annotations
 

@@ -1,36 +1,17 @@
 """Backpressure: when accepted work is not draining, accept less, in a fixed order.
 
-The signal is the backlog: the larger of
+The backlog is the larger of the unpublished outbox rows and the messages waiting on the pressure
+queues (``queue_declare(..., pressure=True)``). Below ``BACKPRESSURE_SOFT_MARK`` nothing is shed;
+at the soft mark, what the caller says is not essential is refused with 503 + Retry-After and not
+stored; at ``BACKPRESSURE_HARD_MARK``, everything. A 200 is only sent for work committed to
+PostgreSQL, so what is shed is delivered again later by its sender: nothing acknowledged is
+dropped.
 
-* the unpublished outbox rows (work committed but not yet handed to the broker), and
-* the messages waiting on the pressure queues, those an app declared with
-  ``queue_declare(..., pressure=True)`` (work handed over, not yet done).
-
-Levels, and what is shed at each, in this order:
-
-1. ``normal`` (backlog below ``BACKPRESSURE_SOFT_MARK``): nothing.
-2. ``soft`` (at or above the soft mark): what is not essential. The caller says what is (the
-   webhook: an event type with a registered handler, in its mode and account); the rest is
-   refused with 503 + Retry-After and **not stored**. Essential work is still stored durably
-   and then acknowledged.
-3. ``hard`` (at or above ``BACKPRESSURE_HARD_MARK``): everything, 503 + Retry-After, nothing
-   stored.
-
-A 200 is only ever sent for work committed to PostgreSQL: what is shed was never
-acknowledged, so the sender delivers it again later. Nothing acknowledged is dropped.
-
-The check is cheap and measures nothing of its own: each process reads the outbox backlog and
-the queue probe (``asyncwork.probes``, the figures ``/health/``, ``/metrics`` and the dashboard
-show) at most once per ``BACKPRESSURE_CHECK_SECONDS``, and reuses the figures in between. The
-outbox count is capped at the hard mark, so its cost stops growing once the backlog passes it
-(and it is the count alone: not the probe's oldest row, which reads the whole backlog). The
-figures are cached, not the level: the marks are read from settings on every decision.
-
-A figure that cannot be measured (PostgreSQL or the broker down) is unknown, and an unknown figure
-sheds nothing: an outage is answered where it bites (the webhook says 503 when it cannot
-store; the outbox keeps what it cannot publish), not guessed at here. A queue's depth is of
-messages waiting; those a worker holds (reserved, or waiting out a retry countdown) are not
-counted.
+Each process reads the figures through the probes (``asyncwork.probes``) at most once per
+``BACKPRESSURE_CHECK_SECONDS``; the outbox count is capped at the hard mark, so its cost stops
+growing. The marks are read from settings on every decision. A figure that cannot be measured
+(PostgreSQL or the broker down) sheds nothing: an outage is answered where it bites, not guessed
+at here.
 """
 
 from __future__ import annotations
@@ -59,9 +40,8 @@ class Level(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Pressure:
-    """One measurement. ``outbox_backlog`` is capped at the hard mark in force when measured;
-    ``queue_depth`` is the messages waiting on the pressure queues; None means the figure could
-    not be measured."""
+    """One measurement: ``outbox_backlog`` capped at the hard mark of its time, ``queue_depth``
+    waiting on the pressure queues; None where not measurable."""
 
     outbox_backlog: int | None
     queue_depth: int | None
@@ -81,12 +61,8 @@ class Pressure:
         return Level.HARD
 
 
-# --- Measuring ---------------------------------------------------------------------------------
-
-
 def pressure_measure() -> Pressure:
-    """Measure both figures now, through the probes ``/health/``, ``/metrics`` and the dashboard
-    read; a figure that cannot be measured is None (and logged)."""
+    """Measure both figures now; one that cannot be measured is None (and logged)."""
     outbox: int | None = None
     depth: int | None = None
     try:
@@ -102,15 +78,13 @@ def pressure_measure() -> Pressure:
     return Pressure(outbox_backlog=outbox, queue_depth=depth, measured_at=time.monotonic())
 
 
-# --- Deciding ----------------------------------------------------------------------------------
-
 _last: Pressure | None = None
 _measuring = threading.Lock()
 
 
 def pressure_current() -> Pressure:
-    """This process's latest measurement, taken anew when older than
-    ``BACKPRESSURE_CHECK_SECONDS``. While another thread measures, the previous one is used."""
+    """This process's latest measurement, taken anew when older than ``BACKPRESSURE_CHECK_SECONDS``;
+    while another thread measures, the previous one."""
     global _last
     last = _last
     if last is not None and time.monotonic() - last.measured_at < (
@@ -127,8 +101,8 @@ def pressure_current() -> Pressure:
 
 
 def backpressure_shed(*, essential: bool) -> Level | None:
-    """The level at which a request is refused now (``essential``: one we act on), or None
-    when it is to be accepted."""
+    """The level at which a request is refused now (``essential``: one we act on), or None to accept
+    it."""
     level = pressure_current().level()
     if level is Level.HARD or (level is Level.SOFT and not essential):
         return level

@@ -1,23 +1,17 @@
-"""One active beat: django-celery-beat's DatabaseScheduler, dispatching only while it holds
-the PostgreSQL advisory lock ``beat-leader``.
+"""One active beat: django-celery-beat's DatabaseScheduler, dispatching only while it holds the
+PostgreSQL advisory lock ``beat-leader``.
 
-Start as many ``celery -A core beat`` as you like (a deploy overlap starts two anyway): the
-first to take the lock dispatches; the others stay on standby, dispatch nothing, and try the
-lock every ``STANDBY_POLL_SECONDS``. The lock is held on a connection of its own (with
-TCP keepalives), so it is released the moment the leader's process dies and PostgreSQL sees
-its socket close; a standby takes over at its next poll: **within STANDBY_POLL_SECONDS
-(5 s) of the leader's death**, or within about 20 s more if the leader's host vanished
-without closing the connection (the server's keepalives on that session: 5 s idle + 3 probes
-5 s apart). A leader that
-loses its connection stops dispatching at its next tick. The new leader re-reads every
-entry's last run from the database (saved after every dispatch, ``CELERY_BEAT_SYNC_EVERY=1``),
-so a takeover does not replay the slots the old leader already dispatched. Every job is also
-guarded by its own lock (``asyncwork.jobs``), so even a split brain runs each job once at a time.
+Start as many beats as you like: the first to take the lock dispatches, the others try it every
+``STANDBY_POLL_SECONDS``. The lock is held on a connection of its own with TCP keepalives, so it
+is released when the leader dies: a standby takes over within ``STANDBY_POLL_SECONDS``, or about
+20 s more if the leader's host vanished (server keepalives: 5 s idle + 3 probes 5 s apart). A
+leader that loses its connection stops dispatching at its next tick. The new leader re-reads
+every entry's last run (saved after each dispatch, ``CELERY_BEAT_SYNC_EVERY=1``), so a takeover
+replays nothing; each job's own lock (``asyncwork.jobs``) makes even a split brain run it once at
+a time.
 
-``active_beat`` (``/health/``'s ``beat`` check, ``pipeline_status``) names the leader by the
-host and pid of the beat process itself, which it records on taking the lock
-(``asyncwork.locks.lock_holder_record``). At start-up every beat warns, by name, about each job
-declared (``asyncwork.jobs``) it has no enabled schedule for: such a job never runs.
+``active_beat`` names the leader by host and pid (``asyncwork.locks.lock_holder_record``). At
+start every beat warns about each declared job with no enabled schedule: it never runs.
 """
 
 from __future__ import annotations
@@ -38,24 +32,22 @@ from asyncwork.recovery import BrokerWatch
 
 logger = logging.getLogger(__name__)
 
-# A standby beat tries the leader lock this often (and the leader checks the broker's run id
-# and its own reconnects as often): the bound on a takeover, for one query per poll.
+# A standby tries the leader lock this often, and the leader checks the broker's run id and its
+# reconnects as often: the bound on a takeover.
 STANDBY_POLL_SECONDS = 5.0
 
 LEADER_LOCK = "beat-leader"
 
 
 def _connect() -> psycopg.Connection[Any]:
-    # Where Django connects (host or socket directory, port, user, options), on a plain
-    # psycopg connection: Django's cursor class and adapters are for Django's connections.
+    # Where Django connects, on a plain psycopg connection (Django's cursor class and adapters are
+    # for its own connections).
     params = connections["default"].get_connection_params()
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
-    # Keepalives at both ends. The client's let a leader notice a dead server; the server's
-    # (per session: PostgreSQL's tcp_keepalives_* settings) let PostgreSQL drop the session of a
-    # leader whose host vanished, which releases the lock: without them an idle session on a
-    # partitioned host is kept for the system's default of two hours, and no standby can take
-    # over (found by the chaos suite across hosts, chaos/hosts.py).
+    # Keepalives at both ends: the client's let a leader notice a dead server; the server's (per
+    # session) let PostgreSQL drop a vanished leader's session and so release the lock, which it
+    # would otherwise keep for the system default of two hours.
     keepalives = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
     options = " ".join(filter(None, [params.pop("options", ""), keepalives]))
     return psycopg.connect(
@@ -109,8 +101,8 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._leader = LeaderLock()
         self._leading = False
-        # Set once this process has led and then lost the database: taking the lock again
-        # is a database reconnect, and the recovery jobs run at once (asyncwork.recovery).
+        # Set once this process has led and lost the database: taking the lock again is a
+        # reconnect, and the recovery jobs run (asyncwork.recovery).
         self._database_lost = False
         self._broker = BrokerWatch()
         self._broker_restarted = False
@@ -118,7 +110,6 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
 
     def setup_schedule(self) -> None:
         super().setup_schedule()
-        # A declared job with no enabled schedule is never dispatched, and nothing else says so.
         for schedule in schedules_missing():
             logger.warning(
                 "scheduled job %s (task %s) has no enabled periodic task: it will not run. "
@@ -152,7 +143,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 self._broker_restarted = False
             return float(min(super().tick(*args, **kwargs), STANDBY_POLL_SECONDS))
         except DatabaseError as exc:
-            # PostgreSQL restarting: do not die (nothing would run the jobs); try again soon.
+            # PostgreSQL restarting: do not die (nothing would dispatch the jobs); try again soon.
             logger.warning("beat could not reach the database (%s); retrying", exc)
             connection.close()
             self._database_lost = True

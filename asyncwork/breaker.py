@@ -1,38 +1,16 @@
-"""A circuit breaker shared by every worker, its state in Redis.
+"""A circuit breaker shared by every worker, its state in Redis; every transition one Lua script.
 
-What it guarantees:
-
-* **closed → open**: ``threshold`` consecutive failures (no success in between, whichever
-  process reported them) open it. Only the caller decides what a failure is; the email path
-  reports transient provider failures only.
-* **open**: every caller is denied, and told how many seconds remain of the cool-down
-  (``reset_seconds``, measured on the Redis server's clock, so workers on hosts whose clocks
-  disagree still agree on when it ends).
-* **half-open**: once the cool-down has passed, exactly one caller across all processes gets
-  the probe (``SET NX`` on a token key, inside the same script that reads the state). The
-  token expires after ``probe_ttl_seconds`` (longer than the task's hard time limit), so a
-  probe whose worker died frees the probe; a probe that ended without calling the provider
-  gives it back at once (``release_probe``).
-* a success, probe or not, closes it and resets the count; a failure once the cool-down has
-  passed (the probe's) re-opens it for a new cool-down.
-* every transition is one Lua script, so it is atomic against every other worker.
-* **one cached read per window** (``check_seconds``, 0 by default): a process that read the
-  breaker closed with no failure counted trusts that for ``check_seconds``, and neither asks
-  Redis before a call nor tells it of a success meanwhile (a success would reset nothing).
-  A failure is always told at once, and ends the window for its process. What the window costs:
-  a breaker opened by another process is seen by this one up to ``check_seconds`` late, after
-  at most one more failed call of its own; a success here inside the window does not reset
-  failures another process counted meanwhile.
-* **Redis is not the outage**: every Redis call has a short socket timeout and at most one
-  retry; if Redis cannot be reached, ``allow()`` says "closed" (traffic flows as if there were
-  no breaker) and a warning is logged, at most once per ``_WARN_EVERY`` seconds per breaker
-  and process.
-
-Why not pybreaker: its ``CircuitRedisStorage`` shares the state, but its half-open state is
-not a single probe. ``CircuitOpenState.before_call`` switches to half-open and then calls the
-function for *every* caller that arrives once the timeout has elapsed, in every process, so a
-queue of a thousand deferred emails would all hit a provider that is still down. Its state
-changes are also read-modify-write from each client, not atomic.
+* ``threshold`` consecutive failures from any process open it; the caller decides what a failure
+  is.
+* Open, callers are denied with the seconds left of ``reset_seconds`` (on Redis's clock). Then
+  exactly one caller gets the probe (``SET NX`` on a token expiring after ``probe_ttl_seconds``,
+  longer than the hard time limit; ``release_probe`` gives back an unused one). A success closes
+  it; the probe's failure re-opens it.
+* ``check_seconds``: a process that read it closed with no failure trusts that for so long,
+  telling Redis no success; a failure is told at once. So an opening elsewhere is seen up to
+  ``check_seconds`` late.
+* Redis is not the outage: short socket timeouts, one retry; unreachable, ``allow()`` says closed
+  and a warning is logged at most every ``_WARN_EVERY`` seconds.
 """
 
 from __future__ import annotations
@@ -54,8 +32,8 @@ from redis.retry import Retry
 
 logger = logging.getLogger(__name__)
 
-# Seconds for every socket operation on the breaker's Redis: a stalled Redis costs a caller at
-# most connect + read, for two tries (one retry), about 1.2 s, before the breaker steps aside.
+# Seconds per socket operation on the breaker's Redis: a stalled Redis costs a caller about 1.2 s
+# (connect + read, two tries) before the breaker steps aside.
 SOCKET_TIMEOUT = 0.3
 _WARN_EVERY = 30.0
 
@@ -137,9 +115,8 @@ _closed_until: dict[str, float] = {}
 
 @functools.lru_cache(maxsize=8)
 def _client(url: str) -> redis.Redis:
-    # One pool per URL and process (redis-py resets it after a fork). redis-py retries ten
-    # times with backoff by default; one immediate retry covers a pooled connection that a
-    # Redis restart closed, without multiplying the timeout.
+    # One pool per URL and process (redis-py resets it after a fork). One immediate retry covers a
+    # pooled connection a Redis restart closed, without multiplying the timeout.
     return redis.Redis.from_url(
         url,
         socket_timeout=SOCKET_TIMEOUT,
@@ -174,8 +151,8 @@ def _warn_unavailable(name: str, action: str, exc: Exception) -> None:
 
 
 class Breaker:
-    """A circuit breaker named ``name``, shared by every process using the same Redis and
-    key prefix. Cheap to construct: build one per call with the current settings."""
+    """Breaker ``name``, shared by every process on the same Redis and key prefix. Cheap: build one
+    per call."""
 
     def __init__(
         self,
@@ -211,7 +188,7 @@ class Breaker:
         return _script(self.url, script)(keys=keys, args=args)
 
     def _trusted_closed(self) -> bool:
-        """Within the window of a read that found it closed with no failure counted."""
+        """Within the window of a read that found it closed with no failure."""
         return self.check_seconds > 0 and time.monotonic() < _closed_until.get(self.key, 0.0)
 
     def _closed_seen(self) -> None:
@@ -283,8 +260,7 @@ class Breaker:
             logger.info("circuit breaker %r closed", self.name, extra={"breaker": self.name})
 
     def release_probe(self, decision: Decision) -> None:
-        """Give back a probe that ended without an outcome (it never called the provider), so
-        the next caller can probe at once. A no-op once the probe recorded an outcome."""
+        """Give back a probe that never called the provider; a no-op once it recorded an outcome."""
         if decision.token is None:
             return
         try:
@@ -301,9 +277,8 @@ class Breaker:
             _warn_unavailable(self.name, "reset", exc)
 
     def state(self) -> dict[str, Any]:
-        """For health checks and metrics: ``state`` is closed, open, half-open, or unknown
-        (Redis unreachable); ``failures`` the consecutive failures; ``opened_at`` a Unix time;
-        ``retry_in`` the seconds left of the cool-down; ``probing`` whether a probe is out."""
+        """``name``, ``state`` (closed, open, half-open, unknown), ``failures``, ``opened_at`` (Unix
+        time), ``retry_in``, ``probing``."""
         try:
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(self.key)

@@ -1,19 +1,13 @@
 """kombu's Redis transport with one fix: an acknowledgement that fails releases its slot.
 
-kombu's Redis ``QoS.ack`` removes the message from the unacknowledged index and only then
-releases the worker's prefetch slot. When Redis does not answer in time (a stall, a failover),
-the removal raises, kombu logs the error and swallows it, and the slot is never released: a
-worker with prefetch 1 stays connected and fetches nothing, for good
-(``tests/invoicing/test_broker_stall.py`` stalls a Redis under a worker and checks it goes on).
+kombu's ``QoS.ack`` removes the message from the unacknowledged index, then releases the prefetch
+slot; when the removal raises (Redis stalled), kombu swallows it and the slot is never released,
+so a prefetch-1 worker fetches nothing for good. Here the slot is released regardless; the
+message stays in the index and comes back after the visibility timeout, to find its work done.
+Used for ``redis://`` brokers (``CELERY_BROKER_TRANSPORT``, ``core.settings``).
 
-Here the slot is released whatever the removal did. Nothing is lost or doubled by it: a
-message whose removal failed stays in the unacknowledged index, comes back after the
-visibility timeout, and its redelivery finds the work done (the email's sent key).
-
-Used when the broker URL is ``redis://`` (``CELERY_BROKER_TRANSPORT`` in ``core.settings``).
-
-Besides, the broker as the probes read it: a Redis client with short timeouts, and the keys
-kombu keeps a queue in (one list per priority step).
+Also the broker as the probes read it: a Redis client with short timeouts, and the keys of a
+queue.
 """
 
 from __future__ import annotations
@@ -54,11 +48,9 @@ class Channel(redis.Channel):
 
     @contextlib.contextmanager
     def conn_or_acquire(self, client: redis_py.Redis | None = None) -> Iterator[redis_py.Redis]:
-        """kombu builds a new ``redis.Redis`` on this channel's pool for every command it sends
-        outside a pipeline (each publish, each queue-size read), which on redis-py 6+ copies
-        every response callback and costs more CPU than the round trip itself. One client per
-        channel and pool, kept: a client holds no connection of its own (the pool does), so
-        reconnecting after a Redis restart is the pool's, as with kombu's own."""
+        """One ``redis.Redis`` per channel and pool, kept: kombu builds one per command outside a
+        pipeline, which costs more CPU than the round trip. The pool holds the connections, so
+        reconnecting is still the pool's."""
         if client is not None:
             yield client
             return
@@ -73,15 +65,13 @@ class Transport(redis.Transport):
     Channel = Channel
 
 
-# --- Reading the broker's queues ----------------------------------------------------------
-
 _brokers: dict[tuple[str, float], redis_py.Redis] = {}
 _brokers_lock = threading.Lock()
 
 
 def broker_redis(*, timeout: float | None = None) -> redis_py.Redis | None:
-    """A Redis client for the broker (``settings.CELERY_BROKER_URL``, read now) whose socket
-    operations give up after ``timeout`` seconds; None when the broker is not Redis."""
+    """A Redis client for ``CELERY_BROKER_URL`` whose socket operations give up after ``timeout``
+    seconds; None when the broker is not Redis."""
     url = settings.CELERY_BROKER_URL
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
@@ -93,16 +83,15 @@ def broker_redis(*, timeout: float | None = None) -> redis_py.Redis | None:
                 url,
                 socket_timeout=timeout,
                 socket_connect_timeout=timeout,
-                # One attempt, whatever redis-py's defaults: a probe that cannot connect
-                # once has its answer.
+                # One attempt: a probe that cannot connect has its answer.
                 retry=Retry(NoBackoff(), 0),
             )
     return client
 
 
 def queue_keys(queue: str) -> list[str]:
-    """The Redis lists kombu keeps ``queue`` in: one per priority step (``email``,
-    ``email\\x06\\x163``, ...), each under the transport's ``global_keyprefix``."""
+    """The Redis lists kombu keeps ``queue`` in, one per priority step, under the transport's
+    ``global_keyprefix``."""
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     prefix = options.get("global_keyprefix", "")
     steps = options.get("priority_steps", PRIORITY_STEPS)

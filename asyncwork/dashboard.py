@@ -1,15 +1,9 @@
-"""The operator's dashboard, ``/admin/dashboard/``: the pipeline on one admin page, each figure
-linking to the list it counts.
+"""The operator's dashboard, ``/admin/dashboard/``: the pipeline on one page, each figure linking to
+the list it counts.
 
-It reads the probes ``/health/`` and ``/metrics`` read (``asyncwork.probes``): the machinery's,
-declared here (outbox and broker queues, dead letters by reason, beat, worker processes by
-heartbeat, scheduled jobs), and
-those the apps declare for their own subsystems (invoicing: emails sent in the last hour and
-day, its provider's circuit breaker). Each probe runs bounded like a health check; one that
-fails shows its error and leaves the others shown. The page says what each probe cost.
-
-For staff who may view the machinery's lists (the "viewers" group has that); it changes
-nothing, so it needs no power.
+It reads the probes (``asyncwork.probes``): the machinery's, declared here, and the apps' own.
+Each runs bounded; one that fails shows its error and leaves the others shown. Read-only, for
+staff who may view the machinery's lists.
 """
 
 from __future__ import annotations
@@ -126,8 +120,8 @@ def beat_figures(probe: BeatProbe) -> list[Figure]:
 
 @dashboard_probe("workers", workers_probe, title="Workers", database=True)
 def workers_figures(probe: WorkersProbe) -> list[Figure]:
-    """Worker processes by their heartbeat: live ones (per host), and lapsed ones, whose
-    claims the ``workers-rescue`` job takes over."""
+    """Worker processes by heartbeat: live ones per host, and lapsed ones, whose claims
+    ``workers-rescue`` takes over."""
     figures = [
         Figure(
             "live worker processes",

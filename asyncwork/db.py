@@ -1,16 +1,12 @@
-"""Database helpers: an insert whose guarantee is a constraint, not a check in Python, text
-that PostgreSQL can always store, a transaction whose statements give up in time (what
-every probe of the health check, the metrics and the dashboard runs in), and a worker's
-connection kept across tasks as a web process keeps it across requests.
+"""Database helpers: an insert guarded by a constraint, text PostgreSQL can always store, a
+transaction whose statements give up in time (``bounded``, where every probe runs), and a
+worker's connections kept across tasks.
 
-A Celery worker's Django fixup closes every database connection before and after each task
-unless ``CELERY_DB_REUSE_MAX`` is set: a new PostgreSQL connection (and backend) per email.
-With it set (core/settings.py), each task
-is bracketed by Django's own per-request rule instead (``close_old_connections``): a
-connection is dropped when it outlived ``CONN_MAX_AGE``, when an error left it unusable, or
-when its autocommit was not restored, and ``CONN_HEALTH_CHECKS`` checks it before the task's
-first use; after a task that did not succeed, or on a thread of a threads or green pool, it
-is closed as Celery closed it."""
+With ``CELERY_DB_REUSE_MAX`` set (core/settings.py) Celery's Django fixup keeps connections, and
+each task is bracketed by Django's per-request rule (``close_old_connections``: ``CONN_MAX_AGE``,
+unusable after an error, autocommit not restored; ``CONN_HEALTH_CHECKS``). After a task that did
+not succeed, or on a pool's thread, its connections are closed as Celery would.
+"""
 
 from __future__ import annotations
 
@@ -37,10 +33,8 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def text_storable(value: str) -> str:
-    """``value`` as PostgreSQL can store it, in a text column or inside JSON: each lone
-    surrogate becomes U+FFFD and NUL is dropped. JSON's ``\\ud800`` escape puts a lone
-    surrogate in perfectly valid (ASCII) JSON; UTF-8 cannot encode one, so psycopg would raise
-    at the INSERT, and PostgreSQL refuses NUL in text and ``\\u0000`` in jsonb."""
+    """``value`` as PostgreSQL can store it in text or JSON: lone surrogates (valid as JSON's
+    ``\ud800``, not in UTF-8) become U+FFFD and NUL is dropped."""
     return _LONE_SURROGATE.sub("\ufffd", value).replace("\x00", "")
 
 
@@ -54,9 +48,8 @@ def _column(field: object) -> str:
 def _insert_statement(
     meta: Options[Any], conflict_fields: tuple[str, ...], *, with_pk: bool
 ) -> tuple[tuple[Field[Any, Any], ...], str]:
-    """The fields and the SQL of ``insert_or_skip`` (or of ``insert``, with no conflict fields)
-    for one model, worked out once: they run on every webhook delivery, and the ORM's building
-    of the statement cost more CPU than sending it."""
+    """The fields and SQL of ``insert_or_skip`` (``insert`` without conflict fields) for a model,
+    built once: they run on every webhook delivery."""
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key or with_pk)
     columns = ", ".join(_column(f) for f in fields)
     conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
@@ -72,19 +65,16 @@ def _insert_statement(
 
 
 def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
-    """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance.
-
-    Returns True and sets ``instance.pk`` when the row was inserted, False when a row with the
-    same unique key already existed (or was being inserted by a concurrent transaction, which
-    PostgreSQL waits for). Unlike check-then-insert or catching IntegrityError, a concurrent
-    duplicate never raises and never logs an error, in the application or in PostgreSQL.
-    """
+    """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance. Returns
+    True and sets ``instance.pk`` when inserted, False when the unique key already existed (or a
+    concurrent transaction was inserting it). A concurrent duplicate never raises nor logs an
+    error, here or in PostgreSQL."""
     return _insert(instance, tuple(conflict_fields))
 
 
 def insert(instance: models.Model) -> None:
-    """``INSERT`` one unsaved instance and set its ``pk``: what ``save()`` does for a new row
-    (``pre_save`` fills ``auto_now_add`` fields), through a statement built once per model."""
+    """``INSERT`` one unsaved instance and set its ``pk``, as ``save()`` would (``pre_save`` fills
+    ``auto_now_add``), through a statement built once per model."""
     _insert(instance, ())
 
 
@@ -119,13 +109,9 @@ def bounded() -> Iterator[None]:
 
 
 def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
-    """``task_prerun`` and ``task_postrun``: what Django does at the start and end of each
-    request. After a task that did not succeed (failed, retried, deferred, interrupted by its
-    soft time limit, perhaps in the middle of a query), or one that ran on a pool's thread,
-    its connections are closed outright, as Celery's own rule closes them after every task: a
-    query cut short leaves the connection in the middle of a result, no connection to hand to
-    the next task. Not for a task applied eagerly: it runs inside its caller's work (a
-    test's transaction), whose connection is not the task's to close."""
+    """``task_prerun``/``task_postrun``: Django's start- and end-of-request rule. After a task that
+    did not succeed (perhaps cut off mid-query) or on a pool's thread, its connections are closed
+    outright. Not for an eager task: its connection is its caller's."""
     if getattr(getattr(task, "request", None), "is_eager", False):
         return
     if state is not None and (state != "SUCCESS" or not _kept_here()):
@@ -135,9 +121,8 @@ def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> N
 
 
 def _kept_here() -> bool:
-    """Whether this task's connections may outlive it: only on a process's main thread (a
-    prefork pool process, a solo worker). A thread or green thread of another pool has its own
-    connections, which nothing would close once it ends (gevent: one per task)."""
+    """Whether this task's connections may outlive it: only on a process's main thread. Another
+    pool's thread would leave them open once it ends."""
     return threading.current_thread() is threading.main_thread()
 
 

@@ -1,17 +1,12 @@
 """The dead-letter queue: jobs that will not be retried any more, kept with their reason.
 
-A dead letter is a ``DeadLetter`` row: the record an operator reads, replays and purges, and
-what the depth alert, ``/health/``, ``/metrics`` and the dashboard count. It is written once
-per task id, before the job's message is acknowledged, so a worker that dies half-way and runs
-the job again finds it written. Replay re-enqueues the original job through the outbox; the
-job itself is idempotent, so a replay of a job that has meanwhile succeeded does nothing.
+A dead letter is a ``DeadLetter`` row, written once per task id before the job's message is
+acknowledged; operators read, replay and purge it. Replay re-enqueues the original job through
+the outbox; jobs are idempotent, so replaying one that has since succeeded does nothing.
 
-What a dead letter is *about* belongs to the app that owns its job, which this module does not
-name: an app declares a describer per task (``@dead_letter_describer(task)``, beside the
-task's name) that turns the dead letters of that task into ``Subject``s (a label such
-as an invoice number, a recipient, the subject's admin page). ``dead_letter_subjects`` asks
-each describer once for all the letters it is given, so a page of dead letters costs one query
-per kind of job on it, not one per row.
+What a dead letter is about belongs to the app owning its job: it declares
+``@dead_letter_describer(task)`` to turn that task's dead letters into ``Subject``s (a label, a
+recipient, an admin page), one query per kind of job on a page.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
-# The dead-letter alert repeats at most once an hour while letters wait: seen, not spam.
+# The alert repeats at most hourly while letters wait.
 ALERT_PERIOD_SECONDS = 3600
 
 
@@ -56,13 +51,9 @@ def dead_letter_record(
     first_failed_at: datetime | None = None,
     log_traceback: bool = False,
 ) -> DeadLetter | None:
-    """Record a dead letter once per task id, and log it: one ERROR line with the dead
-    letter's id, the task, its id, its args and the reason, and ``exc``'s traceback only with
-    ``log_traceback`` (the row keeps it in any case).
-
-    Returns the new row, or None when this task id was already dead-lettered (a redelivery
-    after the worker died between recording and acknowledging).
-    """
+    """Record a dead letter once per task id and log one ERROR line (with ``exc``'s traceback only
+    if ``log_traceback``; the row keeps it anyway). Returns the row, or None when this task id
+    was already dead-lettered (a redelivery after the worker died before acknowledging)."""
     now = timezone.now()
     job_kwargs = {k: v for k, v in kwargs.items() if k != "outbox_id"}
     letter = DeadLetter(
@@ -120,9 +111,9 @@ DEAD_LETTER_REPLAY = "dead_letter.replay"
 
 
 def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
-    """Re-enqueue the original jobs of the given dead letters (all waiting ones if ``ids`` is
-    None). A dead letter is replayed at most once; replaying it again is reported as skipped.
-    Each one asked for is recorded as an operator action of ``actor``, replayed or skipped."""
+    """Re-enqueue the original jobs of the given dead letters (all waiting ones if ``ids`` is None),
+    each at most once; one replayed before is reported as skipped. Each one asked for is recorded
+    as an operator action of ``actor``."""
     replayed: list[int] = []
     with transaction.atomic():
         letters = DeadLetter.objects.select_for_update().order_by("pk")
@@ -168,9 +159,8 @@ DEAD_LETTER_PURGE = "dead_letter.purge"
 
 
 def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
-    """Delete dead letters created before ``now - older_than``; returns how many. Each one
-    deleted is recorded as an operator action of ``actor`` (its label outlives it), in the
-    transaction that deletes it."""
+    """Delete dead letters created before ``now - older_than``; returns how many. Each is recorded
+    as an operator action of ``actor`` in the deleting transaction."""
     cutoff = timezone.now() - older_than
     with transaction.atomic():
         doomed = list(
@@ -198,8 +188,8 @@ def dlq_depth() -> int:
 
 @job("dlq-alert", every=timedelta(minutes=5))
 def dlq_alert() -> int:
-    """Alert (ERROR log line and mail to ADMINS) when waiting dead letters reach the threshold,
-    at most once per period. Returns the depth."""
+    """Alert (ERROR line and mail to ADMINS) when waiting dead letters reach the threshold, at most
+    once per period. Returns the depth."""
     depth = dlq_depth()
     if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
         "dlq-alert-sent", depth, timeout=ALERT_PERIOD_SECONDS
@@ -217,9 +207,6 @@ def dlq_alert() -> int:
             fail_silently=True,
         )
     return depth
-
-
-# --- What a dead letter is about, in words -----------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -242,9 +229,8 @@ _describers: dict[str, SubjectsFn] = {}
 
 
 def dead_letter_describer(task: str) -> Callable[[SubjectsFn], SubjectsFn]:
-    """Describe the dead letters of ``task`` (or replace its describer): the decorated function
-    is given every dead letter of that task being shown at once and returns, by dead letter
-    pk, what each one is about (one query for all of them: it is called once per page)."""
+    """Declare the decorated function the describer of ``task``'s dead letters: given all those
+    shown at once, it returns what each is about, by pk."""
 
     def declare(subjects: SubjectsFn) -> SubjectsFn:
         _describers[task] = subjects
@@ -254,10 +240,9 @@ def dead_letter_describer(task: str) -> Callable[[SubjectsFn], SubjectsFn]:
 
 
 def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
-    """What each of ``letters`` is about, by pk, for those whose task has a describer that
-    knows: each describer is asked once, with all of its task's letters. A describer that
-    fails is logged and leaves its letters undescribed: the dead letters must stay readable
-    when a domain's lookup breaks."""
+    """What each of ``letters`` is about, by pk, asking each describer once. A describer that fails
+    is logged and leaves its letters undescribed: dead letters stay readable when a domain's
+    lookup breaks."""
     by_task: dict[str, list[DeadLetter]] = {}
     for letter in letters:
         by_task.setdefault(letter.task, []).append(letter)
@@ -274,8 +259,7 @@ def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
 
 
 def dead_letter_failure(letter: DeadLetter) -> str:
-    """Why the job failed, in words: the message it stored, on one line; the exception's class
-    when it left no message."""
+    """Why the job failed, on one line: its stored message, or the exception's class."""
     words = " ".join(letter.exception_message.split())
     return words or letter.exception_class.rpartition(".")[2] or letter.get_reason_display()
 

@@ -1,9 +1,6 @@
-"""What a job's failure is, as the job says it: the retry doctrine of ``ReliableTask``
-(``asyncwork.tasks``) keys on these classes.
-
-``TransientError`` is retried with backoff, ``PermanentError`` is dead-lettered at once, and
-``Deferred`` (a dependency known to be down) runs the job again later without spending an
-attempt. A job raises them; it does not decide what happens next.
+"""A job's failure as the job states it; ``ReliableTask`` (``asyncwork.tasks``) decides what
+follows: ``TransientError`` is retried with backoff, ``PermanentError`` dead-lettered at once,
+``Deferred`` run again later without spending an attempt.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ class TransientError(Exception):
 
 
 class Unreachable(TransientError):
-    """A transient failure in which the dependency itself did not answer: refused, reset,
-    timed out, or said it is not available at all. What a circuit breaker counts; a transient
-    refusal of one request (an SMTP 451 for this message) is the dependency answering."""
+    """A transient failure in which the dependency did not answer (refused, reset, timed out,
+    unavailable): what a circuit breaker counts. A refusal of one request (SMTP 451) is the
+    dependency answering."""
 
 
 class PermanentError(Exception):
@@ -27,9 +24,8 @@ class PermanentError(Exception):
 
 
 class Deferred(Exception):
-    """The job must not run now, through no fault of its own: run it again in ``retry_in``
-    seconds plus up to ``jitter`` seconds of full jitter, without spending an attempt, for at
-    most ``deadline`` seconds after its first deferral (``ReliableTask.defer``)."""
+    """Run the job again in ``retry_in`` seconds plus up to ``jitter``, without spending an attempt,
+    for at most ``deadline`` seconds after its first deferral (``ReliableTask.defer``)."""
 
     dead_letter_reason: ClassVar[str]
 
@@ -54,8 +50,7 @@ class ProviderUnavailable(Deferred):
 
 
 class RedeliveredTooOften(PermanentError):
-    """The broker delivered this job's message as often as a job may be delivered, every
-    earlier delivery ending with no outcome (the worker running it died, or lost the broker):
-    a poison message, not run again but dead-lettered (RabbitMQ, which counts deliveries)."""
+    """RabbitMQ delivered this message as often as allowed, every earlier delivery ending with no
+    outcome: a poison message, dead-lettered instead of run."""
 
     dead_letter_reason = "redelivery_limit"  # DeadLetter.Reason.REDELIVERY_LIMIT

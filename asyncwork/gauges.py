@@ -1,10 +1,5 @@
-"""The machinery's scrape-time metrics: each of its probes (``asyncwork.probes``) as Prometheus
-families, served by ``/metrics`` as sources of ``asyncwork.metrics``, first in the exposition
-(an app's module imports this one for ``breaker_metrics`` before it declares its own).
-
-The figures are the ones ``/health/`` and the dashboard read, measured by the same probe
-functions, so the three cannot drift apart. A circuit breaker's families are here too, for an
-app to register for its own breaker.
+"""The machinery's probes (``asyncwork.probes``) as Prometheus families: ``/metrics`` sources, first
+in the exposition. ``breaker_metrics`` is for an app to register for its own breaker.
 """
 
 from __future__ import annotations
@@ -97,8 +92,8 @@ BREAKER_STATES = ("closed", "open", "half-open", "unknown")
 
 
 def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
-    """A circuit breaker's state (one series per state, 1 for the current one; ``unknown``
-    when Redis does not answer) and its consecutive failures."""
+    """A breaker's state (one series per state, 1 for the current; ``unknown`` when Redis does not
+    answer) and its consecutive failures."""
     states = GaugeMetricFamily(
         "invoicing_breaker_state",
         "Circuit breaker state: 1 for the current state, 0 for the others.",

@@ -1,51 +1,18 @@
-"""GET /health/: can this deployment take work in and get it done, now?
-GET /health/live: is this process serving HTTP at all?
+"""GET /health/: can this deployment take work in and get it done, now? GET /health/live: is this
+process serving HTTP?
 
-``/health/`` answers 200 when every critical check passes, 503 otherwise; never a 500. Who
-asks decides how much it says:
+``/health/`` answers 200 when every critical check passes, 503 otherwise, never 500. Anyone gets
+``{"status": ...}`` only, from a report each process computes at most once per
+``HEALTH_CACHE_SECONDS`` (single flight); a staff session or the ``METRICS_TOKEN`` bearer gets
+the whole report, computed for the request. The checks run in parallel within
+``HEALTH_TIMEOUT_SECONDS``; one still running then counts as failing. ``dlq`` and ``beat`` are
+not critical: dead letters are a human's inbox (``dlq_alert``), and a 503 would only pull healthy
+web processes out of a load balancer.
 
-* anyone: ``{"status": "ok" | "degraded" | "failing"}`` and the status code, nothing more
-  (no host names, pids or counts), from a report each process computes at most once per
-  ``HEALTH_CACHE_SECONDS``. Concurrent callers share one computation (single flight): while
-  one request runs the checks the others wait for its result, so a flood of probes costs
-  one run of the checks per second per process, not one per request.
-* a staff session, or ``Authorization: Bearer <METRICS_TOKEN>``: the whole report, computed
-  for this request: each component's status and figures, ``failing`` and ``degraded``.
-
-The checks run in parallel threads within ``HEALTH_TIMEOUT_SECONDS`` in all: one still
-running at the deadline counts as failing. Each check also bounds its own calls
-(``PROBE_TIMEOUT_SECONDS`` on Redis sockets and on PostgreSQL statements), so a thread left
-behind by the deadline ends soon after; each closes the database connection it opened.
-
-``/health/live`` is for liveness probes: 200 with no I/O at all (no database, no Redis, no
-session), so a process is never restarted because something it depends on is down.
-
-The checks (critical ones turn the answer into 503 when failing):
-
-* ``database`` (critical): ``SELECT 1``.
-* ``broker`` (critical): on Redis, ``PING`` on ``CELERY_BROKER_URL``; on RabbitMQ, a passive
-  declaration of ``dlq`` on the probes' kept AMQP connection (``asyncwork.rabbitmq``).
-* ``outbox`` (critical): unpublished rows (counted up to the hard mark) and the age of the
-  oldest; failing when it is older than ``OUTBOX_STALE_SECONDS``: the relay should have
-  published it, so jobs are not leaving.
-* ``backpressure`` (critical): the level of ``asyncwork.backpressure``, with the depth of the
-  pressure queues;
-  ``degraded`` at the soft mark, failing at the hard mark (every webhook is being refused).
-* ``dlq`` (not critical): waiting dead letters; ``degraded`` at ``DLQ_ALERT_THRESHOLD``, never
-  failing. A dead-letter queue is a human's inbox, not an outage: its alarm is ``dlq_alert``
-  (mail and an ERROR log line), and a 503 here would only pull healthy web processes out of a
-  load balancer.
-* ``beat`` (not critical): the beat process holding the leader
-  lock; ``degraded`` when none does.
-
-An app adds the checks of its own subsystems where it defines them (a circuit breaker's, say:
-not critical, ``degraded`` while open). The outbox, dlq and beat checks read
-their subsystem's probe (``asyncwork.probes``): the
-figures ``/metrics`` and the admin dashboard show are measured by the same functions.
-
-``@health_check(name, critical=...)`` on a function adds a check or replaces the one of that
-name. A check returns a dict with at least ``status`` (``ok``, ``degraded``, ``failing`` or
-``unknown``) and any figures worth showing; raising counts as ``failing``.
+An app adds checks with ``@health_check(name, critical=...)``: a check returns a dict with
+``status`` (``ok``, ``degraded``, ``failing``, ``unknown``) and its figures; raising counts as
+failing. ``/health/live`` does no I/O, so a process is never restarted because a dependency is
+down.
 """
 
 from __future__ import annotations
@@ -89,8 +56,7 @@ C = TypeVar("C", bound=Callable[[], CheckResult])
 
 
 def health_check(name: str, *, critical: bool = True) -> Callable[[C], C]:
-    """Add the decorated function to /health/ as the check ``name``, or replace the one of
-    that name."""
+    """Add the decorated function to /health/ as check ``name`` (replacing one of that name)."""
 
     def declare(fn: C) -> C:
         _checks[name] = Check(name=name, fn=fn, critical=critical)
@@ -126,7 +92,7 @@ def check_outbox() -> CheckResult:
     age = outbox.oldest_age_seconds
     return {
         "status": "failing" if outbox.stale else "ok",
-        # Counted up to the hard mark only: the count must stay cheap however large it grows.
+        # Counted up to the hard mark: the count stays cheap however large the backlog.
         "unpublished": outbox.unpublished,
         "unpublished_capped": outbox.capped,
         "oldest_unpublished_age_seconds": None if age is None else round(age, 1),
@@ -165,8 +131,7 @@ def check_dlq() -> CheckResult:
 
 @health_check("beat", critical=False)
 def check_beat() -> CheckResult:
-    """Degraded, not failing, when no beat dispatches: the jobs still run; only the scheduled
-    safety nets wait."""
+    """Degraded, not failing: without beat the jobs still run; only the safety nets wait."""
     beat = beat_probe()
     active = asdict(beat.active) if beat.active else None  # {"host": ..., "pid": ...}
     return {"status": "ok" if beat.active else "degraded", "active": active}
@@ -241,9 +206,8 @@ def _fresh(shared: _Shared | None) -> bool:
 
 
 def health_status_shared() -> tuple[bool, str]:
-    """Whether the deployment is healthy and its status, from a report at most
-    ``HEALTH_CACHE_SECONDS`` old: one caller at a time computes it, and callers that arrive
-    while it runs wait and take its result instead of running the checks again."""
+    """Whether the deployment is healthy, and its status, from a report at most
+    ``HEALTH_CACHE_SECONDS`` old; one caller computes it while the others wait for its result."""
     global _shared
     shared = _shared
     if not _fresh(shared):
@@ -294,5 +258,5 @@ def health_view(request: HttpRequest) -> JsonResponse:
 
 @require_safe
 def live_view(request: HttpRequest) -> JsonResponse:
-    """200 while this process serves HTTP. Reads nothing: no database, cache or session."""
+    """200 while this process serves HTTP; reads nothing."""
     return _no_store(JsonResponse({"status": "ok"}))

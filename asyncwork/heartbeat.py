@@ -1,36 +1,15 @@
 """Worker liveness by heartbeat: who owns a claim, and whether that owner is gone.
 
-Every process that runs tasks (each prefork child, or the worker's own process under the solo
-and threads pools) keeps a ``WorkerHeartbeat`` row: a thread of its own writes ``beat_at`` with
-the database's clock (``now()``) every ``WORKER_HEARTBEAT_SECONDS``. ``heartbeat_owner()``
-names the process (host, pid and a random token, so a reused pid is another owner); a task
-that claims work records that name, and the claim then belongs to a process whose liveness
-anyone can read.
+Every process that runs tasks keeps a ``WorkerHeartbeat`` row, written every
+``WORKER_HEARTBEAT_SECONDS`` by a thread of its own; a task that claims work records
+``heartbeat_owner()`` (host, pid, token). An owner is gone when others have beaten without it for
+``WORKER_HEARTBEAT_LAPSE_SECONDS`` and its claim is older than that (``owner_lapsed_sql``); ages
+are on the database's clock, counted from the newest heartbeat, so neither clock skew nor a
+database outage makes live owners look dead. What a gone owner's claims become is the domain's
+(``asyncwork.rescue``).
 
-A claim's owner is *gone* when it has written no heartbeat for ``WORKER_HEARTBEAT_LAPSE_SECONDS``
-and the claim itself is older than that (an owner that never wrote one, or whose row was
-cleaned, counts from its claim): ``owner_lapsed_sql``, one SQL predicate a domain puts in its
-own claim statement and rescue query. Every age is read on the database's clock, never a
-host's, so skew between hosts cannot make a live owner look dead; and it is counted back from
-the newest heartbeat of any process rather than from ``now()``, so a database restart or stall,
-during which nobody could write one, does not make every owner look dead at once: an owner is
-gone only once others have beaten without it for the whole lapse. A live but slow owner keeps
-its heartbeat fresh and is never overtaken: for it the claim's lease stays the fence.
-
-What a gone owner's claims become is the domain's to say; ``asyncwork.rescue`` runs it at once
-(the ``workers-rescue`` job) and cleans the rows of long-dead processes. A process that exits
-cleanly deletes its own row.
-
-The worker's own process (the consumer, which receives the messages; under prefork it runs no
-task) beats too, and with each beat lists the jobs it holds: received and not finished
-(``held_jobs``: reserved, running, or waiting for an ETA). If it dies, those messages come back
-only when the broker redelivers them (on Redis, after the visibility timeout); once its
-heartbeat lapsed, the rescue re-enqueues its jobs at once (``asyncwork.rescue``). A job that
-finished since the last beat, or a message redelivered later as well, runs again as a no-op:
-every job is safe to run twice.
-
-``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off (the lease alone decides);
-the heartbeats are still written, for the dashboard.
+The consumer process beats too, listing the jobs it holds (``held_jobs``), which the rescue
+re-enqueues once it lapsed. ``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off.
 """
 
 from __future__ import annotations
@@ -53,16 +32,16 @@ from asyncwork.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
-# ``asyncwork.models.WorkerHeartbeat``'s table, named here because this module is imported
-# with the Celery app, before Django's models are loaded (a test checks the two agree).
+# WorkerHeartbeat's table, named here because this module is imported before Django's models load
+# (a test checks they agree).
 TABLE = "asyncwork_workerheartbeat"
 
 _owner: tuple[int, str] | None = None
 
 
 def heartbeat_owner() -> str:
-    """This process's name as a claim owner: ``<host>:<pid>:<token>``, a new token in a new
-    (or forked) process."""
+    """This process's claim-owner name, ``<host>:<pid>:<token>``; a new token in a new or forked
+    process."""
     global _owner
     pid = os.getpid()
     if _owner is None or _owner[0] != pid:
@@ -75,16 +54,9 @@ def lapse_seconds() -> float:
 
 
 def owner_lapsed_sql(*, owner: str, since: str) -> str:
-    """An SQL predicate, true when the process named by the column ``owner`` is gone: rescue by
-    heartbeat is on, and for longer than the lapse before the newest heartbeat of any process,
-    it wrote none and its claim (made at the column ``since``) already existed. Its one
-    parameter is ``%(heartbeat_lapse)s``: pass ``lapse_seconds()``.
-
-    Measured against the newest heartbeat, which is never later than the database's ``now()``:
-    when nobody could write one (the database restarting, stalled, or cut off from every
-    worker), nobody is judged gone, and no process is judged gone until others have beaten
-    without it for the whole lapse. With no heartbeat at all (no worker beats yet), nothing
-    is."""
+    """An SQL predicate, true when the process named by column ``owner`` is gone: rescue is on and,
+    for longer than the lapse before the newest heartbeat, it wrote none and its claim (column
+    ``since``) existed. Parameter ``%(heartbeat_lapse)s``: ``lapse_seconds()``."""
     # Aliases of its own, which a caller's query is unlikely to use for its own tables.
     newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
     fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
@@ -105,9 +77,8 @@ ON CONFLICT (owner) DO UPDATE SET beat_at = now(), holding = EXCLUDED.holding
 
 
 def held_jobs() -> list[dict[str, Any]]:
-    """The jobs of this worker process's consumer (``ReliableTask``s: scheduled jobs are
-    beat's, dispatched again at their next period) received and not finished, each as what
-    re-enqueueing it takes: task, id, args, kwargs, the queue it came from, its retry count."""
+    """The ``ReliableTask`` jobs this consumer received and has not finished, as re-enqueueing takes
+    them."""
     from celery.worker import state
 
     from asyncwork.tasks import ReliableTask  # the models are loaded by the first beat
@@ -138,8 +109,8 @@ _DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
 
 
 class Heartbeat(PeriodicThread):
-    """The heartbeat thread of one process: beats at once, then every ``interval`` seconds,
-    on a database connection of its own; deletes its row when stopped."""
+    """One process's heartbeat thread: beats at once, then every ``interval`` seconds, on a
+    connection of its own; deletes its row when stopped."""
 
     def __init__(
         self, *, interval: float, holding: Callable[[], list[dict[str, Any]]] | None = None
@@ -187,8 +158,8 @@ _running: Heartbeat | None = None
 
 
 def heartbeat_start(*, holding: Callable[[], list[dict[str, Any]]] | None = None, **_: Any) -> None:
-    """Start this process's heartbeat thread (once per process); ``holding``: what it lists
-    as the jobs it holds (the consumer's process: ``held_jobs``)."""
+    """Start this process's heartbeat thread, once; ``holding`` lists the jobs it holds
+    (``held_jobs`` in the consumer's process)."""
     global _running
     if _running is not None and _running.owner == heartbeat_owner():
         return
@@ -205,8 +176,7 @@ def heartbeat_stop(**_: Any) -> None:
 
 
 class WorkerHeartbeatStep(bootsteps.StartStopStep):
-    """The heartbeat of the worker's own process, which lists the jobs it holds (and, under a
-    pool that runs tasks there, solo or threads, owns their claims). Prefork children start
+    """The heartbeat of the worker's own process, listing the jobs it holds. Prefork children start
     theirs on ``worker_process_init``."""
 
     label = "Heartbeat"
@@ -222,7 +192,7 @@ class WorkerHeartbeatStep(bootsteps.StartStopStep):
 
 
 def celery_signals_connect() -> None:
-    """Each prefork child beats from its start to its exit (idempotent: ``dispatch_uid``)."""
+    """Each prefork child beats from start to exit; idempotent (``dispatch_uid``)."""
     worker_process_init.connect(
         heartbeat_start, weak=False, dispatch_uid="asyncwork.heartbeat.start"
     )

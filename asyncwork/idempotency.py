@@ -1,23 +1,11 @@
-"""Idempotency keys for API requests: a request retried under its key does its work once.
+"""Idempotency keys for API requests, Stripe's rules held by PostgreSQL: a request retried under its
+key does its work once.
 
-Stripe's rules, held by PostgreSQL. A request carrying an ``Idempotency-Key`` is an
-``IdempotencyRecord`` under a UNIQUE (user, key) constraint, inserted with ``INSERT ... ON
-CONFLICT DO NOTHING`` in the same transaction as the work it does:
-
-* a new key: the record is inserted, the work is done and the record points at what it
-  created, all in one commit; work that fails rolls the record back too, so the key stays
-  unused and a retry does the work;
-* the same user, key and request (same fingerprint): nothing is done again, and the caller
-  gets what the first request created, to answer from as it is now;
-* the same user and key with a different request (another path, object or body):
-  ``IdempotencyKeyReused`` (the API answers 422);
-* another user with the same key: a request of its own. Keys are scoped to the user;
-* concurrently: PostgreSQL makes a second INSERT of the same (user, key) wait for the first
-  transaction. After that commits, the second finds the record and does nothing; if it rolls
-  back, the second inserts and does the work. No check-then-insert window.
-
-A key is kept as long as its record (no expiry here, unlike Stripe's 24 h): records are small
-and made by operators one at a time.
+The ``IdempotencyRecord`` (UNIQUE per user and key) is inserted with ``ON CONFLICT DO NOTHING``
+in the work's transaction, so failed work leaves the key unused, and a concurrent duplicate waits
+for the first transaction (no check-then-insert window). The same request again gets what the
+first created; the same key with another request raises ``IdempotencyKeyReused`` (422). Keys are
+per user and do not expire.
 """
 
 from __future__ import annotations
@@ -50,16 +38,14 @@ class IdempotencyKeyReused(Exception):
 
 @dataclass(frozen=True)
 class Performed(Generic[M]):
-    # What the key's request created; None if it was deleted since, or if the request made
-    # no one row to answer with (a batch).
+    # What the request created; None if deleted since, or not one row (a batch).
     result: M | None
     replayed: bool  # True: the key's request was made before; nothing was done now
 
 
 def idempotency_key_from(request: Request) -> str:
-    """The request's ``Idempotency-Key`` header; a 400 (``ValidationError``) when it is
-    missing, blank, longer than 255 characters or holds control characters (PostgreSQL
-    refuses a NUL in text: it would be a 500)."""
+    """The request's ``Idempotency-Key``; ``ValidationError`` (400) when missing, blank, over 255
+    characters or holding control characters."""
     key = request.headers.get(HEADER, "").strip()
     if not key:
         raise ValidationError({HEADER: "this header is required"})
@@ -77,8 +63,7 @@ def _plain(data: Any) -> Any:
 
 
 def request_fingerprint(request: Request, **params: Any) -> str:
-    """SHA-256 of what makes a request this request: method, path, query, parsed body, and
-    any ``params`` the view resolved from them (an object's id)."""
+    """SHA-256 of the method, path, query, parsed body and any ``params`` the view resolved."""
     described = {
         "method": request.method,
         "path": request.path,
@@ -98,10 +83,10 @@ def idempotent_perform(
     request: str,
     perform: Callable[[], M | None],
 ) -> Performed[M]:
-    """Run ``perform`` once per (``user``, ``key``): the first call runs it and records what
-    it returned (if anything), in one transaction; a later or concurrent call with the same
-    fingerprint returns that instead. Raises ``IdempotencyKeyReused`` when the fingerprint
-    differs, and whatever ``perform`` raises (nothing is recorded then)."""
+    """Run ``perform`` once per (``user``, ``key``), recording what it returned in the same
+    transaction; a later or concurrent call with the same fingerprint returns that instead.
+    Raises ``IdempotencyKeyReused`` on another fingerprint, and whatever ``perform`` raises
+    (recording nothing)."""
     if user.pk is None:
         raise TypeError("an idempotency key belongs to a signed-in user")
     record = IdempotencyRecord(

@@ -1,30 +1,12 @@
-"""Scheduled jobs: declared where they are defined, synced into django-celery-beat, and each
+"""Scheduled jobs: declared where they are defined (``@job``), synced into django-celery-beat, each
 run under its own PostgreSQL lock.
 
-A job is a function declared with ``@job(name, every=...)`` (or ``cron=...``) in the module that
-defines it; a job's one name is its task's, its lock's and its status row's. The declared jobs
-become django-celery-beat periodic tasks by ``schedules_sync``, which runs after every ``manage.py
-migrate`` (a ``post_migrate`` receiver, once django-celery-beat's and asyncwork's migrations are all
-applied) and from ``manage.py setup_periodic_tasks``. It is idempotent (a second run changes
-nothing) and two runs at once take turns (a transaction-scoped advisory lock), so two deploys
-migrating at the same time neither fail nor duplicate a schedule. It sets each declared task to its
-declared schedule, enabled, and disables tasks it created whose job is no longer declared.
-
-Every job is single-owner and safe to run twice:
-
-* ``job_run`` takes the job's advisory lock (``asyncwork.locks``) without waiting; a second run
-  while the first holds it skips, logs that it skipped, and counts the skip. A run whose
-  process dies releases the lock with its database session.
-* each job body must be idempotent by construction (the outbox relay publishes only unpublished
-  rows under SKIP LOCKED; the alert deduplicates per period; a purge deletes by age).
-* beat dispatches each job with an expiry of one interval, so ticks that piled up while no
-  worker ran are dropped rather than run back to back.
-
-A job may also run *on recovery* (``@job(..., on_recovery=...)``): when the beat
-leader sees the broker restarted (its run id changed: the queues are gone) or its database
-connection come back, it dispatches those jobs at once (``jobs_recover``), each under its
-own lock as ever, instead of leaving the loss to the next period (``asyncwork.recovery``).
-The periodic run stays as the safety net.
+A job's one name is its task's, its lock's (``job:<name>``) and its ``ScheduledJob`` row's.
+``schedules_sync`` runs after every ``migrate``: idempotent, and concurrent runs take turns.
+``job_run`` takes the lock without waiting, so a second run skips; each body is idempotent; a
+tick expires after one interval, so ticks piled up while no worker ran are dropped. A job
+declared ``on_recovery`` also runs when the beat leader sees a broker restart or a database
+reconnect (``asyncwork.recovery``).
 """
 
 from __future__ import annotations
@@ -53,24 +35,22 @@ from asyncwork.models import ScheduledJob
 logger = logging.getLogger(__name__)
 
 
-# Why the recovery jobs run: the broker lost its queues (every message queued before is gone),
-# or the database came back (no queued message was lost with it).
+# Why the recovery jobs run: the broker lost its queued messages, or the database came back (no
+# message lost).
 BROKER_RESTARTED = "broker_restarted"
 DATABASE_RECONNECTED = "database_reconnected"
 
 
 @dataclass(frozen=True)
 class Job:
-    """One scheduled job. Its one ``name`` is its Celery task's name, its lock's (``job:<name>``)
-    and its ``ScheduledJob`` row's; ``run`` is its body."""
+    """One scheduled job; ``run`` is its body."""
 
     name: str
     run: Callable[[], Any]
     every: timedelta | None = None
     # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
     cron: dict[str, str] | None = None
-    # The body run when the machinery dispatches the job on recovery, given the reason
-    # (BROKER_RESTARTED or DATABASE_RECONNECTED); None: not on recovery.
+    # Run on recovery, given the reason; None: not on recovery.
     recover: Callable[[str], Any] | None = None
 
     @property
@@ -95,14 +75,10 @@ def job(
     cron: dict[str, str] | None = None,
     on_recovery: bool | Callable[[str], Any] = False,
 ) -> Callable[[Run], Run]:
-    """Declare the decorated function the body of the scheduled job ``name``: run every
-    ``every``, or on the ``cron`` schedule, under the job's lock, by a Celery task of that name
-    (``job_task``). The function itself is returned unchanged.
-
-    ``on_recovery``: True runs the body at once after a broker restart or a database reconnect
-    too (``jobs_recover``); a callable runs that body instead on those occasions, given the
-    reason (``BROKER_RESTARTED``, ``DATABASE_RECONNECTED``): a job may act differently on
-    work the restart provably dropped (the broker's queues) and on work it did not."""
+    """Declare the decorated function (returned unchanged) the body of job ``name``, run every
+    ``every`` or on ``cron``. ``on_recovery``: True also runs it on recovery (``jobs_recover``);
+    a callable runs instead then, given the reason (``BROKER_RESTARTED``: the queued work is
+    provably lost, or ``DATABASE_RECONNECTED``)."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
 
@@ -128,7 +104,7 @@ def _job_declare(
         recover = on_recovery
     _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
 
-    # ``reason`` defaults to the cautious one: a message from before reasons were passed.
+    # A message without a reason gets the cautious one.
     def body(recovery: bool = False, attempt: int = 0, reason: str = DATABASE_RECONNECTED) -> Any:
         if not recovery or recover is None:
             return job_run(name=name, body=run).result
@@ -167,11 +143,8 @@ RECOVERY_RETRY_SECONDS = 5
 
 
 def jobs_recover(*, reason: str) -> list[str]:
-    """Dispatch every job declared to run on recovery, now (each runs under its lock, in its
-    recovery body, which is given ``reason``); returns their names. ``reason`` is also the
-    log's and the metric's. A job whose
-    periodic task is disabled (in the admin, or by the chaos suite's control arm) is not run
-    on recovery either."""
+    """Dispatch now every job declared to run on recovery whose periodic task is enabled, giving it
+    ``reason``; returns their names."""
     declared = [job.name for job in jobs_declared() if job.recover is not None]
     enabled = set(
         PeriodicTask.objects.filter(name__in=declared, enabled=True).values_list("name", flat=True)
@@ -189,16 +162,16 @@ def jobs_recover(*, reason: str) -> list[str]:
     return names
 
 
-# The description of every periodic task schedules_sync manages: it finds its own by it, so
-# the text is fixed, whatever it names: the periodic tasks already written carry it.
+# How schedules_sync finds the periodic tasks it manages; existing rows carry this text, so it
+# never changes.
 MANAGED = "Managed by manage.py setup_periodic_tasks (core/jobs.py)."
 SYNC_LOCK = "schedules-sync"
 
 
 def schedules_sync() -> dict[str, int]:
-    """Create or update the periodic task of every declared schedule, disable the managed ones
-    no longer declared, and give each job its ScheduledJob row. Returns how many periodic
-    tasks were created, updated, unchanged and disabled."""
+    """Create or update the periodic task of every declared job, disable the managed ones no longer
+    declared, and give each job its ``ScheduledJob`` row. Returns counts: created, updated,
+    unchanged, disabled."""
     counts = {"created": 0, "updated": 0, "unchanged": 0, "disabled": 0}
     with transaction.atomic():
         # A second sync waits for the first, then finds nothing to do: IntervalSchedule has
@@ -249,8 +222,7 @@ def schedules_sync_summary(*, counts: dict[str, int]) -> str:
 
 
 def schedules_missing() -> list[Job]:
-    """The declared schedules with no enabled periodic task running their task: beat never
-    dispatches them."""
+    """The declared jobs with no enabled periodic task running them: beat never dispatches them."""
     scheduled = set(PeriodicTask.objects.filter(enabled=True).values_list("name", "task"))
     return [s for s in jobs_declared() if (s.name, s.task) not in scheduled]
 
@@ -269,12 +241,8 @@ def schedules_sync_after_migrate(
     stdout: TextIO | None = None,
     **_: Any,
 ) -> None:
-    """``post_migrate`` receiver (sender: asyncwork's app config, so once per ``migrate``, and per
-    ``flush``): sync the declared schedules, so that beat has them after ``migrate`` alone.
-
-    Only on the database beat reads, and only once every migration of django-celery-beat and
-    of asyncwork is applied: ``migrate asyncwork``, or ``migrate django_celery_beat zero``, leaves
-    tables the sync needs missing or behind the models."""
+    """``post_migrate`` receiver: sync the schedules, on the default database once every
+    django-celery-beat and asyncwork migration is applied."""
     if using != DEFAULT_DB_ALIAS:
         return
     if not _migrations_applied(using, ("django_celery_beat", "asyncwork")):
@@ -296,7 +264,7 @@ class JobOutcome:
 
 
 def _holder() -> str:
-    # Worded as the lock's current holder is (asyncwork.locks.Holder), so both columns read alike.
+    # Worded as asyncwork.locks.Holder, so both columns read alike.
     return str(Holder(host=socket.gethostname(), pid=os.getpid()))
 
 
@@ -331,13 +299,12 @@ def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
 
 
 class JobTask(Task):
-    """Scheduled jobs: at-least-once like every task, but not dead-lettered or retried:
-    the next tick is the retry, and ``ScheduledJob.last_error`` plus the ERROR log line are
-    the record."""
+    """Scheduled jobs' base: at-least-once, never retried nor dead-lettered; the next tick is the
+    retry, ``ScheduledJob.last_error`` and the ERROR line the record."""
 
     acks_late = True
     reject_on_worker_lost = True
     max_retries = 0
-    # ``job_run`` logs a failed run once, at ERROR with its traceback; Celery's own "raised
-    # unexpected" line would repeat both. Listed here, it is one INFO line without them.
+    # job_run logs a failure once, with its traceback; in ``throws``, Celery's own line is INFO
+    # without one.
     throws = (Exception,)

@@ -1,18 +1,14 @@
-"""Job locks: PostgreSQL session advisory locks, one per job name, and who holds each.
+"""Job locks: PostgreSQL session advisory locks, one per name, and who holds each.
 
-``pg_try_advisory_lock`` never waits: a second run of a job while the first holds the lock
-gets False at once and skips. The lock belongs to the database session, so a run whose process
-dies releases it when PostgreSQL sees the connection close; no lease to expire, no row to
-clean up. Every lock of this application lives in one namespace (the first key), so
-``pg_locks`` shows who holds what.
+``pg_try_advisory_lock`` never waits: a second run gets False at once and skips. The lock belongs
+to the session, so a dead process's lock is released when PostgreSQL sees its connection close:
+no lease, no row to clean. All locks share one namespace (the first key), so ``pg_locks`` shows
+them together.
 
-Who holds a lock is the process, not the PostgreSQL backend serving it (``pg_locks`` only
-knows the latter, whose pid an operator must not mistake for the process to stop). The taker
-records its host and pid in ``LockHolder`` right after taking the lock, on the same session;
-``lock_holder`` shows a record only while the session that wrote it (its backend pid and
-start time) holds the lock, so a record left by a dead holder is never shown.
-``application_name`` is no place for it: PostgreSQL cuts it at 63 bytes, shorter than many
-host names.
+``pg_locks`` names only the backend; the taker records its own host and pid in ``LockHolder`` on
+the same session, and ``lock_holder`` shows a record only while the session that wrote it
+(backend pid and start time) holds the lock. (``application_name`` would cut host names at 63
+bytes.)
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ def lock_key(name: str) -> int:
 
 @dataclass(frozen=True)
 class Holder:
-    """The process holding a lock. ``pid`` and ``host`` are None for a holder that has not
-    recorded itself (it took the lock an instant ago, or runs code older than the record)."""
+    """The process holding a lock; ``pid`` and ``host`` are None until it recorded itself."""
 
     host: str | None
     pid: int | None
@@ -63,16 +58,15 @@ ON CONFLICT (name) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid,
 
 
 def lock_holder_record(*, name: str, execute: Callable[[str, list[Any]], object]) -> None:
-    """Record this process as the holder of the lock ``name``. ``execute`` runs a statement
-    on the session that holds the lock (a Django cursor's or a psycopg connection's)."""
+    """Record this process as holder of lock ``name``; ``execute`` runs a statement on the holding
+    session."""
     execute(RECORD_SQL, [name, socket.gethostname(), os.getpid()])
 
 
 @contextmanager
 def advisory_lock(name: str) -> Iterator[bool]:
-    """Try to take the named lock on Django's connection; yields whether it was taken.
-
-    The lock is released on exit, or by PostgreSQL when the session ends."""
+    """Try to take the named lock on Django's connection; yields whether it was taken. Released on
+    exit, or with the session."""
     key = lock_key(name)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [NAMESPACE, key])
@@ -94,9 +88,8 @@ def advisory_lock(name: str) -> Iterator[bool]:
 
 
 def advisory_xact_lock(name: str) -> None:
-    """Wait for the named lock and hold it until the current transaction ends (call inside
-    ``transaction.atomic``): for work that must not run twice at once, and must not be
-    skipped either."""
+    """Wait for the named lock and hold it to the end of the current transaction: for work that must
+    neither run twice at once nor be skipped."""
     if not connection.in_atomic_block:
         raise RuntimeError("advisory_xact_lock needs a transaction: use transaction.atomic()")
     with connection.cursor() as cursor:

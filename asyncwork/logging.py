@@ -1,50 +1,16 @@
-"""Log lines that say which event, invoice, task and attempt they belong to, without threading
-those through every call.
+"""Log lines that say which event, invoice, task and attempt they belong to.
 
-What it guarantees:
+Inside a log context (``log_context``; the webhook view opens one per delivery, the Celery
+signals below one per task run) every record carries its ``event_id`` and ``invoice_id``, and
+inside a task its ``task_id`` and ``attempt``. A context crosses the broker in a ``log_context``
+header, so an event's id reaches the worker that emails it, and every retry. Leaving a context
+restores the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
+(``settings.LOGGING``); JSON lines have them as keys, ``TextFormatter`` appends ``name=value``.
+Celery configures no logging of its own (``celery_logging_keep``).
 
-* Inside a **log context** (``log_context``: the webhook view opens one per delivery, and the
-  Celery signals below one per task run), every record that reaches the console handler
-  carries the context's ``event_id`` and ``invoice_id``; ``log_context_bind`` adds a field to
-  the open context (the invoicing service binds ``invoice_id`` once it knows it). Leaving the
-  context restores the one before it, so nothing leaks into the next request or task run.
-  Outside any context ``log_context_bind`` does nothing: a field bound by, say, an admin
-  action would otherwise stay on every later line of that thread.
-* Inside a **Celery task** every record also carries ``task_id`` (the request id, which an
-  outbox-published job shares with its outbox row, ``outbox-<id>``, across all its retries)
-  and ``attempt`` (``retries + 1``; a deferral spends no attempt, so it keeps the number).
-* The context crosses the broker: a task published inside a context carries its fields in a
-  ``log_context`` message header, and the task's own context starts from them. An event's
-  ``event_id`` therefore reaches the worker that sends its email, and every retry of it. (A
-  job the relay publishes later, outside the request, has ``invoice_id`` only.)
-* A field a call passes itself (``extra={"invoice_id": ...}``) wins over the context's.
-
-``ContextFilter`` is installed on the console handler in ``settings.LOGGING``: with
-``LOG_FORMAT=json`` the fields are top-level keys of each JSON object (python-json-logger
-emits every non-standard record attribute); ``TextFormatter`` appends them as
-``event_id=evt_... invoice_id=12 task_id=outbox-7 attempt=2``, only those present.
-
-Celery is told to leave logging alone (``celery_logging_keep``): ``django.setup()``, which
-Celery's Django fix-up runs in every worker and beat process before it would configure its
-own, has already applied ``settings.LOGGING``; without the receiver Celery would replace the
-root handlers with its own, and the worker's lines would carry neither the JSON format nor
-these fields. A worker or beat logs at the more verbose of ``LOG_LEVEL`` and its
-``--loglevel``.
-
-Personal data: unless ``LOG_PII=1``, both formatters mask every email address in the finished
-line (``jenny@example.com`` -> ``j***@example.com``), wherever it came from: a message, an
-``extra`` field, an exception's text (an SMTP server's "550 <jenny@...> unknown"), a
-traceback, or Celery's own lines about a task; a quoted local part (``"jenny
-rosen"@example.com``) and a percent-encoded at-sign (``jenny%40example.com`` in a URL,
-``%2540`` in a URL inside a query string) too. The domain stays, as operators need it to tell
-a mail provider's trouble from one mailbox's. The database keeps the full address: the admin
-and the API, not the logs, are where an operator reads it. Masking takes time linear in the
-line's length, whatever a client put in it (a Host header, a path), and a record keeps at most
-``TEXT_MAX`` (8 KiB) of its message and of its traceback, their first and last halves.
-
-A request Django refuses as suspicious (``SuspiciousRequestFilter``, on
-``django.security.DisallowedHost`` in ``settings.LOGGING``: a Host not in ``ALLOWED_HOSTS``)
-is one WARNING line, without a traceback, and a count in ``/metrics``.
+Unless ``LOG_PII=1`` both formatters mask every email address in the finished line, traceback
+included (``j***@example.com``: the domain tells a provider's trouble from one mailbox's), in
+linear time, and keep at most ``TEXT_MAX`` of a message and of a traceback.
 """
 
 from __future__ import annotations
@@ -73,8 +39,7 @@ _context: ContextVar[dict[str, Any] | None] = ContextVar("log_context", default=
 
 @contextmanager
 def log_context(**fields: Any) -> Iterator[None]:
-    """Open a log context holding ``fields`` (and the enclosing context's) until the block
-    ends."""
+    """Open a log context holding ``fields`` (and the enclosing context's) for the block."""
     token = _context.set({**(_context.get() or {}), **_known(fields)})
     try:
         yield
@@ -99,8 +64,8 @@ def _known(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 class ContextFilter(logging.Filter):
-    """Adds the log context's fields, and the current task's ``task_id`` and ``attempt``, to
-    every record that passes (it never drops one)."""
+    """Adds the log context's fields and the current task's ``task_id`` and ``attempt`` to every
+    record; drops none."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = _context.get()
@@ -118,11 +83,8 @@ class ContextFilter(logging.Filter):
 
 
 class SuspiciousRequestFilter(logging.Filter):
-    """On a ``django.security.<kind>`` logger (Django names it after the ``SuspiciousOperation``
-    it caught, and logs there once per request, at ERROR with the traceback): the request was
-    a client's mistake or a probe, already answered 400, not a fault of the server. Its record
-    becomes one WARNING line, without the traceback (the message says what was refused), and is
-    counted in ``invoicing_http_suspicious_requests_total{kind}``."""
+    """On ``django.security.<kind>``: a refused request (already a 400) becomes one WARNING line
+    without traceback, counted in ``invoicing_http_suspicious_requests_total``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         suspicious_request_count(record.name.rpartition(".")[2])
@@ -131,25 +93,11 @@ class SuspiciousRequestFilter(logging.Filter):
         return True
 
 
-# An address as it appears in log text: a local part, an at-sign, and a domain with at least one
-# dot. Deliberately generous (non-ASCII letters, JSON's \\u escapes of them, "<...>" around it):
-# masking a false positive costs a little readability, missing one costs a customer's address in
-# a log store.
-#
-# * The local part is a whole run of anything but separators, starting at a separator (the text
-#   gets a space in front, so one at its start has one too), or a quoted string: "jenny
-#   rosen"@example.com, or \"jenny rosen\"@example.com as JSON writes it. Quotes pair up both
-#   escaped or neither, so a match never starts or ends inside a JSON escape.
-# * The at-sign is "@", or percent-encoded once (%40: a URL) or twice (%2540: a URL carried in a
-#   query string, as the admin login's ?next= carries a search). An encoded one sits inside a
-#   run (jenny%40example.com): the run backs off to its last at-sign.
-# * The domain is the rest of the run: labels of anything but separators and dots, with a dot
-#   between two of them.
-#
-# Linear time, whatever the line holds: a match starts only at a separator, and every piece is
-# possessive, or atomic once its at-sign is found, so no character is tried again from another
-# start or another split (an unanchored, backtracking pattern costs the square of a run's
-# length: seconds for one 32 KB line).
+# An address in log text, matched generously (a false positive costs readability, a miss costs a
+# customer's address): a separator; a local part (a run of non-separators, or a quoted string,
+# plain or JSON-escaped, quotes paired); an at-sign (@, %40, or %2540, at which a run backs off to
+# its last one); a domain of dot-separated labels. Linear time: a match starts only at a separator,
+# and every piece is possessive or atomic, so nothing is retried from another start or split.
 _SEP = r"""\s@<>()\[\],;:"'`=/"""
 _AT = r"@|%(?:25)?40"
 _LABEL = rf"[^{_SEP}.]++"
@@ -179,24 +127,21 @@ def _masked(match: re.Match[str]) -> str:
 
 
 def pii_mask(text: str) -> str:
-    """``jenny.rosen@example.com`` -> ``j***@example.com``, for every address in ``text``
-    (``"jenny rosen"@example.com`` and ``jenny%40example.com`` too)."""
+    """``jenny.rosen@example.com`` -> ``j***@example.com``, for every address in ``text``."""
     if "@" not in text and "%40" not in text and "%2540" not in text:  # the common case
         return text
     return _EMAIL.sub(_masked, " " + text)[1:]
 
 
-# A record keeps at most this many characters of its message, and of its traceback: the first
-# and the last half of each, cut at whitespace. A client controls some of what is logged (a
-# path, a Host header of up to 8 KB), and masking costs time in proportion to the line.
+# Characters kept of a record's message, and of its traceback: a client controls part of what is
+# logged, and masking costs time per character.
 TEXT_MAX = 8 * 1024
 _WHITESPACE = re.compile(r"\s")
 
 
 def text_bounded(text: str) -> str:
-    """``text`` itself, or, over ``TEXT_MAX`` characters, its first and last halves with a note
-    of how much was left out between them. Each half is cut at whitespace, which no address
-    holds: no part of one is left at a cut, too short to be recognised and masked."""
+    """``text``, or over ``TEXT_MAX`` characters its first and last halves with a note of what was
+    left out. Each half is cut at whitespace, so no address is left cut too short to be masked."""
     if len(text) <= TEXT_MAX:
         return text
     half = TEXT_MAX // 2
@@ -209,8 +154,7 @@ def text_bounded(text: str) -> str:
 
 
 def record_bounded(record: logging.LogRecord, formatter: logging.Formatter) -> logging.LogRecord:
-    """``record`` when its message and traceback are within ``TEXT_MAX``; otherwise a copy with
-    both ``text_bounded`` (the other handlers see the record as it came)."""
+    """``record``, or a copy with message and traceback ``text_bounded``."""
     if record.exc_info and not record.exc_text:  # cached on the record, as logging does
         record.exc_text = formatter.formatException(record.exc_info)
     message = record.getMessage()
@@ -224,9 +168,8 @@ def record_bounded(record: logging.LogRecord, formatter: logging.Formatter) -> l
 
 
 class TextFormatter(logging.Formatter):
-    """The standard format, then `` name=value`` for each context field the record has; the
-    message and traceback bounded (``record_bounded``); email addresses masked unless
-    ``mask_pii`` is False (``LOG_PII=1``)."""
+    """The standard format plus `` name=value`` per context field present; bounded, and masked
+    unless ``mask_pii`` is False."""
 
     def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -248,10 +191,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(JsonFormatterBase):
-    """python-json-logger's formatter (every field a top-level key), the message and traceback
-    bounded (``record_bounded``), with email addresses masked in the finished object unless
-    ``mask_pii`` is False (``LOG_PII=1``). Masking the serialised text keeps it valid JSON: the
-    replacement holds no quote or backslash."""
+    """python-json-logger's formatter, bounded, and masked unless ``mask_pii`` is False. The mask
+    holds no quote or backslash, so the JSON stays valid."""
 
     def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -262,23 +203,20 @@ class JsonFormatter(JsonFormatterBase):
         return pii_mask(line) if self.mask_pii else line
 
 
-# --- Celery --------------------------------------------------------------------------------------
-
 # A run's token, by task id and thread: a redelivered message can run twice at once.
 _tokens: dict[tuple[str, int], Token[dict[str, Any] | None]] = {}
 
 
 def _context_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """``before_task_publish``: the publishing context's fields travel with the message; a
-    retry or deferral re-publishes the header it arrived with."""
+    """``before_task_publish``: the context's fields travel in a header (a re-publish keeps its
+    own)."""
     fields = _context.get()
     if fields and headers is not None and HEADER not in headers:
         headers[HEADER] = dict(fields)
 
 
 def _context_task_start(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    """``task_prerun``: a task run opens a log context, seeded from its message header (and,
-    for a task applied eagerly inside a context, from that context)."""
+    """``task_prerun``: open the run's context from its header (and any eager caller's context)."""
     carried = getattr(getattr(task, "request", None), HEADER, None)
     fields = {**(_context.get() or {}), **(_known(carried) if isinstance(carried, dict) else {})}
     _tokens[(task_id or "", threading.get_ident())] = _context.set(fields)
@@ -296,9 +234,8 @@ def _context_task_end(task_id: str | None = None, **_: Any) -> None:
 
 
 def celery_logging_keep(loglevel: int | str | None = None, **_: Any) -> None:
-    """``setup_logging``: a receiver means Celery configures no logging of its own. Its
-    ``--loglevel`` still counts where it asks for more than ``LOG_LEVEL`` (the demo runs with
-    ``LOG_LEVEL=WARNING`` and a worker at ``-l INFO``, whose "ready." line it waits for)."""
+    """``setup_logging``: having a receiver stops Celery configuring logging. A ``--loglevel`` more
+    verbose than ``LOG_LEVEL`` still applies (the demo waits for a worker's INFO "ready.")."""
     level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
     root = logging.getLogger()
     if isinstance(level, int) and level and level < root.getEffectiveLevel():
@@ -306,7 +243,7 @@ def celery_logging_keep(loglevel: int | str | None = None, **_: Any) -> None:
 
 
 def celery_signals_connect() -> None:
-    """Connect the receivers above (idempotent: each has a ``dispatch_uid``)."""
+    """Connect the receivers above; idempotent (``dispatch_uid``)."""
     setup_logging.connect(celery_logging_keep, weak=False, dispatch_uid="asyncwork.logging.keep")
     before_task_publish.connect(
         _context_publish, weak=False, dispatch_uid="asyncwork.logging.publish"

@@ -1,44 +1,15 @@
-"""Prometheus metrics: what each process exposes, and why there.
+"""Prometheus metrics: state computed at scrape time, and events counted where they happen.
 
-Two kinds of figures, kept apart because they live in different places:
+State (``StateCollector``, ``GET /metrics`` of the web process) is read from PostgreSQL and the
+brokers when Prometheus asks: exact, whichever process did the work. Sources are declared with
+``@metrics_source`` (the machinery's in ``asyncwork.gauges``); one that fails is left out and
+reported as ``invoicing_metrics_source_up{source} 0``, after a database error the other database
+sources are skipped, and ``/metrics`` never answers 500.
 
-**State, computed at scrape time** (``StateCollector``, served only by the web process at
-``GET /metrics``). Read from PostgreSQL and Redis when Prometheus asks, so they are exact
-whichever process (or host) did the work, and survive every restart. The machinery's sources
-(``asyncwork.gauges``): the outbox backlog and the age of its oldest unpublished row, the
-dead-letter depth, the depth of the pressure queues on the broker, each scheduled job's runs,
-skips and last run; an app adds its own with ``@metrics_source(name, database=...)`` on the
-function that reads them. Each source runs in its own transaction under a statement timeout
-of ``PROBE_TIMEOUT_SECONDS``; a source that fails or times out is left out of that scrape and
-reported as ``invoicing_metrics_source_up{source} 0`` (after a database error the remaining
-database sources are skipped, so a dead database costs one connect timeout, not one each).
-``/metrics`` never answers 500. Each state source reads its subsystem's probe
-(``asyncwork.probes``), the functions ``/health/`` and the admin dashboard read too.
-
-**Events, counted where they happen** (prometheus-client counters and a histogram):
-
-* web process: what the apps count as they answer (webhook deliveries by outcome), requests
-  Django refused as suspicious (a Host header not in ``ALLOWED_HOSTS``: a scan shows here, in
-  one WARNING line per request, ``asyncwork.logging.SuspiciousRequestFilter``), and outbox
-  publishes (latency from the row's creation to its publish, and failures). gunicorn runs
-  several worker processes: with ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus-client keeps
-  every process's values in memory-mapped files there and ``/metrics`` sums them
-  (``MultiProcessCollector``); without it (``runserver``, tests) the default registry of the
-  one process is served.
-* Celery workers (other processes, possibly other hosts): task starts, attempts by outcome
-  (success, retry, deferred, failure, rejected), what an app's tasks count themselves
-  (invoicing: the emails sent), and the outbox publishes they make (the relay job,
-  dead-letter copies), counted by Celery signal receivers. With
-  ``WORKER_METRICS_PORT`` set, the worker's main process serves them over HTTP on that port
-  (``start_http_server``). Under the prefork pool the tasks run in child processes, so the
-  counts must be shared: the worker then requires ``PROMETHEUS_MULTIPROC_DIR`` (a directory of
-  its own, not the web's; the main process empties it at start, before the pool forks) and
-  serves the sum over all its children, dead ones included, so a recycled child
-  (``worker_max_tasks_per_child``) loses nothing. One scrape target per worker host, whatever
-  its concurrency. The threads and solo pools count in the one process and need no directory.
-
-The event counters are per process group and restart from zero with it (Prometheus'
-``rate()`` handles that); the exact totals are the state figures.
+Events are counters per process group. With ``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn's
+processes are summed through its files. With ``WORKER_METRICS_PORT`` set a worker's main process
+serves its counts; under prefork that requires a directory of its own, emptied at start, summing
+every child, dead ones included.
 """
 
 from __future__ import annotations
@@ -80,9 +51,7 @@ from operators.http import (
 
 logger = logging.getLogger(__name__)
 
-# --- Event counters ---------------------------------------------------------------------------
-# Every metric here has labels: a labelled metric creates no value (and, in multiprocess
-# mode, no file) until it is first used, so importing this module writes nothing.
+# Every metric here is labelled: none writes a value (or a multiprocess file) until first used.
 
 TASK_STARTS = Counter(
     "invoicing_task_starts", "Task runs started by this worker, by task.", ["task"]
@@ -104,12 +73,9 @@ SUSPICIOUS_REQUESTS = Counter(
 
 
 def suspicious_request_count(kind: str) -> None:
-    """One request refused as suspicious; ``kind`` names the ``SuspiciousOperation`` (a class
-    name, never the client's text: the label's values stay few)."""
+    """One request refused as suspicious; ``kind`` is the ``SuspiciousOperation`` class name, never
+    client text, so the label's values stay few."""
     SUSPICIOUS_REQUESTS.labels(kind=kind).inc()
-
-
-# --- Scrape-time state ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -124,9 +90,8 @@ S = TypeVar("S", bound=Callable[[], Iterable[Metric]])
 
 
 def metrics_source(name: str, *, database: bool) -> Callable[[S], S]:
-    """Add the decorated function to ``/metrics`` as the scrape-time source ``name`` (or
-    replace the one of that name). A ``database`` source runs in a transaction bounded by
-    ``PROBE_TIMEOUT_SECONDS``."""
+    """Add the decorated function to ``/metrics`` as source ``name`` (replacing one of that name). A
+    ``database`` source runs in ``bounded()``."""
 
     def declare(fn: S) -> S:
         _sources[name] = Source(name=name, fn=fn, database=database)
@@ -136,7 +101,7 @@ def metrics_source(name: str, *, database: bool) -> Callable[[S], S]:
 
 
 class StateCollector:
-    """Runs every registered source at scrape time; see the module docstring."""
+    """Runs every registered source at scrape time."""
 
     def collect(self) -> Iterable[Metric]:
         started = time.perf_counter()
@@ -178,8 +143,7 @@ _state_registry.register(StateCollector())
 
 
 def _event_registry() -> CollectorRegistry:
-    """This process group's event counters: summed over the processes sharing
-    ``PROMETHEUS_MULTIPROC_DIR`` when it is set, else this process's own."""
+    """The event counters, summed over ``PROMETHEUS_MULTIPROC_DIR`` when set."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not directory:
         return REGISTRY
@@ -193,13 +157,9 @@ def metrics_exposition() -> bytes:
     return generate_latest(_event_registry()) + generate_latest(_state_registry)
 
 
-# --- The view -----------------------------------------------------------------------------------
-
-
 def metrics_token_presented(request: HttpRequest) -> bool:
-    """True when ``METRICS_TOKEN`` is set and the request carries it as ``Authorization:
-    Bearer <token>`` (compared in constant time). It opens ``/metrics`` and the details of
-    ``/health/``."""
+    """True when ``METRICS_TOKEN`` is set and the request carries it as a bearer token (compared in
+    constant time). It opens ``/metrics`` and ``/health/``'s details."""
     token = settings.METRICS_TOKEN
     if not token:
         return False
@@ -208,12 +168,9 @@ def metrics_token_presented(request: HttpRequest) -> bool:
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
-    """Who may read /metrics: with ``METRICS_TOKEN`` set, whoever presents it as a bearer
-    token; otherwise a client inside ``METRICS_ALLOWED_NETWORKS`` (loopback by default),
-    judged on the application's client address (``operators.http.client_address``). A request
-    carrying ``X-Forwarded-For`` from a peer that is not one of ``TRUSTED_PROXIES`` came
-    through a proxy the app was not told about, whose own (internal) address says nothing
-    about the client: refused."""
+    """None when the request may read /metrics: it presents ``METRICS_TOKEN`` when set, else its
+    client address is in ``METRICS_ALLOWED_NETWORKS``. ``X-Forwarded-For`` from a peer not in
+    ``TRUSTED_PROXIES`` is refused."""
     if settings.METRICS_TOKEN:
         if metrics_token_presented(request):
             return None
@@ -244,8 +201,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return response
 
 
-# --- Celery ---------------------------------------------------------------------------------------
-
 _OUTCOMES = {
     "SUCCESS": "success",
     "RETRY": "retry",
@@ -266,8 +221,8 @@ def _task_started(task: Any = None, **_: Any) -> None:
 def _task_finished(
     task: Any = None, retval: Any = None, state: str | None = None, **_: Any
 ) -> None:
-    """``task_postrun`` sees every finished run with its final state, including a ``Reject``
-    (which no outcome signal reports); a deferral is a retry whose cause is ``Deferred``."""
+    """``task_postrun``: every finished run with its final state, a ``Reject`` included (no outcome
+    signal reports it); a retry caused by ``Deferred`` counts as deferred."""
     outcome = _OUTCOMES.get(state or "", "unknown")
     if outcome == "retry" and isinstance(getattr(retval, "exc", None), Deferred):
         outcome = "deferred"
@@ -275,8 +230,8 @@ def _task_finished(
 
 
 def multiprocess_dir_reset(directory: str | None = None) -> None:
-    """Empty ``PROMETHEUS_MULTIPROC_DIR`` (creating it if needed): counts left by an earlier
-    run must not be added to this one's. Call it once, in the parent, before workers fork."""
+    """Empty ``PROMETHEUS_MULTIPROC_DIR`` (creating it), so an earlier run's counts are not added.
+    Call once, in the parent, before workers fork."""
     directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not directory:
         return
@@ -290,8 +245,7 @@ _serving: list[int] = []
 
 
 def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
-    """``worker_init`` (the worker's main process, before the pool starts): serve the
-    worker's event counters on ``WORKER_METRICS_PORT``."""
+    """``worker_init``: serve the event counters on ``WORKER_METRICS_PORT``."""
     port = settings.WORKER_METRICS_PORT
     if not port or _serving:
         return
@@ -316,7 +270,7 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
 
 
 def celery_signals_connect() -> None:
-    """Connect the worker-side receivers (idempotent: each has a ``dispatch_uid``)."""
+    """Connect the worker-side receivers; idempotent (``dispatch_uid``)."""
     task_prerun.connect(_task_started, weak=False, dispatch_uid="asyncwork.metrics.started")
     task_postrun.connect(_task_finished, weak=False, dispatch_uid="asyncwork.metrics.finished")
     worker_init.connect(_worker_metrics_serve, weak=False, dispatch_uid="asyncwork.metrics.serve")

@@ -1,8 +1,5 @@
-"""Rows the async machinery keeps: outbox messages, dead letters, scheduled jobs' runs, what
-operators did, and the idempotency keys of API requests.
-
-PostgreSQL is the source of truth for every job: Redis keeps nothing across a restart here,
-so whatever must not be lost is a row before it is a message.
+"""Rows the async machinery keeps. PostgreSQL is every job's source of truth: whatever must not be
+lost is a row before it is a message.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from django.db.models import Q
 
 class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
     def waiting(self, now: datetime) -> OutboxQuerySet:
-        """Rows that should be published by ``now``: unpublished, and not scheduled for later
-        (a retry still inside its backoff is not a backlog)."""
+        """Rows due for publishing by ``now``: unpublished and not scheduled for later."""
         return self.filter(published_at__isnull=True).filter(
             Q(due_at__isnull=True) | Q(due_at__lte=now)
         )
@@ -40,7 +36,6 @@ class OutboxMessage(models.Model):
     published_at = models.DateTimeField(null=True, blank=True)
     publish_attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
-    # A job's retry or deferral waits here, not in a worker's memory (asyncwork.tasks).
     due_at = models.DateTimeField(
         null=True,
         blank=True,
@@ -93,8 +88,8 @@ class DeadLetter(models.Model):
         REDELIVERY_LIMIT = "redelivery_limit", "Redelivered too often"
 
     task = models.CharField(max_length=200)
-    # The Celery task id of the failed job; a worker that dies while dead-lettering and runs
-    # the job again writes the same row, not a second one.
+    # The failed job's task id: a worker that dies while dead-lettering writes the same row again,
+    # not a second one.
     task_id = models.CharField(max_length=255, unique=True)
     args = models.JSONField(default=list)
     kwargs = models.JSONField(default=dict)
@@ -128,8 +123,8 @@ class DeadLetter(models.Model):
 
 
 class ScheduledJob(models.Model):
-    """What each scheduled job last did, for operators: the lock itself is a PostgreSQL
-    advisory lock (``asyncwork.locks``); this row only records runs, skips and the holder."""
+    """What each scheduled job last did, for operators; the lock is an advisory lock
+    (``asyncwork.locks``)."""
 
     name = models.CharField(max_length=100, unique=True)
     runs = models.PositiveIntegerField(default=0)
@@ -146,11 +141,9 @@ class ScheduledJob(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """One API request made under an ``Idempotency-Key`` (``asyncwork.idempotency``).
-
-    The key is its user's own, as Stripe scopes keys to an account: UNIQUE per (user, key), so
-    a key names at most one request. ``fingerprint`` tells a retry of that request from a
-    different one; ``target`` is what the request created, which a retry answers with."""
+    """One API request made under an ``Idempotency-Key`` (``asyncwork.idempotency``), UNIQUE per
+    (user, key). ``fingerprint`` tells a retry from a different request; ``target`` is what the
+    request created."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255)
@@ -173,10 +166,9 @@ class IdempotencyRecord(models.Model):
 
 
 class LockHolder(models.Model):
-    """The process that took each named advisory lock (``asyncwork.locks``) last: its host and pid,
-    tied to the PostgreSQL session that took the lock (backend pid and start time). A row
-    says who holds a lock only while that very session still holds it; the lock itself lives
-    in ``pg_locks``, and this row is written by its holder right after taking it."""
+    """The process that last took each named advisory lock (``asyncwork.locks``), tied to the
+    session that took it (backend pid and start time): it names the holder only while that
+    session still holds the lock in ``pg_locks``."""
 
     name = models.CharField(max_length=200, unique=True)
     host = models.CharField(max_length=255)
@@ -190,18 +182,16 @@ class LockHolder(models.Model):
 
 
 class WorkerHeartbeat(models.Model):
-    """One worker process's heartbeat (``asyncwork.heartbeat``): the process that runs tasks
-    writes ``beat_at`` with the database's clock every ``WORKER_HEARTBEAT_SECONDS``. ``owner``
-    names the process (host, pid and a token of its own, so a reused pid is another owner); a
-    claim a task makes records it, and the claim's owner is gone once its heartbeat lapsed."""
+    """One worker process's heartbeat (``asyncwork.heartbeat``): ``owner`` names it (host, pid,
+    token), ``beat_at`` is written on the database's clock."""
 
     owner = models.CharField(max_length=255, unique=True)
     hostname = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     started_at = models.DateTimeField()
     beat_at = models.DateTimeField(db_index=True)
-    # A worker's own process (the consumer) lists the jobs it holds, received and not finished,
-    # so that they can be re-enqueued at once if it dies (asyncwork.rescue).
+    # The jobs a consumer holds, received and not finished, re-enqueued at once if it dies
+    # (asyncwork.rescue).
     holding = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:

@@ -1,26 +1,14 @@
 """The transactional outbox: nothing is published before the state change that caused it commits.
 
-``outbox_enqueue`` writes the intent in the caller's transaction and publishes it from
-``transaction.on_commit``. A publish that fails (broker down, stalled past the socket timeout)
-leaves the row unpublished and the request unharmed; ``outbox_relay`` publishes such rows later.
-The relay and the admin's republish take rows under ``SELECT ... FOR UPDATE SKIP LOCKED``, so
-two of them never publish the same row at once; the on-commit publish sends the row it just
-wrote without a lock (the relay leaves rows younger than its grace period alone), then marks
-it. Every publish is Celery's ``send_task`` on a producer kept per thread, bounded by
-``OUTBOX_PUBLISH_TIMEOUT`` and tried once; on RabbitMQ it returns once the broker confirmed the
-message (publisher confirms), so a row is marked published only after the broker took it. A
-crash between publishing and marking published publishes the row again: consumers are
-idempotent, so twice is harmless; never is what this prevents.
-``outbox_republish`` (the admin's "Republish") sends chosen rows again through the same path,
-for a message the broker lost after it was marked published, and records what became of each
-as an operator action.
+``outbox_enqueue`` writes the row in the caller's transaction and publishes it on commit; a
+failed publish leaves the row for ``outbox_relay``. The relay and ``outbox_republish`` take rows
+``FOR UPDATE SKIP LOCKED``. Each publish is one ``send_task`` bounded by
+``OUTBOX_PUBLISH_TIMEOUT``, confirmed by RabbitMQ before the row is marked; a crash in between
+publishes it again, which idempotent consumers absorb.
 
-A row can also wait: ``outbox_schedule`` writes a job's retry or deferral with a due time
-(``due_at``) and the headers it carries on, and nothing publishes it before then. The workers
-publish rows as they come due (``outbox_publish_due``, polled by ``asyncwork.scheduled``) and
-the relay takes any a poll missed. So the wait is spent in PostgreSQL, not as a message held
-unacknowledged by a worker, which on Redis would come back only after the visibility timeout
-if that worker died (``asyncwork.tasks``).
+``outbox_schedule`` writes a row due later (a retry, a deferral), published once due by the
+workers' poll (``asyncwork.scheduled``) or the relay: the wait is spent in PostgreSQL, not as an
+unacknowledged message a dead worker would hold until Redis's visibility timeout.
 """
 
 from __future__ import annotations
@@ -51,17 +39,14 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
-# Rows one relay batch publishes: big enough to drain a backlog quickly, small enough that a
-# batch's transaction stays short.
+# Rows per relay batch: drains a backlog quickly, keeps each transaction short.
 RELAY_BATCH_SIZE = 200
 
-# Counted where the publish happens (the web process, the workers); served by /metrics and the
-# workers' metrics port (asyncwork.metrics). Labelled: importing this writes nothing.
+# Labelled, so importing this writes no series.
 OUTBOX_PUBLISH_LATENCY = Histogram(
     "invoicing_outbox_publish_latency_seconds",
     "Seconds from an outbox row's creation to its publish to the broker.",
     ["queue"],
-    # On-commit publishes take milliseconds; the relay's come after its grace period.
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
 )
 OUTBOX_PUBLISH_FAILURES = Counter(
@@ -88,9 +73,8 @@ def outbox_task_id(message_id: int) -> str:
 def outbox_enqueue(
     *, task: str, args: list[Any], kwargs: dict[str, Any] | None = None, queue: str | None = None
 ) -> OutboxMessage:
-    """Record the intent to run ``task`` in the current transaction; publish once it commits.
-
-    ``queue`` defaults to the task's route (``asyncwork.queues``)."""
+    """Record ``task`` in the current transaction; publish it once that commits. ``queue`` defaults
+    to the task's route."""
     message = OutboxMessage(
         task=task,
         args=args,
@@ -131,9 +115,8 @@ class _Message(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Committed:
-    """A first message of a row this process has just committed, as its on-commit publish
-    reads it: not a model instance, whose signals and field set-up cost more than the rest of
-    what the publish does in Python. ``created``: the row's creation, seconds since the epoch."""
+    """A row this process just committed, as its on-commit publish reads it (cheaper than a model
+    instance). ``created``: epoch seconds."""
 
     pk: int
     task: str
@@ -155,11 +138,8 @@ def outbox_schedule(
     task_id: str = "",
     headers: dict[str, Any] | None = None,
 ) -> OutboxMessage:
-    """Record ``task`` to be published ``due_in`` seconds from now (by this process's clock,
-    as the pollers read it), as task ``task_id`` with ``headers`` (its retry count under
-    ``retries``) and ``kwargs`` as they are: a retry's or a deferral's wait, or a rescued job
-    (due at once). In the current transaction, if any; nothing publishes it before it is due
-    (``outbox_publish_due``, ``outbox_relay``)."""
+    """Record ``task`` to be published ``due_in`` seconds from now as task ``task_id`` with
+    ``headers`` (the retry count under ``retries``), in the current transaction if any."""
     message = OutboxMessage(
         task=task,
         args=args,
@@ -173,10 +153,8 @@ def outbox_schedule(
     return message
 
 
-# The mark of an on-commit publish: one statement by primary key, run by every request that
-# enqueues, where QuerySet.update() compiling the same UPDATE costs several times the
-# statement's CPU (docs/performance.md). A row marked meanwhile (by the relay, or a republish)
-# keeps the time of its first publish.
+# The on-commit mark: a raw UPDATE by primary key, cheaper than compiling QuerySet.update() on
+# every enqueueing request. A row marked meanwhile keeps its first publish time.
 _MARK_PUBLISHED = (
     f"UPDATE {OutboxMessage._meta.db_table} "  # noqa: S608 - a model's table name, no input
     "SET published_at = coalesce(published_at, now()), publish_attempts = publish_attempts + 1 "
@@ -185,10 +163,9 @@ _MARK_PUBLISHED = (
 
 
 def _publish_committed(message: _Committed) -> None:
-    """The on-commit publish of a row this process has just committed, then its mark: no
-    re-read and no row lock. The relay leaves rows younger than its grace period alone, and
-    were both to send, the consumers are idempotent. A mark that fails (the database gone
-    since the commit) leaves the row to the relay: a duplicate message, never a lost one."""
+    """Publish a just-committed row, then mark it: no re-read, no row lock (the relay leaves rows
+    younger than its grace period alone). A failed mark leaves the row to the relay: a duplicate
+    message, never a lost one."""
     error = _send(message)
     if error is None:
         _published(queue=message.queue, created=message.created)
@@ -204,9 +181,8 @@ _local = threading.local()
 
 
 def _producer() -> Any:
-    """This thread's producer, on a broker connection of its own with short timeouts: a
-    stalled broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``, not the worker-side
-    timeout (kombu's publish otherwise blocks while it retries the connection)."""
+    """This thread's producer, on its own connection with short timeouts and one connection attempt:
+    a stalled or refusing broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``."""
     producer = getattr(_local, "producer", None)
     if producer is None:
         timeout = settings.OUTBOX_PUBLISH_TIMEOUT
@@ -214,12 +190,11 @@ def _producer() -> Any:
             **current_app.conf.broker_transport_options,
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
-            # The AMQP transport's own names for the same bounds (RabbitMQ).
+            # The AMQP transport's names for the same bounds.
             "connect_timeout": timeout,
             "read_timeout": timeout,
             "write_timeout": timeout,
-            # One connection attempt, no waiting between retries: a broker that refuses
-            # connections fails the publish at once (kombu would otherwise retry for seconds).
+            # One connection attempt: kombu would otherwise retry for seconds.
             "max_retries": 1,
             "interval_start": 0,
             "interval_step": 0,
@@ -227,16 +202,15 @@ def _producer() -> Any:
             "connect_retries_timeout": timeout,
         }
         connection = current_app.connection_for_write(transport_options=options)
-        # Closed when its thread is gone (a thread pool's worker thread that ended): py-amqp
-        # leaves a socket nobody closed open otherwise.
+        # Closed when its thread ends: py-amqp would leave the socket open.
         weakref.finalize(threading.current_thread(), connection.collect)
         producer = _local.producer = current_app.amqp.Producer(connection, auto_declare=False)
     return producer
 
 
 def _producer_drop() -> None:
-    """Forget this thread's producer after a failed publish, and its connection without the
-    closing handshake (``collect``, not ``release``): a stalled broker would hold that too."""
+    """Forget this thread's producer, dropping its connection without the closing handshake (a
+    stalled broker would hold that too)."""
     producer = _local.__dict__.pop("producer", None)
     if producer is not None:
         with contextlib.suppress(Exception):
@@ -249,17 +223,13 @@ def outbox_publish(
     older_than: timedelta | None = None,
     limit: int | None = None,
 ) -> int:
-    """Publish unpublished rows (those in ``ids``, or those older than ``older_than``).
-
-    Returns how many were published. Stops at the first broker failure: the broker is down or
-    stalled, and every further row would wait out the same timeout.
-    """
+    """Publish unpublished rows (in ``ids``, or older than ``older_than``); returns how many. Stops
+    at the first broker failure: every further row would wait out the same timeout."""
     rows = OutboxMessage.objects.filter(published_at__isnull=True)
     if ids is not None:
         rows = rows.filter(pk__in=list(ids))
     if older_than is not None:
-        # A row scheduled for later waits for its due time, however old it is; one that came
-        # due is published at once (no on-commit publish of its own to make way for).
+        # A scheduled row waits for its due time however old it is.
         now = timezone.now()
         rows = rows.filter(
             Q(due_at__isnull=True, created_at__lt=now - older_than) | Q(due_at__lte=now)
@@ -268,8 +238,8 @@ def outbox_publish(
 
 
 def outbox_publish_due(*, limit: int | None = None) -> int:
-    """Publish the scheduled rows that have come due (a retry's backoff or a deferral's
-    cool-down is over); returns how many. Concurrent callers split the rows between them."""
+    """Publish the scheduled rows that have come due; returns how many. Concurrent callers split the
+    rows."""
     rows = OutboxMessage.objects.filter(published_at__isnull=True, due_at__lte=timezone.now())
     return _publish(rows, limit=limit or RELAY_BATCH_SIZE)
 
@@ -278,12 +248,10 @@ OUTBOX_REPUBLISH = "outbox.republish"
 
 
 def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
-    """Publish the given rows again, published or not: for a message the broker lost after
-    taking it (a Redis restart without persistence). Same path as every publish, so a row
-    another publisher holds is skipped, and the message keeps its task id; consumers are
-    idempotent, so a message that was not lost after all runs as a no-op. Returns how many
-    were published; a row the broker refuses is marked unpublished, for the relay. What
-    became of each row is recorded as an operator action of ``actor``."""
+    """Publish the given rows again, published or not (a message the broker lost after taking it),
+    under their task ids. A row another publisher holds is skipped; one the broker refuses is
+    left unpublished for the relay. Returns how many were published; each row's outcome is
+    recorded as an operator action of ``actor``."""
     ids = list(ids)
     if not ids:
         return 0
@@ -291,10 +259,8 @@ def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
 
 
 def _send(message: _Message) -> Exception | None:
-    """Publish one row's message with Celery's ``send_task`` on this thread's producer; return
-    the error instead of raising it (and drop the producer, whose connection may be
-    half-broken). Celery's publish signals fire as for any task: ``before_task_publish``
-    carries the log context in a header (``asyncwork.logging``)."""
+    """Publish one row with ``send_task`` on this thread's producer. Returns the error instead of
+    raising it, and drops the producer, whose connection may be half-broken."""
     # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
     kwargs = (
         dict(message.kwargs) if message.task_id else {**message.kwargs, "outbox_id": message.pk}
@@ -313,20 +279,16 @@ def _send(message: _Message) -> Exception | None:
             producer=_producer(),
             # One try: a row whose publish fails waits for the relay, not the request.
             retry=False,
-            # On RabbitMQ the socket timeout of the connection options is not the AMQP
-            # transport's: without these a stalled node holds the publish (and the request
-            # that commits it) until it answers, waiting for the write or for the confirm.
-            # The Redis transport ignores them (its socket timeout bounds it).
+            # The AMQP transport ignores the socket timeout: these bound the write and the confirm
+            # on a stalled RabbitMQ node (Redis ignores them).
             timeout=timeout,
             confirm_timeout=timeout,
-            # Nothing reads the relay's results: no trail of them on the relay's own task.
             add_to_parent=False,
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
         _producer_drop()
         _publish_failed(queue=message.queue)
-        # kombu re-raises the transport's error as its own, which for a broker's nack says
-        # nothing: the transport's names what happened.
+        # For a broker's nack kombu's own error says nothing; its cause does.
         error = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
         logger.warning(
             "outbox publish failed; the relay will retry",
@@ -337,9 +299,9 @@ def _send(message: _Message) -> Exception | None:
 
 
 def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = None) -> int:
-    """Send up to ``limit`` of ``rows`` that no other publisher holds, in id order, and mark
-    those sent published, in one transaction; stop at the first broker failure. With an
-    ``actor`` (an operator's republish), what became of each row is recorded."""
+    """Send up to ``limit`` of ``rows`` no other publisher holds, in id order, and mark them
+    published, in one transaction; stop at the first broker failure. With an ``actor``, record
+    each row's outcome."""
     published: list[int] = []
     outcomes: dict[int, str] = {}
     with transaction.atomic():
@@ -385,8 +347,8 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
 def outbox_relay(
     *, grace: timedelta | None = None, batch_size: int | None = None, max_batches: int = 50
 ) -> int:
-    """Publish rows left unpublished past the grace period, batch by batch. Safe to run twice,
-    and concurrently: each batch takes only rows no other relay holds."""
+    """Publish rows left unpublished past the grace period, batch by batch. Safe to run
+    concurrently: each batch takes only rows no other relay holds."""
     grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
     batch_size = batch_size or RELAY_BATCH_SIZE
     total = 0

@@ -1,11 +1,7 @@
-"""A worker's periodic database thread: one ``tick`` at once (if asked) and then every
-``interval`` seconds, on a database connection of the thread's own, until stopped.
-
-A tick the database refuses is logged once (a warning when the failures start, a line when
-they end, not one per tick while the database is down); the connection is closed, so the next
-tick opens a new one. Used by the worker's heartbeat (``asyncwork.heartbeat``) and its due
-poll (``asyncwork.scheduled``). Imports no model: the heartbeat's module is loaded with the
-Celery app, before Django's models are.
+"""A worker's periodic database thread (the heartbeat's, the due poll's), on a connection of its
+own. A tick the database refuses closes the connection; an outage is logged when it starts and
+when it ends, not per tick. Imports no model: the heartbeat loads with the Celery app, before
+Django's models.
 """
 
 from __future__ import annotations
@@ -21,8 +17,8 @@ T = TypeVar("T")
 
 
 class PeriodicThread:
-    """Calls ``tick`` every ``interval`` seconds on a daemon thread named ``name``; ``at_stop``
-    (if given) once as it stops, on the same connection."""
+    """Calls ``tick`` every ``interval`` seconds on daemon thread ``name``; ``at_stop`` once as it
+    stops, on the same connection."""
 
     def __init__(
         self,

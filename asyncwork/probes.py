@@ -1,23 +1,14 @@
-"""One probe per subsystem: the figures ``/health/``, ``/metrics``, backpressure and the admin
-dashboard read.
+"""One probe per subsystem: the figures ``/health/``, ``/metrics``, backpressure and the dashboard
+read.
 
-A probe measures one subsystem now and returns a small frozen dataclass of figures; it decides
-nothing. Its readers decide: ``asyncwork.health`` turns it into a check's status,
-``asyncwork.gauges`` into Prometheus families, ``asyncwork.backpressure`` into a level to shed
-at, ``asyncwork.dashboard`` into figures with links to the lists behind them. So they all
-measure each figure the same way (the outbox backlog is counted up to the hard mark everywhere)
-and cannot drift apart.
+A probe measures now and returns a frozen dataclass; it decides nothing. Its readers
+(``asyncwork.health``, ``.gauges``, ``.backpressure``, ``.dashboard``) decide, so all measure
+each figure the same way. A PostgreSQL probe opens no transaction: its caller runs it in
+``bounded()``. A Redis or RabbitMQ probe bounds its own calls.
 
-A probe that reads PostgreSQL opens no transaction of its own: its caller runs it inside
-``bounded()``, a transaction whose statements give up after ``PROBE_TIMEOUT_SECONDS``, as
-``/health/`` runs each check and ``/metrics`` each database source. A probe of Redis or
-RabbitMQ bounds its own calls (the broker client's socket timeouts, the breaker's).
-
-The machinery's probes are here: outbox, dead letters, scheduled jobs, beat, broker queues, and
-any circuit breaker. The dashboard shows a probe through a function that turns its reading into
-figures, declared with ``@dashboard_probe(name, probe, ...)`` (the machinery's in
-``asyncwork.dashboard``, an app's beside its own probes: invoicing's emails and its provider's
-breaker); a health check or metrics source calls the same probe function.
+The dashboard shows a probe through a function declared with ``@dashboard_probe`` that turns its
+reading into ``Figure``s (the machinery's in ``asyncwork.dashboard``, an app's beside its own
+probes).
 """
 
 from __future__ import annotations
@@ -54,13 +45,10 @@ def _age(since: datetime | None, now: datetime) -> float | None:
     return None if since is None else max(0.0, (now - since).total_seconds())
 
 
-# --- The machinery's probes -------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class OutboxProbe:
-    """Unpublished outbox rows, counted up to ``cap`` (the hard mark: the count must stay cheap
-    however large the backlog grows), and the oldest one's creation time."""
+    """Unpublished outbox rows counted up to ``cap`` (the hard mark: cheap however large the
+    backlog), and the oldest one's time."""
 
     unpublished: int
     cap: int
@@ -77,18 +65,15 @@ class OutboxProbe:
 
     @property
     def stale(self) -> bool:
-        """The oldest row is older than ``OUTBOX_STALE_SECONDS``: the relay should have
-        published it, so jobs are not leaving."""
+        """The oldest row is older than ``OUTBOX_STALE_SECONDS``: jobs are not leaving."""
         age = self.oldest_age_seconds
         return age is not None and age > settings.OUTBOX_STALE_SECONDS
 
 
 def outbox_backlog(*, now: datetime, cap: int) -> int:
-    """The outbox rows waiting to be published at ``now``, counted up to ``cap``: rows
-    scheduled for later (a retry inside its backoff) are no backlog until due. A count over a
-    LIMIT: the scan of the partial index stops at the cap. ``outbox_probe``'s first figure, and
-    all that backpressure reads (each second, in every web process), without the search for
-    the oldest row, which reads every waiting row however many there are."""
+    """Outbox rows waiting at ``now`` (a row scheduled for later is no backlog until due), counted
+    up to ``cap``: the index scan stops there. All that backpressure reads, each second in every
+    web process."""
     return OutboxMessage.objects.waiting(now)[:cap].count()
 
 
@@ -167,8 +152,7 @@ class JobState:
 
 @dataclass(frozen=True)
 class ScheduledJobsProbe:
-    """Every declared job, and any job that has run without being declared (any more), by
-    name."""
+    """Every declared job, and any that ran without being declared, by name."""
 
     jobs: tuple[JobState, ...]
 
@@ -206,9 +190,8 @@ def beat_probe() -> BeatProbe:
 
 @dataclass(frozen=True)
 class QueuesProbe:
-    """Messages waiting on each broker queue (not those a worker holds): the queues workers
-    consume and, on RabbitMQ, ``dlq``, which nobody does (``queues.watched``). On RabbitMQ,
-    each queue's consumers too (None on Redis, which does not know them)."""
+    """Messages waiting on each watched queue (``queues.watched``), not those a worker holds; on
+    RabbitMQ each queue's consumers too."""
 
     depths: dict[str, int]
     consumers: dict[str, int] | None = None
@@ -219,9 +202,9 @@ class BrokerUnreadable(ConnectionError):
 
 
 def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
-    """On Redis, one pipelined round trip for every queue's priority lists; on RabbitMQ, one
-    passive declaration per queue on a kept connection (``asyncwork.rabbitmq``). Raises
-    ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
+    """One pipelined round trip on Redis; one passive declaration per queue on RabbitMQ
+    (``asyncwork.rabbitmq``). Raises ``BrokerUnreadable`` (an ``OSError``) when the broker does
+    not answer in time."""
     names = names or queues.watched()
     if settings.BROKER_IS_RABBITMQ:
         try:
@@ -254,9 +237,7 @@ def queue_depth(name: str) -> int:
 
 @dataclass(frozen=True)
 class BreakerProbe:
-    """A circuit breaker's state (``closed``, ``open``, ``half-open``, or ``unknown`` when
-    Redis does not answer), its consecutive failures, when it opened (Unix time), the seconds
-    left of its cool-down, and whether a probe is out."""
+    """A circuit breaker's ``Breaker.state()``."""
 
     name: str
     state: str
@@ -273,13 +254,10 @@ def breaker_probe(breaker: Breaker) -> BreakerProbe:
     return BreakerProbe(**breaker.state())
 
 
-# --- The dashboard's registry -------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Figure:
-    """One figure of the dashboard: what it is, its value as shown, the list behind it, and
-    whether it calls for attention (``ok``, ``degraded``, ``failing``, ``unknown``)."""
+    """One dashboard figure: label, value as shown, the list behind it, and its status (``ok``,
+    ``degraded``, ``failing``, ``unknown``)."""
 
     label: str
     value: str
@@ -305,9 +283,9 @@ _probes: dict[str, Probe[Any]] = {}
 def dashboard_probe(
     name: str, fn: Callable[[], P], *, title: str, database: bool
 ) -> Callable[[Callable[[P], list[Figure]]], Callable[[P], list[Figure]]]:
-    """Show the probe ``fn`` on the dashboard under ``title`` (or replace the one of that
-    name), as the figures the decorated function makes of its result. A ``database`` probe
-    runs in ``bounded()``. Shown in the order declared."""
+    """Show probe ``fn`` on the dashboard under ``title`` (replacing one of that name), as the
+    figures the decorated function makes of its result; in declaration order. A ``database``
+    probe runs in ``bounded()``."""
 
     def declare(figures: Callable[[P], list[Figure]]) -> Callable[[P], list[Figure]]:
         _probes[name] = Probe(name=name, title=title, fn=fn, figures=figures, database=database)
@@ -328,9 +306,9 @@ class Reading:
 
 
 def probes_read() -> list[Reading]:
-    """Every registered probe, read one after the other, each bounded. One that fails shows
-    its error's class (a message can carry host names); after a database error the remaining
-    database probes are skipped, so a dead database costs one connect timeout, not one each."""
+    """Every registered probe, one after the other, each bounded. A failure shows its error's class
+    (a message can carry host names); after a database error the remaining database probes are
+    skipped."""
     readings: list[Reading] = []
     database_failed = False
     for probe in list(_probes.values()):

@@ -1,22 +1,11 @@
-"""The Celery queues and the route of every task: one registry, read when a task is published
-and when a worker starts.
+"""The Celery queues and every task's route: one registry, read at publish and at worker start.
 
-``default`` always exists. ``dlq`` is RabbitMQ's and nobody consumes it: the consumed queues
-dead-letter onto it a message delivered past their delivery limit, one whose worker died on every
-delivery, so that no dead-letter row was written for it; it waits there for an operator (a job that
-failed otherwise is a ``DeadLetter`` row, ``asyncwork.deadletters``). Any other queue is declared by
-the app that owns it, once, beside its tasks' names (``queue_declare``, with the tasks routed to
-it), so a task's queue is decided in one place. A queue declared with ``pressure=True`` is one whose
-depth means work accepted and not yet done: backpressure sheds on it, and ``/metrics`` reports it.
-
-Order. A worker consumes ``default`` first, then the declared queues in the order they were
-declared, each queue declared ``ahead_of`` another just before that one: on Redis strictly
-(``queue_order_strategy: priority``: one ``BRPOP`` over the queues in that order, so a queue is read
-only when those before it are empty). An app that enqueues some work again (a rescue, a reconcile)
-declares a queue for it ahead of its main queue (``ahead_of``), so the oldest work does not wait
-behind everything queued since; on RabbitMQ, which cannot order a consumer's queues, such a queue is
-folded into the one it was to go ahead of. ``default`` holds the scheduled jobs, few and short,
-which must not wait behind a backlog either.
+``default`` holds the scheduled jobs. ``dlq`` is RabbitMQ's, consumed by nobody: a message
+delivered past its queue's delivery limit waits there for an operator. Apps declare their queues
+beside their tasks (``queue_declare``); a ``pressure`` queue's depth is work accepted and not
+done. A worker reads ``default``, then the declared queues in order (strictly on Redis); a queue
+declared ``ahead_of`` another is read before it, so work enqueued again does not wait behind the
+backlog (on RabbitMQ it is folded into the other).
 """
 
 from __future__ import annotations
@@ -40,15 +29,12 @@ _ahead: dict[str, str] = {}  # a queue -> the queue read ahead of it (its recove
 def queue_declare(
     name: str, *, pressure: bool = False, ahead_of: str | None = None, tasks: Iterable[str] = ()
 ) -> str:
-    """Declare the queue ``name``, to which ``tasks`` (task names) are published, and which
-    ``celery -A core worker`` consumes when started without ``-Q``, after ``default`` and the
-    queues declared before it. Returns ``name``.
+    """Declare queue ``name``, to which ``tasks`` are routed and which a worker without ``-Q``
+    consumes after ``default`` and the queues declared before it. Returns ``name``.
 
-    ``ahead_of``: a queue declared before; this one exists only to be read before it. On RabbitMQ,
-    which cannot order a consumer's queues, it is not declared, and what is sent to it goes to
-    ``ahead_of`` (``queue_resolve``): there a second queue would only give every worker a second
-    prefetch window (quorum queues count prefetch per consumer), in which a paused worker swallows
-    the very messages meant to rescue it."""
+    ``ahead_of``: an earlier queue this one is read before. On RabbitMQ it is not declared and
+    its messages go to ``ahead_of`` (``queue_resolve``): a second queue would give every worker a
+    second prefetch window, in which a paused worker swallows the messages meant to rescue it."""
     if name in (DEFAULT, DLQ):
         raise ValueError(f"queue {name!r} is the machinery's own")
     for task in tasks:
@@ -75,8 +61,8 @@ def queue_resolve(name: str) -> str:
 
 
 def queue_ahead(name: str) -> str:
-    """Where recovered work of queue ``name`` goes: the queue registered ahead of it, if any
-    (as this broker resolves it), else ``name`` itself."""
+    """Where recovered work of queue ``name`` goes: the queue ahead of it, as this broker resolves
+    it, else ``name``."""
     return queue_resolve(_ahead.get(name, name))
 
 
@@ -86,10 +72,9 @@ def consumed() -> tuple[Queue, ...]:
 
 
 def _declaration(name: str) -> Queue:
-    """A consumed queue as the broker declares it. On Redis, a plain list. On RabbitMQ, a
-    durable quorum queue with a delivery limit past which RabbitMQ dead-letters a message onto
-    ``dlq`` (``dlq_declaration``), bound to a topic exchange of its own: Celery's native delayed
-    delivery routes a delayed message back through it (it cannot through a direct one)."""
+    """A consumed queue as the broker declares it: on Redis a list; on RabbitMQ a durable quorum
+    queue with a delivery limit (past it, onto ``dlq``), bound to a topic exchange of its own,
+    through which Celery's delayed delivery routes a delayed message back."""
     if not settings.BROKER_IS_RABBITMQ:
         return Queue(name)
     return Queue(
@@ -99,9 +84,8 @@ def _declaration(name: str) -> Queue:
         durable=True,
         queue_arguments={
             "x-queue-type": "quorum",
-            # RabbitMQ delivers a message this many times plus one. A worker dead-letters the
-            # job, with its reason, on that last delivery instead of running it
-            # (``asyncwork.tasks``); should the worker die on that one too, RabbitMQ moves
+            # Delivered this many times plus one: on the last delivery a worker dead-letters the
+            # job instead of running it (asyncwork.tasks); should it die then too, RabbitMQ moves
             # the message onto dlq.
             "x-delivery-limit": settings.BROKER_DELIVERY_LIMIT - 1,
             "x-dead-letter-exchange": DLQ,
@@ -111,9 +95,8 @@ def _declaration(name: str) -> Queue:
 
 
 def dlq_declaration() -> Queue:
-    """``dlq`` as RabbitMQ holds it: a quorum queue behind a direct exchange of the same name,
-    which is where the consumed queues dead-letter to. Declared by each worker as it starts
-    (``asyncwork.rabbitmq``), so that a message RabbitMQ dead-letters is never dropped."""
+    """``dlq`` on RabbitMQ: a quorum queue behind a direct exchange of its name, declared by every
+    worker at start, so a message RabbitMQ dead-letters is never dropped."""
     return Queue(
         DLQ,
         Exchange(DLQ, type="direct"),
@@ -123,8 +106,7 @@ def dlq_declaration() -> Queue:
 
 
 def watched() -> tuple[str, ...]:
-    """The queues whose depth an operator reads (the probes, ``pipeline_status``, the
-    dashboard): those the workers consume and, on RabbitMQ, ``dlq``."""
+    """The queues whose depth an operator reads: those consumed and, on RabbitMQ, ``dlq``."""
     names = tuple(queue.name for queue in consumed())
     return (*names, DLQ) if settings.BROKER_IS_RABBITMQ else names
 
@@ -144,11 +126,9 @@ _DELAY_BITS = re.compile(r"^(?:[01]\.){28}")
 
 
 def queue_delivered(delivery_info: Mapping[str, Any] | None, task_name: str) -> str:
-    """The queue a job's message came from, for what sends the job on again (its retry, its
-    dead letter, its rescue): the message's routing key, less the delay's bits of a message
-    that came through Celery's delayed delivery; the task's own queue where that names no
-    queue of ours. Taken as it was, such a key named a queue nobody reads: the retry published
-    to it was accepted (and confirmed) by RabbitMQ, and never ran."""
+    """The queue a job's message came from, for what sends the job on (retry, dead letter, rescue):
+    its routing key less the delay bits Celery's delayed delivery prefixes, or the task's own
+    queue where that names none of ours. Taken as it was, the key names a queue nobody reads."""
     key = _DELAY_BITS.sub("", (delivery_info or {}).get("routing_key") or "", count=1)
     if key == DEFAULT or key in _queues or key in _folded:
         return key
@@ -156,7 +136,6 @@ def queue_delivered(delivery_info: Mapping[str, Any] | None, task_name: str) -> 
 
 
 def task_route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **_: Any) -> Any:
-    """Celery's router (``task_routes``): a task's queue, read from the registry when it is
-    published."""
+    """Celery's router (``task_routes``): a task's queue, from the registry."""
     queue = _routes.get(name)
     return {"queue": queue} if queue else None

@@ -1,11 +1,6 @@
-"""What RabbitMQ as the broker needs besides the queues' declarations (``asyncwork.queues``):
-``dlq`` declared by every worker as it starts.
-
-The consumed queues dead-letter a message delivered too often onto ``dlq``; RabbitMQ drops a
-dead-lettered message that no queue is bound to take, and nothing else declares ``dlq``.
-
-And the broker as the probes, backpressure, ``/health/`` and the worker's watchdog read it
-(``queue_depths``), as ``asyncwork.broker`` reads Redis. Nothing here runs on Redis.
+"""RabbitMQ as the broker, beside the queues' declarations (``asyncwork.queues``): every worker
+declares ``dlq`` as it starts (RabbitMQ drops a dead-lettered message no queue is bound to take),
+and ``queue_depths`` reads the queues for the probes. Nothing here runs on Redis.
 """
 
 from __future__ import annotations
@@ -23,8 +18,8 @@ from asyncwork import queues
 
 
 class DeadLetterQueueDeclare(bootsteps.StartStopStep):
-    """A worker's consumer step: declare ``dlq`` once connected, before consuming (and again
-    after every reconnection, which a queue deleted meanwhile needs)."""
+    """A consumer step: declare ``dlq`` once connected, before consuming, and after every
+    reconnection."""
 
     requires = ("celery.worker.consumer.connection:Connection",)
 
@@ -39,18 +34,14 @@ class DeadLetterQueueDeclare(bootsteps.StartStopStep):
             channel.close()
 
 
-# --- Reading the broker's queues ----------------------------------------------------------
-
-
 class BrokerUnreadable(ConnectionError):
     """RabbitMQ did not answer a read of its queues in time (or refused the connection)."""
 
 
 class _Reader:
-    """One AMQP connection per process, kept between reads and opened again after any error,
-    whose socket reads and writes give up after ``PROBE_TIMEOUT_SECONDS``. AMQP connections
-    are not for sharing between threads: one read at a time, and a caller that cannot have the
-    connection within the timeout gets ``BrokerUnreadable`` rather than a wait."""
+    """One AMQP connection per process, kept and reopened after any error, with socket timeouts of
+    ``PROBE_TIMEOUT_SECONDS``. One read at a time (AMQP connections are not for sharing threads);
+    a caller that cannot have it within the timeout gets ``BrokerUnreadable``."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -109,14 +100,13 @@ _reader = _Reader()
 
 
 def queue_depths(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """Each queue's messages ready (not those a worker holds) and consumers, as a passive
-    declaration tells them: one round trip per queue on a kept connection, no management
-    plugin. A queue not declared yet counts (0, 0). Raises ``BrokerUnreadable`` when RabbitMQ
-    does not answer within ``PROBE_TIMEOUT_SECONDS``."""
+    """Each queue's ready messages and consumers, from a passive declaration on a kept connection;
+    (0, 0) for a queue not declared yet. Raises ``BrokerUnreadable`` when RabbitMQ does not
+    answer within ``PROBE_TIMEOUT_SECONDS``."""
     return _reader.read(names)
 
 
 def broker_ping() -> None:
-    """Raises ``BrokerUnreadable`` unless RabbitMQ answers a passive declaration of ``dlq``
-    (declared by every worker) within ``PROBE_TIMEOUT_SECONDS``."""
+    """Raises ``BrokerUnreadable`` unless RabbitMQ answers a passive declaration of ``dlq`` within
+    ``PROBE_TIMEOUT_SECONDS``."""
     _reader.read((queues.DLQ,))

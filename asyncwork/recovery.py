@@ -1,22 +1,13 @@
-"""Recovery at once after a restart, detected by the beat leader on its tick.
+"""Recovery at once after a restart, detected by the beat leader on its tick: it dispatches the jobs
+declared ``on_recovery`` (``jobs_recover``) when
 
-A Redis restart with nothing on disk drops every queued message; a PostgreSQL restart fails
-the work in flight. The periodic safety nets (``asyncwork.jobs``) find that work at their next
-period, minutes later. Here the one beat leader notices the restart within one tick
-(``beat.STANDBY_POLL_SECONDS`` at most) and dispatches the jobs the apps declared to run on
-recovery (``@job(..., on_recovery=...)``, ``asyncwork.jobs``) at once, through ``jobs_recover``:
+* the broker's ``run_id`` changed (a new Redis process: its queues started empty);
+* a marker key it keeps in the broker's database is gone (``FLUSHALL``, a failover to a replica
+  behind);
+* it lost its lock's connection, or a tick failed on the database, and took the lock again.
 
-* the broker restarted: its ``INFO server`` ``run_id`` differs from the one read at the
-  previous tick (a new Redis process, so its memory, the queues, started empty);
-* the broker lost its data without restarting (``FLUSHALL``/``FLUSHDB``, a failover to a
-  replica that had not caught up): the leader keeps a marker key in the broker's database
-  (under the transport's key prefix) and finds it gone;
-* the database came back: the leader lost its lock's connection (or a tick failed on the
-  database) and then took the lock again in the same process.
-
-Once per restart, not once per worker: only the leader checks, and a leader that has just
-started (or taken over from another) only records the run id it sees. A restart the leader
-did not see (a new leader with no previous run id) is left to the periodic jobs.
+Only the leader checks, so once per restart; a new leader only records the run id, leaving a
+restart it did not see to the periodic jobs.
 """
 
 from __future__ import annotations
@@ -43,10 +34,8 @@ class BrokerWatch:
         self.marker: str | None = None
 
     def restarted(self) -> bool:
-        """True once when the broker's run id differs from the one read before, or the marker
-        this watch saw is gone (both only say so once: a restart loses the marker too); False
-        when nothing changed, at the first read, not on Redis, or unreachable (asked again at
-        the next tick)."""
+        """True once when the run id changed or the marker this watch saw is gone; False when
+        nothing changed, at the first read, not on Redis, or unreachable (asked again next tick)."""
         client = broker_redis()
         if client is None:
             return False
@@ -56,8 +45,7 @@ class BrokerWatch:
             stored = client.get(key)
             if stored is None:
                 stored_marker = secrets.token_hex(8)
-                # Only if still missing: another process (a leader that just took over) may
-                # have written one meanwhile.
+                # Only if still missing: a leader that just took over may have written one.
                 client.set(key, stored_marker, nx=True)
                 lost = self.marker is not None
             else:

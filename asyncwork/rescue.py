@@ -1,15 +1,11 @@
-"""The rescue of a dead worker process's claims, as soon as its heartbeat lapsed
-(``asyncwork.heartbeat``), and the dashboard's view of the live workers.
+"""The rescue of a dead worker process's claims once its heartbeat lapsed (``asyncwork.heartbeat``),
+and the dashboard's view of the workers.
 
-The rescue of claims is the domain's: an app declares what rescuing its claims means
-(``@rescue(name)`` on a function that finds the claims whose owner is gone with
-``owner_lapsed_sql``, release them, re-enqueue their work). The machinery's own rescue,
-``held-jobs``, re-enqueues the jobs a dead worker's consumer held (received, not finished:
-``asyncwork.heartbeat.held_jobs``), whose messages the broker would otherwise give back only after
-the visibility timeout (Redis), or after its own heartbeat timeout for a lost host (RabbitMQ). The
-``workers-rescue`` job runs every rescue every ``RESCUE_EVERY`` under the job's lock (one run at a
-time, whichever worker takes it), counts what each rescued (``asyncwork_worker_rescues``) and
-deletes the heartbeat rows of processes dead for longer than ``DEAD_HEARTBEAT_KEPT``.
+An app declares what rescuing its claims means with ``@rescue(name)``. The machinery's own,
+``held-jobs``, re-enqueues the jobs a dead consumer held, which the broker would give back only
+after its visibility or heartbeat timeout. The ``workers-rescue`` job runs every rescue every
+``RESCUE_EVERY``, counts what each rescued (``asyncwork_worker_rescues``) and deletes heartbeat
+rows older than ``DEAD_HEARTBEAT_KEPT``.
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ from asyncwork.outbox import outbox_schedule
 logger = logging.getLogger(__name__)
 
 RESCUE_EVERY = timedelta(seconds=5)
-# A dead process's row stays this long after its last heartbeat (the dashboard counts it as
-# lapsed meanwhile); its claims, if any are left, are judged from their own age after that.
+# A dead process's row stays this long (shown as lapsed); after that its claims are judged by their
+# own age.
 DEAD_HEARTBEAT_KEPT = timedelta(hours=1)
 
 RESCUES = Counter(
@@ -53,9 +49,9 @@ R = TypeVar("R", bound=Rescue)
 
 
 def rescue(name: str) -> Callable[[R], R]:
-    """Declare (or replace) the rescue ``name``: the decorated function releases the app's
-    claims whose owner is gone (``owner_lapsed_sql``), re-enqueues their work, and returns how
-    many it rescued. It must be safe to run twice."""
+    """Declare (or replace) the rescue ``name``: the function releases the app's claims whose owner
+    is gone (``owner_lapsed_sql``), re-enqueues their work and returns how many. It must be safe
+    to run twice."""
 
     def declare(fn: R) -> R:
         _rescues[name] = fn
@@ -65,8 +61,7 @@ def rescue(name: str) -> Callable[[R], R]:
 
 
 def heartbeats_clean() -> int:
-    """Delete the rows of processes whose last heartbeat is older than ``DEAD_HEARTBEAT_KEPT``,
-    by the database's clock."""
+    """Delete rows whose last heartbeat is older than ``DEAD_HEARTBEAT_KEPT`` (database clock)."""
     deleted, _ = WorkerHeartbeat.objects.filter(beat_at__lt=Now() - DEAD_HEARTBEAT_KEPT).delete()
     return deleted
 
@@ -83,10 +78,9 @@ FOR UPDATE SKIP LOCKED
 
 
 def held_jobs_rescue() -> int:
-    """Re-enqueue the jobs held by worker processes whose heartbeat lapsed, onto the queue read
-    ahead of each job's own (its recovered work), and clear their lists, in one transaction;
-    returns how many. A job re-enqueued here may also come back from the broker later: it
-    runs again as a no-op (its claim, or its own idempotency, is the fence)."""
+    """Re-enqueue the jobs held by processes whose heartbeat lapsed, onto the queue ahead of each
+    one's own, and clear their lists, in one transaction; returns how many. A job the broker also
+    brings back later runs again as a no-op."""
     rescued = 0
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -113,9 +107,8 @@ def held_jobs_rescue() -> int:
 
 @job("workers-rescue", every=RESCUE_EVERY)
 def workers_rescue() -> dict[str, int]:
-    """The ``workers-rescue`` job: every declared rescue and the held jobs (none while rescue
-    by heartbeat is off), then the rows of long-dead processes. Returns how many each rescued
-    or deleted."""
+    """Every declared rescue and the held jobs (none while rescue by heartbeat is off), then the
+    long-dead rows. Returns how many each rescued or deleted."""
     counts: dict[str, int] = {}
     if lapse_seconds() > 0:
         for name, fn in {**_rescues, HELD_JOBS: held_jobs_rescue}.items():
@@ -137,8 +130,7 @@ def workers_rescue() -> dict[str, int]:
 
 @dataclass(frozen=True)
 class WorkersProbe:
-    """Worker processes by heartbeat: live ones (a heartbeat within the lapse) per host, and
-    the lapsed ones whose rows are still kept."""
+    """Live worker processes per host, and the lapsed ones still kept."""
 
     live_by_host: dict[str, int]
     lapsed: int
@@ -150,8 +142,7 @@ class WorkersProbe:
 
 
 def workers_probe() -> WorkersProbe:
-    """One query, ages by the database's clock. With rescue off, "live" means three
-    heartbeats."""
+    """One query, on the database's clock. With rescue off, live means within three heartbeats."""
     lapse = lapse_seconds() or 3 * float(settings.WORKER_HEARTBEAT_SECONDS)
     fresh = Q(beat_at__gte=Now() - timedelta(seconds=lapse))
     rows = (

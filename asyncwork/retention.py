@@ -1,11 +1,6 @@
-"""Retention: rows past their age are purged by one scheduled job, by rules their apps declare.
-
-An app declares what it keeps and for how long with ``@retention_rule(name)`` on a function
-that purges what is past its age (deleting rows, or
-clearing the part of them that must not be kept) and returns how many rows it touched. The
-``retention-purge`` job runs every rule in the order declared. Each rule works batch by batch
-(``batched_delete``, ``batched_update``), so no statement holds many rows, and is safe to run
-twice: a second run finds nothing left to do.
+"""Retention: the ``retention-purge`` job runs, in declaration order, the rules apps declare with
+``@retention_rule(name)``. A rule deletes or clears what is past its age batch by batch
+(``batched_delete``, ``batched_update``) and is safe to run twice.
 """
 
 from __future__ import annotations
@@ -34,8 +29,8 @@ R = TypeVar("R", bound=Rule)
 
 
 def retention_rule(name: str) -> Callable[[R], R]:
-    """Declare (or replace) the retention rule ``name``: the decorated ``rule(now, batch)``
-    purges what is past its age and returns how many rows it touched."""
+    """Declare (or replace) rule ``name``: ``rule(now, batch)`` purges what is past its age and
+    returns the rows it touched."""
 
     def declare(rule: R) -> R:
         _rules[name] = rule

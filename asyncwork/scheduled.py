@@ -1,12 +1,7 @@
-"""Every worker publishes the retries and deferrals that have come due.
-
-A job's retry or deferral waits as an outbox row with a due time (``asyncwork.tasks``,
-``asyncwork.outbox.outbox_schedule``). A thread in each worker's main process (a worker
-bootstep, added in ``core.celery``) publishes the rows that have come due, every
-``DUE_POLL_SECONDS``: one indexed query when none is due. Many workers poll at once
-and split the rows between them (``FOR UPDATE SKIP LOCKED``), so the retries go out as long as
-any worker runs, and a worker that dies takes no waiting retry with it. The relay job
-publishes any row the polls missed.
+"""Every worker publishes the retries and deferrals that have come due (outbox rows with a due time,
+``outbox_schedule``): a thread in its main process (a bootstep, ``core.celery``) runs
+``outbox_publish_due`` every ``DUE_POLL_SECONDS``. Workers split the rows (``SKIP LOCKED``), so
+retries go out while any worker runs; the relay takes what the polls missed.
 """
 
 from __future__ import annotations
@@ -20,14 +15,12 @@ from asyncwork.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
-# Each worker publishes the rows come due this often: a retry waits its backoff to within a
-# second, for one indexed query a second when none is due.
+# A retry waits its backoff to within this, for one indexed query per poll when none is due.
 DUE_POLL_SECONDS = 1.0
 
 
 class DuePoll(PeriodicThread):
-    """The poll thread of one worker: publishes due rows every ``interval`` seconds, on a
-    database connection and a broker connection of its own."""
+    """One worker's poll thread, on database and broker connections of its own."""
 
     def __init__(self, *, interval: float) -> None:
         super().__init__(

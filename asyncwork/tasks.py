@@ -1,31 +1,15 @@
-"""The task base every job shares (scheduled jobs have their own, in ``asyncwork.jobs``).
+"""``ReliableTask``, the base of every job but the scheduled ones (``asyncwork.jobs``).
 
-``ReliableTask`` encodes the retry doctrine once:
-
-* ``TransientError`` (and a lost database connection or a soft time limit) is retried with
-  exponential backoff and full jitter, by Celery's own ``autoretry_for`` machinery, at most
-  ``max_retries`` times;
-* anything else, or a transient failure on its last attempt, is dead-lettered at once with
-  the reason, the exception and the traceback (``asyncwork.deadletters``);
-* ``acks_late`` + ``reject_on_worker_lost``: a worker that dies mid-task leaves the message to
-  be redelivered, and the dead letter is written before the message is acknowledged, so a
-  worker dying while it dead-letters runs the job again rather than losing it.
-* ``Deferred`` (a dependency known to be down, e.g. an open circuit breaker) is not a
-  failure: ``defer()`` runs the job again after the dependency's cool-down plus jitter with
-  its retry count unchanged, so no attempt is spent, until a deadline counted from the first
-  deferral; then it is dead-lettered with the exception's reason.
-* a retry or a deferral waits in PostgreSQL, not in a worker nor in the broker: it is an outbox
-  row due after its countdown (``outbox_schedule``), which a worker publishes once due
-  (``asyncwork.scheduled``), and this message is acknowledged. So a worker that dies, a
-  broker restart, or RabbitMQ's consumer timeout takes no waiting retry with it. While the
-  database refuses the row, the message is held for a few seconds, then goes back to its
-  queue unchanged (``_schedule``).
-* a dead letter is logged once: one ERROR line (``asyncwork.deadletters``) naming the dead letter,
-  the task, its id, its args and the reason. A failure the task declares (permanent,
-  transient, deferred) logs no traceback: it is kept on the ``DeadLetter`` row. Any other
-  exception is a bug, and its line carries the traceback, which is what whoever fixes it
-  needs first. Celery's own failure line says the same thing a second time, so it is kept at
-  INFO without a traceback (``throws``).
+* ``TransientError``, a lost database connection or a soft time limit is retried with backoff and
+  full jitter up to ``max_retries``; anything else, or the last attempt, is dead-lettered
+  (``asyncwork.deadletters``), before the message is acknowledged (``acks_late``,
+  ``reject_on_worker_lost``).
+* ``Deferred`` spends no attempt: ``defer()`` runs the job again after the cool-down, until a
+  deadline from the first deferral.
+* A retry or deferral waits as an outbox row due later (``outbox_schedule``), not in a worker or
+  the broker.
+* A declared failure's dead letter logs no traceback (the row has it); any other exception is a
+  bug, and its line carries one.
 """
 
 from __future__ import annotations
@@ -50,10 +34,9 @@ from asyncwork.outbox import outbox_schedule
 
 logger = logging.getLogger(__name__)
 
-# A retry's row the database refuses is tried again this often, for this long, before the
-# message goes back to its queue: a PostgreSQL restart is over within it, and the wait stays far
-# inside every task's time limit. On RabbitMQ each return counts as a delivery
-# (BROKER_DELIVERY_LIMIT), so the wait paces them.
+# A retry's row the database refuses is tried again this often, for this long, before the message
+# goes back to its queue: long enough for a PostgreSQL restart, far inside every time limit. On
+# RabbitMQ each return counts as a delivery (BROKER_DELIVERY_LIMIT).
 RETRY_WRITE_INTERVAL = 1.0
 RETRY_WRITE_WAIT = 10.0
 
@@ -63,10 +46,8 @@ class ReliableTask(Task):
     retry_jitter = True  # full jitter: randrange(countdown + 1)
     acks_late = True
     reject_on_worker_lost = True
-    # Every failure that reaches Celery's failure handler is dead-lettered by on_failure, and
-    # the dead letter's ERROR line is the record. Celery logs a failure whose exception is in
-    # ``throws`` as "raised expected" at INFO without a traceback, instead of "raised
-    # unexpected" at ERROR with one: without this, each dead letter is logged twice.
+    # on_failure dead-letters every failure and logs it; Celery logs an exception in ``throws`` at
+    # INFO without a traceback, so it is not logged twice.
     throws = (Exception,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,10 +71,8 @@ class ReliableTask(Task):
         max_retries: int | None = None,
         **options: Any,
     ) -> Any:
-        """Celery's ``retry``, whose wait is an outbox row (``_schedule``) instead of a message
-        published with an ETA: this message is acknowledged and nothing waits in the broker.
-        Called directly, eagerly or past ``max_retries``, Celery's own (which raises ``exc``, or
-        runs the task again at once when eager, and publishes nothing)."""
+        """Celery's ``retry`` whose wait is an outbox row (``_schedule``), not a message with an
+        ETA. Called directly, eagerly or past ``max_retries``: Celery's own."""
         request = self.request
         limit = self.max_retries if max_retries is None else max_retries
         if (
@@ -102,8 +81,8 @@ class ReliableTask(Task):
             or (limit is not None and request.retries >= limit)
         ):
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
-        # Carry the time of the first failure across retries, for the dead letter, and keep
-        # the job's other headers (first_deferred_at: a retry must not restart the deadline).
+        # Carry the first failure's time (for the dead letter) and the job's other headers (a retry
+        # must not restart the deferral deadline).
         headers = {**_job_headers(request), **(options.pop("headers", None) or {})}
         headers.setdefault("first_failed_at", self._first_failed_at().isoformat())
         if options:
@@ -127,21 +106,16 @@ class ReliableTask(Task):
     def _schedule(
         self, *, countdown: float, retries: int, headers: dict[str, Any], args: Any, kwargs: Any
     ) -> None:
-        """Write this job's next run as an outbox row due in ``countdown`` seconds, carrying
-        ``retries`` and ``headers``.
-
-        A row the database refuses (PostgreSQL restarting, failing over) is tried again every
-        ``RETRY_WRITE_INTERVAL`` seconds for ``RETRY_WRITE_WAIT`` seconds, this message held
-        meanwhile; still refused (or the task's soft time limit reached), this message goes
-        back to its queue as it came (``Reject`` with requeue: its retry count unchanged, no
-        attempt spent) and its next delivery runs the job again. A job is never dropped for
-        want of its retry's row."""
+        """Write this job's next run as an outbox row due in ``countdown`` seconds. A row the
+        database refuses is retried every ``RETRY_WRITE_INTERVAL`` for ``RETRY_WRITE_WAIT``
+        seconds; still refused (or at the soft time limit), the message is requeued unchanged
+        (``Reject``): a job is never dropped for want of its retry's row."""
         request = self.request
         if connection.in_atomic_block:
             # Raising Retry would roll the row back with the caller's transaction.
             raise RuntimeError("retry() inside transaction.atomic(): its row would roll back")
-        # Onto the queue read ahead of its own, as recovered work: a job that waited out its
-        # backoff is older than the backlog queued behind it since.
+        # Onto the queue read ahead of its own: a job that waited out its backoff is older than the
+        # backlog queued since.
         queue = queues.queue_ahead(queues.queue_delivered(request.delivery_info, self.name))
         started = time.monotonic()
         try:
@@ -173,14 +147,10 @@ class ReliableTask(Task):
         raise Reject(refused, requeue=True) from refused
 
     def defer(self, exc: Deferred) -> Retry:
-        """Write this job's next run, after ``exc.retry_in`` plus full jitter and with the same
-        retry count, as an outbox row (``_schedule``), and return the ``Retry`` to raise so this
-        message is acknowledged.
-
-        Custom headers surface on ``self.request`` as attributes and in ``request.headers``,
-        and the row carries the latter: ``first_deferred_at`` survives every deferral and
-        retry. Past ``exc.deadline`` seconds since then, ``exc`` itself is raised and
-        ``on_failure`` dead-letters the job with ``exc.dead_letter_reason``."""
+        """Write this job's next run after ``exc.retry_in`` plus jitter, same retry count
+        (``_schedule``); return the ``Retry`` to raise. Past ``exc.deadline`` seconds since
+        ``first_deferred_at`` (a header kept across deferrals and retries), raise ``exc``:
+        ``on_failure`` dead-letters it with ``exc.dead_letter_reason``."""
         request = self.request
         if request.called_directly or request.is_eager:
             raise exc  # nothing to wait on outside a worker; eager would spin until the deadline
@@ -253,17 +223,15 @@ class ReliableTask(Task):
 
 
 def _job_headers(request: Any) -> dict[str, Any]:
-    """The headers a retry or a deferral carries on: the job's own, without those the broker
-    added to this delivery (RabbitMQ's ``x-delivery-count``, and the ``x-death`` history of the
-    delay queues a retry waited in). RabbitMQ drops, silently, a message dead-lettered into a
-    queue its ``x-death`` says it already expired from: a second delay through the same delay
-    queue would be lost."""
+    """The headers a retry or deferral carries on: the job's own, without the broker's ``x-``
+    headers of this delivery (RabbitMQ silently drops a message dead-lettered into a queue its
+    ``x-death`` says it already expired from)."""
     return {k: v for k, v in (request.headers or {}).items() if not k.startswith("x-")}
 
 
 def _delivery_count(request: Any) -> int | None:
-    """How many times the broker delivered this message before (RabbitMQ's quorum queues'
-    ``x-delivery-count`` header), or None when the broker does not say."""
+    """Earlier deliveries of this message (RabbitMQ's ``x-delivery-count``), or None when the broker
+    does not say."""
     value = request.get("x-delivery-count")
     try:
         return int(value) if value is not None else None

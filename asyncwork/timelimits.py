@@ -1,21 +1,15 @@
 """A soft time limit reaches only the task it was set for.
 
-In a prefork worker the soft time limit is a timer in the worker's main process: when it
-fires while the job is still in the pool's cache of unfinished jobs, the main process sends
-``SIGUSR1`` to the pool process that took the job, whose handler (billiard's) raises
-``SoftTimeLimitExceeded`` wherever that process happens to be. The cache is emptied only when
-the main process reads the job's result; if its event loop was held up meanwhile (reconnecting
-to a broker that restarted, for seconds), the timer fires for a job that has already finished,
-and the signal lands in a pool process that is writing that job's result to the main process,
-or waiting for its next job. Interrupted mid-write, the result arrives truncated; the main
-process fails to decode it (``Unrecoverable error: UnicodeDecodeError``) and the worker stops
-taking tasks (a Redis restart under load does it; ``tests/asyncwork/test_timelimits.py`` sends
-the late signal to a real worker's idle pool process).
+In a prefork worker the soft limit is a timer in the main process, which sends ``SIGUSR1`` to the
+pool process while the job is in its cache of unfinished jobs. If the main loop was held up
+(reconnecting to a restarted broker), the timer fires for a finished job, and the signal can
+interrupt the pool process writing that job's result: the main process fails to decode it
+(``Unrecoverable error: UnicodeDecodeError``) and the worker stops taking tasks
+(``tests/asyncwork/test_timelimits.py``).
 
-So each pool process replaces billiard's handler, once, by one that raises only while a task
-is running in it (between Celery's ``task_prerun`` and ``task_postrun``, which a task sends
-however it ends) and ignores the signal otherwise, with a warning. A limit that fires while
-its task runs raises in the task, as billiard's does.
+So each pool process replaces billiard's handler with one that raises only while a task runs in
+it (between ``task_prerun`` and ``task_postrun``) and otherwise ignores the signal with a
+warning.
 """
 
 from __future__ import annotations
@@ -43,8 +37,8 @@ def _soft_timeout(signum: int, frame: FrameType | None) -> None:
 
 
 def _guard_install() -> None:
-    """In a prefork pool process (billiard's handler installed, on the main thread), put the
-    guarded handler in its place; elsewhere (solo, threads) there is no such signal."""
+    """In a prefork pool process (billiard's handler installed, main thread), install the guarded
+    handler; elsewhere there is no such signal."""
     if SIG_SOFT_TIMEOUT is None or threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(SIG_SOFT_TIMEOUT) is soft_timeout_sighandler:

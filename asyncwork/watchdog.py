@@ -1,23 +1,15 @@
 """The worker's watchdog: no worker stays idle while its queues hold work.
 
-A worker can stay alive and consume nothing: its event loop died on an unrecoverable error
-(``asyncwork.timelimits`` prevents one such), or its consumer lost its prefetch slots or its
-connection for good.
-Its supervisor sees a live process and restarts nothing, while emails wait.
+A worker can live and consume nothing (its event loop died, its consumer lost its prefetch slots
+or its connection), and its supervisor restarts nothing. A thread in the main process (a
+bootstep, ``core.celery``) looks once a second: when for ``WORKER_WATCHDOG_SECONDS`` on end the
+worker had a free slot, its queues held messages and it accepted no task, it logs one CRITICAL
+line, counts it (``asyncwork_worker_watchdog_actions``) and exits with ``EXIT_CODE`` for the
+supervisor to restart it; re-establishing a consumer from outside its event loop is not safe. The
+held messages come back (``acks_late``, ``reject_on_worker_lost``).
 
-A thread in the worker's main process (a worker bootstep, added in ``core.celery``) looks once
-a second: when the worker has a free slot (fewer requests reserved than its concurrency), the
-queues it was started on hold messages, and it has accepted no task, all for
-``WORKER_WATCHDOG_SECONDS`` on end, its consumer is stuck. Re-establishing a consumer from
-outside its event loop is not safe, so the watchdog logs one CRITICAL line, counts it
-(``asyncwork_worker_watchdog_actions``) and exits the process with ``EXIT_CODE``: the
-supervisor starts a fresh worker. Nothing is lost by the exit: every task is ``acks_late``
-with ``reject_on_worker_lost``, so the messages the worker held come back to the queue.
-
-A broker the watchdog cannot read is no evidence against the worker (the broker is down for
-everyone): the watch starts over. ``WORKER_WATCHDOG_SECONDS=0`` turns it off. The depth is
-the probes' (``asyncwork.probes.queues_probe``): Redis's lists, or RabbitMQ's messages ready
-by a passive declaration on a connection of the watchdog's own process.
+A broker it cannot read is no evidence against the worker: the watch starts over.
+``WORKER_WATCHDOG_SECONDS=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -48,10 +40,9 @@ INTERVAL_SECONDS = 1.0
 
 
 def queued(queues: list[str]) -> int | None:
-    """Messages waiting in ``queues`` (on Redis every priority list; on RabbitMQ the messages
-    ready), or None if the broker does not answer."""
-    # Here, not at the top: this module is imported with Celery's app, before Django's apps
-    # are ready, and the probes module imports models.
+    """Messages waiting in ``queues``, or None if the broker does not answer."""
+    # Imported here: this module loads with Celery's app, before Django's apps, and the probes
+    # import models.
     from asyncwork.probes import queues_probe
 
     try:
@@ -128,6 +119,6 @@ class WorkerWatchdog(bootsteps.StartStopStep):
         )
         for handler in logging.getLogger().handlers:
             handler.flush()
-        # Not sys.exit (this is not the main thread) nor a warm shutdown (a stuck worker may
-        # not finish one): the held messages are redelivered (acks_late, reject_on_worker_lost).
+        # Not sys.exit (not the main thread) nor a warm shutdown (a stuck worker may not finish
+        # one).
         os._exit(EXIT_CODE)

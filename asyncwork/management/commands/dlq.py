@@ -1,14 +1,9 @@
 """``manage.py dlq list|replay|purge``: the dead-letter queue from the command line.
 
-``list`` prints one line per dead letter, within 100 columns (longer values end in "…"): what
-it was about and for whom (as its app describes it, e.g. an invoice's number and recipient),
-why it failed in words, how often it was tried, and whether it was replayed. ``--json`` prints
-every stored field, the same keys as ever, plus ``subject``, ``failure``, ``age_seconds`` and
-``replay_state``.
-
-Replay calls the same service as the admin action and the API, so every replay is one code
-path, and replaying a dead letter twice replays it once. Replay and purge are recorded as
-operator actions of ``cli:<--actor, else the login name>``.
+``list`` prints one line per dead letter within 100 columns; ``--json`` prints every stored field
+plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay is the admin's and
+the API's service; replay and purge are recorded as operator actions of ``cli:<--actor or login
+name>``.
 """
 
 from __future__ import annotations
@@ -51,8 +46,7 @@ _REASONS: dict[str, str] = {
     DeadLetter.Reason.REDELIVERY_LIMIT: "redelivery",
 }
 
-# Stored text can hold anything a sender put in it; a terminal must not take any of it as a
-# control sequence.
+# Stored text may hold anything: no terminal control sequences.
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 

@@ -1,8 +1,6 @@
-"""``manage.py pipeline_status``: the pipeline on one screen, for the operator on call.
-
-The same checks as ``GET /health/`` (database, broker, outbox backlog, backpressure, DLQ depth,
-breaker, active beat), the depth of every queue, and each scheduled job's last run, last skip
-and current lock holder. Exits 1 when a critical check fails, so it also serves scripts.
+"""``manage.py pipeline_status``: the pipeline on one screen: the checks of ``GET /health/``, every
+queue's depth, each scheduled job's last run, skip and lock holder. Exits 1 when a critical check
+fails.
 """
 
 from __future__ import annotations

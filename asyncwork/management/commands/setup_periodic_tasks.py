@@ -1,6 +1,4 @@
-"""``manage.py setup_periodic_tasks``: sync the jobs the apps declared (``asyncwork.jobs``)
-into django-celery-beat's tables (``schedules_sync``, which ``manage.py migrate`` also runs).
-Idempotent: run it whenever you like."""
+"""``manage.py setup_periodic_tasks``: ``schedules_sync``, as ``migrate`` runs it; idempotent."""
 
 from __future__ import annotations
 
