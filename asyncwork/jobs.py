@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, TextIO, TypeVar
 
 from celery import Task, shared_task
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.db.models import F
 from django.utils import timezone
@@ -108,13 +108,25 @@ def _job_declare(
     def body(recovery: bool = False, attempt: int = 0, reason: str = DATABASE_RECONNECTED) -> Any:
         if not recovery or recover is None:
             return job_run(name=name, body=run).result
-        outcome = job_run(name=name, body=lambda: recover(reason))
-        if not outcome.ran and attempt < RECOVERY_ATTEMPTS:
-            # A periodic run holds the lock; it may predate the restart, so try again soon.
-            _tasks[name].apply_async(
-                kwargs={"recovery": True, "attempt": attempt + 1, "reason": reason},
-                countdown=RECOVERY_RETRY_SECONDS,
-            )
+
+        # A recovery run is not left to the next periodic tick, which would not run it as a
+        # recovery: one skipped (a periodic run, perhaps older than the restart, holds the
+        # lock) or cut by the database going away (a broker and a database restart close
+        # together) is dispatched again soon.
+        def again() -> None:
+            if attempt < RECOVERY_ATTEMPTS:
+                _tasks[name].apply_async(
+                    kwargs={"recovery": True, "attempt": attempt + 1, "reason": reason},
+                    countdown=RECOVERY_RETRY_SECONDS,
+                )
+
+        try:
+            outcome = job_run(name=name, body=lambda: recover(reason))
+        except (OperationalError, InterfaceError):
+            again()
+            raise
+        if not outcome.ran:
+            again()
         return outcome.result
 
     body.__name__ = body.__qualname__ = run.__name__

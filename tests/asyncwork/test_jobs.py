@@ -3,6 +3,8 @@ died releases the lock, and every job is safe to run twice."""
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import socket
@@ -17,7 +19,7 @@ import psycopg
 import pytest
 from celery import current_app
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django_celery_beat.models import (
     CrontabSchedule,
     IntervalSchedule,
@@ -25,11 +27,12 @@ from django_celery_beat.models import (
     PeriodicTasks,
 )
 
-from asyncwork import jobs
+from asyncwork import jobs, queues
 from asyncwork.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from asyncwork.models import ScheduledJob
 from stack.process import ROOT
 from tests import tasks as test_tasks
+from tests.helpers import broker
 from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -335,3 +338,32 @@ def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist(
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+
+
+def test_a_recovery_run_the_database_cuts_is_dispatched_again_as_a_recovery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker restart's reconcile cut by a database restart a moment later must still run as
+    a recovery (no quiet period), not wait for the periodic run's quiet period."""
+    import invoicing.jobs
+
+    def database_gone(**_: Any) -> int:
+        raise OperationalError("the database system is shutting down")
+
+    monkeypatch.setattr(invoicing.jobs, "invoices_reconcile", database_gone)
+    result = jobs.job_task("email-reconcile").apply(
+        kwargs={"recovery": True, "reason": jobs.BROKER_RESTARTED}
+    )
+    assert isinstance(result.result, OperationalError)
+
+    again = [
+        message
+        for queue in queues.consumed()
+        for message in broker.queue_messages(queue.name)
+        if message["headers"]["task"] == "email-reconcile"
+    ]
+    assert len(again) == 1
+    headers = again[0]["headers"]
+    assert headers["eta"] is not None  # after RECOVERY_RETRY_SECONDS
+    _, kwargs, _ = json.loads(base64.b64decode(again[0]["body"]))
+    assert kwargs == {"recovery": True, "attempt": 1, "reason": jobs.BROKER_RESTARTED}
