@@ -1,9 +1,6 @@
-"""The operator's dashboard, ``/admin/dashboard/``: the pipeline on one page, each figure linking to
-the list it counts.
-
-It shows the probes with figures (``asyncwork.probes``), the machinery's and the apps', read as
-/health/ and /metrics read them; one that fails shows its error and leaves the others shown.
-Read-only, for staff who may view the machinery's lists.
+"""The operator's dashboard, ``/admin/dashboard/``: the figures of every probe that has them
+(``asyncwork.probes``), each linking to the list it counts. Read-only, for staff who may view the
+machinery's lists.
 """
 
 from __future__ import annotations

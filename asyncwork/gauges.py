@@ -51,10 +51,6 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else duration_short(seconds)
 
 
-def _as_read(result: CheckResult) -> CheckResult:
-    return result
-
-
 def _database_ping() -> CheckResult:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
@@ -74,8 +70,8 @@ def _broker_ping() -> CheckResult:
     return {"status": "ok"}
 
 
-probe_declare(Probe("database", _database_ping, database=True, check=_as_read))
-probe_declare(Probe("broker", _broker_ping, database=False, check=_as_read))
+probe_declare(Probe("database", _database_ping, database=True, check=dict))
+probe_declare(Probe("broker", _broker_ping, database=False, check=dict))
 
 
 def dlq_check(dlq: DlqProbe) -> CheckResult:

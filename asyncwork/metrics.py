@@ -163,13 +163,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return response
 
 
-_OUTCOMES = {
-    "SUCCESS": "success",
-    "RETRY": "retry",
-    "FAILURE": "failure",
-    "REJECTED": "rejected",
-    "IGNORED": "ignored",
-}
+_OUTCOMES = ("SUCCESS", "RETRY", "FAILURE", "REJECTED", "IGNORED")
 
 
 def _task_name(task: Any) -> str:
@@ -185,7 +179,7 @@ def _task_finished(
 ) -> None:
     """``task_postrun``: every finished run with its final state, a ``Reject`` included (no outcome
     signal reports it); a retry caused by ``Deferred`` counts as deferred."""
-    outcome = _OUTCOMES.get(state or "", "unknown")
+    outcome = state.lower() if state in _OUTCOMES else "unknown"
     if outcome == "retry" and isinstance(getattr(retval, "exc", None), Deferred):
         outcome = "deferred"
     TASK_ATTEMPTS.labels(task=_task_name(task), outcome=outcome).inc()
