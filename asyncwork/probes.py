@@ -1,13 +1,9 @@
-"""The probes: each piece of state the machinery or an app watches, declared once (``Probe``)
-with how it is read and what ``/health/`` (``check``), ``/metrics`` (``metrics``) and the dashboard
-(``figures``) make of a reading. Backpressure reads the outbox and the queues through the same
-functions.
+"""The probes: each piece of state watched, declared once as a ``Probe`` (how it is read, and
+what ``/health/``, ``/metrics`` and the dashboard make of a reading), and read one way,
+``probe_read``. Backpressure reads the outbox and the queues through the same functions.
 
-A read function measures now and returns a frozen dataclass; it decides nothing, its parts do. A
-probe is read one way, ``probe_read``: a database one in ``bounded()`` (statements time out after
-``PROBE_TIMEOUT_SECONDS``), a Redis or RabbitMQ one under its own socket timeouts; a failure is
-its error's class. The machinery's probes are declared in ``asyncwork.gauges``, an app's beside its
-own state.
+A read function measures now and returns a frozen dataclass; it decides nothing, a probe's parts
+do. The machinery's probes are declared in ``asyncwork.gauges``, an app's beside its own state.
 """
 
 from __future__ import annotations
@@ -298,7 +294,9 @@ class Reading(Generic[T]):
 
 
 def probe_read(probe: Probe[P], part: Callable[[P], T]) -> Reading[T]:
-    """Read ``probe`` now and make ``part`` of it; never raises."""
+    """Read ``probe`` now, a database one in ``bounded()`` (statements time out after
+    ``PROBE_TIMEOUT_SECONDS``), a broker one under its own socket timeouts, and make ``part`` of
+    the reading; never raises."""
     started = time.perf_counter()
     try:
         if probe.database:
