@@ -8,9 +8,9 @@ class AsyncWorkConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        # Importing the declaring modules declares the machinery's own jobs, checks, metrics
-        # sources and dashboard probes, ahead of any app's.
-        from asyncwork import dashboard, deadletters, gauges, health, outbox, rescue, retention  # noqa: F401
+        # Importing the declaring modules declares the machinery's own jobs and probes, ahead of
+        # any app's.
+        from asyncwork import deadletters, gauges, outbox, rescue, retention  # noqa: F401
         from asyncwork.jobs import schedules_sync_after_migrate
 
         # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.

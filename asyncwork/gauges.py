@@ -1,25 +1,135 @@
-"""The machinery's probes (``asyncwork.probes``) as Prometheus families: ``/metrics`` sources, first
-in the exposition. ``breaker_metrics`` is for an app to register for its own breaker.
+"""The machinery's probes (``asyncwork.probes``), each declared once with what ``/health/``,
+``/metrics`` and the dashboard make of it, in the order they show it. ``breaker_check``,
+``breaker_metrics`` and ``breaker_figures`` are for an app's circuit breaker.
+
+``dlq`` and ``beat`` are not critical to ``/health/``: dead letters are a human's inbox
+(``dlq_alert``), and without beat the jobs still run, only the safety nets wait; a 503 would only
+pull healthy web processes out of a load balancer.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from asyncwork import queues
-from asyncwork.metrics import metrics_source
+from asyncwork import backpressure, queues, rabbitmq
+from asyncwork.beat import active_beat
+from asyncwork.broker import broker_redis
+from asyncwork.deadletters import duration_short
+from asyncwork.locks import Holder
+from asyncwork.models import DeadLetter
 from asyncwork.probes import (
     BreakerProbe,
+    CheckResult,
+    DlqProbe,
+    Figure,
+    JobState,
+    OutboxProbe,
+    Probe,
+    QueuesProbe,
     dlq_probe,
     outbox_probe,
+    probe_declare,
     queues_probe,
     scheduled_jobs_probe,
 )
+from asyncwork.rescue import WorkersProbe, workers_probe
 
 
-@metrics_source("outbox", database=True)
-def outbox_metrics() -> list[Metric]:
-    outbox = outbox_probe()
+def _changelist(model: str, **query: str) -> str:
+    url = reverse(f"admin:asyncwork_{model}_changelist")
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else duration_short(seconds)
+
+
+def _database_ping() -> CheckResult:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return {"status": "ok"}
+
+
+def _broker_ping() -> CheckResult:
+    """Raises when the broker does not answer in time."""
+    if settings.BROKER_IS_RABBITMQ:
+        rabbitmq.broker_ping()
+        return {"status": "ok"}
+    client = broker_redis()
+    if client is None:
+        return {"status": "unknown", "detail": "the broker is neither Redis nor RabbitMQ"}
+    client.ping()
+    return {"status": "ok"}
+
+
+probe_declare(Probe("database", _database_ping, database=True, check=dict))
+probe_declare(Probe("broker", _broker_ping, database=False, check=dict))
+
+
+def dlq_check(dlq: DlqProbe) -> CheckResult:
+    status = "degraded" if dlq.alerting else "ok"
+    return {
+        "status": status,
+        "waiting": dlq.waiting,
+        "alert_threshold": settings.DLQ_ALERT_THRESHOLD,
+    }
+
+
+def dlq_metrics(dlq: DlqProbe) -> list[Metric]:
+    return [
+        GaugeMetricFamily(
+            "invoicing_dlq_depth", "Dead letters waiting (not replayed).", value=dlq.waiting
+        )
+    ]
+
+
+def dlq_figures(probe: DlqProbe) -> list[Figure]:
+    waiting = _changelist("deadletter", replayed="no")
+    figures = [
+        Figure("waiting", str(probe.waiting), waiting, "degraded" if probe.alerting else "ok"),
+        Figure("oldest waiting", _age(probe.oldest_age_seconds), waiting),
+    ]
+    labels = dict(DeadLetter.Reason.choices)
+    for reason, n in probe.waiting_by_reason.items():
+        url = _changelist("deadletter", replayed="no", reason=reason)
+        figures.append(Figure(f"waiting: {labels.get(reason, reason)}", str(n), url))
+    return figures
+
+
+probe_declare(
+    Probe(
+        "dlq",
+        dlq_probe,
+        database=True,
+        check=dlq_check,
+        critical=False,
+        metrics=dlq_metrics,
+        title="Dead letters",
+        figures=dlq_figures,
+    )
+)
+
+
+def outbox_check(outbox: OutboxProbe) -> CheckResult:
+    age = outbox.oldest_age_seconds
+    return {
+        "status": "failing" if outbox.stale else "ok",
+        "unpublished": outbox.unpublished,
+        "unpublished_capped": outbox.capped,
+        "oldest_unpublished_age_seconds": None if age is None else round(age, 1),
+        "stale_after_seconds": settings.OUTBOX_STALE_SECONDS,
+    }
+
+
+def outbox_metrics(outbox: OutboxProbe) -> list[Metric]:
     return [
         GaugeMetricFamily(
             "invoicing_outbox_backlog",
@@ -34,17 +144,129 @@ def outbox_metrics() -> list[Metric]:
     ]
 
 
-@metrics_source("dlq", database=True)
-def dlq_metrics() -> list[Metric]:
+def outbox_figures(probe: OutboxProbe) -> list[Figure]:
+    unpublished = _changelist("outboxmessage", published="no")
+    count = f"{probe.unpublished}{'+' if probe.capped else ''}"
+    oldest = _age(probe.oldest_age_seconds)
     return [
-        GaugeMetricFamily(
-            "invoicing_dlq_depth", "Dead letters waiting (not replayed).", value=dlq_probe().waiting
+        Figure("unpublished", count, unpublished, "degraded" if probe.unpublished else "ok"),
+        Figure("oldest unpublished", oldest, unpublished, "failing" if probe.stale else "ok"),
+    ]
+
+
+probe_declare(
+    Probe(
+        "outbox",
+        outbox_probe,
+        database=True,
+        check=outbox_check,
+        metrics=outbox_metrics,
+        title="Outbox backlog",
+        figures=outbox_figures,
+    )
+)
+
+
+def backpressure_check(pressure: backpressure.Pressure) -> CheckResult:
+    level = pressure.level()
+    status = {"normal": "ok", "soft": "degraded", "hard": "failing"}[level]
+    if pressure.queue_depth is None and pressure.outbox_backlog is None:
+        status = "unknown"
+    return {
+        "status": status,
+        "level": str(level),
+        "queue_depth": pressure.queue_depth,
+        "outbox_backlog": pressure.outbox_backlog,
+        "soft_mark": settings.BACKPRESSURE_SOFT_MARK,
+        "hard_mark": settings.BACKPRESSURE_HARD_MARK,
+        "queues": list(queues.pressure_queues()),
+    }
+
+
+probe_declare(
+    Probe("backpressure", backpressure.pressure_measure, database=False, check=backpressure_check)
+)
+
+
+def queues_figures(probe: QueuesProbe) -> list[Figure]:
+    figures = [Figure(f"waiting on {name}", str(depth)) for name, depth in probe.depths.items()]
+    for name, n in (probe.consumers or {}).items():  # RabbitMQ only
+        if name != queues.DLQ:  # nobody consumes it
+            figures.append(Figure(f"consumers of {name}", str(n), status="ok" if n else "degraded"))
+    return figures
+
+
+probe_declare(
+    Probe("queues", queues_probe, database=False, title="Broker queues", figures=queues_figures)
+)
+
+
+def pressure_queues_probe() -> QueuesProbe:
+    """The pressure queues only (none declared: none read)."""
+    names = queues.pressure_queues()
+    return queues_probe(names) if names else QueuesProbe(depths={})
+
+
+def queue_metrics(probe: QueuesProbe) -> list[Metric]:
+    family = GaugeMetricFamily(
+        "invoicing_broker_queue_depth",
+        "Messages waiting on a broker queue (not those a worker holds).",
+        labels=["queue"],
+    )
+    for name, depth in probe.depths.items():
+        family.add_metric([name], depth)
+    return [family]
+
+
+probe_declare(Probe("broker_queues", pressure_queues_probe, database=False, metrics=queue_metrics))
+
+
+def beat_check(active: Holder | None) -> CheckResult:
+    return {"status": "ok" if active else "degraded", "active": asdict(active) if active else None}
+
+
+def beat_figures(active: Holder | None) -> list[Figure]:
+    return [
+        Figure(
+            "leader",
+            str(active) if active else "none: scheduled jobs are not dispatched",
+            reverse("admin:django_celery_beat_periodictask_changelist"),
+            "ok" if active else "degraded",
         )
     ]
 
 
-@metrics_source("scheduled_jobs", database=True)
-def scheduled_job_metrics() -> list[Metric]:
+probe_declare(
+    Probe(
+        "beat",
+        active_beat,
+        database=True,
+        check=beat_check,
+        critical=False,
+        title="Beat",
+        figures=beat_figures,
+    )
+)
+
+
+def workers_figures(probe: WorkersProbe) -> list[Figure]:
+    """Worker processes by heartbeat: live ones per host, and lapsed ones, whose claims
+    ``workers-rescue`` takes over."""
+    figures = [
+        Figure("live worker processes", str(probe.live), status="ok" if probe.live else "degraded")
+    ]
+    figures += [Figure(f"live on {host}", str(n)) for host, n in probe.live_by_host.items()]
+    lapsed = f"lapsed (no heartbeat for {_age(probe.lapse_seconds)})"
+    figures.append(Figure(lapsed, str(probe.lapsed), status="degraded" if probe.lapsed else "ok"))
+    return figures
+
+
+probe_declare(
+    Probe("workers", workers_probe, database=True, title="Workers", figures=workers_figures)
+)
+
+
+def scheduled_job_metrics(jobs: tuple[JobState, ...]) -> list[Metric]:
     runs = CounterMetricFamily(
         "invoicing_scheduled_job_runs",
         "Runs of each scheduled job (it held the lock).",
@@ -65,7 +287,7 @@ def scheduled_job_metrics() -> list[Metric]:
         "1 when the job's last finished run raised.",
         labels=["job"],
     )
-    for job in scheduled_jobs_probe().jobs:
+    for job in jobs:
         runs.add_metric([job.name], job.runs)
         skips.add_metric([job.name], job.skips)
         failed.add_metric([job.name], 1.0 if job.last_error else 0.0)
@@ -74,18 +296,38 @@ def scheduled_job_metrics() -> list[Metric]:
     return [runs, skips, last_run, failed]
 
 
-@metrics_source("broker_queues", database=False)
-def queue_metrics() -> list[Metric]:
-    family = GaugeMetricFamily(
-        "invoicing_broker_queue_depth",
-        "Messages waiting on a broker queue (not those a worker holds).",
-        labels=["queue"],
+def scheduled_jobs_figures(jobs: tuple[JobState, ...]) -> list[Figure]:
+    figures = []
+    for job in jobs:
+        if job.last_started_at is None:
+            value = "never ran"
+        else:
+            value = f"last ran {_age((timezone.now() - job.last_started_at).total_seconds())} ago"
+        if job.last_error:
+            value += ", and failed"
+        url = (
+            reverse("admin:asyncwork_scheduledjob_change", args=[job.pk])
+            if job.pk is not None
+            else _changelist("scheduledjob")
+        )
+        figures.append(Figure(job.name, value, url, "failing" if job.last_error else "ok"))
+    return figures
+
+
+probe_declare(
+    Probe(
+        "scheduled_jobs",
+        scheduled_jobs_probe,
+        database=True,
+        metrics=scheduled_job_metrics,
+        title="Scheduled jobs",
+        figures=scheduled_jobs_figures,
     )
-    names = queues.pressure_queues()
-    if names:
-        for name, depth in queues_probe(names).depths.items():
-            family.add_metric([name], depth)
-    return [family]
+)
+
+
+def breaker_check(breaker: BreakerProbe) -> CheckResult:
+    return {"status": breaker.status, **asdict(breaker)}
 
 
 BREAKER_STATES = ("closed", "open", "half-open", "unknown")
@@ -111,3 +353,13 @@ def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
         failures.add_metric([breaker.name], breaker.failures)
         families.append(failures)
     return families
+
+
+def breaker_figures(probe: BreakerProbe) -> list[Figure]:
+    health = reverse("health")
+    figures = [Figure("state", probe.state, health, probe.status)]
+    if probe.failures is not None:
+        figures.append(Figure("consecutive failures", str(probe.failures), health))
+    if probe.state == "open":
+        figures.append(Figure("next probe in", _age(probe.retry_in), health))
+    return figures

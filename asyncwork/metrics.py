@@ -1,10 +1,10 @@
 """Prometheus metrics: state computed at scrape time, and events counted where they happen.
 
 State (``StateCollector``, ``GET /metrics`` of the web process) is read from PostgreSQL and the
-brokers when Prometheus asks: exact, whichever process did the work. Sources are declared with
-``@metrics_source`` (the machinery's in ``asyncwork.gauges``); one that fails is left out and
-reported as ``invoicing_metrics_source_up{source} 0``, after a database error the other database
-sources are skipped, and ``/metrics`` never answers 500.
+brokers when Prometheus asks: exact, whichever process did the work. Its sources are the probes
+with ``metrics`` (``asyncwork.probes``); one that fails is left out and reported as
+``invoicing_metrics_source_up{source} 0``, after a database error the other database sources are
+skipped, and ``/metrics`` never answers 500.
 
 Events are counters per process group. With ``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn's
 processes are summed through its files. With ``WORKER_METRICS_PORT`` set a worker's main process
@@ -17,14 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_init
 from django.conf import settings
-from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_safe
@@ -39,7 +37,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from asyncwork.db import bounded
 from asyncwork.errors import Deferred
 from operators.http import (
     address_parse,
@@ -78,58 +75,23 @@ def suspicious_request_count(kind: str) -> None:
     SUSPICIOUS_REQUESTS.labels(kind=kind).inc()
 
 
-@dataclass(frozen=True)
-class Source:
-    name: str
-    fn: Callable[[], Iterable[Metric]]
-    database: bool
-
-
-_sources: dict[str, Source] = {}
-S = TypeVar("S", bound=Callable[[], Iterable[Metric]])
-
-
-def metrics_source(name: str, *, database: bool) -> Callable[[S], S]:
-    """Add the decorated function to ``/metrics`` as source ``name`` (replacing one of that name). A
-    ``database`` source runs in ``bounded()``."""
-
-    def declare(fn: S) -> S:
-        _sources[name] = Source(name=name, fn=fn, database=database)
-        return fn
-
-    return declare
-
-
 class StateCollector:
-    """Runs every registered source at scrape time."""
+    """The probes with ``metrics``, read at scrape time."""
 
     def collect(self) -> Iterable[Metric]:
+        # Imported here: this module loads with Celery's app (asyncwork.logging), before Django's
+        # apps, and the probes import the models.
+        from asyncwork.probes import probes_read
+
         started = time.perf_counter()
         up = GaugeMetricFamily(
             "invoicing_metrics_source_up",
             "1 when the source answered in this scrape, 0 when it failed or was skipped.",
             labels=["source"],
         )
-        database_failed = False
-        for source in list(_sources.values()):
-            if source.database and database_failed:
-                up.add_metric([source.name], 0.0)
-                continue
-            try:
-                if source.database:
-                    with bounded():
-                        families = list(source.fn())
-                else:
-                    families = list(source.fn())
-            except Exception as exc:  # noqa: BLE001 - a failing source is left out, never a 500
-                database_failed = database_failed or (
-                    source.database and isinstance(exc, DatabaseError)
-                )
-                logger.warning("metrics source %s failed: %r", source.name, exc)
-                up.add_metric([source.name], 0.0)
-                continue
-            up.add_metric([source.name], 1.0)
-            yield from families
+        for reading in probes_read("metrics"):
+            up.add_metric([reading.probe.name], 0.0 if reading.error else 1.0)
+            yield from reading.shown or ()
         yield up
         yield GaugeMetricFamily(
             "invoicing_metrics_scrape_duration_seconds",
@@ -201,13 +163,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return response
 
 
-_OUTCOMES = {
-    "SUCCESS": "success",
-    "RETRY": "retry",
-    "FAILURE": "failure",
-    "REJECTED": "rejected",
-    "IGNORED": "ignored",
-}
+_OUTCOMES = ("SUCCESS", "RETRY", "FAILURE", "REJECTED", "IGNORED")
 
 
 def _task_name(task: Any) -> str:
@@ -223,7 +179,7 @@ def _task_finished(
 ) -> None:
     """``task_postrun``: every finished run with its final state, a ``Reject`` included (no outcome
     signal reports it); a retry caused by ``Deferred`` counts as deferred."""
-    outcome = _OUTCOMES.get(state or "", "unknown")
+    outcome = state.lower() if state in _OUTCOMES else "unknown"
     if outcome == "retry" and isinstance(getattr(retval, "exc", None), Deferred):
         outcome = "deferred"
     TASK_ATTEMPTS.labels(task=_task_name(task), outcome=outcome).inc()
@@ -252,8 +208,6 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         multiprocess_dir_reset(directory)
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=directory)
     elif "prefork" in str(getattr(sender, "pool_cls", "prefork")):
         # Each child would count alone and the main process would serve zeros.
         logger.error(
@@ -261,10 +215,8 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
             "pool's children cannot share their counts; not serving worker metrics"
         )
         return
-    else:
-        registry = REGISTRY
     address = settings.WORKER_METRICS_ADDR
-    start_http_server(port, addr=address, registry=registry)
+    start_http_server(port, addr=address, registry=_event_registry())
     _serving.append(port)
     logger.info("worker metrics served on port %d of %s", port, address, extra={"port": port})
 

@@ -1,19 +1,13 @@
-"""One probe per subsystem: the figures ``/health/``, ``/metrics``, backpressure and the dashboard
-read.
+"""The probes: each piece of state watched, declared once as a ``Probe`` (how it is read, and
+what ``/health/``, ``/metrics`` and the dashboard make of a reading), and read one way,
+``probe_read``. Backpressure reads the outbox and the queues through the same functions.
 
-A probe measures now and returns a frozen dataclass; it decides nothing. Its readers
-(``asyncwork.health``, ``.gauges``, ``.backpressure``, ``.dashboard``) decide, so all measure
-each figure the same way. A PostgreSQL probe opens no transaction: its caller runs it in
-``bounded()``. A Redis or RabbitMQ probe bounds its own calls.
-
-The dashboard shows a probe through a function declared with ``@dashboard_probe`` that turns its
-reading into ``Figure``s (the machinery's in ``asyncwork.dashboard``, an app's beside its own
-probes).
+A read function measures now and returns a frozen dataclass; it decides nothing, a probe's parts
+do. The machinery's probes are declared in ``asyncwork.gauges``, an app's beside its own state.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,15 +21,14 @@ from django.db import DatabaseError
 from django.db.models import Count, Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from prometheus_client.core import Metric
 
 from asyncwork import queues, rabbitmq
-from asyncwork.beat import active_beat
 from asyncwork.breaker import Breaker
 from asyncwork.broker import broker_redis, queue_keys
 from asyncwork.db import bounded
 from asyncwork.deadletters import dead_letters_waiting
 from asyncwork.jobs import jobs_declared
-from asyncwork.locks import Holder
 from asyncwork.models import OutboxMessage, ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -150,14 +143,8 @@ class JobState:
     last_error: str = ""
 
 
-@dataclass(frozen=True)
-class ScheduledJobsProbe:
+def scheduled_jobs_probe() -> tuple[JobState, ...]:
     """Every declared job, and any that ran without being declared, by name."""
-
-    jobs: tuple[JobState, ...]
-
-
-def scheduled_jobs_probe() -> ScheduledJobsProbe:
     rows = {
         row["name"]: JobState(**row)
         for row in ScheduledJob.objects.values(
@@ -172,26 +159,13 @@ def scheduled_jobs_probe() -> ScheduledJobsProbe:
         )
     }
     names = sorted({job.name for job in jobs_declared()} | set(rows))
-    return ScheduledJobsProbe(
-        jobs=tuple(rows.get(name) or JobState(name=name, pk=None) for name in names)
-    )
-
-
-@dataclass(frozen=True)
-class BeatProbe:
-    """The beat process holding the leader lock (its host and pid), or None."""
-
-    active: Holder | None
-
-
-def beat_probe() -> BeatProbe:
-    return BeatProbe(active=active_beat())
+    return tuple(rows.get(name) or JobState(name=name, pk=None) for name in names)
 
 
 @dataclass(frozen=True)
 class QueuesProbe:
-    """Messages waiting on each watched queue (``queues.watched``), not those a worker holds; on
-    RabbitMQ each queue's consumers too."""
+    """Messages waiting on each queue read, not those a worker holds; on RabbitMQ each queue's
+    consumers too."""
 
     depths: dict[str, int]
     consumers: dict[str, int] | None = None
@@ -202,9 +176,9 @@ class BrokerUnreadable(ConnectionError):
 
 
 def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
-    """One pipelined round trip on Redis; one passive declaration per queue on RabbitMQ
-    (``asyncwork.rabbitmq``). Raises ``BrokerUnreadable`` (an ``OSError``) when the broker does
-    not answer in time."""
+    """``names``, by default every watched queue (``queues.watched``): one pipelined round trip on
+    Redis; one passive declaration per queue on RabbitMQ (``asyncwork.rabbitmq``). Raises
+    ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
     names = names or queues.watched()
     if settings.BROKER_IS_RABBITMQ:
         try:
@@ -246,8 +220,13 @@ class BreakerProbe:
     retry_in: float
     probing: bool
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    @property
+    def status(self) -> str:
+        """Open or half-open is degraded (its calls wait), not failing; unknown without Redis."""
+        degraded = ("open", "half-open")
+        return (
+            "ok" if self.state == "closed" else "degraded" if self.state in degraded else "unknown"
+        )
 
 
 def breaker_probe(breaker: Breaker) -> BreakerProbe:
@@ -265,79 +244,82 @@ class Figure:
     status: str = "ok"
 
 
+CheckResult = dict[str, Any]
 P = TypeVar("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Probe(Generic[P]):
+    """One piece of state: ``read`` (in ``bounded()`` when ``database``) and what each reader makes
+    of a reading: /health/'s ``check`` (a dict with ``status`` and its figures; ``critical``: its
+    failing fails the deployment; named ``check_name`` when not ``name``), /metrics' families
+    (``metrics``), the dashboard's ``figures`` under ``title``. A reader reads only the probes it
+    has a part in, in declaration order."""
+
     name: str
-    title: str
-    fn: Callable[[], P]
-    figures: Callable[[P], list[Figure]]
+    read: Callable[[], P]
     database: bool
+    check: Callable[[P], CheckResult] | None = None
+    critical: bool = True
+    check_name: str = ""
+    metrics: Callable[[P], list[Metric]] | None = None
+    title: str = ""
+    figures: Callable[[P], list[Figure]] | None = None
 
 
 _probes: dict[str, Probe[Any]] = {}
 
 
-def dashboard_probe(
-    name: str, fn: Callable[[], P], *, title: str, database: bool
-) -> Callable[[Callable[[P], list[Figure]]], Callable[[P], list[Figure]]]:
-    """Show probe ``fn`` on the dashboard under ``title`` (replacing one of that name), as the
-    figures the decorated function makes of its result; in declaration order. A ``database``
-    probe runs in ``bounded()``."""
+def probe_declare(probe: Probe[Any]) -> None:
+    """Declare ``probe``, replacing one of its name in its place."""
+    _probes[probe.name] = probe
 
-    def declare(figures: Callable[[P], list[Figure]]) -> Callable[[P], list[Figure]]:
-        _probes[name] = Probe(name=name, title=title, fn=fn, figures=figures, database=database)
-        return figures
 
-    return declare
+def probes_declared(part: str) -> list[Probe[Any]]:
+    """The probes with ``part`` (``check``, ``metrics`` or ``figures``), in declaration order."""
+    return [probe for probe in list(_probes.values()) if getattr(probe, part) is not None]
 
 
 @dataclass(frozen=True)
-class Reading:
-    """One probe's figures as read now, or why it could not be read, and what it cost."""
+class Reading(Generic[T]):
+    """What a reader made of one probe now (``shown``), or why it could not (``error``: the class
+    only, as a message can carry host names), and what it cost."""
 
-    name: str
-    title: str
-    figures: list[Figure]
-    error: str
-    ms: float
+    probe: Probe[Any]
+    shown: T | None
+    error: str = ""
+    ms: float = 0.0
+    database_failed: bool = False
 
 
-def probes_read() -> list[Reading]:
-    """Every registered probe, one after the other, each bounded. A failure shows its error's class
-    (a message can carry host names); after a database error the remaining database probes are
-    skipped."""
-    readings: list[Reading] = []
-    database_failed = False
-    for probe in list(_probes.values()):
-        started = time.perf_counter()
-        figures: list[Figure] = []
-        error = ""
-        if probe.database and database_failed:
-            error = "skipped: the database failed"
+def probe_read(probe: Probe[P], part: Callable[[P], T]) -> Reading[T]:
+    """Read ``probe`` now, a database one in ``bounded()`` (statements time out after
+    ``PROBE_TIMEOUT_SECONDS``), a broker one under its own socket timeouts, and make ``part`` of
+    the reading; never raises."""
+    started = time.perf_counter()
+    try:
+        if probe.database:
+            with bounded():
+                value = probe.read()
         else:
-            try:
-                if probe.database:
-                    with bounded():
-                        result = probe.fn()
-                else:
-                    result = probe.fn()
-                figures = probe.figures(result)
-            except Exception as exc:  # noqa: BLE001 - one failing probe must not hide the rest
-                database_failed = database_failed or (
-                    probe.database and isinstance(exc, DatabaseError)
-                )
-                logger.warning("probe %s failed: %r", probe.name, exc)
-                error = type(exc).__name__
-        readings.append(
-            Reading(
-                name=probe.name,
-                title=probe.title,
-                figures=figures,
-                error=error,
-                ms=round((time.perf_counter() - started) * 1000, 2),
-            )
-        )
+            value = probe.read()
+        shown, error, database_failed = part(value), "", False
+    except Exception as exc:  # noqa: BLE001 - one failing probe must not hide the rest
+        logger.warning("probe %s failed: %r", probe.name, exc)
+        shown, error = None, type(exc).__name__
+        database_failed = probe.database and isinstance(exc, DatabaseError)
+    ms = round((time.perf_counter() - started) * 1000, 2)
+    return Reading(probe, shown, error, ms, database_failed)
+
+
+def probes_read(part: str) -> list[Reading[Any]]:
+    """Every probe with ``part``, one after the other; after a database error the remaining
+    database probes are skipped (one timeout, not one each)."""
+    readings: list[Reading[Any]] = []
+    for probe in probes_declared(part):
+        if probe.database and any(reading.database_failed for reading in readings):
+            readings.append(Reading(probe, None, "skipped: the database failed"))
+        else:
+            readings.append(probe_read(probe, getattr(probe, part)))
     return readings

@@ -1,20 +1,19 @@
-"""The invoicing app's probes (``asyncwork.probes``), read by ``/metrics``, ``/health/`` and the
-admin dashboard alike."""
+"""The invoicing app's probes (``asyncwork.probes``): its emails and its provider's breaker, each
+declared once with what ``/health/``, ``/metrics`` and the dashboard make of it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 from urllib.parse import urlencode
 
 from django.db.models import CharField, Count, F, Func, Q, Sum, Value
 from django.urls import reverse
 from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from asyncwork.dashboard import breaker_figures
-from asyncwork.health import health_check
-from asyncwork.probes import BreakerProbe, Figure, breaker_probe, dashboard_probe
+from asyncwork.gauges import breaker_check, breaker_figures, breaker_metrics
+from asyncwork.probes import BreakerProbe, Figure, Probe, breaker_probe, probe_declare
 from invoicing.models import EmailDelivery
 from invoicing.services import email_breaker
 
@@ -63,41 +62,20 @@ def email_probe() -> EmailProbe:
     return EmailProbe(counts=tuple(counts), sent_last_hour=hour, sent_last_day=day, measured_at=now)
 
 
-def email_breaker_probe() -> BreakerProbe:
-    return breaker_probe(email_breaker())
-
-
-@health_check("breaker", critical=False)
-def email_breaker_check() -> dict[str, Any]:
-    """Not critical: while the breaker is open emails wait, and webhooks are still taken."""
-    breaker = email_breaker_probe()
-    status = {"closed": "ok", "open": "degraded", "half-open": "degraded"}.get(
-        breaker.state, "unknown"
-    )
-    return {"status": status, **breaker.as_dict()}
-
-
 def _deliveries(**query: str) -> str:
     return f"{reverse('admin:invoicing_emaildelivery_changelist')}?{urlencode(query)}"
 
 
-@dashboard_probe("emails", email_probe, title="Emails", database=True)
 def email_figures(probe: EmailProbe) -> list[Figure]:
-    def since(delta: timedelta) -> str:
-        return (probe.measured_at - delta).replace(microsecond=0).isoformat()
+    def sent_since(delta: timedelta) -> str:
+        since = (probe.measured_at - delta).replace(microsecond=0).isoformat()
+        return _deliveries(state="sent", sent_at__gte=since)
 
     sending, failed = probe.in_state("sending"), probe.in_state("failed")
+    pending = probe.in_state("pending")
     return [
-        Figure(
-            "sent in the last hour",
-            str(probe.sent_last_hour),
-            _deliveries(state="sent", sent_at__gte=since(timedelta(hours=1))),
-        ),
-        Figure(
-            "sent in the last day",
-            str(probe.sent_last_day),
-            _deliveries(state="sent", sent_at__gte=since(timedelta(days=1))),
-        ),
+        Figure("sent in the last hour", str(probe.sent_last_hour), sent_since(timedelta(hours=1))),
+        Figure("sent in the last day", str(probe.sent_last_day), sent_since(timedelta(days=1))),
         Figure("being sent now", str(sending), _deliveries(state="sending")),
         Figure(
             "failed (retrying, or dead-lettered)",
@@ -105,19 +83,68 @@ def email_figures(probe: EmailProbe) -> list[Figure]:
             _deliveries(state="failed"),
             status="degraded" if failed else "ok",
         ),
-        Figure(
-            "requested, not yet claimed",
-            str(probe.in_state("pending")),
-            _deliveries(state="pending"),
-        ),
+        Figure("requested, not yet claimed", str(pending), _deliveries(state="pending")),
     ]
 
 
-@dashboard_probe(
-    "email_breaker",
-    email_breaker_probe,
-    title="Email provider (circuit breaker)",
-    database=False,
+def email_metrics(probe: EmailProbe) -> list[Metric]:
+    """Emails sent, attempts and deliveries by state, per key kind; past the statement timeout
+    this source drops out of the scrape, reported."""
+    sent = CounterMetricFamily(
+        "invoicing_emails_sent", "Emails sent (EmailDelivery rows marked sent).", labels=["kind"]
+    )
+    attempts = CounterMetricFamily(
+        "invoicing_email_send_attempts",
+        "Attempts to send an email: claims taken on its key, over all workers and retries.",
+        labels=["kind"],
+    )
+    deliveries = GaugeMetricFamily(
+        "invoicing_email_deliveries",
+        "EmailDelivery rows by state (pending, sending, sent, failed).",
+        labels=["kind", "state"],
+    )
+    sent_by_kind: dict[str, int] = {}
+    attempts_by_kind: dict[str, int] = {}
+    for count in probe.counts:
+        sent_by_kind.setdefault(count.kind, 0)
+        attempts_by_kind[count.kind] = attempts_by_kind.get(count.kind, 0) + count.attempts
+        if count.state == EmailDelivery.State.SENT:
+            sent_by_kind[count.kind] = count.rows
+        deliveries.add_metric([count.kind, count.state], count.rows)
+    for name, n in sent_by_kind.items():
+        sent.add_metric([name], n)
+    for name, n in attempts_by_kind.items():
+        attempts.add_metric([name], n)
+    return [sent, attempts, deliveries]
+
+
+probe_declare(
+    Probe(
+        "emails",
+        email_probe,
+        database=True,
+        metrics=email_metrics,
+        title="Emails",
+        figures=email_figures,
+    )
 )
-def email_breaker_figures(probe: BreakerProbe) -> list[Figure]:
-    return breaker_figures(probe)
+
+
+def email_breaker_probe() -> BreakerProbe:
+    return breaker_probe(email_breaker())
+
+
+probe_declare(
+    Probe(
+        "email_breaker",
+        email_breaker_probe,
+        database=False,
+        # Not critical: while the breaker is open emails wait, and webhooks are still taken.
+        check=breaker_check,
+        critical=False,
+        check_name="breaker",
+        metrics=breaker_metrics,
+        title="Email provider (circuit breaker)",
+        figures=breaker_figures,
+    )
+)

@@ -18,7 +18,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from asyncwork import beat as beat_module
 from asyncwork.beat import STANDBY_POLL_SECONDS, active_beat
-from asyncwork.health import check_beat
+from asyncwork.gauges import beat_check
 from asyncwork.jobs import jobs_declared
 from asyncwork.locks import Holder
 from stack import launch
@@ -117,7 +117,7 @@ def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
     beat = start_beat("named")
     try:
         assert wait_until(lambda: "took the leader lock" in beat.log_text(), timeout=30)
-        check = check_beat()
+        check = beat_check(active_beat())
         out = StringIO()
         call_command("pipeline_status", "--json", stdout=out)
         reported = json.loads(out.getvalue())["health"]["checks"]["beat"]

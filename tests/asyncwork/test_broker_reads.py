@@ -19,7 +19,7 @@ import pytest
 from django.test import Client
 
 from asyncwork import backpressure, health, queues
-from asyncwork.dashboard import queues_figures
+from asyncwork.gauges import queues_figures
 from asyncwork.probes import BrokerUnreadable, queues_probe
 from core.celery import app
 from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE

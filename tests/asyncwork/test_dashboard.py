@@ -302,7 +302,7 @@ def test_a_failing_probe_is_shown_failing_and_the_others_are_still_read(
         probes,
         "_probes",
         {
-            "broken": probes.Probe("broken", "Broken", broken, lambda _: [], database=False),
+            "broken": probes.Probe("broken", broken, database=False, figures=lambda _: []),
             **probes._probes,
         },
     )
@@ -317,7 +317,7 @@ def test_a_failing_probe_is_shown_failing_and_the_others_are_still_read(
         probes,
         "_probes",
         {
-            "down": probes.Probe("down", "Down", database_down, lambda _: [], database=True),
+            "down": probes.Probe("down", database_down, database=True, figures=lambda _: []),
             **{name: p for name, p in probes._probes.items() if name != "broken"},
         },
     )

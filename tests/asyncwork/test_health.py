@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from asyncwork import health
+from asyncwork import health, probes
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.probes import queue_depth
 from invoicing.services import EMAIL_QUEUE
@@ -182,10 +182,26 @@ def test_dead_letters_past_the_threshold_degrade_but_stay_200(
 
 @pytest.fixture
 def extra_checks() -> Iterator[None]:
-    saved = dict(health._checks)
+    saved = dict(probes._probes)
     yield
-    health._checks.clear()
-    health._checks.update(saved)
+    probes._probes.clear()
+    probes._probes.update(saved)
+
+
+def check_declare(
+    name: str, read: Callable[[], dict[str, Any]], *, critical: bool = True, check_name: str = ""
+) -> None:
+    """A probe whose reading is its check's result."""
+    probes.probe_declare(
+        probes.Probe(
+            name,
+            read,
+            database=False,
+            check=lambda result: result,
+            critical=critical,
+            check_name=check_name,
+        )
+    )
 
 
 def test_a_check_past_the_deadline_fails_within_the_deadline(
@@ -193,10 +209,11 @@ def test_a_check_past_the_deadline_fails_within_the_deadline(
 ) -> None:
     settings.HEALTH_TIMEOUT_SECONDS = 0.5
 
-    @health.health_check("slow")
     def slow() -> dict[str, Any]:
         time.sleep(3)
         return {"status": "ok"}
+
+    check_declare("slow", slow)
 
     started = time.monotonic()
     response = monitor.get(HEALTH_URL)
@@ -211,9 +228,10 @@ def test_a_check_past_the_deadline_fails_within_the_deadline(
 def test_a_registered_provider_replaces_the_built_in_one(
     monitor: Client, extra_checks: None
 ) -> None:
-    health.health_check("breaker", critical=False)(lambda: {"status": "degraded", "state": "open"})
-    health.health_check("beat", critical=False)(lambda: {"never": 1 / 0})  # one that raises
-    health.health_check("odd", critical=False)(lambda: {"status": "ok", "figure": object()})
+    opened = {"status": "degraded", "state": "open"}
+    check_declare("email_breaker", lambda: opened, critical=False, check_name="breaker")
+    check_declare("beat", lambda: {"never": 1 / 0}, critical=False)  # one that raises
+    check_declare("odd", lambda: {"status": "ok", "figure": object()}, critical=False)
 
     response = monitor.get(HEALTH_URL)
 
@@ -278,12 +296,13 @@ def test_concurrent_anonymous_callers_share_one_run_of_the_checks(
     runs: list[float] = []
     runs_lock = threading.Lock()
 
-    @health.health_check("counted", critical=False)
     def counted() -> dict[str, Any]:
         with runs_lock:
             runs.append(time.monotonic())
         time.sleep(0.3)  # long enough for every caller to arrive while it runs
         return {"status": "ok"}
+
+    check_declare("counted", counted, critical=False)
 
     callers = 16
     barrier = threading.Barrier(callers)

@@ -255,8 +255,9 @@ def test_a_source_that_cannot_answer_is_left_out_and_the_scrape_still_answers(
 
     assert took < 3
     up = "invoicing_metrics_source_up"
+    assert value(samples, up, source="dlq") == 1  # read before the outbox
     assert value(samples, up, source="outbox") == 0
-    assert value(samples, up, source="dlq") == 0  # skipped after the database failed
+    assert value(samples, up, source="scheduled_jobs") == 0  # skipped after the database failed
     assert value(samples, up, source="emails") == 0
     assert value(samples, up, source="email_breaker") == 1
     assert value(samples, up, source="broker_queues") == 1

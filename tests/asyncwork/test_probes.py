@@ -19,11 +19,12 @@ from asyncwork.models import OutboxMessage, ScheduledJob
 from asyncwork.probes import (
     BreakerProbe,
     Figure,
+    Probe,
     bounded,
     breaker_probe,
-    dashboard_probe,
     dlq_probe,
     outbox_probe,
+    probe_declare,
     probes_read,
     queues_probe,
     scheduled_jobs_probe,
@@ -99,7 +100,7 @@ def test_the_scheduled_jobs_probe_lists_every_declared_job_and_any_other_that_ra
     jobs.job_task("dlq-alert").apply().get()
     ScheduledJob.objects.create(name="retired-job", runs=3, last_error="boom")
 
-    states = {job.name: job for job in scheduled_jobs_probe().jobs}
+    states = {job.name: job for job in scheduled_jobs_probe()}
 
     assert set(states) == {schedule.name for schedule in jobs.jobs_declared()} | {"retired-job"}
     assert states["dlq-alert"].runs == 1
@@ -135,7 +136,7 @@ def test_the_breaker_probe_reads_the_shared_state_and_says_unknown_without_redis
 
     assert (probe.name, probe.state, probe.failures) == ("email", "open", breaker.threshold)
     assert 0 < probe.retry_in <= breaker.reset_seconds
-    assert probe.as_dict()["state"] == "open"
+    assert probe.status == "degraded"
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     assert breaker_probe(email_breaker()).state == "unknown"
 
@@ -146,7 +147,7 @@ def test_a_bounded_probe_gives_up_at_the_probe_timeout(settings: Any) -> None:
         connection.cursor().execute("SELECT pg_sleep(2)")
 
 
-def test_registered_probes_are_read_in_order_each_bounded_and_a_failure_hides_nothing(
+def test_declared_probes_are_read_in_order_each_bounded_and_a_failure_hides_nothing(
     monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     settings.PROBE_TIMEOUT_SECONDS = 0.2
@@ -163,19 +164,20 @@ def test_registered_probes_are_read_in_order_each_bounded_and_a_failure_hides_no
     def counted(n: int) -> list[Figure]:
         return [Figure("n", str(n))]
 
-    dashboard_probe("outbox", outbox_probe, title="Outbox", database=True)(counted_outbox)
-    dashboard_probe("slow", slow, title="Slow", database=True)(counted)
-    dashboard_probe("dlq", dlq_probe, title="DLQ", database=True)(counted_dlq)
-    dashboard_probe("breaker", breaker, title="Breaker", database=False)(breaker_state)
+    probe_declare(Probe("outbox", outbox_probe, database=True, figures=counted_outbox))
+    probe_declare(Probe("slow", slow, database=True, figures=counted))
+    probe_declare(Probe("unshown", dlq_probe, database=True))  # no figures: not read
+    probe_declare(Probe("dlq", dlq_probe, database=True, figures=counted_dlq))
+    probe_declare(Probe("breaker", breaker, database=False, figures=breaker_state))
 
-    readings = {reading.name: reading for reading in probes_read()}
+    readings = {reading.probe.name: reading for reading in probes_read("figures")}
 
     assert list(readings) == ["outbox", "slow", "dlq", "breaker"]
-    assert readings["outbox"].figures == [Figure("unpublished", "0")]
+    assert readings["outbox"].shown == [Figure("unpublished", "0")]
     assert readings["slow"].error == "OperationalError"  # the statement timed out
     assert readings["slow"].ms < 1500
     assert readings["dlq"].error == "skipped: the database failed"
-    assert readings["breaker"].figures == [Figure("state", "closed")]
+    assert readings["breaker"].shown == [Figure("state", "closed")]
     assert all(reading.ms >= 0 for reading in readings.values())
 
 
