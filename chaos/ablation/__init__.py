@@ -59,11 +59,6 @@ NETS = {
             # The watch reads Redis's run id: on RabbitMQ it never fires.
             brokers=(REDIS,),
         ),
-        Net(
-            "N4-reconnect",
-            "reconcile at once on the beat leader's database reconnect",
-            patched=True,
-        ),
     )
 }
 

@@ -312,7 +312,7 @@ def table(runs: list[Run]) -> str:
         "PostgreSQL restarts) or never. Nets acted, from the logs: N1 "
         "emails the lease-expiry recovery re-enqueued, N2 claims the heartbeat rescue released, "
         "N3 jobs the held-jobs rescue re-enqueued, N4 emails the reconcile re-enqueued (and "
-        "its dispatches at once on recovery: restart, reconnect).",
+        "its dispatches at once on a broker restart).",
         "Configurations: " + "; ".join(f"{n.name} off = {n.title}" for n in NETS.values()) + ".",
     ]
     return "\n".join(lines)
