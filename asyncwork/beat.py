@@ -26,14 +26,14 @@ from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError
 
-from asyncwork.jobs import BROKER_RESTARTED, DATABASE_RECONNECTED, jobs_recover, schedules_missing
+from asyncwork.jobs import jobs_recover, schedules_missing
 from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, lock_key
 from asyncwork.recovery import BrokerWatch
 
 logger = logging.getLogger(__name__)
 
-# A standby tries the leader lock this often, and the leader checks the broker's run id and its
-# reconnects as often: the bound on a takeover.
+# A standby tries the leader lock this often, and the leader checks the broker's run id as often:
+# the bound on a takeover.
 STANDBY_POLL_SECONDS = 5.0
 
 LEADER_LOCK = "beat-leader"
@@ -101,9 +101,6 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._leader = LeaderLock()
         self._leading = False
-        # Set once this process has led and lost the database: taking the lock again is a
-        # reconnect, and the recovery jobs run (asyncwork.recovery).
-        self._database_lost = False
         self._broker = BrokerWatch()
         self._broker_restarted = False
         super().__init__(*args, **kwargs)
@@ -124,7 +121,6 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             if self._leading:
                 logger.warning("beat lost the leader lock: standing by")
                 self._leading = False
-                self._database_lost = True
             return STANDBY_POLL_SECONDS
         try:
             if not self._leading:
@@ -137,16 +133,13 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 logger.info("beat took the leader lock: dispatching")
                 self._leading = True
             self._broker_restarted = self._broker_restarted or self._broker.restarted()
-            if self._database_lost and _recover(DATABASE_RECONNECTED):
-                self._database_lost = False
-            if self._broker_restarted and _recover(BROKER_RESTARTED):
+            if self._broker_restarted and _recover():
                 self._broker_restarted = False
             return float(min(super().tick(*args, **kwargs), STANDBY_POLL_SECONDS))
         except DatabaseError as exc:
             # PostgreSQL restarting: do not die (nothing would dispatch the jobs); try again soon.
             logger.warning("beat could not reach the database (%s); retrying", exc)
             connection.close()
-            self._database_lost = True
             return STANDBY_POLL_SECONDS
 
     def close(self) -> None:
@@ -154,12 +147,12 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._leader.release()
 
 
-def _recover(reason: str) -> bool:
+def _recover() -> bool:
     """Dispatch the recovery jobs; False (asked again next tick) when they could not be."""
     try:
-        jobs_recover(reason=reason)
+        jobs_recover()
     except (OperationalError, OSError) as exc:  # the broker may still be coming back
-        logger.warning("recovery jobs not dispatched (%s): %s; retrying", reason, exc)
+        logger.warning("recovery jobs not dispatched: %s; retrying", exc)
         return False
     return True
 

@@ -5,8 +5,8 @@ A job's one name is its task's, its lock's (``job:<name>``) and its ``ScheduledJ
 ``schedules_sync`` runs after every ``migrate``: idempotent, and concurrent runs take turns.
 ``job_run`` takes the lock without waiting, so a second run skips; each body is idempotent; a
 tick expires after one interval, so ticks piled up while no worker ran are dropped. A job
-declared ``on_recovery`` also runs when the beat leader sees a broker restart or a database
-reconnect (``asyncwork.recovery``).
+declared ``on_recovery`` also runs when the beat leader sees that the broker lost its queued
+messages (``asyncwork.recovery``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from asyncwork.models import ScheduledJob
 logger = logging.getLogger(__name__)
 
 
-# Why the recovery jobs run: the broker lost its queued messages, or the database came back (no
-# message lost).
+# Why the recovery jobs run (the metric's label, the log's word): the broker lost its queued
+# messages.
 BROKER_RESTARTED = "broker_restarted"
-DATABASE_RECONNECTED = "database_reconnected"
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,8 @@ class Job:
     every: timedelta | None = None
     # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
     cron: dict[str, str] | None = None
-    # Run on recovery, given the reason; None: not on recovery.
-    recover: Callable[[str], Any] | None = None
+    # Run on recovery; None: not on recovery.
+    recover: Callable[[], Any] | None = None
 
     @property
     def task(self) -> str:
@@ -73,12 +72,11 @@ def job(
     *,
     every: timedelta | None = None,
     cron: dict[str, str] | None = None,
-    on_recovery: bool | Callable[[str], Any] = False,
+    on_recovery: bool | Callable[[], Any] = False,
 ) -> Callable[[Run], Run]:
     """Declare the decorated function (returned unchanged) the body of job ``name``, run every
-    ``every`` or on ``cron``. ``on_recovery``: True also runs it on recovery (``jobs_recover``);
-    a callable runs instead then, given the reason (``BROKER_RESTARTED``: the queued work is
-    provably lost, or ``DATABASE_RECONNECTED``)."""
+    ``every`` or on ``cron``. ``on_recovery``: True also runs it at once when the broker lost its
+    queued messages (``jobs_recover``); a callable runs instead then."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
 
@@ -95,17 +93,12 @@ def _job_declare(
     *,
     every: timedelta | None,
     cron: dict[str, str] | None,
-    on_recovery: bool | Callable[[str], Any],
+    on_recovery: bool | Callable[[], Any],
 ) -> None:
-    recover: Callable[[str], Any] | None
-    if isinstance(on_recovery, bool):
-        recover = (lambda reason: run()) if on_recovery else None
-    else:
-        recover = on_recovery
+    recover = (run if on_recovery else None) if isinstance(on_recovery, bool) else on_recovery
     _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
 
-    # A message without a reason gets the cautious one.
-    def body(recovery: bool = False, attempt: int = 0, reason: str = DATABASE_RECONNECTED) -> Any:
+    def body(recovery: bool = False, attempt: int = 0) -> Any:
         if not recovery or recover is None:
             return job_run(name=name, body=run).result
 
@@ -116,12 +109,12 @@ def _job_declare(
         def again() -> None:
             if attempt < RECOVERY_ATTEMPTS:
                 _tasks[name].apply_async(
-                    kwargs={"recovery": True, "attempt": attempt + 1, "reason": reason},
+                    kwargs={"recovery": True, "attempt": attempt + 1},
                     countdown=RECOVERY_RETRY_SECONDS,
                 )
 
         try:
-            outcome = job_run(name=name, body=lambda: recover(reason))
+            outcome = job_run(name=name, body=recover)
         except (OperationalError, InterfaceError):
             again()
             raise
@@ -147,29 +140,29 @@ def jobs_declared() -> tuple[Job, ...]:
 RECOVERY_TRIGGERS = Counter(
     "asyncwork_recovery_triggers",
     "Times the beat leader dispatched the recovery jobs at once, by reason: broker_restarted "
-    "(the broker's run id changed), database_reconnected.",
+    "(the broker's run id changed or its marker is gone).",
     ["reason"],
 )
 RECOVERY_ATTEMPTS = 5
 RECOVERY_RETRY_SECONDS = 5
 
 
-def jobs_recover(*, reason: str) -> list[str]:
-    """Dispatch now every job declared to run on recovery whose periodic task is enabled, giving it
-    ``reason``; returns their names."""
+def jobs_recover() -> list[str]:
+    """Dispatch now every job declared to run on recovery whose periodic task is enabled; returns
+    their names."""
     declared = [job.name for job in jobs_declared() if job.recover is not None]
     enabled = set(
         PeriodicTask.objects.filter(name__in=declared, enabled=True).values_list("name", flat=True)
     )
     names = [name for name in declared if name in enabled]
     for name in names:
-        _tasks[name].apply_async(kwargs={"recovery": True, "reason": reason})
-    RECOVERY_TRIGGERS.labels(reason=reason).inc()
+        _tasks[name].apply_async(kwargs={"recovery": True})
+    RECOVERY_TRIGGERS.labels(reason=BROKER_RESTARTED).inc()
     logger.warning(
         "recovery: %s; dispatched the recovery jobs now: %s",
-        reason,
+        BROKER_RESTARTED,
         ", ".join(names) or "none declared",
-        extra={"reason": reason, "jobs": names},
+        extra={"reason": BROKER_RESTARTED, "jobs": names},
     )
     return names
 

@@ -3,8 +3,7 @@ declared ``on_recovery`` (``jobs_recover``) when
 
 * the broker's ``run_id`` changed (a new Redis process: its queues started empty);
 * a marker key it keeps in the broker's database is gone (``FLUSHALL``, a failover to a replica
-  behind);
-* it lost its lock's connection, or a tick failed on the database, and took the lock again.
+  behind).
 
 Only the leader checks, so once per restart; a new leader only records the run id, leaving a
 restart it did not see to the periodic jobs.

@@ -350,11 +350,10 @@ def worker_outcomes(log_dir: Path) -> dict[str, list[float]]:
 
 
 # What the safety nets log when they act (asyncwork.jobs, asyncwork.rescue, asyncwork.jobs'
-# jobs_recover, asyncwork.watchdog), in the text format.
+# jobs_recover), in the text format.
 _JOB_RAN = re.compile(r" job (\S+) ran: (\d+)\b")
 _RESCUED = re.compile(r" rescue (\S+): (\d+) ")
 _RECOVERY = re.compile(r" recovery: (\S+); dispatched the recovery jobs now")
-_WATCHDOG = re.compile(r" worker watchdog: ")
 
 
 @dataclass(frozen=True)
@@ -364,7 +363,6 @@ class NetActions:
     job_results: dict[str, int]  # scheduled job -> the sum of the counts its runs returned
     rescued: dict[str, int]  # rescue of workers-rescue -> claims or jobs released
     recovery_dispatches: dict[str, int]  # reason -> times the beat leader dispatched them
-    watchdog_exits: int
 
 
 def net_actions(log_dir: Path) -> NetActions:
@@ -372,7 +370,6 @@ def net_actions(log_dir: Path) -> NetActions:
     enqueued: dict[str, int] = {}
     rescued: dict[str, int] = {}
     dispatches: dict[str, int] = {}
-    exits = 0
     for log in sorted(log_dir.glob("*.log")):
         text = log.read_text(errors="replace")
         for name, count in _JOB_RAN.findall(text):
@@ -381,10 +378,8 @@ def net_actions(log_dir: Path) -> NetActions:
             rescued[name] = rescued.get(name, 0) + int(count)
         for reason in _RECOVERY.findall(text):
             dispatches[reason] = dispatches.get(reason, 0) + 1
-        exits += len(_WATCHDOG.findall(text))
     return NetActions(
         job_results=dict(sorted(enqueued.items())),
         rescued=dict(sorted(rescued.items())),
         recovery_dispatches=dict(sorted(dispatches.items())),
-        watchdog_exits=exits,
     )

@@ -114,7 +114,7 @@ DEFINITIONS = {
     "recover (the lease-expiry recovery) and email-reconcile (periodic and on recovery) "
     "re-enqueued, what each rescue of workers-rescue released (email-claims: claims of a "
     "worker whose heartbeat lapsed; held-jobs: the jobs its consumer held), the beat leader's "
-    "recovery dispatches by reason, and the worker watchdog's exits",
+    "recovery dispatches by reason",
     "unexpected_process_exits": "application processes that exited without being killed or "
     "stopped by the suite; workers and beat are started again a second later, as the "
     "deployment's process manager would",
@@ -690,7 +690,6 @@ def net_actions_text(actions: dict[str, Any] | None) -> str:
         f"{rescued.get('held-jobs', 0)} held job(s); reconcile re-enqueued "
         f"{enqueued.get('email-reconcile', 0)}, dispatched on recovery "
         + (", ".join(f"{reason} x {n}" for reason, n in dispatches.items()) or "never")
-        + f"; watchdog exits {actions['watchdog_exits']}"
     )
 
 

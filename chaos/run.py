@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import threading
 import time
@@ -222,7 +221,6 @@ def _run_arm(
             # The edge forwards the client's Host: its loopback address on the control host.
             web_hosts=(HOST, *(net.address(h) for h in hosts.WEB_HOSTS)),
         )
-    env["CHAOS_SETTINGS"] = json.dumps(ablation.settings_of(without))
     extra: dict[str, Any] | None = None
     try:
         with (

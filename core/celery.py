@@ -11,7 +11,6 @@ from asyncwork import logging as log_context
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.rabbitmq import DeadLetterQueueDeclare
 from asyncwork.scheduled import OutboxDuePoll
-from asyncwork.watchdog import WorkerWatchdog
 from core.startup import settings_load_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
@@ -32,7 +31,6 @@ app.conf.task_default_queue = queues.DEFAULT
 app.conf.task_routes = (queues.task_route,)
 
 
-app.steps["worker"].add(WorkerWatchdog)
 app.steps["worker"].add(WorkerHeartbeatStep)
 # Publishes the retries and deferrals that have come due (they wait in the outbox).
 app.steps["worker"].add(OutboxDuePoll)

@@ -494,9 +494,6 @@ METRICS_ALLOWED_NETWORKS = [
         "without a token, the client networks that may read /metrics",
     )
 ]
-# A worker with a free slot and waiting messages that takes no task for this long exits for its
-# supervisor to restart it (asyncwork.watchdog); 0: off.
-WORKER_WATCHDOG_SECONDS = 10
 # Each task-running process writes a heartbeat row this often (asyncwork.heartbeat)...
 WORKER_HEARTBEAT_SECONDS = 2.0
 # ...and a claim whose owner wrote none for this long (database clock; at least three

@@ -16,7 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
-from asyncwork.jobs import BROKER_RESTARTED, job
+from asyncwork.jobs import job
 from asyncwork.outbox import outbox_enqueue
 from asyncwork.rescue import rescue
 from invoicing.models import EmailDelivery
@@ -123,11 +123,10 @@ LIMIT %(limit)s
 """
 
 
-def invoices_reconcile_now(reason: str) -> int | str:
-    """The reconcile at once after a recovery: without the quiet period after a broker
-    restart, which dropped every queued message; with it after a database reconnect, as the
-    broker lost nothing."""
-    return invoices_reconcile(quiet_seconds=0 if reason == BROKER_RESTARTED else None)
+def invoices_reconcile_now() -> int | str:
+    """The reconcile at once after the broker lost its queued messages, without the quiet
+    period: no message of a paid invoice with nothing pending is still queued."""
+    return invoices_reconcile(quiet_seconds=0)
 
 
 @job("email-reconcile", every=timedelta(seconds=120), on_recovery=invoices_reconcile_now)

@@ -91,9 +91,6 @@ from core.settings import (  # noqa: E402
 # A poison message is dead-lettered after three deliveries, not ten.
 BROKER_DELIVERY_LIMIT = 3
 OUTBOX_RELAY_GRACE_SECONDS = 0
-# Off here: a worker thread inside pytest must never exit the test run; the watchdog's own
-# test (tests/asyncwork/test_watchdog.py) turns it on for a worker process of its own.
-WORKER_WATCHDOG_SECONDS = 0
 # A process a test starts may take settings of its own that production reads from no
 # variable (timing scaled down, a URLconf): tests/helpers/processes.py worker_env(settings=...).
 globals().update(json.loads(os.environ.get("TEST_SETTINGS", "{}")))

@@ -2,12 +2,11 @@
 full profile can show with data which nets the goals need (``python -m chaos.ablation``).
 
 Each net is switched off the plainest way it allows: its periodic task disabled in the chaos
-database, or an environment value the application already reads; a net with no switch of its
-own is switched off by a patch (``<name>.patch`` beside this file, a minimal diff), applied
-only to a throwaway worktree of the revision under test. ``python -m chaos --without NET``
-applies the first two, and runs only where the patches applied to its own checkout are
-exactly those of the nets it was told are off, so a report never names a net the code it ran
-did not have, nor misses one it lacked.
+database; a net with no switch of its own is switched off by a patch (``<name>.patch`` beside
+this file, a minimal diff), applied only to a throwaway worktree of the revision under test.
+``python -m chaos --without NET`` disables the periodic tasks, and runs only where the patches
+applied to its own checkout are exactly those of the nets it was told are off, so a report
+never names a net the code it ran did not have, nor misses one it lacked.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ class Net:
     name: str
     title: str
     jobs_off: tuple[str, ...] = ()  # periodic tasks disabled in the chaos database
-    settings: tuple[tuple[str, int], ...] = ()  # Django settings, overridden (chaos/settings.py)
     patched: bool = False  # switched off by PATCHES / f"{name}.patch"
     brokers: tuple[str, ...] = BROKERS  # where the net can act at all
 
@@ -61,16 +59,6 @@ NETS = {
             # The watch reads Redis's run id: on RabbitMQ it never fires.
             brokers=(REDIS,),
         ),
-        Net(
-            "N4-reconnect",
-            "reconcile at once on the beat leader's database reconnect",
-            patched=True,
-        ),
-        Net(
-            "N5",
-            "worker watchdog (WORKER_WATCHDOG_SECONDS = 0)",
-            settings=(("WORKER_WATCHDOG_SECONDS", 0),),
-        ),
     )
 }
 
@@ -78,11 +66,6 @@ NETS = {
 def jobs_off(names: Iterable[str]) -> tuple[str, ...]:
     """The periodic tasks to disable for the nets ``names``."""
     return tuple(job for name in names for job in NETS[name].jobs_off)
-
-
-def settings_of(names: Iterable[str]) -> dict[str, int]:
-    """The Django settings that switch off the nets ``names``."""
-    return {key: value for name in names for key, value in NETS[name].settings}
 
 
 def patch_applied(net: Net, root: Path) -> bool:

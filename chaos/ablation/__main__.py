@@ -234,7 +234,6 @@ def _nets_acted(actions: dict[str, Any] | None) -> str:
         f"N1 {jobs.get('email-claims-recover', 0)} · N2 {rescued.get('email-claims', 0)} · "
         f"N3 {rescued.get('held-jobs', 0)} · N4 {jobs.get('email-reconcile', 0)}"
         + (f" ({dispatches})" if dispatches else "")
-        + f" · N5 {actions['watchdog_exits']}"
     )
 
 
@@ -313,7 +312,7 @@ def table(runs: list[Run]) -> str:
         "PostgreSQL restarts) or never. Nets acted, from the logs: N1 "
         "emails the lease-expiry recovery re-enqueued, N2 claims the heartbeat rescue released, "
         "N3 jobs the held-jobs rescue re-enqueued, N4 emails the reconcile re-enqueued (and "
-        "its dispatches at once on recovery: restart, reconnect), N5 watchdog exits.",
+        "its dispatches at once on a broker restart).",
         "Configurations: " + "; ".join(f"{n.name} off = {n.title}" for n in NETS.values()) + ".",
     ]
     return "\n".join(lines)

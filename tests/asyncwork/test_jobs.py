@@ -351,9 +351,7 @@ def test_a_recovery_run_the_database_cuts_is_dispatched_again_as_a_recovery(
         raise OperationalError("the database system is shutting down")
 
     monkeypatch.setattr(invoicing.jobs, "invoices_reconcile", database_gone)
-    result = jobs.job_task("email-reconcile").apply(
-        kwargs={"recovery": True, "reason": jobs.BROKER_RESTARTED}
-    )
+    result = jobs.job_task("email-reconcile").apply(kwargs={"recovery": True})
     assert isinstance(result.result, OperationalError)
 
     again = [
@@ -366,4 +364,4 @@ def test_a_recovery_run_the_database_cuts_is_dispatched_again_as_a_recovery(
     headers = again[0]["headers"]
     assert headers["eta"] is not None  # after RECOVERY_RETRY_SECONDS
     _, kwargs, _ = json.loads(base64.b64decode(again[0]["body"]))
-    assert kwargs == {"recovery": True, "attempt": 1, "reason": jobs.BROKER_RESTARTED}
+    assert kwargs == {"recovery": True, "attempt": 1}

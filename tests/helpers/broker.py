@@ -42,7 +42,6 @@ BOTH_BROKERS = (
     "tests/asyncwork/test_outbox.py",
     "tests/asyncwork/test_rabbitmq.py",
     "tests/asyncwork/test_scheduled.py",
-    "tests/asyncwork/test_watchdog.py",
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
     "tests/invoicing/test_rescue.py",

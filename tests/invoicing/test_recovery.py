@@ -1,7 +1,6 @@
 """A broker restart is recovered at once: the beat leader sees the broker's run id change (or
 its marker gone: a broker emptied without a restart) and runs the reconcile in its recovery
 mode, without waiting for its period or the quiet period.
-A database reconnect runs it at once too, but with the quiet period: the broker lost nothing.
 
 Real processes throughout: a private ``redis-server`` (no persistence) as the broker, a beat,
 a worker and an SMTP server. Redis is shut down with ``SHUTDOWN NOSAVE`` while emails are
@@ -11,11 +10,9 @@ queued (every queued message is gone) and started again on the same port.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from asyncwork.models import OutboxMessage, ScheduledJob
@@ -99,71 +96,3 @@ def test_a_broker_that_lost_its_queues_is_reconciled_within_seconds(
     # No email twice: each message carries its invoice's one Message-ID.
     ids = [message["Message-ID"] for message in smtp.messages]
     assert len(ids) == len(set(ids)) == INVOICES
-
-
-def test_a_database_reconnect_reconciles_at_once_but_keeps_the_quiet_period(
-    smtp: SmtpServer,
-) -> None:
-    """What a PostgreSQL restart does to beat: every connection terminated by the server. The
-    reconcile runs at once, with its quiet period: an invoice whose message went out long
-    enough ago and never reached a worker (lost) is emailed within seconds, while one whose
-    message is still in the broker (a restart of the database drops no queued message) is not
-    enqueued a second time."""
-    quiet = 20
-    env = worker_env(smtp.port, {"RECONCILE_QUIET_SECONDS": quiet})
-    beat = launch.celery_beat(env, name="reconnect-beat")
-    worker = launch.celery_worker(env, name="reconnect-worker")
-    try:
-        assert wait_until(lambda: "took the leader lock" in beat.log_text(), timeout=30)
-        worker.wait_ready()
-        # The periodic reconcile's first run is one period (120 s) after beat starts: within
-        # this test only the recovery run can find what follows.
-        runs_before = ScheduledJob.objects.get(name="email-reconcile").runs
-        lost, queued = paid_invoice(), paid_invoice()
-        OutboxMessage.objects.create(
-            task=SEND_INVOICE_EMAIL_TASK,
-            args=[lost.pk],
-            queue=EMAIL_QUEUE,
-            published_at=timezone.now() - timedelta(seconds=3 * quiet),
-        )
-        OutboxMessage.objects.create(
-            task=SEND_INVOICE_EMAIL_TASK,
-            args=[queued.pk],
-            queue=EMAIL_QUEUE,
-            published_at=timezone.now(),
-        )
-        # Still in the broker when the database comes back: due in a while.
-        app.send_task(SEND_INVOICE_EMAIL_TASK, args=[queued.pk], countdown=12)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            (terminated,) = cursor.fetchone()
-        cut = time.monotonic()
-        done = wait_until(
-            lambda: EmailDelivery.objects.filter(invoice=lost, state="sent").exists(),
-            GOAL_SECONDS + 30,
-            interval=0.2,
-        )
-        seconds = time.monotonic() - cut
-        print(f"\ndatabase connections cut: the lost invoice emailed {seconds:.1f} s later")
-        recovered = ScheduledJob.objects.get(name="email-reconcile")
-        queued_rows = OutboxMessage.objects.filter(args=[queued.pk]).count()
-        both = wait_until(
-            lambda: EmailDelivery.objects.filter(state="sent").count() == 2, 30, interval=0.2
-        )
-        beat_log = beat.log_text()
-    finally:
-        worker.stop()
-        beat.stop()
-    assert terminated >= 1
-    assert "recovery: database_reconnected" in beat_log, beat_log[-3000:]
-    assert done
-    assert seconds <= GOAL_SECONDS
-    assert recovered.runs > runs_before
-    assert recovered.last_result == "1"  # the lost invoice alone
-    assert queued_rows == 1  # the queued one was not enqueued again
-    assert both
-    ids = [message["Message-ID"] for message in smtp.messages]
-    assert len(ids) == len(set(ids)) == 2
