@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Info, Tags, register
+from django.core.checks import CheckMessage, Error, Info, Tags, register
 
 
 @register(Tags.security, deploy=True)
@@ -25,3 +25,28 @@ def https_opt_out_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             id="core.I001",
         )
     ]
+
+
+@register()
+def crash_window_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The timing the crash window's bound rests on (docs/design.md), whoever set the values: a
+    live claim is never taken over while its owner may still be sending, and the broker never
+    hands a running task to a second worker."""
+    errors: list[CheckMessage] = []
+    if settings.EMAIL_CLAIM_LEASE_SECONDS <= settings.EMAIL_TASK_TIME_LIMIT:
+        errors.append(
+            Error("EMAIL_CLAIM_LEASE_SECONDS must exceed EMAIL_TASK_TIME_LIMIT.", id="core.E001")
+        )
+    # Redis only: RabbitMQ redelivers when the connection closes, not after a timeout.
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
+    limits = max(settings.EMAIL_TASK_TIME_LIMIT, settings.CELERY_TASK_TIME_LIMIT)
+    if visibility is not None and limits >= visibility:
+        errors.append(
+            Error(
+                "The broker's visibility_timeout must outlive the tasks' time limits "
+                "(EMAIL_TASK_TIME_LIMIT, CELERY_TASK_TIME_LIMIT), or a running task is "
+                "delivered twice.",
+                id="core.E002",
+            )
+        )
+    return errors
