@@ -54,6 +54,16 @@ CHAOS_PROFILES = (
 )
 
 
+# The process groups of bench.brokers' CPU figures, and how the docs name them.
+BROKER_CPU_GROUPS = (
+    ("gunicorn", "gunicorn"),
+    ("celery", "worker"),
+    ("postgres", "PostgreSQL"),
+    ("redis", "Redis"),
+    ("rabbitmq", "RabbitMQ"),
+)
+
+
 def bench_files(key: str = "summary") -> list[Path]:
     """The benchmark result files holding ``key`` (goal rows by default)."""
     files = [p for p in BENCH_RESULTS.glob("*.json") if key in _load(p)]
@@ -362,13 +372,7 @@ def brokers_section(path: Path) -> list[str]:
         f"interleaved; {'stored state as expected' if checks else 'stored state WRONG'}.",
         "",
     ]
-    groups = (
-        ("gunicorn", "gunicorn"),
-        ("celery", "worker"),
-        ("postgres", "PostgreSQL"),
-        ("redis", "Redis"),
-        ("rabbitmq", "RabbitMQ"),
-    )
+    groups = BROKER_CPU_GROUPS
     rows = [
         (
             broker,
@@ -496,13 +500,7 @@ def plot_brokers(path: Path) -> Path:
     rates.set_title("throughput, one run, interleaved")
     rates.set_ylim(top=rates.get_ylim()[1] * 1.3)
     rates.legend(loc="upper right", ncols=2)
-    groups = (
-        ("gunicorn", "gunicorn"),
-        ("celery", "worker"),
-        ("postgres", "PostgreSQL"),
-        ("redis", "Redis"),
-        ("rabbitmq", "RabbitMQ"),
-    )
+    groups = BROKER_CPU_GROUPS
     bottoms = [0.0] * len(brokers)
     for group, label in groups:
         values = [arms[b]["cpu_ms_per_item"][group] for b in brokers]
