@@ -13,7 +13,7 @@ from invoicing.services import email_breaker
 from stack.net import free_port
 from stack.process import Process
 from stack.smtp import SmtpServer
-from tests.helpers import broker, web
+from tests.helpers import broker, database, web
 from tests.helpers.mail import use_smtp
 from tests.helpers.redis_server import PrivateRedis
 
@@ -23,6 +23,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         return None
     # TESTS_BROKER=rabbitmq collects the tests that prove the pipeline through the broker only.
     return not broker.runs_on_both(collection_path) or None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    database.flush_by_delete()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
