@@ -86,11 +86,13 @@ class Profile:
 
 
 # The broker stall comes last: a Redis restart after it re-establishes every connection,
-# which would hide what the stall alone leaves behind (workers that no longer fetch).
+# which would hide what the stall alone leaves behind (workers that no longer fetch). Each
+# bounded fault is followed by 30 s without another (chaos.faults.FaultRunner), so the load
+# (5,000 invoices, about 250 s) is long enough for every fault to land inside it.
 FULL = Profile(
     name="full",
-    invoices=2000,
-    control_invoices=2000,
+    invoices=5000,
+    control_invoices=5000,
     rate=40,
     workers=3,
     concurrency=3,

@@ -297,6 +297,9 @@ def postgres_restart(ctx: Context, step: Step) -> dict[str, Any]:
     return {"at": started, "ended": time.time(), "pending_invoices": pending}
 
 
+# The faults whose recovery a profile's ``recovery_bound`` bounds.
+BOUNDED_FAULTS = (WORKER_KILL, REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART)
+
 INJECTORS: dict[str, Callable[[Context, Step], dict[str, Any]]] = {
     WORKER_KILL: worker_kill,
     RELAY_KILL: relay_kill,
@@ -309,8 +312,9 @@ INJECTORS: dict[str, Callable[[Context, Step], dict[str, Any]]] = {
 
 class FaultRunner:
     """Runs the plan in a thread: each step once its share of the load is done, and at least
-    ``gap`` seconds after the previous fault ended. ``injectors`` adds kinds of the caller's
-    (the partitions of ``chaos.hosts``)."""
+    ``gap`` seconds after the previous fault ended; after a bounded fault, at least ``isolate``
+    seconds (the recovery bound), so that each bounded recovery is measured with no other fault
+    inside it. ``injectors`` adds kinds of the caller's (the partitions of ``chaos.hosts``)."""
 
     def __init__(
         self,
@@ -318,6 +322,7 @@ class FaultRunner:
         steps: tuple[Step, ...],
         load_done: threading.Event,
         gap: float,
+        isolate: float | None = None,
         injectors: dict[str, Callable[[Context, Step], dict[str, Any]]] | None = None,
     ) -> None:
         self.injectors = {**INJECTORS, **(injectors or {})}
@@ -325,6 +330,7 @@ class FaultRunner:
         self.steps = steps
         self.load_done = load_done
         self.gap = gap
+        self.isolate = isolate
         self.records: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
@@ -340,16 +346,19 @@ class FaultRunner:
 
     def _run(self) -> None:
         try:
-            last_end = 0.0
+            last_end, wait = 0.0, self.gap
             for step in self.steps:
                 while not (
                     self.load_done.is_set() or (step.at < 1 and self.ctx.sender.progress >= step.at)
                 ):
                     time.sleep(0.1)
-                time.sleep(max(0.0, last_end + self.gap - time.time()))
+                time.sleep(max(0.0, last_end + wait - time.time()))
                 record = {"kind": step.kind, **self.injectors[step.kind](self.ctx, step)}
                 record["during_load"] = not self.load_done.is_set()
                 self.records.append(record)
                 last_end = float(record.get("ended", time.time()))
+                wait = self.gap
+                if self.isolate is not None and step.kind in BOUNDED_FAULTS:
+                    wait = max(self.gap, self.isolate)
         except BaseException as exc:  # noqa: BLE001 - re-raised by join() in the main thread
             self.error = exc

@@ -30,6 +30,7 @@ from typing import Any
 
 from chaos import config
 from chaos.faults import (
+    BOUNDED_FAULTS,
     BROKER_STALL,
     POSTGRES_RESTART,
     RABBITMQ_RESTART,
@@ -119,6 +120,9 @@ DEFINITIONS = {
     "stopped by the suite; workers and beat are started again a second later, as the "
     "deployment's process manager would",
     "times": "fault times are seconds from the start of the arm",
+    "series": "one sample a second (seconds from the start of the arm): emails_waiting, paid "
+    "invoices whose email is neither sent nor dead-lettered; email_queue, the email queues' "
+    "depth on the broker (null: the broker did not answer)",
 }
 
 
@@ -305,9 +309,6 @@ class _Analysis:
 
 STALL_GAP = 10.0  # seconds without finishing a task, while emails wait, that make a stall
 
-# The faults whose recovery a profile's ``recovery_bound`` bounds.
-BOUNDED_FAULTS = (WORKER_KILL, REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART)
-
 
 def over_bound(fault: dict[str, Any], bound: float | None) -> bool:
     """Whether ``fault`` is bounded, ran, and did not recover within ``bound`` seconds."""
@@ -373,6 +374,16 @@ def stalled_workers(inputs: Inputs, rel: Callable[[float], float]) -> list[dict[
                     }
                 )
     return stalls
+
+
+def series(timeline: list[dict[str, Any]], rel: Callable[[float], float]) -> dict[str, list[Any]]:
+    """The timeline, kept in the result file for its plot: see DEFINITIONS["series"]."""
+    measured = [s for s in timeline if None not in (s["paid"], s["sent"], s["dead_letters"])]
+    return {
+        "seconds": [rel(s["at"]) for s in measured],
+        "emails_waiting": [max(0, s["paid"] - s["sent"] - s["dead_letters"]) for s in measured],
+        "email_queue": [s["email_queue"] for s in measured],
+    }
 
 
 def build(inputs: Inputs) -> dict[str, Any]:
@@ -540,6 +551,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
         "results": results,
         "load": load,
         "faults": faults,
+        "series": series(inputs.timeline, a.rel),
         "smtp": smtp_summary(inputs.smtp),
         "quiescence": inputs.quiescence,
         "config": {

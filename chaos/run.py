@@ -290,6 +290,7 @@ def _run_arm(
                 steps,
                 load_done,
                 gap=profile.fault_gap,
+                isolate=profile.recovery_bound,
                 injectors=hosts.INJECTORS if net is not None else None,
             ).start()
             sender.run()

@@ -514,14 +514,21 @@ def plot_brokers(path: Path) -> Path:
 
 
 def plot_chaos(path: Path) -> Path:
-    """One chaos run's safe arm as a timeline: each fault (its span), its recovery, when email
-    flowed again, and the load's span. The result file holds no series of emails waiting."""
+    """One chaos run's safe arm as a timeline: above, the emails waiting each second; below,
+    each fault (its span), its recovery, when email flowed again, and the load's span."""
     document = _load(path)
     arm = document["arms"]["safe"]
     faults = [f for f in arm["faults"] if "skipped" not in f]
-    figure = _figure(height=0.32 * len(faults) + 1.4)
-    axes = figure.add_subplot()
+    figure = _figure(height=0.32 * len(faults) + 3.2)
+    waiting, axes = figure.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [1.8, 0.32 * len(faults) + 0.6]}
+    )
     end = arm["duration_seconds"]
+    series = arm["series"]
+    waiting.plot(series["seconds"], series["emails_waiting"], color="tab:blue", linewidth=1)
+    waiting.set_ylabel("emails waiting")
+    for fault in faults:
+        waiting.axvspan(fault["at"], max(fault["ended"], fault["at"] + 0.6), color="tab:red")
     axes.axvspan(0, arm["load"]["seconds"], color="0.93", zorder=0)
     axes.text(1, len(faults) - 0.4, "load running", fontsize=7, color="0.4", va="top")
     for row, fault in enumerate(faults):
@@ -542,7 +549,7 @@ def plot_chaos(path: Path) -> Path:
     axes.set_yticks(range(len(faults)), [f["kind"] for f in reversed(faults)])
     axes.set_xlim(0, end)
     axes.set_xlabel("seconds from the start of the arm")
-    axes.set_title(
+    waiting.set_title(
         f"Chaos profile {document['profile']} on {arm['broker']}, safe arm: "
         f"lost {arm['results']['lost']}\n"
         "red: the fault; green: until recovered; |: email flowing again",
