@@ -21,13 +21,13 @@ from asyncwork.outbox import outbox_enqueue
 from asyncwork.rescue import rescue
 from invoicing.models import EmailDelivery
 from invoicing.services import (
+    EMAIL_KEY_PREFIX,
     EMAIL_RECOVERY_QUEUE,
     RESEND_INVOICE_EMAIL_TASK,
     SEND_INVOICE_EMAIL_TASK,
     email_breaker,
 )
 
-EMAIL_KEY_PREFIX = "invoice_email_sent:"
 # How far back reconcile looks; older invoices are an operator's to resend.
 RECONCILE_WINDOW_DAYS = 7
 

@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import NamedTuple
 
@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 # Seconds a process trusts a closed-breaker read: another process's opening is seen this late.
 BREAKER_CHECK_SECONDS = 1.0
+# The payment email's key, followed by the invoice's pk.
+EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
 SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"  # invoicing/tasks.py
 RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
@@ -81,18 +83,8 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     paid invoice stays paid. The event that makes it paid writes the email to the outbox in the
     same transaction. ``recipient_override`` is the operator's and is kept.
     """
-    fields = {
-        "number": data.number,
-        "customer_email": data.customer_email,
-        "customer_name": data.customer_name,
-        "amount_paid": data.amount_paid,
-        "currency": data.currency,
-        "status": data.status,
-        "hosted_invoice_url": data.hosted_invoice_url,
-        "paid_at": data.paid_at,
-        "provider_updated_at": provider_time,
-    }
-    invoice = Invoice(provider_invoice_id=data.provider_invoice_id, **fields)
+    fields = {**asdict(data), "provider_updated_at": provider_time}
+    invoice = Invoice(**fields)
     if insert_or_skip(invoice, conflict_fields=["provider_invoice_id"]):
         was_paid = False
     else:
@@ -121,11 +113,7 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
 
 
 def invoice_email_key(invoice: Invoice) -> str:
-    return invoice_email_key_for(invoice.pk)
-
-
-def invoice_email_key_for(invoice_id: int) -> str:
-    return f"invoice_email_sent:{invoice_id}"
+    return f"{EMAIL_KEY_PREFIX}{invoice.pk}"
 
 
 def invoice_email_message_id(invoice: Invoice, key: str) -> str:
@@ -134,9 +122,6 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
 
-
-# Whose claim a claim may take over: one whose owner is gone (its heartbeat lapsed).
-_OWNER_GONE = owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")
 
 # Returns the claim's row, token, Message-ID and take-over flag, or no row when not claimed. A
 # claimed key keeps the Message-ID it recorded first.
@@ -151,7 +136,7 @@ ON CONFLICT (key) DO UPDATE
         lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
     WHERE d.state IN ('pending', 'failed')
        OR (d.state = 'sending' AND d.lease_expires_at < now())
-       OR (d.state = 'sending' AND {_OWNER_GONE})
+       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
 RETURNING d.id, d.attempts, d.message_id, (d.xmax <> 0) AS reclaimed
 """  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
@@ -317,7 +302,7 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
             raise _provider_unavailable(decision.retry_in)
         return _invoice_email_send_claimed(
             invoice_id=invoice_id,
-            key=key or invoice_email_key_for(invoice_id),
+            key=key or f"{EMAIL_KEY_PREFIX}{invoice_id}",
             owner=owner,
             breaker=breaker,
             decision=decision,
