@@ -581,20 +581,13 @@ SPECTACULAR_SETTINGS = {
 LOG_FORMAT = setting("LOG_FORMAT", "text", "json: one JSON object per line")
 # Logs travel further and live longer than the database rows they come from.
 LOG_PII = setting("LOG_PII", False, "1: email addresses in full in log lines, not masked")
+_FORMAT = {"fmt": "%(asctime)s %(levelname)s %(name)s %(message)s", "mask_pii": not LOG_PII}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "text": {
-            "()": "asyncwork.logging.TextFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "mask_pii": not LOG_PII,
-        },
-        "json": {
-            "()": "asyncwork.logging.JsonFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "mask_pii": not LOG_PII,
-        },
+        "text": {"()": "asyncwork.logging.TextFormatter", **_FORMAT},
+        "json": {"()": "asyncwork.logging.JsonFormatter", **_FORMAT},
     },
     "filters": {
         "context": {"()": "asyncwork.logging.ContextFilter"},

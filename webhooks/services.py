@@ -8,6 +8,7 @@ in ``error`` and answered 200: refusing it would only have the provider retry it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterable
@@ -118,25 +119,13 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reproces
     )
     logger.info(
         "reprocessed %d webhook event(s)",
-        len(order) - len(result.missing),
-        extra={
-            "actor": actor,
-            "processed": result.processed,
-            "ignored": result.ignored,
-            "failed": result.failed,
-            "missing": result.missing,
-        },
+        len(order) - len(missing),
+        extra={"actor": actor, **dataclasses.asdict(result)},
     )
     return result
 
 
 _SIGNED_AT = re.compile(r"(?:^|,)\s*t=([0-9]{1,12})\s*(?:,|$)")
-
-
-def _signed_at(row: WebhookEvent) -> int:
-    """The signature's timestamp, as on arrival (the event's time if its body has none)."""
-    match = _SIGNED_AT.search(str(row.headers.get("Stripe-Signature", "")))
-    return int(match.group(1)) if match else int(row.received_at.timestamp())
 
 
 def _reapply(row: WebhookEvent) -> tuple[str, str]:
@@ -145,10 +134,13 @@ def _reapply(row: WebhookEvent) -> tuple[str, str]:
         return WebhookEvent.State.FAILED, (
             "its raw body was cleared by retention (WEBHOOK_BODY_RETENTION_DAYS); nothing to apply"
         )
+    # The signature's timestamp, as on arrival (the event's time if its body has none).
+    match = _SIGNED_AT.search(str(row.headers.get("Stripe-Signature", "")))
+    signed_at = int(match.group(1)) if match else int(row.received_at.timestamp())
     try:
         # A savepoint: an apply that fails half-way leaves nothing behind.
         with transaction.atomic():
-            event = event_parse(payload=row.body.encode(), signed_at=_signed_at(row))
+            event = event_parse(payload=row.body.encode(), signed_at=signed_at)
             if event.id != row.event_id:
                 raise WebhookRejected(f"the body is event {event.id}, not {row.event_id}")
             if not event.handled:
