@@ -61,7 +61,6 @@ def email_status(invoice: Invoice) -> str:
 
 
 def filter_by_email_status(queryset: QuerySet[Any], status: str) -> QuerySet[Any]:
-    """Filter an ``invoices_with_email_status`` queryset by the email status."""
     sent = {"email_state": EmailDelivery.State.SENT}
     if status == "sent":
         return queryset.filter(**sent)

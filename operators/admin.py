@@ -25,7 +25,6 @@ def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
 
 
 def admin_actor(request: HttpRequest) -> str:
-    """The actor an admin action is recorded under."""
     return f"admin:{request.user.get_username()}"
 
 

@@ -63,7 +63,6 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
                 event.out_of_scope,
                 extra={"event_id": event.id, "event_type": event.type},
             )
-        # Its handler's effect commits with the row, or neither does.
         event_apply(event)
     return Recorded(event_id=event.id, duplicate=False, state=row.state)
 
@@ -85,8 +84,7 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reproces
     """Apply stored deliveries again (the admin's "Reprocess"), in the order received, each in
     its own transaction under its row's lock and recorded as an operator action. The body is
     parsed again but not re-verified; handlers are idempotent, so an applied event changes
-    nothing. Each row ends ``processed``, ``ignored`` or ``failed`` (reason in ``error``).
-    """
+    nothing. Each row ends ``processed``, ``ignored`` or ``failed`` (reason in ``error``)."""
     wanted = set(event_ids)
     order = list(
         WebhookEvent.objects.filter(event_id__in=wanted)

@@ -149,7 +149,6 @@ def event_parse(*, payload: bytes, signed_at: int) -> Event:
     created = field_epoch(data, "created") or datetime.fromtimestamp(signed_at, tz=UTC)
     # Only an explicit true is live: with STRIPE_LIVEMODE=live, anything else is ignored.
     livemode = data.get("livemode") is True
-    # Decided before the object is read: an event that is not ours is ignored whatever it holds.
     out_of_scope = event_scope_check(livemode=livemode, account=data.get("account"))
     event = Event(
         id=event_id, type=event_type, created=created, livemode=livemode, out_of_scope=out_of_scope
