@@ -195,16 +195,6 @@ class InvoiceAdmin(ReadOnlyAdmin):
             *super().get_urls(),
         ]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        extra = {"can_correct_recipient": self.has_correct_recipient_permission(request)}
-        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
-
     def correct_recipient_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not (
             self.has_view_permission(request) and self.has_correct_recipient_permission(request)
