@@ -1,10 +1,6 @@
-"""Settings for the invoice-emailing application.
-
-One module, one environment reader (django-environ). Production is the default: ``DEBUG`` is
-off unless ``DJANGO_DEBUG`` turns it on, the secrets then have no default, and a missing one
-stops start-up with one line naming it (``core.startup``). The other defaults work on a
-development machine with PostgreSQL and Redis on localhost.
-"""
+"""Settings, read from the environment (django-environ). Production is the default: unless
+``DJANGO_DEBUG`` is on, the secrets have no default, and a missing one stops start-up with one
+line naming it (``core.startup``). The other defaults suit PostgreSQL and Redis on localhost."""
 
 from __future__ import annotations
 
@@ -172,9 +168,8 @@ USE_I18N = True
 USE_TZ = True
 
 # --- Static files ---------------------------------------------------------------------------------
-# Served by the app (WhiteNoise) under content-hashed names, cacheable for ten years. With DEBUG
-# off, run `manage.py collectstatic` wherever gunicorn runs, or a page naming a static file
-# fails ("Missing staticfiles manifest entry").
+# Served by WhiteNoise under content-hashed names. With DEBUG off, run `manage.py collectstatic`
+# where gunicorn runs, or a page naming a static file fails ("Missing staticfiles manifest entry").
 STATIC_URL = "static/"
 STATIC_ROOT = Path(
     setting(
@@ -208,9 +203,8 @@ SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS_ONLY else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
 if TRUSTED_PROXIES:
-    # The trusted proxy must set it itself, replacing the client's (deploy/nginx does); from
-    # any other peer it is dropped (operators.http.ForwardedProtoMiddleware). A TLS proxy not
-    # listed in TRUSTED_PROXIES gets a redirect loop.
+    # Set by the trusted proxy, replacing the client's (deploy/nginx does), dropped from any other
+    # peer (operators.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on redirects.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision: `check --deploy` reports it as one
 # INFO (core.I001, core/checks.py) instead of the four warnings about what it turned off.
@@ -282,7 +276,6 @@ EMAIL_HOST_USER = setting("EMAIL_HOST_USER", "", "SMTP authentication: the user"
 EMAIL_HOST_PASSWORD = setting("EMAIL_HOST_PASSWORD", "", "SMTP authentication: the password")
 EMAIL_USE_TLS = setting("EMAIL_USE_TLS", False, "STARTTLS (usually port 587)")
 EMAIL_USE_SSL = setting("EMAIL_USE_SSL", False, "TLS from the start (usually port 465)")
-# Seconds for every blocking SMTP socket operation: a hung server must not hold a worker.
 EMAIL_TIMEOUT = setting("EMAIL_TIMEOUT", 10, "seconds for every SMTP socket operation")
 DEFAULT_FROM_EMAIL = setting(
     "DEFAULT_FROM_EMAIL",
@@ -345,8 +338,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Long-running workers grow; recycle pool processes before they do.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 5000
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = 256_000  # KiB
-# Otherwise Celery opens a new database connection per task; each task follows Django's
-# per-request rule instead (asyncwork/db.py).
+# A task keeps the process's database connection, as a request does (asyncwork/db.py).
 CELERY_DB_REUSE_MAX = 1000
 
 # Redis: an unacknowledged message is redelivered after this; it must outlive every task's
@@ -367,9 +359,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     # Queues in declared order (asyncwork/queues.py), not round robin: re-enqueued work first.
     "queue_order_strategy": "priority",
 }
-# RabbitMQ: durable quorum queues with a delivery limit (asyncwork/queues.py), and publisher
-# confirms, so the outbox marks a row published only once the broker took it. The Redis options
-# above do not apply: a dead worker's message returns when its connection closes.
+# RabbitMQ: quorum queues with a delivery limit (asyncwork/queues.py) and publisher confirms (a
+# row is published once the broker took it); a dead worker's message returns as it disconnects.
 BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
 # RabbitMQ: deliveries of one message before it is dead-lettered as poison (asyncwork/tasks.py).
 # Returns that are no fault of the message (a restart) count too, hence more than a few.
@@ -395,8 +386,8 @@ EMAIL_RETRY_BACKOFF_BASE = setting(
 EMAIL_RETRY_BACKOFF_MAX = setting(
     "EMAIL_RETRY_BACKOFF_MAX", 60, "seconds: the longest wait between two attempts"
 )
-# Test settings scale these down, keeping: visibility timeout > every hard time limit; claim
-# lease > the email task's hard limit, so a live claim is never taken over mid-send.
+# The claim lease outlives the task's hard limit, so a live claim is never taken over mid-send
+# (core/checks.py holds any settings module to it).
 EMAIL_TASK_SOFT_TIME_LIMIT = 45
 EMAIL_TASK_TIME_LIMIT = 60
 EMAIL_CLAIM_LEASE_SECONDS = 90
@@ -581,20 +572,13 @@ SPECTACULAR_SETTINGS = {
 LOG_FORMAT = setting("LOG_FORMAT", "text", "json: one JSON object per line")
 # Logs travel further and live longer than the database rows they come from.
 LOG_PII = setting("LOG_PII", False, "1: email addresses in full in log lines, not masked")
+_FORMAT = {"fmt": "%(asctime)s %(levelname)s %(name)s %(message)s", "mask_pii": not LOG_PII}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "text": {
-            "()": "asyncwork.logging.TextFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "mask_pii": not LOG_PII,
-        },
-        "json": {
-            "()": "asyncwork.logging.JsonFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "mask_pii": not LOG_PII,
-        },
+        "text": {"()": "asyncwork.logging.TextFormatter", **_FORMAT},
+        "json": {"()": "asyncwork.logging.JsonFormatter", **_FORMAT},
     },
     "filters": {
         "context": {"()": "asyncwork.logging.ContextFilter"},

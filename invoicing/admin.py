@@ -6,6 +6,7 @@ resend asks first, stating the count, and sends a selection once however often i
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 from urllib.parse import urlencode
@@ -32,24 +33,17 @@ from invoicing.selectors import (
     invoice_dead_letters,
     invoices_with_email_status,
 )
-from invoicing.services import invoice_email_resend_selection_once, invoice_recipient_correct
+from invoicing.services import (
+    InvoiceData,
+    invoice_email_resend_selection_once,
+    invoice_recipient_correct,
+)
 from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
 
 # A misclick on "select all" must not mail a whole customer base; more go through the API.
 RESEND_SELECTION_MAX = 100
 
-PROVIDER_FIELDS = (
-    "provider_invoice_id",
-    "number",
-    "customer_email",
-    "customer_name",
-    "amount_paid",
-    "currency",
-    "status",
-    "hosted_invoice_url",
-    "paid_at",
-    "provider_updated_at",
-)
+PROVIDER_FIELDS = (*(f.name for f in dataclasses.fields(InvoiceData)), "provider_updated_at")
 
 
 class EmailDeliveryInline(admin.TabularInline):
@@ -106,7 +100,6 @@ class EmailDeliveryAdmin(ReadOnlyAdmin):
         "created_at",
         "updated_at",
     )
-    readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EmailDelivery]:
         return super().get_queryset(request).select_related("invoice")
@@ -184,14 +177,6 @@ class InvoiceAdmin(ReadOnlyAdmin):
         ),
         (None, {"fields": ("created_at", "updated_at")}),
     )
-    readonly_fields = (
-        *PROVIDER_FIELDS,
-        "recipient_override",
-        "recipient",
-        "dead_letters",
-        "created_at",
-        "updated_at",
-    )
 
     def has_resend_email_permission(self, request: HttpRequest) -> bool:
         return has_power(request, Invoice, "resend_invoice_email")
@@ -209,16 +194,6 @@ class InvoiceAdmin(ReadOnlyAdmin):
             ),
             *super().get_urls(),
         ]
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        extra = {"can_correct_recipient": self.has_correct_recipient_permission(request)}
-        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     def correct_recipient_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not (

@@ -62,9 +62,6 @@ class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
         return email_status(obj)
 
 
-RESEND_STATUSES = ("queued", "sent", "failed")
-
-
 class ResendSerializer(serializers.Serializer[None]):
     delivery_id = serializers.IntegerField()
     invoice_id = serializers.IntegerField()
@@ -73,7 +70,7 @@ class ResendSerializer(serializers.Serializer[None]):
     requested_by = serializers.CharField()
     requested_at = serializers.DateTimeField()
     status = serializers.ChoiceField(
-        choices=RESEND_STATUSES,
+        choices=("queued", "sent", "failed"),
         help_text="What the request did, now: queued (waiting, sending or between attempts), "
         "sent, or failed (dead-lettered; replaying the dead letter queues it again).",
     )

@@ -21,13 +21,13 @@ from asyncwork.outbox import outbox_enqueue
 from asyncwork.rescue import rescue
 from invoicing.models import EmailDelivery
 from invoicing.services import (
+    EMAIL_KEY_PREFIX,
     EMAIL_RECOVERY_QUEUE,
     RESEND_INVOICE_EMAIL_TASK,
     SEND_INVOICE_EMAIL_TASK,
     email_breaker,
 )
 
-EMAIL_KEY_PREFIX = "invoice_email_sent:"
 # How far back reconcile looks; older invoices are an operator's to resend.
 RECONCILE_WINDOW_DAYS = 7
 
@@ -49,25 +49,27 @@ def email_claims_recover(*, limit: int = 500) -> int:
         )
         for delivery in stale:
             if delivery.state == EmailDelivery.State.SENDING:
-                delivery.state = EmailDelivery.State.FAILED
-                delivery.lease_expires_at = None
-                delivery.last_error = (
-                    f"claim by {delivery.claimed_by} expired unfinished; re-enqueued by recovery"
-                )
-            delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
+                why = f"claim by {delivery.claimed_by} expired unfinished; re-enqueued by recovery"
+                _release(delivery, why)
+            else:
+                delivery.save(update_fields=["updated_at"])  # pending: a new quiet period
             _enqueue_again(delivery)
     return len(stale)
 
 
+def _release(delivery: EmailDelivery, why: str) -> None:
+    delivery.state = EmailDelivery.State.FAILED
+    delivery.lease_expires_at = None
+    delivery.last_error = why
+    delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
+
+
 def _enqueue_again(delivery: EmailDelivery) -> None:
     if delivery.key.startswith(EMAIL_KEY_PREFIX):
-        outbox_enqueue(
-            task=SEND_INVOICE_EMAIL_TASK, args=[delivery.invoice_id], queue=EMAIL_RECOVERY_QUEUE
-        )
+        task, args = SEND_INVOICE_EMAIL_TASK, [delivery.invoice_id]
     else:
-        outbox_enqueue(
-            task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk], queue=EMAIL_RECOVERY_QUEUE
-        )
+        task, args = RESEND_INVOICE_EMAIL_TASK, [delivery.pk]
+    outbox_enqueue(task=task, args=args, queue=EMAIL_RECOVERY_QUEUE)
 
 
 # A claim in ``sending`` is as old as its ``updated_at``: nothing else writes a claimed row.
@@ -93,13 +95,8 @@ def email_claims_rescue(*, limit: int = 500) -> int:
         # Locked above: no claim can change these rows before this transaction ends.
         rescued = list(EmailDelivery.objects.filter(pk__in=ids).order_by("pk"))
         for delivery in rescued:
-            delivery.state = EmailDelivery.State.FAILED
-            delivery.lease_expires_at = None
-            delivery.last_error = (
-                f"the heartbeat of {delivery.claimed_by}, which claimed it, lapsed; "
-                "re-enqueued by rescue"
-            )
-            delivery.save(update_fields=["state", "lease_expires_at", "last_error", "updated_at"])
+            why = f"the heartbeat of {delivery.claimed_by}, which claimed it, lapsed"
+            _release(delivery, f"{why}; re-enqueued by rescue")
             _enqueue_again(delivery)
     return len(rescued)
 

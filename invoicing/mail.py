@@ -10,7 +10,6 @@ hosted URL is linked only over https to a host in ``INVOICE_URL_ALLOWED_HOSTS``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import re
@@ -47,26 +46,7 @@ CONNECTION_MAX_MESSAGES = 100
 CONNECTION_MAX_AGE_SECONDS = 60
 
 # ISO 4217 exponents that are not 2, for the currencies Stripe supports.
-_ZERO_DECIMAL = frozenset(
-    [
-        "bif",
-        "clp",
-        "djf",
-        "gnf",
-        "jpy",
-        "kmf",
-        "krw",
-        "mga",
-        "pyg",
-        "rwf",
-        "ugx",
-        "vnd",
-        "vuv",
-        "xaf",
-        "xof",
-        "xpf",
-    ]
-)
+_ZERO_DECIMAL = frozenset("bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split())  # noqa: SIM905
 _THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
 
 
@@ -79,13 +59,7 @@ def format_amount(minor: int, currency: str) -> str:
 
 
 def message_id_domain() -> str:
-    return _domain_of(settings.DEFAULT_FROM_EMAIL)
-
-
-@functools.lru_cache(maxsize=8)
-def _domain_of(sender: str) -> str:
-    _, address = parseaddr(sender)
-    return address.rpartition("@")[2] or "localhost"
+    return parseaddr(settings.DEFAULT_FROM_EMAIL)[1].rpartition("@")[2] or "localhost"
 
 
 # C0 controls, DEL, C1 controls, and the line and paragraph separators.
@@ -220,20 +194,6 @@ class _Kept:
 _local = threading.local()
 
 
-def _connection_key() -> tuple[Any, ...]:
-    return (
-        os.getpid(),
-        settings.EMAIL_BACKEND,
-        settings.EMAIL_HOST,
-        settings.EMAIL_PORT,
-        settings.EMAIL_HOST_USER,
-        settings.EMAIL_HOST_PASSWORD,
-        settings.EMAIL_USE_TLS,
-        settings.EMAIL_USE_SSL,
-        settings.EMAIL_TIMEOUT,
-    )
-
-
 def _dropped(connection: Any) -> bool:
     """Whether the server closed the connection or spoke unasked (a 421): the socket is gone or
     readable with no command pending. No round trip."""
@@ -259,7 +219,17 @@ def _connection_kept() -> Any:
     """This thread's SMTP connection, kept across messages within the bounds above and
     replaced once dropped or the settings changed. A non-SMTP backend is returned fresh."""
     kept: _Kept | None = getattr(_local, "kept", None)
-    key = _connection_key()
+    key = (
+        os.getpid(),
+        settings.EMAIL_BACKEND,
+        settings.EMAIL_HOST,
+        settings.EMAIL_PORT,
+        settings.EMAIL_HOST_USER,
+        settings.EMAIL_HOST_PASSWORD,
+        settings.EMAIL_USE_TLS,
+        settings.EMAIL_USE_SSL,
+        settings.EMAIL_TIMEOUT,
+    )
     if kept is not None and (
         kept.key != key
         or kept.sent >= CONNECTION_MAX_MESSAGES
@@ -336,13 +306,6 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise Unreachable(f"SMTP unreachable: {_words(exc)}") from exc
 
 
-# --- EMAIL_BACKEND: Django's SMTP backend, able to send to a UTF-8 local part (RFC 6531) -------
-# Django's ``sanitize_address`` turns a non-ASCII local part into an RFC 2047 encoded word, which
-# names another mailbox. Such a message is sent with SMTPUTF8 instead, or, if the server does not
-# offer it, refused with ``SMTPNotSupportedError`` before ``MAIL FROM``. All-ASCII addresses take
-# Django's own ``_send``.
-
-
 def address_spec(address: str) -> str:
     """The ``local@domain`` of one address (``Name <local@domain>`` or bare)."""
     # The modern parser reads a UTF-8 local part (noting a defect); Django's sanitiser mangles it.
@@ -363,6 +326,11 @@ _AS_WRITTEN = SMTPUTF8.clone(refold_source="none")
 
 
 class EmailBackend(smtp.EmailBackend):
+    """``EMAIL_BACKEND``: Django's SMTP backend, able to send to a UTF-8 local part (RFC 6531).
+    Django's ``sanitize_address`` would turn one into an RFC 2047 encoded word, naming another
+    mailbox; such a message goes with SMTPUTF8, or, if the server lacks it, is refused with
+    ``SMTPNotSupportedError`` before ``MAIL FROM``. All-ASCII addresses take Django's ``_send``."""
+
     # Django's per-message step (django/core/mail/backends/smtp.py); django-stubs omits it.
     def _send(self, email_message: EmailMessage) -> bool:
         if not email_message.recipients():

@@ -16,8 +16,7 @@ class Invoice(models.Model):
     provider_invoice_id = models.CharField(max_length=255, unique=True)
     number = models.CharField(max_length=255, blank=True)
     customer_email = models.CharField(max_length=320, blank=True)
-    # An operator's correction, apart from the provider's customer_email: its next event
-    # must not undo it.
+    # An operator's correction, kept apart from customer_email, which the provider's events set.
     recipient_override = models.EmailField(max_length=320, blank=True)
     customer_name = models.CharField(max_length=255, blank=True)
     amount_paid = models.BigIntegerField(default=0, help_text="Integer minor units.")

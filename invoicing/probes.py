@@ -13,7 +13,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asyncwork.gauges import breaker_check, breaker_figures, breaker_metrics
-from asyncwork.probes import BreakerProbe, Figure, Probe, breaker_probe, probe_declare
+from asyncwork.probes import Figure, Probe, breaker_probe, probe_declare
 from invoicing.models import EmailDelivery
 from invoicing.services import email_breaker
 
@@ -103,18 +103,12 @@ def email_metrics(probe: EmailProbe) -> list[Metric]:
         "EmailDelivery rows by state (pending, sending, sent, failed).",
         labels=["kind", "state"],
     )
-    sent_by_kind: dict[str, int] = {}
-    attempts_by_kind: dict[str, int] = {}
     for count in probe.counts:
-        sent_by_kind.setdefault(count.kind, 0)
-        attempts_by_kind[count.kind] = attempts_by_kind.get(count.kind, 0) + count.attempts
-        if count.state == EmailDelivery.State.SENT:
-            sent_by_kind[count.kind] = count.rows
         deliveries.add_metric([count.kind, count.state], count.rows)
-    for name, n in sent_by_kind.items():
-        sent.add_metric([name], n)
-    for name, n in attempts_by_kind.items():
-        attempts.add_metric([name], n)
+    for kind in dict.fromkeys(count.kind for count in probe.counts):
+        of_kind = [count for count in probe.counts if count.kind == kind]
+        sent.add_metric([kind], sum(c.rows for c in of_kind if c.state == EmailDelivery.State.SENT))
+        attempts.add_metric([kind], sum(c.attempts for c in of_kind))
     return [sent, attempts, deliveries]
 
 
@@ -130,14 +124,10 @@ probe_declare(
 )
 
 
-def email_breaker_probe() -> BreakerProbe:
-    return breaker_probe(email_breaker())
-
-
 probe_declare(
     Probe(
         "email_breaker",
-        email_breaker_probe,
+        lambda: breaker_probe(email_breaker()),
         database=False,
         # Not critical: while the breaker is open emails wait, and webhooks are still taken.
         check=breaker_check,

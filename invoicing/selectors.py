@@ -18,7 +18,7 @@ from django.db.models.functions import Cast, Coalesce, Concat, JSONArray
 
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
+from invoicing.services import EMAIL_KEY_PREFIX, RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
 
 EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
 
@@ -27,7 +27,7 @@ def invoices_with_email_status() -> QuerySet[Invoice]:
     """Invoices annotated with ``email_state``, ``email_attempts``, ``email_sent_at`` (of the
     ``invoice_email_sent`` key) and ``email_dead_lettered`` (a dead letter waits for it)."""
     delivery = EmailDelivery.objects.filter(
-        key=Concat(Value("invoice_email_sent:"), Cast(OuterRef("pk"), CharField()))
+        key=Concat(Value(EMAIL_KEY_PREFIX), Cast(OuterRef("pk"), CharField()))
     )
     return Invoice.objects.annotate(
         email_state=Subquery(delivery.values("state")[:1]),
@@ -61,7 +61,6 @@ def email_status(invoice: Invoice) -> str:
 
 
 def filter_by_email_status(queryset: QuerySet[Any], status: str) -> QuerySet[Any]:
-    """Filter an ``invoices_with_email_status`` queryset by the email status."""
     sent = {"email_state": EmailDelivery.State.SENT}
     if status == "sent":
         return queryset.filter(**sent)

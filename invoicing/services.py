@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import NamedTuple
 
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 # Seconds a process trusts a closed-breaker read: another process's opening is seen this late.
 BREAKER_CHECK_SECONDS = 1.0
+EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
 SEND_INVOICE_EMAIL_TASK = "invoicing.send_invoice_email"  # invoicing/tasks.py
 RESEND_INVOICE_EMAIL_TASK = "invoicing.resend_invoice_email"
@@ -75,24 +76,11 @@ class InvoiceData:
 
 
 def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Invoice | None:
-    """Upsert an invoice from a payment event, inside the caller's transaction.
-
-    Never backwards: an event older than the applied state changes nothing (returns None), and a
-    paid invoice stays paid. The event that makes it paid writes the email to the outbox in the
-    same transaction. ``recipient_override`` is the operator's and is kept.
-    """
-    fields = {
-        "number": data.number,
-        "customer_email": data.customer_email,
-        "customer_name": data.customer_name,
-        "amount_paid": data.amount_paid,
-        "currency": data.currency,
-        "status": data.status,
-        "hosted_invoice_url": data.hosted_invoice_url,
-        "paid_at": data.paid_at,
-        "provider_updated_at": provider_time,
-    }
-    invoice = Invoice(provider_invoice_id=data.provider_invoice_id, **fields)
+    """Upsert an invoice from a payment event, in the caller's transaction, never backwards: an
+    event older than the applied state changes nothing (None), and a paid invoice stays paid. The
+    event that makes it paid writes the email to the outbox; ``recipient_override`` is kept."""
+    fields = {**asdict(data), "provider_updated_at": provider_time}
+    invoice = Invoice(**fields)
     if insert_or_skip(invoice, conflict_fields=["provider_invoice_id"]):
         was_paid = False
     else:
@@ -121,11 +109,7 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
 
 
 def invoice_email_key(invoice: Invoice) -> str:
-    return invoice_email_key_for(invoice.pk)
-
-
-def invoice_email_key_for(invoice_id: int) -> str:
-    return f"invoice_email_sent:{invoice_id}"
+    return f"{EMAIL_KEY_PREFIX}{invoice.pk}"
 
 
 def invoice_email_message_id(invoice: Invoice, key: str) -> str:
@@ -134,9 +118,6 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return f"<{provider}.{digest}@{mail.message_id_domain()}>"
 
-
-# Whose claim a claim may take over: one whose owner is gone (its heartbeat lapsed).
-_OWNER_GONE = owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")
 
 # Returns the claim's row, token, Message-ID and take-over flag, or no row when not claimed. A
 # claimed key keeps the Message-ID it recorded first.
@@ -151,7 +132,7 @@ ON CONFLICT (key) DO UPDATE
         lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
     WHERE d.state IN ('pending', 'failed')
        OR (d.state = 'sending' AND d.lease_expires_at < now())
-       OR (d.state = 'sending' AND {_OWNER_GONE})
+       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
 RETURNING d.id, d.attempts, d.message_id, (d.xmax <> 0) AS reclaimed
 """  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
@@ -174,8 +155,6 @@ class Claim:
 
 
 class ClaimRead(NamedTuple):
-    """The invoice ``email_claim`` read, and the claim (None if not taken)."""
-
     invoice: Invoice
     claim: Claim | None
 
@@ -306,7 +285,6 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
     ``TransientError`` (retry), ``PermanentError`` (dead-letter) or ``ProviderUnavailable``
     (breaker open: defer, no attempt spent)."""
     log_context_bind(invoice_id=invoice_id)
-    # Asked before the claim, so a deferred job holds no claim.
     breaker = email_breaker()
     decision = breaker.allow()
     try:
@@ -317,7 +295,7 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
             raise _provider_unavailable(decision.retry_in)
         return _invoice_email_send_claimed(
             invoice_id=invoice_id,
-            key=key or invoice_email_key_for(invoice_id),
+            key=key or f"{EMAIL_KEY_PREFIX}{invoice_id}",
             owner=owner,
             breaker=breaker,
             decision=decision,
@@ -392,7 +370,6 @@ class ResendSelection:
 
 
 def invoice_email_resend_key(invoice_id: int, idempotency_key: str) -> str:
-    """The key of the resend of ``invoice_id`` asked for under ``idempotency_key``."""
     digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
     return f"invoice_email_resend:{invoice_id}:{digest}"
 
@@ -405,10 +382,9 @@ def _user_key(user: AbstractBaseUser | AnonymousUser, idempotency_key: str) -> s
 def invoice_email_resend_request(
     *, invoice_id: int, idempotency_key: str, actor: str
 ) -> ResendRequest:
-    """A deliberate new email for a paid invoice, under its own key
-    (``invoice_email_resend_key``): the same idempotency key again sends nothing more, and the
-    payment email's key is never touched. A new request is recorded as an operator action.
-    Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid invoice."""
+    """A deliberate new email for a paid invoice under a key of its own, recorded as an operator
+    action; the same ``idempotency_key`` again sends nothing more. Raises
+    ``Invoice.DoesNotExist``, or ``ValueError`` for an unpaid invoice."""
     invoice = Invoice.objects.get(pk=invoice_id)
     if invoice.status != Invoice.Status.PAID:
         raise ValueError("only a paid invoice's email can be resent")
@@ -444,12 +420,10 @@ def _recipient_state(invoice: Invoice) -> dict[str, str]:
 
 
 def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor: str) -> Invoice:
-    """Send this invoice's emails to ``email`` from now on (empty: remove the correction). Kept
-    in ``recipient_override``, so the provider's next event does not undo it; recorded as an
-    operator action with ``reason``, before and after. Sends nothing.
-
-    Raises ``Invoice.DoesNotExist``, or ``ValueError`` for an invalid address, a missing reason,
-    or a correction that changes nothing."""
+    """Send this invoice's emails to ``email`` from now on (empty: remove the correction), kept
+    in ``recipient_override`` so the provider's next event does not undo it, and recorded as an
+    operator action with ``reason``. Sends nothing. Raises ``Invoice.DoesNotExist``, or
+    ``ValueError`` for an invalid address, a missing reason, or a correction changing nothing."""
     email = email.strip()
     reason = " ".join(reason.split())
     if email:

@@ -25,7 +25,6 @@ def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
 
 
 def admin_actor(request: HttpRequest) -> str:
-    """The actor an admin action is recorded under."""
     return f"admin:{request.user.get_username()}"
 
 
@@ -33,8 +32,8 @@ def _json(value: Any) -> str:
     return "-" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
+class _ReadOnly:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -44,7 +43,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class OperatorActionInline(GenericTabularInline):
+class ReadOnlyAdmin(_ReadOnly, admin.ModelAdmin):
+    """Without the change permission Django shows every field of the page read-only, so
+    ``readonly_fields`` need not list them."""
+
+
+class OperatorActionInline(_ReadOnly, GenericTabularInline):
     """The operator actions taken on the row the page shows, newest first."""
 
     model = OperatorAction
@@ -66,15 +70,6 @@ class OperatorActionInline(GenericTabularInline):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OperatorAction]:
         return super().get_queryset(request).order_by("-created_at", "-pk")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class ViaFilter(admin.SimpleListFilter):
@@ -106,7 +101,6 @@ class OperatorActionAdmin(ReadOnlyAdmin):
         "before_pretty",
         "after_pretty",
     )
-    readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OperatorAction]:
         return super().get_queryset(request).select_related("target_type")

@@ -29,7 +29,6 @@ def networks(entries: tuple[str, ...]) -> tuple[Network, ...]:
 
 
 def address_parse(value: str | None) -> Address | None:
-    """``value`` as an IP address, or None when it is not one."""
     text = (value or "").strip().partition("%")[0]
     try:
         address = ipaddress.ip_address(text)
@@ -72,12 +71,10 @@ def _forwarded_client(forwarded: str, trusted_entries: tuple[str, ...]) -> str |
 
 
 def peer_is_trusted_proxy(request: HttpRequest) -> bool:
-    """Whether the socket's peer is one of ``TRUSTED_PROXIES``."""
     return _peer(request.META.get("REMOTE_ADDR") or "", tuple(settings.TRUSTED_PROXIES))[1]
 
 
 def client_address(request: HttpRequest) -> str | None:
-    """The client's IP address, or None when the socket gives none."""
     trusted = tuple(settings.TRUSTED_PROXIES)
     peer, from_proxy = _peer(request.META.get("REMOTE_ADDR") or "", trusted)
     if not from_proxy:

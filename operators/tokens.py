@@ -36,8 +36,7 @@ class ApiTokenAuthentication(TokenAuthentication):
     def authenticate_credentials(self, token: bytes) -> tuple[AbstractBaseUser, AuthToken]:
         if not all(0x21 <= byte <= 0x7E for byte in token):
             raise AuthenticationFailed("Invalid token.")
-        user, auth_token = super().authenticate_credentials(token)
-        return user, auth_token
+        return super().authenticate_credentials(token)
 
 
 class ApiTokenScheme(KnoxTokenScheme):
@@ -57,12 +56,12 @@ class IssuedToken:
     user: AbstractBaseUser
 
 
-def _user(username: str) -> AbstractBaseUser:
+def _user(username: str, *, active: bool = True) -> AbstractBaseUser:
     model = get_user_model()
     user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
     if user is None:
         raise TokenRefused(f"no user named {username!r}")
-    if not user.is_active:
+    if active and not user.is_active:
         raise TokenRefused(f"user {username!r} is inactive")
     return user
 
@@ -103,10 +102,7 @@ def api_token_create(*, username: str, actor: str, ttl: timedelta | None = None)
 def api_token_revoke(*, username: str, actor: str) -> int:
     """Delete every token of ``username`` (inactive users' too); returns how many. Raises
     ``TokenRefused`` for an unknown user."""
-    model = get_user_model()
-    user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
-    if user is None:
-        raise TokenRefused(f"no user named {username!r}")
+    user = _user(username, active=False)
     return api_tokens_revoke(tokens=AuthToken.objects.filter(user=user), actor=actor)
 
 

@@ -35,17 +35,6 @@ class WebhookEventAdmin(ReadOnlyAdmin):
         ("Delivery", {"fields": ("body_pretty", "headers_display")}),
         ("Raw body, byte for byte as signed", {"fields": ("body_raw",), "classes": ("collapse",)}),
     )
-    readonly_fields = (
-        "event_id",
-        "type",
-        "livemode",
-        "received_at",
-        "verdict",
-        "error",
-        "body_pretty",
-        "headers_display",
-        "body_raw",
-    )
 
     @admin.display(description="Verdict", ordering="state")
     def verdict(self, obj: WebhookEvent) -> str:

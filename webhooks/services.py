@@ -8,6 +8,7 @@ in ``error`` and answered 200: refusing it would only have the provider retry it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterable
@@ -62,7 +63,6 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
                 event.out_of_scope,
                 extra={"event_id": event.id, "event_type": event.type},
             )
-        # Its handler's effect commits with the row, or neither does.
         event_apply(event)
     return Recorded(event_id=event.id, duplicate=False, state=row.state)
 
@@ -84,8 +84,7 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reproces
     """Apply stored deliveries again (the admin's "Reprocess"), in the order received, each in
     its own transaction under its row's lock and recorded as an operator action. The body is
     parsed again but not re-verified; handlers are idempotent, so an applied event changes
-    nothing. Each row ends ``processed``, ``ignored`` or ``failed`` (reason in ``error``).
-    """
+    nothing. Each row ends ``processed``, ``ignored`` or ``failed`` (reason in ``error``)."""
     wanted = set(event_ids)
     order = list(
         WebhookEvent.objects.filter(event_id__in=wanted)
@@ -118,25 +117,13 @@ def webhook_event_reprocess(*, event_ids: Iterable[str], actor: str) -> Reproces
     )
     logger.info(
         "reprocessed %d webhook event(s)",
-        len(order) - len(result.missing),
-        extra={
-            "actor": actor,
-            "processed": result.processed,
-            "ignored": result.ignored,
-            "failed": result.failed,
-            "missing": result.missing,
-        },
+        len(order) - len(missing),
+        extra={"actor": actor, **dataclasses.asdict(result)},
     )
     return result
 
 
 _SIGNED_AT = re.compile(r"(?:^|,)\s*t=([0-9]{1,12})\s*(?:,|$)")
-
-
-def _signed_at(row: WebhookEvent) -> int:
-    """The signature's timestamp, as on arrival (the event's time if its body has none)."""
-    match = _SIGNED_AT.search(str(row.headers.get("Stripe-Signature", "")))
-    return int(match.group(1)) if match else int(row.received_at.timestamp())
 
 
 def _reapply(row: WebhookEvent) -> tuple[str, str]:
@@ -145,10 +132,13 @@ def _reapply(row: WebhookEvent) -> tuple[str, str]:
         return WebhookEvent.State.FAILED, (
             "its raw body was cleared by retention (WEBHOOK_BODY_RETENTION_DAYS); nothing to apply"
         )
+    # The signature's timestamp, as on arrival (the event's time if its body has none).
+    match = _SIGNED_AT.search(str(row.headers.get("Stripe-Signature", "")))
+    signed_at = int(match.group(1)) if match else int(row.received_at.timestamp())
     try:
         # A savepoint: an apply that fails half-way leaves nothing behind.
         with transaction.atomic():
-            event = event_parse(payload=row.body.encode(), signed_at=_signed_at(row))
+            event = event_parse(payload=row.body.encode(), signed_at=signed_at)
             if event.id != row.event_id:
                 raise WebhookRejected(f"the body is event {event.id}, not {row.event_id}")
             if not event.handled:

@@ -11,6 +11,7 @@ its object (stored as ignored, changing nothing).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -148,19 +149,13 @@ def event_parse(*, payload: bytes, signed_at: int) -> Event:
     created = field_epoch(data, "created") or datetime.fromtimestamp(signed_at, tz=UTC)
     # Only an explicit true is live: with STRIPE_LIVEMODE=live, anything else is ignored.
     livemode = data.get("livemode") is True
-    # Decided before the object is read: an event that is not ours is ignored whatever it holds.
     out_of_scope = event_scope_check(livemode=livemode, account=data.get("account"))
+    event = Event(
+        id=event_id, type=event_type, created=created, livemode=livemode, out_of_scope=out_of_scope
+    )
     handler = handler_for(event_type)
     if handler is None or out_of_scope:
-        return Event(
-            id=event_id,
-            type=event_type,
-            created=created,
-            livemode=livemode,
-            out_of_scope=out_of_scope,
-        )
+        return event
     inner = data.get("data")
     parsed = handler.parse(inner.get("object") if isinstance(inner, dict) else None)
-    return Event(
-        id=event_id, type=event_type, created=created, livemode=livemode, handled=True, data=parsed
-    )
+    return dataclasses.replace(event, handled=True, data=parsed)

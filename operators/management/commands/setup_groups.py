@@ -34,7 +34,6 @@ def _operator_models() -> list[type[Model]]:
 
 
 def group_permissions() -> dict[str, QuerySet[Permission]]:
-    """Each group's permissions, by group name."""
     view, power = Q(pk__in=[]), Q(pk__in=[])
     for model, content_type in ContentType.objects.get_for_models(*_operator_models()).items():
         view |= Q(content_type=content_type, codename=f"view_{model._meta.model_name}")
