@@ -46,7 +46,9 @@ CONNECTION_MAX_MESSAGES = 100
 CONNECTION_MAX_AGE_SECONDS = 60
 
 # ISO 4217 exponents that are not 2, for the currencies Stripe supports.
-_ZERO_DECIMAL = frozenset("bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split())  # noqa: SIM905
+_ZERO_DECIMAL = frozenset(
+    "bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split()  # noqa: SIM905
+)
 _THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
 
 
