@@ -18,5 +18,5 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RemoveField(model_name="deadletter", name="broker_copy"),
-        migrations.RunPython(unpublished_copies_delete, migrations.RunPython.noop),
+        migrations.RunPython(unpublished_copies_delete, migrations.RunPython.noop, elidable=True),
     ]

@@ -50,5 +50,5 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(dead_letter_failures_word, migrations.RunPython.noop),
+        migrations.RunPython(dead_letter_failures_word, migrations.RunPython.noop, elidable=True),
     ]
