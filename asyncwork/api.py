@@ -24,11 +24,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from asyncwork.deadletters import (
-    dead_letter_failure,
-    dead_letter_replay,
-    dead_letter_subjects,
-)
+from asyncwork.deadletters import dead_letter_failure, dead_letter_replay, dead_letter_subjects
 from asyncwork.models import DeadLetter
 
 SubjectSchema = inline_serializer(

@@ -202,9 +202,7 @@ class Breaker:
         token = uuid.uuid4().hex
         try:
             verdict, value = self._eval(
-                _ALLOW,
-                [self.key, self.probe_key],
-                [self.reset_seconds, token, self.probe_ttl_ms],
+                _ALLOW, [self.key, self.probe_key], [self.reset_seconds, token, self.probe_ttl_ms]
             )
         except redis.RedisError as exc:
             _warn_unavailable(self.name, "allow", exc)

@@ -19,13 +19,7 @@ from typing import Any
 
 from celery.signals import task_postrun, task_prerun
 from django.conf import settings
-from django.db import (
-    close_old_connections,
-    connection,
-    connections,
-    models,
-    transaction,
-)
+from django.db import close_old_connections, connection, connections, models, transaction
 from django.db.models import Field
 from django.db.models.options import Options
 
@@ -69,18 +63,8 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
     True and sets ``instance.pk`` when inserted, False when the unique key already existed (or a
     concurrent transaction was inserting it). A concurrent duplicate never raises nor logs an
     error, here or in PostgreSQL."""
-    return _insert(instance, tuple(conflict_fields))
-
-
-def insert(instance: models.Model) -> None:
-    """``INSERT`` one unsaved instance and set its ``pk``, as ``save()`` would (``pre_save`` fills
-    ``auto_now_add``), through a statement built once per model."""
-    _insert(instance, ())
-
-
-def _insert(instance: models.Model, conflict_fields: tuple[str, ...]) -> bool:
     meta = instance._meta
-    fields, sql = _insert_statement(meta, conflict_fields, with_pk=instance.pk is not None)
+    fields, sql = _insert_statement(meta, tuple(conflict_fields), with_pk=instance.pk is not None)
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
@@ -93,37 +77,34 @@ def _insert(instance: models.Model, conflict_fields: tuple[str, ...]) -> bool:
     return True
 
 
-def statement_timeout() -> None:
-    """Bound every statement of the current transaction by ``PROBE_TIMEOUT_SECONDS``."""
-    ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
+def insert(instance: models.Model) -> None:
+    """``INSERT`` one unsaved instance and set its ``pk``, as ``save()`` would (``pre_save`` fills
+    ``auto_now_add``), through a statement built once per model."""
+    insert_or_skip(instance, conflict_fields=())
 
 
 @contextlib.contextmanager
 def bounded() -> Iterator[None]:
     """A transaction whose statements time out after ``PROBE_TIMEOUT_SECONDS``."""
+    ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
     with transaction.atomic():
-        statement_timeout()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
         yield
 
 
 def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
     """``task_prerun``/``task_postrun``: Django's start- and end-of-request rule. After a task that
-    did not succeed (perhaps cut off mid-query) or on a pool's thread, its connections are closed
-    outright. Not for an eager task: its connection is its caller's."""
+    did not succeed (perhaps cut off mid-query) or on a pool's thread (which would leave them open
+    once it ends), its connections are closed outright. Not for an eager task: its connection is
+    its caller's."""
     if getattr(getattr(task, "request", None), "is_eager", False):
         return
-    if state is not None and (state != "SUCCESS" or not _kept_here()):
+    main_thread = threading.current_thread() is threading.main_thread()
+    if state is not None and (state != "SUCCESS" or not main_thread):
         connections.close_all()
         return
     close_old_connections()
-
-
-def _kept_here() -> bool:
-    """Whether this task's connections may outlive it: only on a process's main thread. Another
-    pool's thread would leave them open once it ends."""
-    return threading.current_thread() is threading.main_thread()
 
 
 def celery_signals_connect() -> None:

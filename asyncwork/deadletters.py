@@ -55,12 +55,11 @@ def dead_letter_record(
     if ``log_traceback``; the row keeps it anyway). Returns the row, or None when this task id
     was already dead-lettered (a redelivery after the worker died before acknowledging)."""
     now = timezone.now()
-    job_kwargs = {k: v for k, v in kwargs.items() if k != "outbox_id"}
     letter = DeadLetter(
         task=task,
         task_id=task_id,
         args=args,
-        kwargs=job_kwargs,
+        kwargs={k: v for k, v in kwargs.items() if k != "outbox_id"},
         queue=queue,
         reason=reason,
         exception_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
@@ -72,6 +71,8 @@ def dead_letter_record(
     )
     if not insert_or_skip(letter, conflict_fields=["task_id"]):
         return None
+    # On one log line (an SMTP reply can span several), bounded.
+    failure = " ".join(f"{type(exc).__name__}: {exc}".split())
     logger.error(
         "job dead-lettered: dead letter #%d, %s[%s] args=%s reason=%s after %d attempt(s): %s",
         letter.pk,
@@ -80,7 +81,7 @@ def dead_letter_record(
         json.dumps(args),
         reason,
         attempts,
-        _one_line(f"{type(exc).__name__}: {exc}"),
+        failure if len(failure) <= 500 else failure[:499] + "…",
         exc_info=exc if log_traceback else None,
         extra={
             "dead_letter_id": letter.pk,
@@ -95,19 +96,10 @@ def dead_letter_record(
     return letter
 
 
-def _one_line(text: str, limit: int = 500) -> str:
-    """An exception message on one log line (an SMTP reply can span several), bounded."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
 @dataclass(frozen=True)
 class ReplayResult:
     replayed: list[int]
     skipped: list[int]  # already replayed
-
-
-DEAD_LETTER_REPLAY = "dead_letter.replay"
 
 
 def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
@@ -127,7 +119,7 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
         for letter in found:
             if letter.replayed_at is not None:
                 operator_action_record(
-                    action=DEAD_LETTER_REPLAY,
+                    action="dead_letter.replay",
                     actor=actor,
                     target=letter,
                     detail=f"skipped: already replayed by {letter.replayed_by or '?'}",
@@ -141,7 +133,7 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
             letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
             replayed.append(letter.pk)
             operator_action_record(
-                action=DEAD_LETTER_REPLAY,
+                action="dead_letter.replay",
                 actor=actor,
                 target=letter,
                 detail=f"replayed: the job is outbox message {letter.replay_outbox.pk}",
@@ -155,9 +147,6 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
     return ReplayResult(replayed=replayed, skipped=skipped)
 
 
-DEAD_LETTER_PURGE = "dead_letter.purge"
-
-
 def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
     """Delete dead letters created before ``now - older_than``; returns how many. Each is recorded
     as an operator action of ``actor`` in the deleting transaction."""
@@ -168,7 +157,7 @@ def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
         )
         for letter in doomed:
             operator_action_record(
-                action=DEAD_LETTER_PURGE,
+                action="dead_letter.purge",
                 actor=actor,
                 target=letter,
                 detail=f"purged: older than {older_than.days} day(s), "
@@ -182,15 +171,11 @@ def dead_letters_waiting() -> QuerySet[DeadLetter]:
     return DeadLetter.objects.filter(replayed_at__isnull=True)
 
 
-def dlq_depth() -> int:
-    return dead_letters_waiting().count()
-
-
 @job("dlq-alert", every=timedelta(minutes=5))
 def dlq_alert() -> int:
     """Alert (ERROR line and mail to ADMINS) when waiting dead letters reach the threshold, at most
     once per period. Returns the depth."""
-    depth = dlq_depth()
+    depth = dead_letters_waiting().count()
     if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
         "dlq-alert-sent", depth, timeout=ALERT_PERIOD_SECONDS
     ):

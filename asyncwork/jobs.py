@@ -240,11 +240,7 @@ def _migrations_applied(using: str, app_labels: Iterable[str]) -> bool:
 
 
 def schedules_sync_after_migrate(
-    *,
-    using: str = DEFAULT_DB_ALIAS,
-    verbosity: int = 1,
-    stdout: TextIO | None = None,
-    **_: Any,
+    *, using: str = DEFAULT_DB_ALIAS, verbosity: int = 1, stdout: TextIO | None = None, **_: Any
 ) -> None:
     """``post_migrate`` receiver: sync the schedules, on the default database once every
     django-celery-beat and asyncwork migration is applied."""

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
@@ -39,8 +39,10 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
-# Rows per relay batch: drains a backlog quickly, keeps each transaction short.
+# Rows per relay batch: drains a backlog quickly, keeps each transaction short. A relay run
+# publishes at most RELAY_MAX_BATCHES of them.
 RELAY_BATCH_SIZE = 200
+RELAY_MAX_BATCHES = 50
 
 # Labelled, so importing this writes no series.
 OUTBOX_PUBLISH_LATENCY = Histogram(
@@ -59,10 +61,6 @@ OUTBOX_PUBLISH_FAILURES = Counter(
 def _published(*, queue: str, created: float) -> None:
     """A row created at ``created`` (seconds since the epoch) was just published."""
     OUTBOX_PUBLISH_LATENCY.labels(queue=queue).observe(max(0.0, time.time() - created))
-
-
-def _publish_failed(*, queue: str) -> None:
-    OUTBOX_PUBLISH_FAILURES.labels(queue=queue).inc()
 
 
 def outbox_task_id(message_id: int) -> str:
@@ -92,25 +90,6 @@ def outbox_enqueue(
     )
     transaction.on_commit(lambda: _publish_committed(committed), robust=True)
     return message
-
-
-class _Message(Protocol):
-    """What a publish reads of a row: an ``OutboxMessage``, or a ``_Committed``."""
-
-    @property
-    def pk(self) -> Any: ...
-    @property
-    def task(self) -> str: ...
-    @property
-    def args(self) -> list[Any]: ...
-    @property
-    def kwargs(self) -> dict[str, Any]: ...
-    @property
-    def queue(self) -> str: ...
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def headers(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,14 +216,11 @@ def outbox_publish(
     return _publish(rows, limit=limit or RELAY_BATCH_SIZE)
 
 
-def outbox_publish_due(*, limit: int | None = None) -> int:
+def outbox_publish_due() -> int:
     """Publish the scheduled rows that have come due; returns how many. Concurrent callers split the
     rows."""
     rows = OutboxMessage.objects.filter(published_at__isnull=True, due_at__lte=timezone.now())
-    return _publish(rows, limit=limit or RELAY_BATCH_SIZE)
-
-
-OUTBOX_REPUBLISH = "outbox.republish"
+    return _publish(rows, limit=RELAY_BATCH_SIZE)
 
 
 def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
@@ -258,7 +234,7 @@ def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
     return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids), actor=actor)
 
 
-def _send(message: _Message) -> Exception | None:
+def _send(message: OutboxMessage | _Committed) -> Exception | None:
     """Publish one row with ``send_task`` on this thread's producer. Returns the error instead of
     raising it, and drops the producer, whose connection may be half-broken."""
     # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
@@ -287,7 +263,7 @@ def _send(message: _Message) -> Exception | None:
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
         _producer_drop()
-        _publish_failed(queue=message.queue)
+        OUTBOX_PUBLISH_FAILURES.labels(queue=message.queue).inc()
         # For a broker's nack kombu's own error says nothing; its cause does.
         error = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
         logger.warning(
@@ -326,7 +302,7 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
             # not wait for their locks) and those after a broker failure.
             for message in rows.order_by("pk"):
                 operator_action_record(
-                    action=OUTBOX_REPUBLISH,
+                    action="outbox.republish",
                     actor=actor,
                     target=message,
                     detail=outcomes.get(message.pk)
@@ -344,15 +320,13 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
 
 
 @job("outbox-relay", every=timedelta(seconds=15))
-def outbox_relay(
-    *, grace: timedelta | None = None, batch_size: int | None = None, max_batches: int = 50
-) -> int:
+def outbox_relay(*, grace: timedelta | None = None, batch_size: int | None = None) -> int:
     """Publish rows left unpublished past the grace period, batch by batch. Safe to run
     concurrently: each batch takes only rows no other relay holds."""
     grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
     batch_size = batch_size or RELAY_BATCH_SIZE
     total = 0
-    for _ in range(max_batches):
+    for _ in range(RELAY_MAX_BATCHES):
         count = outbox_publish(older_than=grace, limit=batch_size)
         total += count
         if count < batch_size:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -30,6 +30,7 @@ from asyncwork.db import bounded
 from asyncwork.deadletters import dead_letters_waiting
 from asyncwork.jobs import jobs_declared
 from asyncwork.models import OutboxMessage, ScheduledJob
+from asyncwork.rabbitmq import BrokerUnreadable
 
 logger = logging.getLogger(__name__)
 
@@ -145,19 +146,8 @@ class JobState:
 
 def scheduled_jobs_probe() -> tuple[JobState, ...]:
     """Every declared job, and any that ran without being declared, by name."""
-    rows = {
-        row["name"]: JobState(**row)
-        for row in ScheduledJob.objects.values(
-            "name",
-            "pk",
-            "runs",
-            "skips",
-            "last_started_at",
-            "last_finished_at",
-            "last_skipped_at",
-            "last_error",
-        )
-    }
+    columns = [field.name for field in fields(JobState)]
+    rows = {row["name"]: JobState(**row) for row in ScheduledJob.objects.values(*columns)}
     names = sorted({job.name for job in jobs_declared()} | set(rows))
     return tuple(rows.get(name) or JobState(name=name, pk=None) for name in names)
 
@@ -171,20 +161,13 @@ class QueuesProbe:
     consumers: dict[str, int] | None = None
 
 
-class BrokerUnreadable(ConnectionError):
-    """The broker did not answer a read of its queues in time."""
-
-
 def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
     """``names``, by default every watched queue (``queues.watched``): one pipelined round trip on
     Redis; one passive declaration per queue on RabbitMQ (``asyncwork.rabbitmq``). Raises
     ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
     names = names or queues.watched()
     if settings.BROKER_IS_RABBITMQ:
-        try:
-            read = rabbitmq.queue_depths(names)
-        except rabbitmq.BrokerUnreadable as exc:
-            raise BrokerUnreadable(str(exc)) from exc
+        read = rabbitmq.queue_depths(names)
         return QueuesProbe(
             depths={name: ready for name, (ready, _) in read.items()},
             consumers={name: consumers for name, (_, consumers) in read.items()},
@@ -204,11 +187,6 @@ def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
     return QueuesProbe(depths={name: sum(int(next(lengths)) for _ in keys[name]) for name in names})
 
 
-def queue_depth(name: str) -> int:
-    """One queue's depth (``queues_probe`` of that queue alone)."""
-    return queues_probe((name,)).depths[name]
-
-
 @dataclass(frozen=True)
 class BreakerProbe:
     """A circuit breaker's ``Breaker.state()``."""
@@ -223,10 +201,8 @@ class BreakerProbe:
     @property
     def status(self) -> str:
         """Open or half-open is degraded (its calls wait), not failing; unknown without Redis."""
-        degraded = ("open", "half-open")
-        return (
-            "ok" if self.state == "closed" else "degraded" if self.state in degraded else "unknown"
-        )
+        states = {"closed": "ok", "open": "degraded", "half-open": "degraded"}
+        return states.get(self.state, "unknown")
 
 
 def breaker_probe(breaker: Breaker) -> BreakerProbe:

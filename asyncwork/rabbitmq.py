@@ -35,7 +35,7 @@ class DeadLetterQueueDeclare(bootsteps.StartStopStep):
 
 
 class BrokerUnreadable(ConnectionError):
-    """RabbitMQ did not answer a read of its queues in time (or refused the connection)."""
+    """The broker did not answer a read of its queues in time (or refused the connection)."""
 
 
 class _Reader:

@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from asyncwork.backpressure import pressure_measure
 from asyncwork.broker import queue_keys
 from asyncwork.models import OutboxMessage
-from asyncwork.probes import queue_depth
+from asyncwork.probes import queues_probe
 from core.celery import app
 from invoicing.models import Invoice
 from invoicing.services import EMAIL_QUEUE
@@ -28,6 +28,11 @@ from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db
+
+
+def queue_depth(name: str) -> int:
+    """Messages waiting on queue ``name``, as backpressure reads them (every priority)."""
+    return queues_probe((name,)).depths[name]
 
 
 @pytest.fixture
