@@ -69,13 +69,13 @@ _brokers: dict[tuple[str, float], redis_py.Redis] = {}
 _brokers_lock = threading.Lock()
 
 
-def broker_redis(*, timeout: float | None = None) -> redis_py.Redis | None:
-    """A Redis client for ``CELERY_BROKER_URL`` whose socket operations give up after ``timeout``
-    seconds; None when the broker is not Redis."""
+def broker_redis() -> redis_py.Redis | None:
+    """A Redis client for ``CELERY_BROKER_URL`` whose socket operations give up after
+    ``PROBE_TIMEOUT_SECONDS``; None when the broker is not Redis."""
     url = settings.CELERY_BROKER_URL
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
-    timeout = settings.PROBE_TIMEOUT_SECONDS if timeout is None else timeout
+    timeout = settings.PROBE_TIMEOUT_SECONDS
     with _brokers_lock:
         client = _brokers.get((url, timeout))
         if client is None:

@@ -127,24 +127,19 @@ class Heartbeat(PeriodicThread):
             extra={"owner": self.owner},
         )
 
-    def beat(self) -> None:
-        holding = json.dumps(self.holding() if self.holding else [], default=str)
-        self.guarded(lambda: self._write(holding), None)
-
-    def _write(self, holding: str) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _BEAT_SQL,
-                {
-                    "owner": self.owner,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "holding": holding,
-                },
-            )
-
     def tick(self) -> None:
-        self.beat()
+        params: dict[str, str | int] = {
+            "owner": self.owner,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "holding": json.dumps(self.holding() if self.holding else [], default=str),
+        }
+
+        def write() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(_BEAT_SQL, params)
+
+        self.guarded(write, None)
 
     def at_stop(self) -> None:
         try:

@@ -56,19 +56,14 @@ def idempotency_key_from(request: Request) -> str:
     return key
 
 
-def _plain(data: Any) -> Any:
-    if isinstance(data, QueryDict):
-        return sorted(data.lists())
-    return data
-
-
 def request_fingerprint(request: Request, **params: Any) -> str:
     """SHA-256 of the method, path, query, parsed body and any ``params`` the view resolved."""
+    body = request.data
     described = {
         "method": request.method,
         "path": request.path,
         "query": sorted(request.query_params.lists()),
-        "body": _plain(request.data),
+        "body": sorted(body.lists()) if isinstance(body, QueryDict) else body,
         "params": params,
     }
     canonical = json.dumps(described, sort_keys=True, default=str, separators=(",", ":"))

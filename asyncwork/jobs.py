@@ -11,11 +11,10 @@ messages (``asyncwork.recovery``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TextIO, TypeVar
@@ -49,8 +48,7 @@ class Job:
     every: timedelta | None = None
     # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
     cron: dict[str, str] | None = None
-    # Run on recovery; None: not on recovery.
-    recover: Callable[[], Any] | None = None
+    recover: Callable[[], Any] | None = None  # what runs on recovery, if anything
 
     @property
     def task(self) -> str:
@@ -81,50 +79,39 @@ def job(
         raise ValueError("a job runs either every interval or on a crontab")
 
     def declare(run: Run) -> Run:
-        _job_declare(name, run, every=every, cron=cron, on_recovery=on_recovery)
+        recover = (run if on_recovery else None) if isinstance(on_recovery, bool) else on_recovery
+        _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
+
+        def body(recovery: bool = False, attempt: int = 0) -> Any:
+            if not recovery or recover is None:
+                return job_run(name=name, body=run).result
+
+            # A recovery run is not left to the next periodic tick, which would not run it as a
+            # recovery: one skipped (a periodic run, perhaps older than the restart, holds the
+            # lock) or cut by the database going away (a broker and a database restart close
+            # together) is dispatched again soon.
+            def again() -> None:
+                if attempt < RECOVERY_ATTEMPTS:
+                    _tasks[name].apply_async(
+                        kwargs={"recovery": True, "attempt": attempt + 1},
+                        countdown=RECOVERY_RETRY_SECONDS,
+                    )
+
+            try:
+                outcome = job_run(name=name, body=recover)
+            except (OperationalError, InterfaceError):
+                again()
+                raise
+            if not outcome.ran:
+                again()
+            return outcome.result
+
+        body.__name__ = body.__qualname__ = run.__name__
+        body.__module__ = run.__module__
+        _tasks[name] = shared_task(base=JobTask, name=name)(body)
         return run
 
     return declare
-
-
-def _job_declare(
-    name: str,
-    run: Callable[[], Any],
-    *,
-    every: timedelta | None,
-    cron: dict[str, str] | None,
-    on_recovery: bool | Callable[[], Any],
-) -> None:
-    recover = (run if on_recovery else None) if isinstance(on_recovery, bool) else on_recovery
-    _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
-
-    def body(recovery: bool = False, attempt: int = 0) -> Any:
-        if not recovery or recover is None:
-            return job_run(name=name, body=run).result
-
-        # A recovery run is not left to the next periodic tick, which would not run it as a
-        # recovery: one skipped (a periodic run, perhaps older than the restart, holds the
-        # lock) or cut by the database going away (a broker and a database restart close
-        # together) is dispatched again soon.
-        def again() -> None:
-            if attempt < RECOVERY_ATTEMPTS:
-                _tasks[name].apply_async(
-                    kwargs={"recovery": True, "attempt": attempt + 1},
-                    countdown=RECOVERY_RETRY_SECONDS,
-                )
-
-        try:
-            outcome = job_run(name=name, body=recover)
-        except (OperationalError, InterfaceError):
-            again()
-            raise
-        if not outcome.ran:
-            again()
-        return outcome.result
-
-    body.__name__ = body.__qualname__ = run.__name__
-    body.__module__ = run.__module__
-    _tasks[name] = shared_task(base=JobTask, name=name)(body)
 
 
 def job_task(name: str) -> Task:
@@ -188,7 +175,7 @@ def schedules_sync() -> dict[str, int]:
                 "enabled": True,
                 "description": MANAGED,
                 "expire_seconds": schedule.expires,
-                "args": json.dumps([]),
+                "args": "[]",
                 "interval": None,
                 "crontab": None,
             }
@@ -232,13 +219,6 @@ def schedules_missing() -> list[Job]:
     return [s for s in jobs_declared() if (s.name, s.task) not in scheduled]
 
 
-def _migrations_applied(using: str, app_labels: Iterable[str]) -> bool:
-    loader = MigrationLoader(connections[using], ignore_no_migrations=True)
-    labels = set(app_labels)
-    wanted = {node for node in loader.graph.nodes if node[0] in labels}
-    return wanted <= set(loader.applied_migrations)
-
-
 def schedules_sync_after_migrate(
     *, using: str = DEFAULT_DB_ALIAS, verbosity: int = 1, stdout: TextIO | None = None, **_: Any
 ) -> None:
@@ -246,7 +226,9 @@ def schedules_sync_after_migrate(
     django-celery-beat and asyncwork migration is applied."""
     if using != DEFAULT_DB_ALIAS:
         return
-    if not _migrations_applied(using, ("django_celery_beat", "asyncwork")):
+    loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+    wanted = {node for node in loader.graph.nodes if node[0] in ("django_celery_beat", "asyncwork")}
+    if not wanted <= set(loader.applied_migrations):
         if verbosity >= 1 and stdout is not None:
             stdout.write(
                 "periodic tasks not synced: django_celery_beat or asyncwork has unapplied "
@@ -264,11 +246,6 @@ class JobOutcome:
     result: Any = None
 
 
-def _holder() -> str:
-    # Worded as asyncwork.locks.Holder, so both columns read alike.
-    return str(Holder(host=socket.gethostname(), pid=os.getpid()))
-
-
 def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
     """Run ``body`` as the job ``name`` if no other run holds the job's lock; else skip."""
     insert_or_skip(ScheduledJob(name=name), conflict_fields=["name"])
@@ -282,7 +259,9 @@ def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
                 extra={"job": name, "outcome": "skipped"},
             )
             return JobOutcome(ran=False)
-        jobs.update(runs=F("runs") + 1, last_started_at=timezone.now(), last_holder=_holder())
+        # Worded as asyncwork.locks.Holder, so both columns read alike.
+        holder = str(Holder(host=socket.gethostname(), pid=os.getpid()))
+        jobs.update(runs=F("runs") + 1, last_started_at=timezone.now(), last_holder=holder)
         try:
             result = body()
         except Exception as exc:

@@ -54,11 +54,6 @@ def log_context_bind(**fields: Any) -> None:
         _context.set({**current, **_known(fields)})
 
 
-def log_context_fields() -> dict[str, Any]:
-    """The open context's fields (empty outside one)."""
-    return dict(_context.get() or {})
-
-
 def _known(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if k in CONTEXT_FIELDS and v is not None}
 

@@ -60,12 +60,6 @@ def rescue(name: str) -> Callable[[R], R]:
     return declare
 
 
-def heartbeats_clean() -> int:
-    """Delete rows whose last heartbeat is older than ``DEAD_HEARTBEAT_KEPT`` (database clock)."""
-    deleted, _ = WorkerHeartbeat.objects.filter(beat_at__lt=Now() - DEAD_HEARTBEAT_KEPT).delete()
-    return deleted
-
-
 HELD_JOBS = "held-jobs"
 
 _HELD_SQL = f"""
@@ -124,7 +118,8 @@ def workers_rescue() -> dict[str, int]:
                     what,
                     extra={"rescue": name, "rescued": rescued},
                 )
-    counts["heartbeats_deleted"] = heartbeats_clean()
+    deleted, _ = WorkerHeartbeat.objects.filter(beat_at__lt=Now() - DEAD_HEARTBEAT_KEPT).delete()
+    counts["heartbeats_deleted"] = deleted
     return counts
 
 

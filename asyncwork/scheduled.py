@@ -30,26 +30,19 @@ class DuePoll(PeriodicThread):
             failed="due retries not published: %s",
         )
 
-    def poll(self) -> int:
+    def tick(self) -> None:
         from asyncwork.outbox import outbox_publish_due  # models are loaded by now
 
         published = self.guarded(outbox_publish_due, 0)
         if published:
             logger.info("published %d retry(s) come due", published, extra={"published": published})
-        return published
-
-    def tick(self) -> None:
-        self.poll()
 
 
 class OutboxDuePoll(bootsteps.StartStopStep):
     """The worker's due poll, from its start to its stop."""
 
     label = "OutboxDuePoll"
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        self.poll: DuePoll | None = None
-        super().__init__(parent, **kwargs)
+    poll: DuePoll | None = None
 
     def start(self, parent: Any) -> None:
         self.poll = DuePoll(interval=DUE_POLL_SECONDS)

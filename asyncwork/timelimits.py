@@ -36,17 +36,15 @@ def _soft_timeout(signum: int, frame: FrameType | None) -> None:
     logger.warning(_IGNORED)
 
 
-def _guard_install() -> None:
-    """In a prefork pool process (billiard's handler installed, main thread), install the guarded
-    handler; elsewhere there is no such signal."""
-    if SIG_SOFT_TIMEOUT is None or threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(SIG_SOFT_TIMEOUT) is soft_timeout_sighandler:
-        signal.signal(SIG_SOFT_TIMEOUT, _soft_timeout)
-
-
 def _task_started(**_: Any) -> None:
-    _guard_install()
+    # Only in a prefork pool process (billiard's handler installed, main thread): elsewhere there
+    # is no such signal.
+    if (
+        SIG_SOFT_TIMEOUT is not None
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(SIG_SOFT_TIMEOUT) is soft_timeout_sighandler
+    ):
+        signal.signal(SIG_SOFT_TIMEOUT, _soft_timeout)
     _running.set()
 
 
