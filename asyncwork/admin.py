@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -144,27 +144,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             {"fields": ("exception_class", "exception_message", "traceback_display")},
         ),
     )
-    readonly_fields = (
-        "subject_link",
-        "recipient",
-        "failure",
-        "reason",
-        "attempts",
-        "age",
-        "replay_state",
-        "task",
-        "task_id",
-        "args",
-        "kwargs",
-        "queue",
-        "first_failed_at",
-        "last_failed_at",
-        "created_at",
-        "replay_outbox",
-        "exception_class",
-        "exception_message",
-        "traceback_display",
-    )
+    readonly_fields = flatten_fieldsets(fieldsets)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return DeadLetterChangeList

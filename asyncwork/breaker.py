@@ -162,7 +162,6 @@ class Breaker:
         reset_seconds: float,
         probe_ttl_seconds: float,
         url: str | None = None,
-        key_prefix: str | None = None,
         check_seconds: float = 0.0,
     ) -> None:
         if threshold < 1 or reset_seconds <= 0 or probe_ttl_seconds <= 0:
@@ -173,12 +172,9 @@ class Breaker:
         self.reset_seconds = float(reset_seconds)
         self.probe_ttl_ms = int(probe_ttl_seconds * 1000)
         self.url = url or settings.REDIS_URL
-        prefix = (
-            settings.CACHES["default"].get("KEY_PREFIX", "") if key_prefix is None else key_prefix
-        )
-        base = f"{prefix}:breaker:{name}" if prefix else f"breaker:{name}"
-        self.key = base
-        self.probe_key = f"{base}:probe"
+        prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
+        self.key = f"{prefix}:breaker:{name}" if prefix else f"breaker:{name}"
+        self.probe_key = f"{self.key}:probe"
 
     @property
     def _redis(self) -> redis.Redis:
@@ -277,6 +273,7 @@ class Breaker:
     def state(self) -> dict[str, Any]:
         """``name``, ``state`` (closed, open, half-open, unknown), ``failures``, ``opened_at`` (Unix
         time), ``retry_in``, ``probing``."""
+        state, failures, opened_at, retry_in, probing = "unknown", None, None, 0.0, False
         try:
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(self.key)
@@ -285,22 +282,14 @@ class Breaker:
                 fields, probing, (seconds, micros) = pipe.execute()
         except redis.RedisError as exc:
             _warn_unavailable(self.name, "state", exc)
-            return {
-                "name": self.name,
-                "state": "unknown",
-                "failures": None,
-                "opened_at": None,
-                "retry_in": 0.0,
-                "probing": False,
-            }
-        failures = int(fields.get(b"failures", 0))
-        opened_at = float(fields[b"opened_at"]) if b"opened_at" in fields else None
-        retry_in = 0.0
-        if opened_at is None:
-            state = "closed"
         else:
-            retry_in = max(0.0, opened_at + self.reset_seconds - (seconds + micros / 1e6))
-            state = "open" if retry_in > 0 else "half-open"
+            failures = int(fields.get(b"failures", 0))
+            opened_at = float(fields[b"opened_at"]) if b"opened_at" in fields else None
+            if opened_at is None:
+                state = "closed"
+            else:
+                retry_in = max(0.0, opened_at + self.reset_seconds - (seconds + micros / 1e6))
+                state = "open" if retry_in > 0 else "half-open"
         return {
             "name": self.name,
             "state": state,

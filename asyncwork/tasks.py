@@ -190,15 +190,8 @@ class ReliableTask(Task):
 
     def _first_failed_at(self) -> datetime:
         # A job that was deferred before it ever failed dates its trouble from the deferral.
-        times = [
-            t
-            for t in (
-                _header_time(self.request, "first_failed_at"),
-                _header_time(self.request, "first_deferred_at"),
-            )
-            if t is not None
-        ]
-        return min(times, default=None) or timezone.now()
+        times = [_header_time(self.request, h) for h in ("first_failed_at", "first_deferred_at")]
+        return min((t for t in times if t is not None), default=None) or timezone.now()
 
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
