@@ -88,9 +88,8 @@ def replayed_at(letter: DeadLetter) -> str:
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    """What failed (the subject its app describes, linked), why in words, how often, how long ago,
-    and whether replayed; one dead letter's page has a Replay button, the traceback folded, and
-    the operators' actions on it."""
+    """What failed (its subject, linked), why in words, how often, how long ago, whether replayed;
+    a dead letter's page adds a Replay button, the folded traceback and the operators' actions."""
 
     list_display = (
         "id",

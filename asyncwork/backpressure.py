@@ -7,11 +7,9 @@ stored; at ``BACKPRESSURE_HARD_MARK``, everything. A 200 is only sent for work c
 PostgreSQL, so what is shed is delivered again later by its sender: nothing acknowledged is
 dropped.
 
-Each process reads the figures through the probes (``asyncwork.probes``) at most once per
-``BACKPRESSURE_CHECK_SECONDS``; the outbox count is capped at the hard mark, so its cost stops
-growing. The marks are read from settings on every decision. A figure that cannot be measured
-(PostgreSQL or the broker down) sheds nothing: an outage is answered where it bites, not guessed
-at here.
+Each process reads the figures through the probes at most once per ``BACKPRESSURE_CHECK_SECONDS``;
+the outbox count is capped at the hard mark, so its cost stops growing. A figure that cannot be
+measured (PostgreSQL or the broker down) sheds nothing: an outage is answered where it bites.
 """
 
 from __future__ import annotations
@@ -47,13 +45,10 @@ class Pressure:
     queue_depth: int | None
     measured_at: float  # time.monotonic()
 
-    @property
-    def backlog(self) -> int | None:
-        known = [n for n in (self.outbox_backlog, self.queue_depth) if n is not None]
-        return max(known) if known else None
-
     def level(self) -> Level:
-        backlog = self.backlog
+        backlog = max(
+            (n for n in (self.outbox_backlog, self.queue_depth) if n is not None), default=None
+        )
         if backlog is None or backlog < settings.BACKPRESSURE_SOFT_MARK:
             return Level.NORMAL
         if backlog < settings.BACKPRESSURE_HARD_MARK:
@@ -101,8 +96,7 @@ def pressure_current() -> Pressure:
 
 
 def backpressure_shed(*, essential: bool) -> Level | None:
-    """The level at which a request is refused now (``essential``: one we act on), or None to accept
-    it."""
+    """The level at which to refuse a request now (``essential``: one we act on), else None."""
     level = pressure_current().level()
     if level is Level.HARD or (level is Level.SOFT and not essential):
         return level

@@ -1,17 +1,15 @@
 """One active beat: django-celery-beat's DatabaseScheduler, dispatching only while it holds the
 PostgreSQL advisory lock ``beat-leader``.
 
-Start as many beats as you like: the first to take the lock dispatches, the others try it every
-``STANDBY_POLL_SECONDS``. The lock is held on a connection of its own with TCP keepalives, so it
-is released when the leader dies: a standby takes over within ``STANDBY_POLL_SECONDS``, or about
-20 s more if the leader's host vanished (server keepalives: 5 s idle + 3 probes 5 s apart). A
-leader that loses its connection stops dispatching at its next tick. The new leader re-reads
-every entry's last run (saved after each dispatch, ``CELERY_BEAT_SYNC_EVERY=1``), so a takeover
-replays nothing; each job's own lock (``asyncwork.jobs``) makes even a split brain run it once at
-a time.
+Start as many beats as you like: the others try the lock every ``STANDBY_POLL_SECONDS``. It is
+held on a connection of its own with TCP keepalives, so a standby takes over within
+``STANDBY_POLL_SECONDS`` of the leader's death, or about 20 s more if its host vanished. A leader
+that loses its connection stops dispatching at its next tick. The new leader re-reads every
+entry's last run (saved after each dispatch, ``CELERY_BEAT_SYNC_EVERY=1``), so a takeover replays
+nothing; each job's own lock (``asyncwork.jobs``) makes even a split brain run it once at a time.
 
-``active_beat`` names the leader by host and pid (``asyncwork.locks.lock_holder_record``). At
-start every beat warns about each declared job with no enabled schedule: it never runs.
+``active_beat`` names the leader by host and pid. At start every beat warns about each declared
+job with no enabled schedule: it never runs.
 """
 
 from __future__ import annotations

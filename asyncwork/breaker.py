@@ -151,8 +151,7 @@ def _warn_unavailable(name: str, action: str, exc: Exception) -> None:
 
 
 class Breaker:
-    """Breaker ``name``, shared by every process on the same Redis and key prefix. Cheap: build one
-    per call."""
+    """Breaker ``name``, shared by every process on one Redis and key prefix: build one per call."""
 
     def __init__(
         self,

@@ -70,8 +70,7 @@ _brokers_lock = threading.Lock()
 
 
 def broker_redis() -> redis_py.Redis | None:
-    """A Redis client for ``CELERY_BROKER_URL`` whose socket operations give up after
-    ``PROBE_TIMEOUT_SECONDS``; None when the broker is not Redis."""
+    """The broker's Redis client, ``PROBE_TIMEOUT_SECONDS`` socket timeouts; None if not Redis."""
     url = settings.CELERY_BROKER_URL
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
@@ -90,8 +89,7 @@ def broker_redis() -> redis_py.Redis | None:
 
 
 def queue_keys(queue: str) -> list[str]:
-    """The Redis lists kombu keeps ``queue`` in, one per priority step, under the transport's
-    ``global_keyprefix``."""
+    """The Redis lists kombu keeps ``queue`` in, one per priority, under ``global_keyprefix``."""
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     prefix = options.get("global_keyprefix", "")
     steps = options.get("priority_steps", PRIORITY_STEPS)

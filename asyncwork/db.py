@@ -5,7 +5,8 @@ worker's connections kept across tasks.
 With ``CELERY_DB_REUSE_MAX`` set (core/settings.py) Celery's Django fixup keeps connections, and
 each task is bracketed by Django's per-request rule (``close_old_connections``: ``CONN_MAX_AGE``,
 unusable after an error, autocommit not restored; ``CONN_HEALTH_CHECKS``). After a task that did
-not succeed, or on a pool's thread, its connections are closed as Celery would.
+not succeed (perhaps cut off mid-query), or on a pool's thread (which would leave them open), its
+connections are closed outright.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ def _column(field: object) -> str:
 def _insert_statement(
     meta: Options[Any], conflict_fields: tuple[str, ...], *, with_pk: bool
 ) -> tuple[tuple[Field[Any, Any], ...], str]:
-    """The fields and SQL of ``insert_or_skip`` (``insert`` without conflict fields) for a model,
-    built once: they run on every webhook delivery."""
+    """The fields and SQL of ``insert_or_skip`` for a model, built once: every webhook runs them."""
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key or with_pk)
     columns = ", ".join(_column(f) for f in fields)
     conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
@@ -59,10 +59,9 @@ def _insert_statement(
 
 
 def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
-    """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` for one unsaved instance. Returns
-    True and sets ``instance.pk`` when inserted, False when the unique key already existed (or a
-    concurrent transaction was inserting it). A concurrent duplicate never raises nor logs an
-    error, here or in PostgreSQL."""
+    """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` of one unsaved instance: True (and
+    ``instance.pk`` set) when inserted, False when the key existed or a concurrent transaction was
+    inserting it. A duplicate never raises nor logs an error, here or in PostgreSQL."""
     meta = instance._meta
     fields, sql = _insert_statement(meta, tuple(conflict_fields), with_pk=instance.pk is not None)
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
@@ -78,8 +77,7 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
 
 
 def insert(instance: models.Model) -> None:
-    """``INSERT`` one unsaved instance and set its ``pk``, as ``save()`` would (``pre_save`` fills
-    ``auto_now_add``), through a statement built once per model."""
+    """``INSERT`` one unsaved instance as ``save()`` would (``pre_save`` fills ``auto_now_add``)."""
     insert_or_skip(instance, conflict_fields=())
 
 
@@ -94,10 +92,7 @@ def bounded() -> Iterator[None]:
 
 
 def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
-    """``task_prerun``/``task_postrun``: Django's start- and end-of-request rule. After a task that
-    did not succeed (perhaps cut off mid-query) or on a pool's thread (which would leave them open
-    once it ends), its connections are closed outright. Not for an eager task: its connection is
-    its caller's."""
+    """``task_prerun``/``task_postrun``; not for an eager task, whose connection is its caller's."""
     if getattr(getattr(task, "request", None), "is_eager", False):
         return
     main_thread = threading.current_thread() is threading.main_thread()

@@ -103,9 +103,8 @@ class ReplayResult:
 
 
 def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
-    """Re-enqueue the original jobs of the given dead letters (all waiting ones if ``ids`` is None),
-    each at most once; one replayed before is reported as skipped. Each one asked for is recorded
-    as an operator action of ``actor``."""
+    """Re-enqueue the jobs of the given dead letters (all waiting if ``ids`` is None), each at most
+    once (one replayed before is skipped), recording each as an operator action of ``actor``."""
     replayed: list[int] = []
     with transaction.atomic():
         letters = DeadLetter.objects.select_for_update().order_by("pk")
@@ -225,9 +224,8 @@ def dead_letter_describer(task: str) -> Callable[[SubjectsFn], SubjectsFn]:
 
 
 def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
-    """What each of ``letters`` is about, by pk, asking each describer once. A describer that fails
-    is logged and leaves its letters undescribed: dead letters stay readable when a domain's
-    lookup breaks."""
+    """What each of ``letters`` is about, by pk, asking each describer once. A failing describer is
+    logged and leaves its letters undescribed, so dead letters stay readable."""
     by_task: dict[str, list[DeadLetter]] = {}
     for letter in letters:
         by_task.setdefault(letter.task, []).append(letter)

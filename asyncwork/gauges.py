@@ -62,11 +62,10 @@ def _broker_ping() -> CheckResult:
     """Raises when the broker does not answer in time."""
     if settings.BROKER_IS_RABBITMQ:
         rabbitmq.broker_ping()
-        return {"status": "ok"}
-    client = broker_redis()
-    if client is None:
+    elif (client := broker_redis()) is not None:
+        client.ping()
+    else:
         return {"status": "unknown", "detail": "the broker is neither Redis nor RabbitMQ"}
-    client.ping()
     return {"status": "ok"}
 
 
@@ -75,9 +74,8 @@ probe_declare(Probe("broker", _broker_ping, database=False, check=dict))
 
 
 def dlq_check(dlq: DlqProbe) -> CheckResult:
-    status = "degraded" if dlq.alerting else "ok"
     return {
-        "status": status,
+        "status": "degraded" if dlq.alerting else "ok",
         "waiting": dlq.waiting,
         "alert_threshold": settings.DLQ_ALERT_THRESHOLD,
     }
@@ -250,8 +248,7 @@ probe_declare(
 
 
 def workers_figures(probe: WorkersProbe) -> list[Figure]:
-    """Worker processes by heartbeat: live ones per host, and lapsed ones, whose claims
-    ``workers-rescue`` takes over."""
+    """Live worker processes per host, and lapsed ones (whose claims ``workers-rescue`` takes)."""
     figures = [
         Figure("live worker processes", str(probe.live), status="ok" if probe.live else "degraded")
     ]

@@ -30,8 +30,6 @@ from asyncwork.probes import CheckResult, Probe, Reading, probe_read, probes_dec
 
 logger = logging.getLogger(__name__)
 
-STATUSES = ("ok", "degraded", "failing", "unknown")
-
 
 def _checked(probe: Probe[Any]) -> Reading[CheckResult]:
     """``probe``'s check, on this thread's own connections, closed after."""
@@ -40,7 +38,7 @@ def _checked(probe: Probe[Any]) -> Reading[CheckResult]:
         assert probe.check is not None
         result = dict(probe.check(value))
         json.dumps(result, cls=DjangoJSONEncoder)  # one bad figure must not make a 500
-        if result.get("status") not in STATUSES:
+        if result.get("status") not in ("ok", "degraded", "failing", "unknown"):
             result["status"] = "unknown"
         return result
 

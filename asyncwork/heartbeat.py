@@ -40,8 +40,7 @@ _owner: tuple[int, str] | None = None
 
 
 def heartbeat_owner() -> str:
-    """This process's claim-owner name, ``<host>:<pid>:<token>``; a new token in a new or forked
-    process."""
+    """This process's claim-owner name, ``<host>:<pid>:<token>``; a new token after a fork."""
     global _owner
     pid = os.getpid()
     if _owner is None or _owner[0] != pid:
@@ -77,8 +76,7 @@ ON CONFLICT (owner) DO UPDATE SET beat_at = now(), holding = EXCLUDED.holding
 
 
 def held_jobs() -> list[dict[str, Any]]:
-    """The ``ReliableTask`` jobs this consumer received and has not finished, as re-enqueueing takes
-    them."""
+    """The ``ReliableTask`` jobs this consumer received and has not finished, for the rescue."""
     from celery.worker import state
 
     from asyncwork.tasks import ReliableTask  # the models are loaded by the first beat

@@ -78,10 +78,9 @@ def idempotent_perform(
     request: str,
     perform: Callable[[], M | None],
 ) -> Performed[M]:
-    """Run ``perform`` once per (``user``, ``key``), recording what it returned in the same
-    transaction; a later or concurrent call with the same fingerprint returns that instead.
-    Raises ``IdempotencyKeyReused`` on another fingerprint, and whatever ``perform`` raises
-    (recording nothing)."""
+    """Run ``perform`` once per (``user``, ``key``), recording what it returned in its transaction;
+    a later or concurrent call with the same fingerprint gets that instead. Raises
+    ``IdempotencyKeyReused`` on another fingerprint; whatever ``perform`` raises records nothing."""
     if user.pk is None:
         raise TypeError("an idempotency key belongs to a signed-in user")
     record = IdempotencyRecord(

@@ -135,8 +135,7 @@ RECOVERY_RETRY_SECONDS = 5
 
 
 def jobs_recover() -> list[str]:
-    """Dispatch now every job declared to run on recovery whose periodic task is enabled; returns
-    their names."""
+    """Dispatch now every recovery job whose periodic task is enabled; returns their names."""
     declared = [job.name for job in jobs_declared() if job.recover is not None]
     enabled = set(
         PeriodicTask.objects.filter(name__in=declared, enabled=True).values_list("name", flat=True)
@@ -161,9 +160,8 @@ SYNC_LOCK = "schedules-sync"
 
 
 def schedules_sync() -> dict[str, int]:
-    """Create or update the periodic task of every declared job, disable the managed ones no longer
-    declared, and give each job its ``ScheduledJob`` row. Returns counts: created, updated,
-    unchanged, disabled."""
+    """Create or update each declared job's periodic task and ``ScheduledJob`` row, and disable the
+    managed tasks no longer declared. Returns counts: created, updated, unchanged, disabled."""
     counts = {"created": 0, "updated": 0, "unchanged": 0, "disabled": 0}
     with transaction.atomic():
         # A second sync waits for the first, then finds nothing to do: IntervalSchedule has

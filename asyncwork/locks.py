@@ -58,8 +58,7 @@ ON CONFLICT (name) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid,
 
 
 def lock_holder_record(*, name: str, execute: Callable[[str, list[Any]], object]) -> None:
-    """Record this process as holder of lock ``name``; ``execute`` runs a statement on the holding
-    session."""
+    """Record this process as holder of lock ``name``, by ``execute`` on the holding session."""
     execute(RECORD_SQL, [name, socket.gethostname(), os.getpid()])
 
 

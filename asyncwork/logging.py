@@ -27,7 +27,7 @@ from celery import current_task
 from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
-from asyncwork.metrics import suspicious_request_count
+from asyncwork.metrics import SUSPICIOUS_REQUESTS
 
 # The fields a log context may hold, and their order on a text line.
 CONTEXT_FIELDS = ("event_id", "invoice_id")
@@ -59,8 +59,7 @@ def _known(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 class ContextFilter(logging.Filter):
-    """Adds the log context's fields and the current task's ``task_id`` and ``attempt`` to every
-    record; drops none."""
+    """Adds the log context's fields, and a task's ``task_id`` and ``attempt``, to every record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = _context.get()
@@ -79,10 +78,11 @@ class ContextFilter(logging.Filter):
 
 class SuspiciousRequestFilter(logging.Filter):
     """On ``django.security.<kind>``: a refused request (already a 400) becomes one WARNING line
-    without traceback, counted in ``invoicing_http_suspicious_requests_total``."""
+    without traceback, counted by kind (the ``SuspiciousOperation`` class, never client text, so
+    the label's values stay few)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        suspicious_request_count(record.name.rpartition(".")[2])
+        SUSPICIOUS_REQUESTS.labels(kind=record.name.rpartition(".")[2]).inc()
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
         return True
@@ -203,8 +203,7 @@ _tokens: dict[tuple[str, int], Token[dict[str, Any] | None]] = {}
 
 
 def _context_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """``before_task_publish``: the context's fields travel in a header (a re-publish keeps its
-    own)."""
+    """``before_task_publish``: the context travels in a header (a re-publish keeps its own)."""
     fields = _context.get()
     if fields and headers is not None and HEADER not in headers:
         headers[HEADER] = dict(fields)

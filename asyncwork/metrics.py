@@ -69,12 +69,6 @@ SUSPICIOUS_REQUESTS = Counter(
 )
 
 
-def suspicious_request_count(kind: str) -> None:
-    """One request refused as suspicious; ``kind`` is the ``SuspiciousOperation`` class name, never
-    client text, so the label's values stay few."""
-    SUSPICIOUS_REQUESTS.labels(kind=kind).inc()
-
-
 class StateCollector:
     """The probes with ``metrics``, read at scrape time."""
 
@@ -185,10 +179,10 @@ def _task_finished(
     TASK_ATTEMPTS.labels(task=_task_name(task), outcome=outcome).inc()
 
 
-def multiprocess_dir_reset(directory: str | None = None) -> None:
+def multiprocess_dir_reset() -> None:
     """Empty ``PROMETHEUS_MULTIPROC_DIR`` (creating it), so an earlier run's counts are not added.
     Call once, in the parent, before workers fork."""
-    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not directory:
         return
     path = Path(directory)
@@ -205,9 +199,8 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
     port = settings.WORKER_METRICS_PORT
     if not port or _serving:
         return
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if directory:
-        multiprocess_dir_reset(directory)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess_dir_reset()
     elif "prefork" in str(getattr(sender, "pool_cls", "prefork")):
         # Each child would count alone and the main process would serve zeros.
         logger.error(

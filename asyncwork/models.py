@@ -123,8 +123,7 @@ class DeadLetter(models.Model):
 
 
 class ScheduledJob(models.Model):
-    """What each scheduled job last did, for operators; the lock is an advisory lock
-    (``asyncwork.locks``)."""
+    """What each scheduled job last did, for operators (its lock: ``asyncwork.locks``)."""
 
     name = models.CharField(max_length=100, unique=True)
     runs = models.PositiveIntegerField(default=0)

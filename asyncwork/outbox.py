@@ -188,8 +188,7 @@ def _producer() -> Any:
 
 
 def _producer_drop() -> None:
-    """Forget this thread's producer, dropping its connection without the closing handshake (a
-    stalled broker would hold that too)."""
+    """Drop this thread's producer without a closing handshake (a stalled broker would hold it)."""
     producer = _local.__dict__.pop("producer", None)
     if producer is not None:
         with contextlib.suppress(Exception):
@@ -217,17 +216,15 @@ def outbox_publish(
 
 
 def outbox_publish_due() -> int:
-    """Publish the scheduled rows that have come due; returns how many. Concurrent callers split the
-    rows."""
+    """Publish the retries and deferrals come due; returns how many. Callers split the rows."""
     rows = OutboxMessage.objects.filter(published_at__isnull=True, due_at__lte=timezone.now())
     return _publish(rows, limit=RELAY_BATCH_SIZE)
 
 
 def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
     """Publish the given rows again, published or not (a message the broker lost after taking it),
-    under their task ids. A row another publisher holds is skipped; one the broker refuses is
-    left unpublished for the relay. Returns how many were published; each row's outcome is
-    recorded as an operator action of ``actor``."""
+    under their task ids; returns how many. A row another publisher holds is skipped, one the
+    broker refuses left to the relay; each row's outcome is an operator action of ``actor``."""
     ids = list(ids)
     if not ids:
         return 0

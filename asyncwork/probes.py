@@ -66,23 +66,22 @@ class OutboxProbe:
 
 def outbox_backlog(*, now: datetime, cap: int) -> int:
     """Outbox rows waiting at ``now`` (a row scheduled for later is no backlog until due), counted
-    up to ``cap``: the index scan stops there. All that backpressure reads, each second in every
-    web process."""
+    up to ``cap``, where the index scan stops: backpressure reads it each second per process."""
     return OutboxMessage.objects.waiting(now)[:cap].count()
 
 
 def outbox_probe() -> OutboxProbe:
     cap = settings.BACKPRESSURE_HARD_MARK
     now = timezone.now()
-    unpublished = outbox_backlog(now=now, cap=cap)
     # A due row has waited since its due time.
-    waiting = OutboxMessage.objects.waiting(now)
     oldest = (
-        waiting.annotate(since=Coalesce("due_at", "created_at"))
+        OutboxMessage.objects.waiting(now)
+        .annotate(since=Coalesce("due_at", "created_at"))
         .order_by("since")
         .values_list("since", flat=True)
         .first()
     )
+    unpublished = outbox_backlog(now=now, cap=cap)
     return OutboxProbe(
         unpublished=unpublished, cap=cap, oldest_unpublished_at=oldest, measured_at=now
     )
@@ -112,20 +111,15 @@ class DlqProbe:
 
 def dlq_probe() -> DlqProbe:
     """One grouped query over the waiting dead letters."""
-    rows = (
+    rows = list(
         dead_letters_waiting()
-        .order_by()
+        .order_by("reason")
         .values("reason")
         .annotate(n=Count("pk"), oldest=Min("created_at"))
     )
-    by_reason: dict[str, int] = {}
-    oldest: datetime | None = None
-    for row in rows:
-        by_reason[row["reason"]] = row["n"]
-        oldest = row["oldest"] if oldest is None else min(oldest, row["oldest"])
     return DlqProbe(
-        waiting_by_reason=dict(sorted(by_reason.items())),
-        oldest_waiting_at=oldest,
+        waiting_by_reason={row["reason"]: row["n"] for row in rows},
+        oldest_waiting_at=min((row["oldest"] for row in rows), default=None),
         measured_at=timezone.now(),
     )
 
@@ -270,9 +264,8 @@ class Reading(Generic[T]):
 
 
 def probe_read(probe: Probe[P], part: Callable[[P], T]) -> Reading[T]:
-    """Read ``probe`` now, a database one in ``bounded()`` (statements time out after
-    ``PROBE_TIMEOUT_SECONDS``), a broker one under its own socket timeouts, and make ``part`` of
-    the reading; never raises."""
+    """Read ``probe`` now (a database one in ``bounded()``, a broker one under its own socket
+    timeouts) and make ``part`` of the reading; never raises."""
     started = time.perf_counter()
     try:
         if probe.database:

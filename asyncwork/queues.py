@@ -49,7 +49,7 @@ def queue_declare(
         _folded[name] = ahead_of
         return name
     declared = list(_queues.items())
-    at = [queue for queue, _ in declared].index(ahead_of)
+    at = list(_queues).index(ahead_of)
     _queues.clear()
     _queues.update([*declared[:at], (name, pressure), *declared[at:]])
     return name

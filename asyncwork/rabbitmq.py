@@ -18,8 +18,7 @@ from asyncwork import queues
 
 
 class DeadLetterQueueDeclare(bootsteps.StartStopStep):
-    """A consumer step: declare ``dlq`` once connected, before consuming, and after every
-    reconnection."""
+    """A consumer step: declare ``dlq`` when connected, before consuming, and on reconnecting."""
 
     requires = ("celery.worker.consumer.connection:Connection",)
 
@@ -100,9 +99,8 @@ _reader = _Reader()
 
 
 def queue_depths(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """Each queue's ready messages and consumers, from a passive declaration on a kept connection;
-    (0, 0) for a queue not declared yet. Raises ``BrokerUnreadable`` when RabbitMQ does not
-    answer within ``PROBE_TIMEOUT_SECONDS``."""
+    """Each queue's ready messages and consumers ((0, 0) if not declared yet), by passive
+    declaration; ``BrokerUnreadable`` when RabbitMQ does not answer in ``PROBE_TIMEOUT_SECONDS``."""
     return _reader.read(names)
 
 

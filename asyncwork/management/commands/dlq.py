@@ -47,7 +47,7 @@ def _cell(value: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
-def dead_letter_json(letter: DeadLetter, subject: Subject | None = None) -> dict[str, Any]:
+def dead_letter_json(letter: DeadLetter, subject: Subject | None) -> dict[str, Any]:
     return {
         "id": letter.pk,
         "task": letter.task,
