@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import flatten_fieldsets, unquote
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -143,7 +143,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             {"fields": ("exception_class", "exception_message", "traceback_display")},
         ),
     )
-    readonly_fields = flatten_fieldsets(fieldsets)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return DeadLetterChangeList
@@ -199,21 +198,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             ),
             *super().get_urls(),
         ]
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        letter = self.get_object(request, unquote(object_id))
-        extra = {
-            "can_replay": letter is not None
-            and letter.replayed_at is None
-            and self.has_replay_permission(request)
-        }
-        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """The page's Replay button: the same service as the action, for this dead letter."""
