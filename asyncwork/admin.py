@@ -13,16 +13,11 @@ from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import (
-    Http404,
-    HttpRequest,
-    HttpResponse,
-    HttpResponseNotAllowed,
-    HttpResponseRedirect,
-)
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
@@ -193,7 +188,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return [
             path(
                 "<path:object_id>/replay/",
-                self.admin_site.admin_view(self.replay_view),
+                self.admin_site.admin_view(require_POST(self.replay_view)),
                 name="asyncwork_deadletter_replay",
             ),
             *super().get_urls(),
@@ -201,8 +196,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """The page's Replay button: the same service as the action, for this dead letter."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
         if not (self.has_view_permission(request) and self.has_replay_permission(request)):
             raise PermissionDenied
         letter = self.get_object(request, unquote(object_id))

@@ -117,25 +117,18 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
         skipped = [letter.pk for letter in found if letter.replayed_at is not None]
         for letter in found:
             if letter.replayed_at is not None:
-                operator_action_record(
-                    action="dead_letter.replay",
-                    actor=actor,
-                    target=letter,
-                    detail=f"skipped: already replayed by {letter.replayed_by or '?'}",
+                detail = f"skipped: already replayed by {letter.replayed_by or '?'}"
+            else:
+                letter.replay_outbox = outbox_enqueue(
+                    task=letter.task, args=letter.args, kwargs=letter.kwargs
                 )
-                continue
-            letter.replay_outbox = outbox_enqueue(
-                task=letter.task, args=letter.args, kwargs=letter.kwargs
-            )
-            letter.replayed_at = timezone.now()
-            letter.replayed_by = actor[:150]
-            letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
-            replayed.append(letter.pk)
+                letter.replayed_at = timezone.now()
+                letter.replayed_by = actor[:150]
+                letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
+                replayed.append(letter.pk)
+                detail = f"replayed: the job is outbox message {letter.replay_outbox.pk}"
             operator_action_record(
-                action="dead_letter.replay",
-                actor=actor,
-                target=letter,
-                detail=f"replayed: the job is outbox message {letter.replay_outbox.pk}",
+                action="dead_letter.replay", actor=actor, target=letter, detail=detail
             )
     if replayed:
         logger.info(

@@ -23,13 +23,12 @@ from asyncwork.beat import active_beat
 from asyncwork.broker import broker_redis
 from asyncwork.deadletters import duration_short
 from asyncwork.locks import Holder
-from asyncwork.models import DeadLetter
+from asyncwork.models import DeadLetter, ScheduledJob
 from asyncwork.probes import (
     BreakerProbe,
     CheckResult,
     DlqProbe,
     Figure,
-    JobState,
     OutboxProbe,
     Probe,
     QueuesProbe,
@@ -263,7 +262,7 @@ probe_declare(
 )
 
 
-def scheduled_job_metrics(jobs: tuple[JobState, ...]) -> list[Metric]:
+def scheduled_job_metrics(jobs: tuple[ScheduledJob, ...]) -> list[Metric]:
     runs = CounterMetricFamily(
         "invoicing_scheduled_job_runs",
         "Runs of each scheduled job (it held the lock).",
@@ -293,7 +292,7 @@ def scheduled_job_metrics(jobs: tuple[JobState, ...]) -> list[Metric]:
     return [runs, skips, last_run, failed]
 
 
-def scheduled_jobs_figures(jobs: tuple[JobState, ...]) -> list[Figure]:
+def scheduled_jobs_figures(jobs: tuple[ScheduledJob, ...]) -> list[Figure]:
     figures = []
     for job in jobs:
         if job.last_started_at is None:

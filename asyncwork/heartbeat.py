@@ -59,9 +59,8 @@ def owner_lapsed_sql(*, owner: str, since: str) -> str:
     # Aliases of its own, which a caller's query is unlikely to use for its own tables.
     newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
     fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
-    # No input: a table name and the caller's own columns.
     return (
-        f"(%(heartbeat_lapse)s > 0"  # noqa: S608
+        f"(%(heartbeat_lapse)s > 0"  # noqa: S608 - no input: a table name, the caller's columns
         f" AND NOT EXISTS (SELECT 1 FROM {TABLE} lapse_h"
         f" WHERE lapse_h.owner = {owner} AND lapse_h.beat_at >= {fresh})"
         f" AND {since} < {fresh})"

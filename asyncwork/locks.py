@@ -82,7 +82,6 @@ def advisory_lock(name: str) -> Iterator[bool]:
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [NAMESPACE, key])
             except DatabaseError:
-                # The session is gone, and the lock with it.
                 logger.warning("could not release lock %s: its session is gone", name)
 
 

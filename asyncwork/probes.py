@@ -2,8 +2,9 @@
 what ``/health/``, ``/metrics`` and the dashboard make of a reading), and read one way,
 ``probe_read``. Backpressure reads the outbox and the queues through the same functions.
 
-A read function measures now and returns a frozen dataclass; it decides nothing, a probe's parts
-do. The machinery's probes are declared in ``asyncwork.gauges``, an app's beside its own state.
+A read function measures now and returns what it read (a frozen dataclass, or rows); it decides
+nothing, a probe's parts do. The machinery's probes are declared in ``asyncwork.gauges``, an
+app's beside its own state.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -124,26 +125,12 @@ def dlq_probe() -> DlqProbe:
     )
 
 
-@dataclass(frozen=True)
-class JobState:
-    """What one scheduled job last did (``ScheduledJob``; all zeros before its first run)."""
-
-    name: str
-    pk: int | None
-    runs: int = 0
-    skips: int = 0
-    last_started_at: datetime | None = None
-    last_finished_at: datetime | None = None
-    last_skipped_at: datetime | None = None
-    last_error: str = ""
-
-
-def scheduled_jobs_probe() -> tuple[JobState, ...]:
-    """Every declared job, and any that ran without being declared, by name."""
-    columns = [field.name for field in fields(JobState)]
-    rows = {row["name"]: JobState(**row) for row in ScheduledJob.objects.values(*columns)}
+def scheduled_jobs_probe() -> tuple[ScheduledJob, ...]:
+    """What every declared job, and any that ran without being declared, last did, by name; an
+    unsaved row (all zeros) for a job without one."""
+    rows = {job.name: job for job in ScheduledJob.objects.all()}
     names = sorted({job.name for job in jobs_declared()} | set(rows))
-    return tuple(rows.get(name) or JobState(name=name, pk=None) for name in names)
+    return tuple(rows.get(name) or ScheduledJob(name=name) for name in names)
 
 
 @dataclass(frozen=True)
@@ -224,8 +211,7 @@ class Probe(Generic[P]):
     """One piece of state: ``read`` (in ``bounded()`` when ``database``) and what each reader makes
     of a reading: /health/'s ``check`` (a dict with ``status`` and its figures; ``critical``: its
     failing fails the deployment; named ``check_name`` when not ``name``), /metrics' families
-    (``metrics``), the dashboard's ``figures`` under ``title``. A reader reads only the probes it
-    has a part in, in declaration order."""
+    (``metrics``), the dashboard's ``figures`` under ``title``."""
 
     name: str
     read: Callable[[], P]

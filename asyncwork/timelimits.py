@@ -37,8 +37,7 @@ def _soft_timeout(signum: int, frame: FrameType | None) -> None:
 
 
 def _task_started(**_: Any) -> None:
-    # Only in a prefork pool process (billiard's handler installed, main thread): elsewhere there
-    # is no such signal.
+    # Only a prefork pool process (billiard's handler installed, main thread) gets the signal.
     if (
         SIG_SOFT_TIMEOUT is not None
         and threading.current_thread() is threading.main_thread()
