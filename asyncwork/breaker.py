@@ -175,10 +175,6 @@ class Breaker:
         self.key = f"{prefix}:breaker:{name}" if prefix else f"breaker:{name}"
         self.probe_key = f"{self.key}:probe"
 
-    @property
-    def _redis(self) -> redis.Redis:
-        return _client(self.url)
-
     def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return _script(self.url, script)(keys=keys, args=args)
 
@@ -265,7 +261,7 @@ class Breaker:
         """Force the breaker closed (an operator who knows the provider is back)."""
         _closed_until.pop(self.key, None)
         try:
-            self._redis.delete(self.key, self.probe_key)
+            _client(self.url).delete(self.key, self.probe_key)
         except redis.RedisError as exc:
             _warn_unavailable(self.name, "reset", exc)
 
@@ -274,7 +270,7 @@ class Breaker:
         time), ``retry_in``, ``probing``."""
         state, failures, opened_at, retry_in, probing = "unknown", None, None, 0.0, False
         try:
-            with self._redis.pipeline(transaction=True) as pipe:
+            with _client(self.url).pipeline(transaction=True) as pipe:
                 pipe.hgetall(self.key)
                 pipe.exists(self.probe_key)
                 pipe.time()

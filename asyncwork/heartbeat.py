@@ -32,10 +32,6 @@ from asyncwork.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
-# WorkerHeartbeat's table, named here because this module is imported before Django's models load
-# (a test checks they agree).
-TABLE = "asyncwork_workerheartbeat"
-
 _owner: tuple[int, str] | None = None
 
 
@@ -60,8 +56,8 @@ def owner_lapsed_sql(*, owner: str, since: str) -> str:
     newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
     fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
     return (
-        f"(%(heartbeat_lapse)s > 0"  # noqa: S608 - no input: a table name, the caller's columns
-        f" AND NOT EXISTS (SELECT 1 FROM {TABLE} lapse_h"
+        f"(%(heartbeat_lapse)s > 0"  # noqa: S608 - no input: the caller's own columns
+        " AND NOT EXISTS (SELECT 1 FROM asyncwork_workerheartbeat lapse_h"
         f" WHERE lapse_h.owner = {owner} AND lapse_h.beat_at >= {fresh})"
         f" AND {since} < {fresh})"
     )

@@ -8,17 +8,12 @@ from __future__ import annotations
 import pytest
 from django.db.models.functions import Now
 
-from asyncwork import heartbeat
 from asyncwork.models import WorkerHeartbeat
 from stack import launch
 from stack.net import wait_until
 from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def test_the_sql_names_the_model_table() -> None:
-    assert WorkerHeartbeat._meta.db_table == heartbeat.TABLE
 
 
 @pytest.mark.slow
