@@ -266,8 +266,7 @@ class Breaker:
             _warn_unavailable(self.name, "reset", exc)
 
     def state(self) -> dict[str, Any]:
-        """``name``, ``state`` (closed, open, half-open, unknown), ``failures``, ``opened_at`` (Unix
-        time), ``retry_in``, ``probing``."""
+        """``state``: closed, open, half-open, or unknown when Redis does not answer."""
         state, failures, opened_at, retry_in, probing = "unknown", None, None, 0.0, False
         try:
             with _client(self.url).pipeline(transaction=True) as pipe:

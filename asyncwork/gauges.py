@@ -60,7 +60,7 @@ def _database_ping() -> CheckResult:
 def _broker_ping() -> CheckResult:
     """Raises when the broker does not answer in time."""
     if settings.BROKER_IS_RABBITMQ:
-        rabbitmq.broker_ping()
+        rabbitmq.queue_depths((queues.DLQ,))
     elif (client := broker_redis()) is not None:
         client.ping()
     else:

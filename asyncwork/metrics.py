@@ -108,11 +108,6 @@ def _event_registry() -> CollectorRegistry:
     return registry
 
 
-def metrics_exposition() -> bytes:
-    """The text exposition of ``/metrics``: event counters, then scrape-time state."""
-    return generate_latest(_event_registry()) + generate_latest(_state_registry)
-
-
 def metrics_token_presented(request: HttpRequest) -> bool:
     """True when ``METRICS_TOKEN`` is set and the request carries it as a bearer token (compared in
     constant time). It opens ``/metrics`` and ``/health/``'s details."""
@@ -149,7 +144,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     if refusal is not None:
         return refusal
     try:
-        response = HttpResponse(metrics_exposition(), content_type=CONTENT_TYPE_LATEST)
+        # Event counters, then scrape-time state.
+        body = generate_latest(_event_registry()) + generate_latest(_state_registry)
+        response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
     except Exception:  # a scrape that cannot be served is a 503, never a 500
         logger.exception("metrics exposition failed")
         response = HttpResponse("metrics unavailable\n", status=503, content_type="text/plain")

@@ -102,9 +102,3 @@ def queue_depths(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """Each queue's ready messages and consumers ((0, 0) if not declared yet), by passive
     declaration; ``BrokerUnreadable`` when RabbitMQ does not answer in ``PROBE_TIMEOUT_SECONDS``."""
     return _reader.read(names)
-
-
-def broker_ping() -> None:
-    """Raises ``BrokerUnreadable`` unless RabbitMQ answers a passive declaration of ``dlq`` within
-    ``PROBE_TIMEOUT_SECONDS``."""
-    _reader.read((queues.DLQ,))

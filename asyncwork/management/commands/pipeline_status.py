@@ -32,17 +32,17 @@ def _jobs() -> list[dict[str, Any]]:
     rows = {job.name: job for job in ScheduledJob.objects.all()}
     report = []
     for schedule in jobs_declared():
-        job = rows.get(schedule.name)
+        job = rows.get(schedule.name) or ScheduledJob(name=schedule.name)  # all zeros
         holder = lock_holder(f"job:{schedule.name}")
         report.append(
             {
                 "job": schedule.name,
-                "last_run": job.last_started_at if job else None,
-                "last_skip": job.last_skipped_at if job else None,
-                "runs": job.runs if job else 0,
-                "skips": job.skips if job else 0,
+                "last_run": job.last_started_at,
+                "last_skip": job.last_skipped_at,
+                "runs": job.runs,
+                "skips": job.skips,
                 "running_now": asdict(holder) if holder else None,
-                "last_error": (job.last_error[:60] if job else "") or None,
+                "last_error": job.last_error[:60] or None,
             }
         )
     return report
