@@ -95,8 +95,7 @@ _shared_lock = threading.Lock()
 
 
 def health_status_shared() -> tuple[bool, str]:
-    """Whether the deployment is healthy, and its status, from a report at most
-    ``HEALTH_CACHE_SECONDS`` old; one caller computes it while the others wait for its result."""
+    """Whether the deployment is healthy, and its status, from the report shared as above."""
     global _shared
     with _shared_lock:
         if _shared is None or time.monotonic() - _shared[0] >= settings.HEALTH_CACHE_SECONDS:

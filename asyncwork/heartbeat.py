@@ -49,9 +49,8 @@ def lapse_seconds() -> float:
 
 
 def owner_lapsed_sql(*, owner: str, since: str) -> str:
-    """An SQL predicate, true when the process named by column ``owner`` is gone: rescue is on and,
-    for longer than the lapse before the newest heartbeat, it wrote none and its claim (column
-    ``since``) existed. Parameter ``%(heartbeat_lapse)s``: ``lapse_seconds()``."""
+    """An SQL predicate: the process named by column ``owner`` is gone (as above), its claim being
+    column ``since``. Parameter ``%(heartbeat_lapse)s``: ``lapse_seconds()``."""
     # Aliases of its own, which a caller's query is unlikely to use for its own tables.
     newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
     fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"

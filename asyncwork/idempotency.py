@@ -78,9 +78,8 @@ def idempotent_perform(
     request: str,
     perform: Callable[[], M | None],
 ) -> Performed[M]:
-    """Run ``perform`` once per (``user``, ``key``), recording what it returned in its transaction;
-    a later or concurrent call with the same fingerprint gets that instead. Raises
-    ``IdempotencyKeyReused`` on another fingerprint; whatever ``perform`` raises records nothing."""
+    """Run ``perform`` once per (``user``, ``key``) and record what it returned, as above; a repeat
+    with another fingerprint raises ``IdempotencyKeyReused``."""
     if user.pk is None:
         raise TypeError("an idempotency key belongs to a signed-in user")
     record = IdempotencyRecord(

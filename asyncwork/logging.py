@@ -163,8 +163,7 @@ def record_bounded(record: logging.LogRecord, formatter: logging.Formatter) -> l
 
 
 class TextFormatter(logging.Formatter):
-    """The standard format plus `` name=value`` per context field present; bounded, and masked
-    unless ``mask_pii`` is False."""
+    """The standard format plus `` name=value`` per context field present."""
 
     def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -186,8 +185,7 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(JsonFormatterBase):
-    """python-json-logger's formatter, bounded, and masked unless ``mask_pii`` is False. The mask
-    holds no quote or backslash, so the JSON stays valid."""
+    """python-json-logger's formatter; the mask holds no quote nor backslash: JSON stays valid."""
 
     def __init__(self, *args: Any, mask_pii: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -195,26 +195,6 @@ def _producer_drop() -> None:
             producer.connection.collect()
 
 
-def outbox_publish(
-    *,
-    ids: Iterable[int] | None = None,
-    older_than: timedelta | None = None,
-    limit: int | None = None,
-) -> int:
-    """Publish unpublished rows (in ``ids``, or older than ``older_than``); returns how many. Stops
-    at the first broker failure: every further row would wait out the same timeout."""
-    rows = OutboxMessage.objects.filter(published_at__isnull=True)
-    if ids is not None:
-        rows = rows.filter(pk__in=list(ids))
-    if older_than is not None:
-        # A scheduled row waits for its due time however old it is.
-        now = timezone.now()
-        rows = rows.filter(
-            Q(due_at__isnull=True, created_at__lt=now - older_than) | Q(due_at__lte=now)
-        )
-    return _publish(rows, limit=limit or RELAY_BATCH_SIZE)
-
-
 def outbox_publish_due() -> int:
     """Publish the retries and deferrals come due; returns how many. Callers split the rows."""
     rows = OutboxMessage.objects.filter(published_at__isnull=True, due_at__lte=timezone.now())
@@ -273,8 +253,8 @@ def _send(message: OutboxMessage | _Committed) -> Exception | None:
 
 def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = None) -> int:
     """Send up to ``limit`` of ``rows`` no other publisher holds, in id order, and mark them
-    published, in one transaction; stop at the first broker failure. With an ``actor``, record
-    each row's outcome."""
+    published, in one transaction. Stops at the first broker failure: every further row would
+    wait out the same timeout. With an ``actor``, records each row's outcome."""
     published: list[int] = []
     outcomes: dict[int, str] = {}
     with transaction.atomic():
@@ -318,13 +298,17 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
 
 @job("outbox-relay", every=timedelta(seconds=15))
 def outbox_relay(*, grace: timedelta | None = None, batch_size: int | None = None) -> int:
-    """Publish rows left unpublished past the grace period, batch by batch. Safe to run
-    concurrently: each batch takes only rows no other relay holds."""
+    """Publish rows left unpublished past the grace period, batch by batch (concurrent runs split
+    them). A scheduled row waits for its due time however old it is."""
     grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
     batch_size = batch_size or RELAY_BATCH_SIZE
     total = 0
     for _ in range(RELAY_MAX_BATCHES):
-        count = outbox_publish(older_than=grace, limit=batch_size)
+        now = timezone.now()
+        rows = OutboxMessage.objects.filter(published_at__isnull=True).filter(
+            Q(due_at__isnull=True, created_at__lt=now - grace) | Q(due_at__lte=now)
+        )
+        count = _publish(rows, limit=batch_size)
         total += count
         if count < batch_size:
             break

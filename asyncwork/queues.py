@@ -29,11 +29,9 @@ _ahead: dict[str, str] = {}  # a queue -> the queue read ahead of it (its recove
 def queue_declare(
     name: str, *, pressure: bool = False, ahead_of: str | None = None, tasks: Iterable[str] = ()
 ) -> str:
-    """Declare queue ``name``, to which ``tasks`` are routed and which a worker without ``-Q``
-    consumes after ``default`` and the queues declared before it. Returns ``name``.
-
-    ``ahead_of``: an earlier queue this one is read before. On RabbitMQ it is not declared and
-    its messages go to ``ahead_of`` (``queue_resolve``): a second queue would give every worker a
+    """Declare queue ``name`` (returned) and route ``tasks`` to it; a worker without ``-Q`` reads it
+    after the queues declared before it. With ``ahead_of``, it is read before that queue; on
+    RabbitMQ it is folded into it (``queue_resolve``): a second queue would give every worker a
     second prefetch window, in which a paused worker swallows the messages meant to rescue it."""
     if name in (DEFAULT, DLQ):
         raise ValueError(f"queue {name!r} is the machinery's own")

@@ -27,7 +27,7 @@ from asyncwork import jobs, metrics, queues
 from asyncwork.deadletters import dead_letter_record, dead_letter_replay
 from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage
-from asyncwork.outbox import outbox_publish
+from asyncwork.outbox import outbox_republish
 from core.celery import app
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
@@ -91,7 +91,7 @@ def test_outbox_publishes_are_timed_and_failures_counted(client: Client) -> None
 
     def publish() -> None:
         try:
-            published.append(outbox_publish(ids=[row.pk]))
+            published.append(outbox_republish(ids=[row.pk], actor="test"))
         finally:
             connection.close()
 
