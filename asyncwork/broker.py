@@ -49,8 +49,7 @@ class Channel(redis.Channel):
     @contextlib.contextmanager
     def conn_or_acquire(self, client: redis_py.Redis | None = None) -> Iterator[redis_py.Redis]:
         """One ``redis.Redis`` per channel and pool, kept: kombu builds one per command outside a
-        pipeline, which costs more CPU than the round trip. The pool holds the connections, so
-        reconnecting is still the pool's."""
+        pipeline, costing more CPU than the round trip. Reconnecting is still the pool's."""
         if client is not None:
             yield client
             return

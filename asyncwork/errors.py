@@ -14,9 +14,8 @@ class TransientError(Exception):
 
 
 class Unreachable(TransientError):
-    """A transient failure in which the dependency did not answer (refused, reset, timed out,
-    unavailable): what a circuit breaker counts. A refusal of one request (SMTP 451) is the
-    dependency answering."""
+    """The dependency did not answer (refused, reset, timed out, unavailable): what a circuit
+    breaker counts. A refusal of one request (SMTP 451) is the dependency answering."""
 
 
 class PermanentError(Exception):

@@ -226,16 +226,15 @@ def schedules_sync_after_migrate(
         return
     loader = MigrationLoader(connections[using], ignore_no_migrations=True)
     wanted = {node for node in loader.graph.nodes if node[0] in ("django_celery_beat", "asyncwork")}
-    if not wanted <= set(loader.applied_migrations):
-        if verbosity >= 1 and stdout is not None:
-            stdout.write(
-                "periodic tasks not synced: django_celery_beat or asyncwork has unapplied "
-                "migrations (manage.py migrate, or manage.py setup_periodic_tasks after it)\n"
-            )
-        return
-    counts = schedules_sync()
+    if wanted <= set(loader.applied_migrations):
+        said = schedules_sync_summary(counts=schedules_sync())
+    else:
+        said = (
+            "periodic tasks not synced: django_celery_beat or asyncwork has unapplied "
+            "migrations (manage.py migrate, or manage.py setup_periodic_tasks after it)"
+        )
     if verbosity >= 1 and stdout is not None:
-        stdout.write(schedules_sync_summary(counts=counts) + "\n")
+        stdout.write(said + "\n")
 
 
 @dataclass(frozen=True)

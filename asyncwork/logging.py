@@ -62,11 +62,9 @@ class ContextFilter(logging.Filter):
     """Adds the log context's fields, and a task's ``task_id`` and ``attempt``, to every record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        fields = _context.get()
-        if fields:
-            for name, value in fields.items():
-                if getattr(record, name, None) is None:
-                    setattr(record, name, value)
+        for name, value in (_context.get() or {}).items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
         if current_task:
             request = current_task.request
             if getattr(record, "task_id", None) is None and request.id:

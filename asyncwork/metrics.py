@@ -119,9 +119,8 @@ def metrics_token_presented(request: HttpRequest) -> bool:
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
-    """None when the request may read /metrics: it presents ``METRICS_TOKEN`` when set, else its
-    client address is in ``METRICS_ALLOWED_NETWORKS``. ``X-Forwarded-For`` from a peer not in
-    ``TRUSTED_PROXIES`` is refused."""
+    """None when the request may read /metrics: it has ``METRICS_TOKEN`` when set, else comes from
+    ``METRICS_ALLOWED_NETWORKS`` (with no ``X-Forwarded-For`` unless via ``TRUSTED_PROXIES``)."""
     if settings.METRICS_TOKEN:
         if metrics_token_presented(request):
             return None

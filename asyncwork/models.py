@@ -140,9 +140,8 @@ class ScheduledJob(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """One API request made under an ``Idempotency-Key`` (``asyncwork.idempotency``), UNIQUE per
-    (user, key). ``fingerprint`` tells a retry from a different request; ``target`` is what the
-    request created."""
+    """One API request under an ``Idempotency-Key`` (``asyncwork.idempotency``): ``fingerprint``
+    tells a retry from another request; ``target`` is what the request created."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255)

@@ -71,8 +71,7 @@ def outbox_task_id(message_id: int) -> str:
 def outbox_enqueue(
     *, task: str, args: list[Any], kwargs: dict[str, Any] | None = None, queue: str | None = None
 ) -> OutboxMessage:
-    """Record ``task`` in the current transaction; publish it once that commits. ``queue`` defaults
-    to the task's route."""
+    """Record ``task`` in this transaction, published once it commits (``queue``: its route's)."""
     message = OutboxMessage(
         task=task,
         args=args,
@@ -142,9 +141,8 @@ _MARK_PUBLISHED = (
 
 
 def _publish_committed(message: _Committed) -> None:
-    """Publish a just-committed row, then mark it: no re-read, no row lock (the relay leaves rows
-    younger than its grace period alone). A failed mark leaves the row to the relay: a duplicate
-    message, never a lost one."""
+    """Publish a just-committed row, then mark it: no re-read, no row lock (the relay leaves young
+    rows alone). A failed mark leaves the row to the relay: a duplicate message, not a lost one."""
     error = _send(message)
     if error is None:
         _published(queue=message.queue, created=message.created)

@@ -135,8 +135,7 @@ def scheduled_jobs_probe() -> tuple[ScheduledJob, ...]:
 
 @dataclass(frozen=True)
 class QueuesProbe:
-    """Messages waiting on each queue read, not those a worker holds; on RabbitMQ each queue's
-    consumers too."""
+    """Messages waiting on each queue (not those a worker holds); on RabbitMQ, consumers too."""
 
     depths: dict[str, int]
     consumers: dict[str, int] | None = None
@@ -192,8 +191,7 @@ def breaker_probe(breaker: Breaker) -> BreakerProbe:
 
 @dataclass(frozen=True)
 class Figure:
-    """One dashboard figure: label, value as shown, the list behind it, and its status (``ok``,
-    ``degraded``, ``failing``, ``unknown``)."""
+    """A dashboard figure; ``url``: the list behind it; ``status``: ok/degraded/failing/unknown."""
 
     label: str
     value: str

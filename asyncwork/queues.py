@@ -59,8 +59,7 @@ def queue_resolve(name: str) -> str:
 
 
 def queue_ahead(name: str) -> str:
-    """Where recovered work of queue ``name`` goes: the queue ahead of it, as this broker resolves
-    it, else ``name``."""
+    """Where queue ``name``'s recovered work goes: the queue ahead of it (resolved), or ``name``."""
     return queue_resolve(_ahead.get(name, name))
 
 

@@ -49,9 +49,8 @@ R = TypeVar("R", bound=Rescue)
 
 
 def rescue(name: str) -> Callable[[R], R]:
-    """Declare (or replace) the rescue ``name``: the function releases the app's claims whose owner
-    is gone (``owner_lapsed_sql``), re-enqueues their work and returns how many. It must be safe
-    to run twice."""
+    """Declare (or replace) rescue ``name``: it releases the app's claims whose owner is gone
+    (``owner_lapsed_sql``), re-enqueues their work and returns how many; safe to run twice."""
 
     def declare(fn: R) -> R:
         _rescues[name] = fn

@@ -29,8 +29,7 @@ R = TypeVar("R", bound=Rule)
 
 
 def retention_rule(name: str) -> Callable[[R], R]:
-    """Declare (or replace) rule ``name``: ``rule(now, batch)`` purges what is past its age and
-    returns the rows it touched."""
+    """Declare (or replace) rule ``name``: ``rule(now, batch)`` purges what is past its age."""
 
     def declare(rule: R) -> R:
         _rules[name] = rule

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Task
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 RETRY_WRITE_INTERVAL = 1.0
 RETRY_WRITE_WAIT = 10.0
 
+T = TypeVar("T")
+
 
 class ReliableTask(Task):
     autoretry_for = (TransientError, SoftTimeLimitExceeded, OperationalError, InterfaceError)
@@ -52,7 +55,7 @@ class ReliableTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # RabbitMQ counts a message's earlier deliveries (Redis does not: no header there).
-        delivered = _delivery_count(self.request)
+        delivered = _header(self.request, "x-delivery-count", int)
         if delivered is not None and delivered + 1 >= settings.BROKER_DELIVERY_LIMIT:
             raise RedeliveredTooOften(
                 f"delivered {delivered + 1} times; the {delivered} before ended with no "
@@ -106,9 +109,8 @@ class ReliableTask(Task):
     def _schedule(
         self, *, countdown: float, retries: int, headers: dict[str, Any], args: Any, kwargs: Any
     ) -> None:
-        """Write this job's next run as an outbox row due in ``countdown`` seconds. A row the
-        database refuses is retried every ``RETRY_WRITE_INTERVAL`` for ``RETRY_WRITE_WAIT``
-        seconds; still refused (or at the soft time limit), the message is requeued unchanged
+        """Write this job's next run as an outbox row due in ``countdown`` seconds; still refused
+        after ``RETRY_WRITE_WAIT`` (or at the soft time limit), requeue the message unchanged
         (``Reject``): a job is never dropped for want of its retry's row."""
         request = self.request
         if connection.in_atomic_block:
@@ -155,7 +157,7 @@ class ReliableTask(Task):
         if request.called_directly or request.is_eager:
             raise exc  # nothing to wait on outside a worker; eager would spin until the deadline
         now = timezone.now()
-        first = _header_time(request, "first_deferred_at") or now
+        first = _header(request, "first_deferred_at", datetime.fromisoformat) or now
         if (now - first).total_seconds() >= exc.deadline:
             logger.warning(
                 "job deferred for %.0f s, past its deadline of %.0f s: %s",
@@ -190,7 +192,10 @@ class ReliableTask(Task):
 
     def _first_failed_at(self) -> datetime:
         # A job that was deferred before it ever failed dates its trouble from the deferral.
-        times = [_header_time(self.request, h) for h in ("first_failed_at", "first_deferred_at")]
+        times = [
+            _header(self.request, name, datetime.fromisoformat)
+            for name in ("first_failed_at", "first_deferred_at")
+        ]
         return min((t for t in times if t is not None), default=None) or timezone.now()
 
     def on_failure(
@@ -222,19 +227,10 @@ def _job_headers(request: Any) -> dict[str, Any]:
     return {k: v for k, v in (request.headers or {}).items() if not k.startswith("x-")}
 
 
-def _delivery_count(request: Any) -> int | None:
-    """Earlier deliveries of this message (RabbitMQ's ``x-delivery-count``), or None when the broker
-    does not say."""
-    value = request.get("x-delivery-count")
+def _header(request: Any, name: str, parse: Callable[[Any], T]) -> T | None:
+    """Header ``name`` of this delivery, parsed; None when absent or unreadable."""
+    value = request.get(name)
     try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _header_time(request: Any, name: str) -> datetime | None:
-    value = getattr(request, name, None)
-    try:
-        return datetime.fromisoformat(value) if value else None
+        return parse(value) if value is not None else None
     except (TypeError, ValueError):
         return None

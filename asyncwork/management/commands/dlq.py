@@ -71,8 +71,7 @@ def dead_letter_json(letter: DeadLetter, subject: Subject | None) -> dict[str, A
 
 
 def dead_letters_table(letters: Sequence[DeadLetter], subjects: dict[int, Subject]) -> list[str]:
-    """One line per dead letter, each within ``WIDTH`` characters; the failure takes what the
-    other columns leave."""
+    """One line per dead letter within ``WIDTH`` characters, the failure taking what is left."""
     id_width = max(2, *(len(str(letter.pk)) for letter in letters))
     fixed = [
         ("ID", id_width, ">"),
