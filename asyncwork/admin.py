@@ -232,6 +232,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             )
 
 
+@admin.display(description="Last error")
+def last_error_short(row: OutboxMessage | ScheduledJob) -> str:
+    return row.last_error[:80]
+
+
 class PublishedFilter(admin.SimpleListFilter):
     title = "published"
     parameter_name = "published"
@@ -265,7 +270,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "published",
         "published_at",
         "publish_attempts",
-        "last_error_short",
+        last_error_short,
     )
     list_filter = (PublishedFilter, "queue", "task")
     search_fields = ("task",)
@@ -288,10 +293,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     @admin.display(description="Published", boolean=True, ordering="published_at")
     def published(self, obj: OutboxMessage) -> bool:
         return obj.published_at is not None
-
-    @admin.display(description="Last error")
-    def last_error_short(self, obj: OutboxMessage) -> str:
-        return obj.last_error[:80]
 
     def has_republish_permission(self, request: HttpRequest) -> bool:
         return has_power(request, OutboxMessage, "republish_outboxmessage")
@@ -323,7 +324,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
         "skips",
         "running_now",
         "last_holder",
-        "last_error_short",
+        last_error_short,
     )
     readonly_fields = (
         "name",
@@ -341,10 +342,6 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
     @admin.display(description="Lock held by")
     def running_now(self, obj: ScheduledJob) -> str:
         return str(lock_holder(f"job:{obj.name}") or "-")
-
-    @admin.display(description="Last error")
-    def last_error_short(self, obj: ScheduledJob) -> str:
-        return obj.last_error[:80]
 
 
 # django-celery-beat's "Periodic tasks" page also shows what each job last did and who holds its

@@ -82,9 +82,7 @@ def pressure_current() -> Pressure:
     while another thread measures, the previous one."""
     global _last
     last = _last
-    if last is not None and time.monotonic() - last.measured_at < (
-        settings.BACKPRESSURE_CHECK_SECONDS
-    ):
+    if last and time.monotonic() - last.measured_at < settings.BACKPRESSURE_CHECK_SECONDS:
         return last
     if not _measuring.acquire(blocking=False):
         return last or Pressure(None, None, time.monotonic())

@@ -132,5 +132,4 @@ def health_view(request: HttpRequest) -> JsonResponse:
 
 @require_safe
 def live_view(request: HttpRequest) -> JsonResponse:
-    """200 while this process serves HTTP; reads nothing."""
     return _no_store({"status": "ok"})

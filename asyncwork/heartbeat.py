@@ -145,8 +145,7 @@ _running: Heartbeat | None = None
 
 
 def heartbeat_start(*, holding: Callable[[], list[dict[str, Any]]] | None = None, **_: Any) -> None:
-    """Start this process's heartbeat thread, once; ``holding`` lists the jobs it holds
-    (``held_jobs`` in the consumer's process)."""
+    """Start this process's heartbeat thread once; ``holding``: its held jobs (the consumer's)."""
     global _running
     if _running is not None and _running.owner == heartbeat_owner():
         return
@@ -155,7 +154,6 @@ def heartbeat_start(*, holding: Callable[[], list[dict[str, Any]]] | None = None
 
 
 def heartbeat_stop(**_: Any) -> None:
-    """Stop this process's heartbeat thread and delete its row."""
     global _running
     if _running is not None and _running.owner == heartbeat_owner():
         _running.stop()

@@ -115,7 +115,6 @@ def job(
 
 
 def job_task(name: str) -> Task:
-    """The Celery task of the declared job ``name``."""
     return _tasks[name]
 
 

@@ -76,8 +76,7 @@ class ContextFilter(logging.Filter):
 
 class SuspiciousRequestFilter(logging.Filter):
     """On ``django.security.<kind>``: a refused request (already a 400) becomes one WARNING line
-    without traceback, counted by kind (the ``SuspiciousOperation`` class, never client text, so
-    the label's values stay few)."""
+    without traceback, counted by kind (a class name, never client text: few label values)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         SUSPICIOUS_REQUESTS.labels(kind=record.name.rpartition(".")[2]).inc()

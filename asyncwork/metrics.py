@@ -70,8 +70,6 @@ SUSPICIOUS_REQUESTS = Counter(
 
 
 class StateCollector:
-    """The probes with ``metrics``, read at scrape time."""
-
     def collect(self) -> Iterable[Metric]:
         # Imported here: this module loads with Celery's app (asyncwork.logging), before Django's
         # apps, and the probes import the models.

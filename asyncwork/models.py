@@ -164,9 +164,7 @@ class IdempotencyRecord(models.Model):
 
 
 class LockHolder(models.Model):
-    """The process that last took each named advisory lock (``asyncwork.locks``), tied to the
-    session that took it (backend pid and start time): it names the holder only while that
-    session still holds the lock in ``pg_locks``."""
+    """The process that last took each named advisory lock, and its session (asyncwork.locks)."""
 
     name = models.CharField(max_length=200, unique=True)
     host = models.CharField(max_length=255)

@@ -17,8 +17,7 @@ T = TypeVar("T")
 
 
 class PeriodicThread:
-    """Calls ``tick`` every ``interval`` seconds on daemon thread ``name``; ``at_stop`` once as it
-    stops, on the same connection."""
+    """``tick`` every ``interval`` s on daemon thread ``name``, ``at_stop`` once, one connection."""
 
     def __init__(
         self,

@@ -72,6 +72,8 @@ class _Reader:
                 connection.collect()  # release the socket without a closing handshake
 
     def read(self, names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+        """Each queue's ready messages and consumers ((0, 0) if not declared yet), by passive
+        declaration; ``BrokerUnreadable`` when RabbitMQ does not answer in time."""
         timeout = settings.PROBE_TIMEOUT_SECONDS
         if not self.lock.acquire(timeout=timeout):
             raise BrokerUnreadable("another read of the broker is under way")
@@ -95,10 +97,4 @@ class _Reader:
             self.lock.release()
 
 
-_reader = _Reader()
-
-
-def queue_depths(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """Each queue's ready messages and consumers ((0, 0) if not declared yet), by passive
-    declaration; ``BrokerUnreadable`` when RabbitMQ does not answer in ``PROBE_TIMEOUT_SECONDS``."""
-    return _reader.read(names)
+queue_depths = _Reader().read

@@ -65,7 +65,6 @@ def retention_purge(*, batch: int = 5000) -> dict[str, int]:
 
 @retention_rule("outbox_messages")
 def outbox_messages_purge(now: datetime, batch: int) -> int:
-    """Published outbox rows older than ``OUTBOX_RETENTION_DAYS`` (a week)."""
     published = OutboxMessage.objects.filter(
         published_at__lt=now - timedelta(days=OUTBOX_RETENTION_DAYS)
     )

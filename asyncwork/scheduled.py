@@ -39,8 +39,6 @@ class DuePoll(PeriodicThread):
 
 
 class OutboxDuePoll(bootsteps.StartStopStep):
-    """The worker's due poll, from its start to its stop."""
-
     label = "OutboxDuePoll"
     poll: DuePoll | None = None
 
