@@ -104,8 +104,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
     def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
         # The subjects of everything serialised at once: a page of a list, or the one row.
         if args and "context" not in kwargs:
-            shown = args[0]
-            letters = list(shown) if kwargs.get("many") else [shown]
+            letters = list(args[0]) if kwargs.get("many") else [args[0]]
             kwargs["context"] = {
                 **self.get_serializer_context(),
                 "subjects": dead_letter_subjects(letters),

@@ -110,7 +110,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 "scheduled job %s (task %s) has no enabled periodic task: it will not run. "
                 "manage.py migrate (or manage.py setup_periodic_tasks) creates it",
                 schedule.name,
-                schedule.task,
+                schedule.name,  # its task's name too
                 extra={"job": schedule.name},
             )
 

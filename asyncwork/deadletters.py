@@ -22,7 +22,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.mail import mail_admins
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from asyncwork.db import insert_or_skip, text_storable
@@ -107,13 +107,8 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
     once (one replayed before is skipped), recording each as an operator action of ``actor``."""
     replayed: list[int] = []
     with transaction.atomic():
-        letters = DeadLetter.objects.select_for_update().order_by("pk")
-        letters = (
-            letters.filter(pk__in=ids)
-            if ids is not None
-            else letters.filter(replayed_at__isnull=True)
-        )
-        found = list(letters)
+        chosen = Q(pk__in=ids) if ids is not None else Q(replayed_at__isnull=True)
+        found = list(DeadLetter.objects.select_for_update().filter(chosen).order_by("pk"))
         skipped = [letter.pk for letter in found if letter.replayed_at is not None]
         for letter in found:
             if letter.replayed_at is not None:

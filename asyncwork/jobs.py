@@ -51,10 +51,6 @@ class Job:
     recover: Callable[[], Any] | None = None  # what runs on recovery, if anything
 
     @property
-    def task(self) -> str:
-        return self.name
-
-    @property
     def expires(self) -> int:
         """Seconds after which an undelivered tick is dropped."""
         return int(self.every.total_seconds()) if self.every else 3600
@@ -168,7 +164,7 @@ def schedules_sync() -> dict[str, int]:
         advisory_xact_lock(SYNC_LOCK)
         for schedule in jobs_declared():
             fields: dict[str, Any] = {
-                "task": schedule.task,
+                "task": schedule.name,
                 "enabled": True,
                 "description": MANAGED,
                 "expire_seconds": schedule.expires,
@@ -213,7 +209,7 @@ def schedules_sync_summary(*, counts: dict[str, int]) -> str:
 def schedules_missing() -> list[Job]:
     """The declared jobs with no enabled periodic task running them: beat never dispatches them."""
     scheduled = set(PeriodicTask.objects.filter(enabled=True).values_list("name", "task"))
-    return [s for s in jobs_declared() if (s.name, s.task) not in scheduled]
+    return [s for s in jobs_declared() if (s.name, s.name) not in scheduled]
 
 
 def schedules_sync_after_migrate(

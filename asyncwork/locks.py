@@ -47,7 +47,6 @@ class Holder:
         return f"pid {self.pid} on host {self.host}"
 
 
-# asyncwork_lockholder is asyncwork.models.LockHolder's table.
 RECORD_SQL = """
 INSERT INTO asyncwork_lockholder (name, host, pid, backend_pid, backend_start, taken_at)
 SELECT %s, %s, %s, pid, backend_start, now() FROM pg_stat_activity WHERE pid = pg_backend_pid()
