@@ -33,8 +33,7 @@ from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 
-# The alert repeats at most hourly while letters wait.
-ALERT_PERIOD_SECONDS = 3600
+ALERT_PERIOD_SECONDS = 3600  # the alert repeats at most hourly while letters wait
 
 
 def dead_letter_record(

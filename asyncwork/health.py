@@ -49,7 +49,6 @@ def _checked(probe: Probe[Any]) -> Reading[CheckResult]:
 
 
 def health_report() -> tuple[bool, dict[str, Any]]:
-    """Read every check in parallel, within ``HEALTH_TIMEOUT_SECONDS`` in all."""
     probes = probes_declared("check")
     deadline = settings.HEALTH_TIMEOUT_SECONDS
     pool = ThreadPoolExecutor(max_workers=len(probes), thread_name_prefix="health")

@@ -18,8 +18,7 @@ from asyncwork.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
 
-# Days a published outbox row is kept: long enough to trace a recent email's publish.
-OUTBOX_RETENTION_DAYS = 7
+OUTBOX_RETENTION_DAYS = 7  # long enough to trace a recent email's publish
 
 # now, batch size -> rows purged
 Rule = Callable[[datetime, int], int]
