@@ -50,10 +50,9 @@ def _insert_statement(
     placeholders = ", ".join(["%s"] * len(fields))
     assert meta.pk is not None
     pk_column = _column(meta.pk)
-    on_conflict = f"ON CONFLICT ({conflict}) DO NOTHING " if conflict_fields else ""
     sql = (
         f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
-        f"VALUES ({placeholders}) {on_conflict}RETURNING {pk_column}"
+        f"VALUES ({placeholders}) ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk_column}"
     )
     return fields, sql
 
@@ -74,11 +73,6 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
     instance._state.adding = False
     instance._state.db = connection.alias
     return True
-
-
-def insert(instance: models.Model) -> None:
-    """``INSERT`` one unsaved instance as ``save()`` would (``pre_save`` fills ``auto_now_add``)."""
-    insert_or_skip(instance, conflict_fields=())
 
 
 @contextlib.contextmanager

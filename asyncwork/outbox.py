@@ -19,7 +19,6 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +31,6 @@ from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Histogram
 
 from asyncwork import queues
-from asyncwork.db import insert
 from asyncwork.jobs import job
 from asyncwork.models import OutboxMessage
 from operators.audit import operator_action_record
@@ -58,9 +56,10 @@ OUTBOX_PUBLISH_FAILURES = Counter(
 )
 
 
-def _published(*, queue: str, created: float) -> None:
-    """A row created at ``created`` (seconds since the epoch) was just published."""
-    OUTBOX_PUBLISH_LATENCY.labels(queue=queue).observe(max(0.0, time.time() - created))
+def _published(message: OutboxMessage) -> None:
+    """``message`` was just published: the time since its row was created."""
+    age = time.time() - message.created_at.timestamp()
+    OUTBOX_PUBLISH_LATENCY.labels(queue=message.queue).observe(max(0.0, age))
 
 
 def outbox_task_id(message_id: int) -> str:
@@ -78,32 +77,9 @@ def outbox_enqueue(
         kwargs=kwargs or {},
         queue=queues.queue_resolve(queue or queues.queue_for(task)),
     )
-    insert(message)  # the ORM's create(), through a statement built once
-    committed = _Committed(
-        pk=message.pk,
-        task=message.task,
-        args=message.args,
-        kwargs=message.kwargs,
-        queue=message.queue,
-        created=message.created_at.timestamp(),
-    )
-    transaction.on_commit(lambda: _publish_committed(committed), robust=True)
+    message.save(force_insert=True)
+    transaction.on_commit(lambda: _publish_committed(message), robust=True)
     return message
-
-
-@dataclass(frozen=True, slots=True)
-class _Committed:
-    """A row this process just committed, as its on-commit publish reads it (cheaper than a model
-    instance). ``created``: epoch seconds."""
-
-    pk: int
-    task: str
-    args: list[Any]
-    queue: str
-    created: float
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    task_id: str = ""
-    headers: dict[str, Any] = field(default_factory=dict)
 
 
 def outbox_schedule(
@@ -127,7 +103,7 @@ def outbox_schedule(
         task_id=task_id,
         headers=headers or {},
     )
-    insert(message)
+    message.save(force_insert=True)
     return message
 
 
@@ -140,12 +116,12 @@ _MARK_PUBLISHED = (
 )
 
 
-def _publish_committed(message: _Committed) -> None:
+def _publish_committed(message: OutboxMessage) -> None:
     """Publish a just-committed row, then mark it: no re-read, no row lock (the relay leaves young
     rows alone). A failed mark leaves the row to the relay: a duplicate message, not a lost one."""
     error = _send(message)
     if error is None:
-        _published(queue=message.queue, created=message.created)
+        _published(message)
         with connection.cursor() as cursor:
             cursor.execute(_MARK_PUBLISHED, [message.pk])
     else:
@@ -209,7 +185,7 @@ def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
     return _publish(OutboxMessage.objects.filter(pk__in=ids), limit=len(ids), actor=actor)
 
 
-def _send(message: OutboxMessage | _Committed) -> Exception | None:
+def _send(message: OutboxMessage) -> Exception | None:
     """Publish one row with ``send_task`` on this thread's producer. Returns the error instead of
     raising it, and drops the producer, whose connection may be half-broken."""
     # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
@@ -271,7 +247,7 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
             published.append(message.pk)
             outcomes[message.pk] = "published"
             if message.published_at is None:  # a republish is not a publish's latency
-                _published(queue=message.queue, created=message.created_at.timestamp())
+                _published(message)
         if actor is not None:
             # Every row asked for, including those another publisher held (a plain read does
             # not wait for their locks) and those after a broker failure.
