@@ -87,8 +87,9 @@ class Profile:
 
 # The broker stall comes last: a Redis restart after it re-establishes every connection,
 # which would hide what the stall alone leaves behind (workers that no longer fetch). Each
-# bounded fault is followed by 30 s without another (chaos.faults.FaultRunner), so the load
-# (5,000 invoices, about 250 s) is long enough for every fault to land inside it.
+# bounded fault is followed by 30 s without another (chaos.faults.FaultRunner); the load (5,000
+# invoices, about 250 s) carries every fault but the stall and the last kill, which come as it
+# ends.
 FULL = Profile(
     name="full",
     invoices=5000,
