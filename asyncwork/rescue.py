@@ -31,7 +31,7 @@ from asyncwork.outbox import outbox_schedule
 
 logger = logging.getLogger(__name__)
 
-RESCUE_EVERY = timedelta(seconds=5)
+RESCUE_EVERY = timedelta(seconds=2)
 # A dead process's row stays this long (shown as lapsed); after that its claims are judged by their
 # own age.
 DEAD_HEARTBEAT_KEPT = timedelta(hours=1)

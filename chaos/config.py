@@ -54,10 +54,10 @@ TIMING_ENV = {
 RESTORE_INTERVAL = 10
 
 # Beat intervals (seconds) written into the chaos database; the control arm disables the three
-# safety nets (the rescue by heartbeat keeps its period of 5 s).
+# safety nets (the rescue by heartbeat keeps its period of 2 s).
 INTERVALS = {
     "outbox-relay": 5,
-    "workers-rescue": 5,
+    "workers-rescue": 2,
     "email-claims-recover": 10,
     "email-reconcile": 15,
 }

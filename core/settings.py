@@ -489,7 +489,7 @@ METRICS_ALLOWED_NETWORKS = [
 WORKER_HEARTBEAT_SECONDS = 2.0
 # ...and a claim whose owner wrote none for this long (database clock; at least three
 # heartbeats) is taken over; 0: only the lease decides.
-WORKER_HEARTBEAT_LAPSE_SECONDS = 10.0
+WORKER_HEARTBEAT_LAPSE_SECONDS = 6.0
 WORKER_METRICS_PORT = setting(
     "WORKER_METRICS_PORT", 0, "where a Celery worker serves its counters; 0: not served"
 )

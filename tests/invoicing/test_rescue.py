@@ -142,7 +142,7 @@ def test_a_slow_but_alive_worker_is_never_overtaken(smtp: SmtpServer) -> None:
         send_invoice_email.delay(invoice.pk)
         assert wait_until(lambda: smtp.handler.attempts == 1, 20, interval=0.1)
         # The same job again, as a redelivery would bring it, once the claim is older than
-        # the lapse; meanwhile the rescue job runs (every 5 s) and finds the owner beating.
+        # the lapse; meanwhile the rescue job runs (every 2 s) and finds the owner beating.
         send_invoice_email.apply_async(args=(invoice.pk,), countdown=LAPSE + 1)
         sent = wait_until(lambda: EmailDelivery.objects.get().state == "sent", 30, interval=0.1)
         skipped = wait_until(
