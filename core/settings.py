@@ -267,6 +267,24 @@ WEBHOOK_MAX_BODY_BYTES = setting(
     "WEBHOOK_MAX_BODY_BYTES", 1048576, "larger webhook bodies get 413 (the edge reads it too)"
 )
 
+# --- Stripe API (webhooks/stripe_api.py) ------------------------------------------------------
+STRIPE_API_KEY = setting(
+    "STRIPE_API_KEY",
+    "",
+    "a key reading customers, invoices and events (a restricted one will do); empty: API off",
+).strip()
+STRIPE_API_BASE = (
+    setting(
+        "STRIPE_API_BASE",
+        "https://api.stripe.com",
+        "where the Stripe API answers (a stand-in's URL)",
+    )
+    .strip()
+    .rstrip("/")
+)
+# Seconds to connect, then to wait for the answer, of each call to the Stripe API.
+STRIPE_API_TIMEOUT_SECONDS = 10
+
 # --- Email ------------------------------------------------------------------------------------
 # Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/mail.py).
 EMAIL_BACKEND = "invoicing.mail.EmailBackend"

@@ -16,6 +16,8 @@ class Invoice(models.Model):
     provider_invoice_id = models.CharField(max_length=255, unique=True)
     number = models.CharField(max_length=255, blank=True)
     customer_email = models.CharField(max_length=320, blank=True)
+    # The provider's customer, whose email is read when the invoice carries none.
+    provider_customer_id = models.CharField(max_length=255, blank=True)
     # An operator's correction, kept apart from customer_email, which the provider's events set.
     recipient_override = models.EmailField(max_length=320, blank=True)
     customer_name = models.CharField(max_length=255, blank=True)

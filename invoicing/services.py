@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import NamedTuple
 
+import stripe
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.mail import EmailMultiAlternatives
@@ -33,7 +34,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.breaker import Breaker, Decision
-from asyncwork.db import insert_or_skip
+from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.idempotency import Performed, idempotent_perform
@@ -43,6 +44,7 @@ from asyncwork.queues import queue_declare
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 from operators.audit import operator_action_record
+from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class InvoiceData:
     provider_invoice_id: str
     number: str
     customer_email: str
+    provider_customer_id: str
     customer_name: str
     amount_paid: int
     currency: str
@@ -78,8 +81,12 @@ class InvoiceData:
 def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Invoice | None:
     """Upsert an invoice from a payment event, in the caller's transaction, never backwards: an
     event older than the applied state changes nothing (None), and a paid invoice stays paid. The
-    event that makes it paid writes the email to the outbox; ``recipient_override`` is kept."""
+    event that makes it paid writes the email to the outbox; ``recipient_override`` is kept, and
+    so is an address read from the customer (``invoice_recipient_fetch``) while the provider's
+    events carry none."""
     fields = {**asdict(data), "provider_updated_at": provider_time}
+    if not data.customer_email:
+        del fields["customer_email"]
     invoice = Invoice(**fields)
     if insert_or_skip(invoice, conflict_fields=["provider_invoice_id"]):
         was_paid = False
@@ -306,6 +313,42 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
         breaker.release_probe(decision)
 
 
+NO_RECIPIENT_WITHOUT_API = (
+    "invoice has no customer email: set STRIPE_API_KEY so the recipient is read from the "
+    "customer, or trigger with `stripe trigger invoice.paid --override "
+    "customer:email=you@example.com`"
+)
+
+
+def invoice_recipient_fetch(invoice: Invoice) -> None:
+    """Give an invoice with no recipient but a customer (Stripe's ``customer_email`` is null
+    when the customer had no email as the invoice was finalized, as the Stripe CLI's have) the
+    customer's email, read from the Stripe API in one call and kept on its row, so later sends
+    read nothing. Raises ``TransientError`` (no answer, 429, 5xx: retried) or
+    ``PermanentError`` (the API off, no such customer, one without a valid email)."""
+    customer_id = invoice.provider_customer_id
+    if invoice.recipient or not customer_id:
+        return
+    client = stripe_client()
+    if client is None:
+        raise PermanentError(NO_RECIPIENT_WITHOUT_API)
+    try:
+        customer = client.v1.customers.retrieve(customer_id)
+    except stripe.StripeError as exc:
+        raise stripe_error_sorted(exc, doing=f"reading customer {customer_id}") from exc
+    email = customer.to_dict().get("email")
+    if not isinstance(email, str) or not email.strip():
+        raise PermanentError(
+            f"invoice has no customer email, nor has its customer {customer_id}: correct the "
+            "recipient, then replay"
+        )
+    email = text_storable(email.strip())
+    mail.recipient_address(email=email, name="")  # the send's own rules, before it is kept
+    Invoice.objects.filter(pk=invoice.pk, customer_email="").update(customer_email=email)
+    invoice.customer_email = email
+    logger.info("invoice recipient read from its customer", extra={"invoice_id": invoice.pk})
+
+
 def _not_paid(invoice_id: int) -> str:
     logger.info("invoice not paid; no email", extra={"invoice_id": invoice_id})
     return "not_paid"
@@ -326,6 +369,7 @@ def _invoice_email_send_claimed(
     # Built under the claim: a process paused here past the lapse sends at most the one
     # duplicate, with the same Message-ID.
     try:
+        invoice_recipient_fetch(invoice)
         built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
         _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:

@@ -40,6 +40,7 @@ def invoice_parse(obj: Any) -> InvoiceData:
         provider_invoice_id=invoice_id,
         number=field_text(obj, "number", limit=255),
         customer_email=field_text(obj, "customer_email", limit=320),
+        provider_customer_id=field_text(obj, "customer", limit=255),
         customer_name=field_text(obj, "customer_name", limit=255),
         amount_paid=field_int(obj, "amount_paid") or 0,
         currency=currency,

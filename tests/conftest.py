@@ -13,6 +13,7 @@ from invoicing.services import email_breaker
 from stack.net import free_port
 from stack.process import Process
 from stack.smtp import SmtpServer
+from stack.stripe_api import StripeApi
 from tests.helpers import broker, database, web
 from tests.helpers.mail import use_smtp
 from tests.helpers.redis_server import PrivateRedis
@@ -46,6 +47,17 @@ def smtp(settings: Any) -> Iterator[SmtpServer]:
     with SmtpServer() as server:
         use_smtp(settings, server.port)
         yield server
+
+
+@pytest.fixture
+def stripe_api(settings: Any) -> Iterator[StripeApi]:
+    """The kit's stand-in of the Stripe API for this test; the application's client calls it
+    with its key, and gives up on an answer after 1 s (its hang lasts 5)."""
+    with StripeApi() as api:
+        settings.STRIPE_API_KEY = api.key
+        settings.STRIPE_API_BASE = api.url
+        settings.STRIPE_API_TIMEOUT_SECONDS = 1
+        yield api
 
 
 @pytest.fixture(autouse=True)

@@ -39,6 +39,9 @@ os.environ.update(
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": "tests-only-secret-key-" + "0123456789abcdef" * 3,
         "STRIPE_WEBHOOK_SECRET": "whsec_test_primary,whsec_test_rolled",
+        # The Stripe API off: a test that reads it points the client at the kit's stand-in
+        # (tests/conftest.py stripe_api), never at Stripe with a developer's key.
+        "STRIPE_API_KEY": "",
         # No HTTPS redirect (nor Secure-only cookies, nor HSTS), which DEBUG off would turn on:
         # the tests speak plain HTTP (the test client, live_server, gunicorn on loopback).
         # tests/core/test_settings.py covers the HTTPS settings themselves.

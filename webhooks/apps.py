@@ -5,5 +5,5 @@ class WebhooksConfig(AppConfig):
     name = "webhooks"
 
     def ready(self) -> None:
-        # Importing the declaring module declares its retention rules.
-        from webhooks import retention  # noqa: F401
+        # Importing the declaring modules declares their retention rules, probe and signal.
+        from webhooks import retention, stripe_api  # noqa: F401

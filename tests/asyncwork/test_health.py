@@ -27,7 +27,16 @@ pytestmark = pytest.mark.django_db(transaction=True)  # the checks run on their 
 
 HEALTH_URL = "/health/"
 LIVE_URL = "/health/live"
-COMPONENTS = {"database", "broker", "outbox", "backpressure", "dlq", "breaker", "beat"}
+COMPONENTS = {
+    "database",
+    "broker",
+    "outbox",
+    "backpressure",
+    "dlq",
+    "breaker",
+    "beat",
+    "stripe_api",
+}
 TOKEN = "health-test-token"
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import requests
@@ -63,3 +64,119 @@ def paid_event(
         stripe_testing.invoice_object(invoice_id=invoice_id, **invoice),
         created=created,
     )
+
+
+def cli_invoice_paid_events(*, customer_email: str | None = None) -> list[dict[str, Any]]:
+    """The events ``stripe trigger invoice.paid`` produces, in the order its fixture makes
+    them (stripe/stripe-cli pkg/fixtures/triggers/invoice.paid.json): a customer with a
+    description and no email (``customer_email`` is what ``--override customer:email=...``
+    gives it), a card attached, an invoice item of 2000 usd, an invoice created, finalized
+    and paid with the card. The invoice carries the customer's id, and its email as it was
+    at finalization (null without one)."""
+    now = int(time.time()) - 60
+    ids = {p: stripe_testing.new_id(p) for p in ("cus", "pm", "ii", "in", "pi", "ch")}
+    cli = "(created by Stripe CLI)"
+    number = f"{ids['cus'][4:12].upper()}-0001"
+    common = {"livemode": False, "metadata": {}}
+    customer = {
+        "id": ids["cus"],
+        "object": "customer",
+        "balance": 0,
+        "created": now,
+        "description": cli,
+        "email": customer_email,
+        "invoice_prefix": number[:8],
+        "name": None,
+        "phone": None,
+        **common,
+    }
+    card = {
+        "id": ids["pm"],
+        "object": "payment_method",
+        "billing_details": {"address": None, "email": None, "name": None, "phone": None},
+        "card": {"brand": "visa", "country": "US", "funding": "credit", "last4": "4242"},
+        "created": now + 1,
+        "customer": ids["cus"],
+        "type": "card",
+        **common,
+    }
+    item = {
+        "id": ids["ii"],
+        "object": "invoiceitem",
+        "amount": 2000,
+        "currency": "usd",
+        "customer": ids["cus"],
+        "date": now + 2,
+        "description": cli,
+        "invoice": None,
+        **common,
+    }
+
+    def invoice(status: str) -> dict[str, Any]:
+        obj = stripe_testing.invoice_object(
+            invoice_id=ids["in"], customer_name=None, status=status, paid_at=now + 5
+        )
+        finalized = status != "draft"
+        return {
+            **obj,
+            "billing_reason": "manual",
+            "created": now + 3,
+            "customer": ids["cus"],
+            "customer_email": customer_email,
+            "description": cli,
+            "hosted_invoice_url": obj["hosted_invoice_url"] if finalized else None,
+            "invoice_pdf": obj["invoice_pdf"] if finalized else None,
+            "number": number if finalized else None,
+            "status_transitions": {
+                **obj["status_transitions"],
+                "finalized_at": now + 4 if finalized else None,
+            },
+        }
+
+    def intent(status: str) -> dict[str, Any]:
+        succeeded = status == "succeeded"
+        return {
+            "id": ids["pi"],
+            "object": "payment_intent",
+            "amount": 2000,
+            "amount_received": 2000 if succeeded else 0,
+            "currency": "usd",
+            "customer": ids["cus"],
+            "description": f"Payment for Invoice {number}",
+            "latest_charge": ids["ch"] if succeeded else None,
+            "payment_method": ids["pm"] if succeeded else None,
+            "status": status,
+            **common,
+        }
+
+    charge = {
+        "id": ids["ch"],
+        "object": "charge",
+        "amount": 2000,
+        "billing_details": card["billing_details"],
+        "captured": True,
+        "currency": "usd",
+        "customer": ids["cus"],
+        "paid": True,
+        "payment_intent": ids["pi"],
+        "payment_method": ids["pm"],
+        "receipt_email": None,
+        "status": "succeeded",
+        **common,
+    }
+    made = [
+        ("customer.created", customer),
+        ("payment_method.attached", card),
+        ("invoiceitem.created", item),
+        ("invoice.created", invoice("draft")),
+        ("invoice.finalized", invoice("open")),
+        ("invoice.paid", invoice("paid")),
+        ("invoice.payment_succeeded", invoice("paid")),
+        ("payment_intent.created", intent("requires_payment_method")),
+        ("payment_intent.succeeded", intent("succeeded")),
+        ("charge.succeeded", charge),
+    ]
+    return [
+        stripe_testing.event(event_type, obj, created=now + n)
+        for n, (event_type, obj) in enumerate(made)
+    ]

@@ -24,6 +24,7 @@ def provider_event(invoice: Invoice, *, customer_email: str) -> InvoiceData:
         provider_invoice_id=invoice.provider_invoice_id,
         number=invoice.number,
         customer_email=customer_email,
+        provider_customer_id="",
         customer_name="",
         amount_paid=invoice.amount_paid,
         currency=invoice.currency,
