@@ -263,6 +263,11 @@ if STRIPE_ACCOUNT and not re.fullmatch(r"acct_[A-Za-z0-9]+", STRIPE_ACCOUNT):
     raise ImproperlyConfigured(
         f"STRIPE_ACCOUNT must be a Stripe account id like acct_1A2b3C (got {STRIPE_ACCOUNT!r})."
     )
+STRIPE_API_VERSION = setting(
+    "STRIPE_API_VERSION",
+    "2025-09-30.clover",
+    "the API version the handlers are written for; events of another are taken and counted",
+).strip()
 WEBHOOK_MAX_BODY_BYTES = setting(
     "WEBHOOK_MAX_BODY_BYTES", 1048576, "larger webhook bodies get 413 (the edge reads it too)"
 )

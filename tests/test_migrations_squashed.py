@@ -33,7 +33,10 @@ SQUASHED = {
     ("webhooks", "0001_squashed_0005_drop_statement_undo"),
 }
 # Written after the squash, on the last file it replaces: both kinds of database run them.
-AFTER = {("invoicing", "0006_invoice_provider_customer_id")}
+AFTER = {
+    ("invoicing", "0006_invoice_provider_customer_id"),
+    ("webhooks", "0006_webhookevent_api_version"),
+}
 
 # Migrates the database through the replaced files, as every deployment did before the
 # squashed migrations existed (their records then are the replaced files' only), with what

@@ -24,14 +24,35 @@ def _pre(text: str) -> str:
 
 @admin.register(WebhookEvent)
 class WebhookEventAdmin(ReadOnlyAdmin):
-    list_display = ("event_id", "type", "verdict", "livemode", "received_at", "error_short")
-    list_filter = ("state", "type", "livemode")
+    list_display = (
+        "event_id",
+        "type",
+        "verdict",
+        "livemode",
+        "api_version",
+        "received_at",
+        "error_short",
+    )
+    list_filter = ("state", "type", "livemode", "api_version")
     search_fields = ("event_id", "type")
     date_hierarchy = "received_at"
     actions = ["reprocess_selected"]
     inlines = [OperatorActionInline]
     fieldsets = (
-        (None, {"fields": ("event_id", "type", "livemode", "received_at", "verdict", "error")}),
+        (
+            None,
+            {
+                "fields": (
+                    "event_id",
+                    "type",
+                    "livemode",
+                    "api_version",
+                    "received_at",
+                    "verdict",
+                    "error",
+                )
+            },
+        ),
         ("Delivery", {"fields": ("body_pretty", "headers_display")}),
         ("Raw body, byte for byte as signed", {"fields": ("body_raw",), "classes": ("collapse",)}),
     )

@@ -2,7 +2,8 @@
 
 An app declares ``@webhook_handler("invoice.paid", parse=...)`` on the function that applies
 those events (``invoicing/webhooks.py``). A type with a handler is stored as ``processed`` and is
-essential under backpressure; any other is stored as ``ignored`` and shed first.
+essential under backpressure; any other is stored as ``ignored`` and shed first. Snapshot events
+and thin events (``v2.core.event``) are declared alike.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Event:
     type: str
     created: datetime
     livemode: bool
+    # The Stripe API version its object is rendered in; "" if it has none (a thin event).
+    api_version: str = ""
     # Set when this endpoint acts on the event: what its handler's parse made of data.object.
     handled: bool = False
     data: Any = None
@@ -49,6 +52,8 @@ def webhook_handler(*event_types: str, parse: Callable[[Any], Any]) -> Callable[
     """Act on events of ``event_types`` (replacing any handler they had).
 
     ``parse(data.object)`` runs before anything is stored; ``WebhookRejected`` there is a 400.
+    A thin event has no ``data``: ``parse`` gets the event itself, whose ``related_object``
+    (``id``, ``type``, ``url``) and ``context`` name what its handler fetches through the API.
     The decorated ``apply(parsed, event)`` runs in the transaction that stores the event, and
     must be idempotent (a reprocess applies it again) and never move state backwards."""
 

@@ -1,5 +1,6 @@
-"""Webhook deliveries by outcome, counted in the web process (summed over gunicorn's workers
-through ``PROMETHEUS_MULTIPROC_DIR``)."""
+"""Webhook deliveries by outcome, and events of another Stripe API version than
+``STRIPE_API_VERSION``, counted in the web process (summed over gunicorn's workers through
+``PROMETHEUS_MULTIPROC_DIR``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ WEBHOOK_DELIVERIES = Counter(
     "Webhook deliveries by outcome: accepted, duplicate, rejected (reason: why), shed"
     " (reason: backpressure level), unavailable (database down).",
     ["outcome", "reason"],
+)
+
+WEBHOOK_OTHER_API_VERSION = Counter(
+    "invoicing_webhook_other_api_version_events",
+    "Webhook events stored whose api_version is not STRIPE_API_VERSION, by that version.",
+    ["api_version"],
 )
 
 # Each series' child, looked up once (``labels()`` costs more than the increment); filled on

@@ -47,6 +47,7 @@ def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) ->
         event_id=event.id,
         type=event.type,
         livemode=event.livemode,
+        api_version=event.api_version,
         body=body,
         headers=headers,
         state=WebhookEvent.State.PROCESSED if event.handled else WebhookEvent.State.IGNORED,

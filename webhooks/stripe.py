@@ -6,7 +6,9 @@ into a 500: a timestamp in the future, a body that is not UTF-8, a header that i
 
 A signed event is authentic, not harmless: ``event_parse`` refuses (400) an id or type we could
 not key on, and marks an event of another mode or Connect account out of scope before reading
-its object (stored as ignored, changing nothing).
+its object (stored as ignored, changing nothing). It reads snapshot events (``object`` "event",
+the object in ``data``) and thin events (``object`` "v2.core.event": ``created`` an ISO 8601
+string, the Connect account in ``context``, a ``related_object`` reference and no ``data``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from asyncwork.db import text_storable
 from webhooks.events import Event, WebhookRejected, handler_for
 
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
+THIN_EVENT = "v2.core.event"  # a thin event's ``object``; a snapshot event's is "event"
 
 
 def signature_verify(
@@ -103,6 +106,19 @@ def field_epoch(obj: dict[str, Any], key: str) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+def field_iso_time(obj: dict[str, Any], key: str) -> datetime | None:
+    """An ISO 8601 time ("2024-09-26T17:46:22.134Z", or with an offset), in UTC; one without an
+    offset is UTC already, as Stripe's times are."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WebhookRejected(f"{key} is not an ISO 8601 time") from exc
+
+
 def name_valid(value: Any) -> TypeGuard[str]:
     """An identifier we key on: 1-255 printable characters (no lone surrogates), no surrounding
     spaces."""
@@ -146,16 +162,29 @@ def event_parse(*, payload: bytes, signed_at: int) -> Event:
         raise WebhookRejected(
             "event has no type" if event_type in (None, "") else "event type is malformed"
         )
-    created = field_epoch(data, "created") or datetime.fromtimestamp(signed_at, tz=UTC)
+    thin = data.get("object") == THIN_EVENT
+    created = field_iso_time(data, "created") if thin else field_epoch(data, "created")
+    # Recorded, never keyed on: one we cannot store is recorded as "", not refused.
+    version = data.get("api_version")
+    api_version = version if name_valid(version) and len(version) <= 64 else ""
     # Only an explicit true is live: with STRIPE_LIVEMODE=live, anything else is ignored.
     livemode = data.get("livemode") is True
-    out_of_scope = event_scope_check(livemode=livemode, account=data.get("account"))
+    out_of_scope = event_scope_check(
+        livemode=livemode, account=data.get("context" if thin else "account")
+    )
     event = Event(
-        id=event_id, type=event_type, created=created, livemode=livemode, out_of_scope=out_of_scope
+        id=event_id,
+        type=event_type,
+        created=created or datetime.fromtimestamp(signed_at, tz=UTC),
+        livemode=livemode,
+        api_version=api_version,
+        out_of_scope=out_of_scope,
     )
     handler = handler_for(event_type)
     if handler is None or out_of_scope:
         return event
-    inner = data.get("data")
-    parsed = handler.parse(inner.get("object") if isinstance(inner, dict) else None)
-    return dataclasses.replace(event, handled=True, data=parsed)
+    obj: Any = data  # a thin event's handler reads the event itself
+    if not thin:
+        inner = data.get("data")
+        obj = inner.get("object") if isinstance(inner, dict) else None
+    return dataclasses.replace(event, handled=True, data=handler.parse(obj))

@@ -1,4 +1,4 @@
-"""Realistic Stripe events, signed exactly as Stripe signs them.
+"""Realistic Stripe events, snapshot and thin, signed exactly as Stripe signs them.
 
 Shared by the tests, the benchmarks, the demo and ``manage.py stripe_trigger``. Signed with
 ``hmac`` directly, not stripe-python, so the receiver is tested against an independent signer.
@@ -11,9 +11,11 @@ import hmac
 import json
 import secrets
 import time
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
-API_VERSION = "2025-09-30.clover"
+API_VERSION = "2025-09-30.clover"  # STRIPE_API_VERSION's default: the handlers' version
 DEFAULT_CUSTOMER_EMAIL = "jenny.rosen@example.com"
 DEFAULT_CUSTOMER_NAME = "Jenny Rosen"
 
@@ -118,3 +120,24 @@ def event(
 def encode(body: dict[str, Any]) -> bytes:
     # Stripe sends pretty-printed JSON; the receiver must verify the bytes exactly as sent.
     return json.dumps(body, indent=2).encode()
+
+
+def thin_event(
+    event_type: str, related_object: dict[str, str] | None, *, created: str | None = None
+) -> dict[str, Any]:
+    """A thin event as an event destination sends it: ``created`` an ISO 8601 string, no
+    ``api_version`` and no ``data``, the object concerned by reference (``related_object``)."""
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {
+        "id": new_id("evt"),
+        "object": "v2.core.event",
+        "type": event_type,
+        "created": now if created is None else created,
+        "livemode": False,
+        "context": None,
+        "reason": {
+            "type": "request",
+            "request": {"id": new_id("req"), "idempotency_key": str(uuid.uuid4())},
+        },
+        "related_object": related_object,
+    }

@@ -36,6 +36,7 @@ COMPONENTS = {
     "breaker",
     "beat",
     "stripe_api",
+    "api_versions",
 }
 TOKEN = "health-test-token"
 

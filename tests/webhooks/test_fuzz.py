@@ -97,8 +97,12 @@ event_like = st.fixed_dictionaries(
     optional={
         "id": st.one_of(texts, st.integers(), st.none()),
         "type": st.sampled_from(["invoice.paid", "invoice.payment_succeeded", "x"]) | texts,
+        "object": st.sampled_from(["event", "v2.core.event"]) | texts,
+        "api_version": json_values,
         "account": texts,
+        "context": texts | st.none(),
         "created": st.one_of(st.integers(), st.text(), st.none()),
+        "related_object": json_values,
         "livemode": json_values,
         "data": st.fixed_dictionaries(
             {},
