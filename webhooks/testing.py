@@ -141,3 +141,131 @@ def thin_event(
         },
         "related_object": related_object,
     }
+
+
+# The event types Stripe's CLI triggers (stripe/stripe-cli pkg/fixtures/triggers/*.json and
+# their aliases; not its trigger names that are no event type, subscription.payment_*, nor its
+# .eu and .gb variants), each after the object it carries: its ``object`` and its id's prefix
+# ("-": it has no id). The v1.* types are thin events, which refer to their object.
+_TRIGGERS = """
+account acct account.updated
+application ca account.application.deauthorized
+balance - balance.available
+billing.meter mtr v1.billing.meter.error_report_triggered v1.billing.meter.no_meter_found
+billing_portal.configuration bpc billing_portal.configuration.created
+billing_portal.configuration bpc billing_portal.configuration.updated
+billing_portal.session bps billing_portal.session.created
+card card customer.source.created customer.source.updated
+cash_balance - cash_balance.funds_available
+charge ch charge.captured charge.failed charge.refunded charge.succeeded
+checkout.session cs checkout.session.async_payment_failed checkout.session.completed
+checkout.session cs checkout.session.async_payment_succeeded checkout.session.expired
+coupon coupon coupon.created coupon.deleted coupon.updated
+credit_note cn credit_note.created credit_note.updated credit_note.voided
+customer cus customer.created customer.deleted customer.updated
+customer_cash_balance_transaction ccsbtxn customer_cash_balance_transaction.created
+discount di customer.discount.created customer.discount.deleted customer.discount.updated
+dispute dp charge.dispute.closed charge.dispute.created charge.dispute.updated
+identity.verification_session vs identity.verification_session.canceled
+identity.verification_session vs identity.verification_session.created
+identity.verification_session vs identity.verification_session.redacted
+invoice in invoice.created invoice.deleted invoice.finalized invoice.marked_uncollectible
+invoice in invoice.paid invoice.payment_action_required invoice.payment_failed
+invoice in invoice.payment_succeeded invoice.sent invoice.updated invoice.voided
+invoiceitem ii invoiceitem.created invoiceitem.deleted
+issuing.authorization iauth issuing_authorization.request
+issuing.card ic issuing_card.created
+issuing.cardholder ich issuing_cardholder.created
+issuing.transaction ipi issuing_transaction.created issuing_transaction.updated
+issuing.transaction ipi issuing_transaction.purchase_details_receipt_updated
+payment_intent pi payment_intent.amount_capturable_updated payment_intent.canceled
+payment_intent pi payment_intent.created payment_intent.partially_funded
+payment_intent pi payment_intent.payment_failed payment_intent.processing
+payment_intent pi payment_intent.requires_action payment_intent.succeeded
+payment_link plink payment_link.created payment_link.updated
+payment_method pm payment_method.attached payment_method.detached payment_method.updated
+payout po payout.created payout.updated
+plan plan plan.created plan.deleted plan.updated
+price price price.created price.updated
+product prod product.created product.deleted product.updated
+promotion_code promo promotion_code.created promotion_code.updated
+quote qt quote.accepted quote.canceled quote.created quote.finalized
+refund re charge.refund.updated
+reporting.report_run frr reporting.report_run.succeeded
+setup_intent seti setup_intent.canceled setup_intent.created setup_intent.requires_action
+setup_intent seti setup_intent.setup_failed setup_intent.succeeded
+subscription sub customer.subscription.created customer.subscription.deleted
+subscription sub customer.subscription.paused customer.subscription.trial_will_end
+subscription sub customer.subscription.updated
+subscription_schedule sub_sched subscription_schedule.aborted subscription_schedule.canceled
+subscription_schedule sub_sched subscription_schedule.completed subscription_schedule.created
+subscription_schedule sub_sched subscription_schedule.expiring subscription_schedule.released
+subscription_schedule sub_sched subscription_schedule.updated
+tax_rate txr tax_rate.created tax_rate.updated
+test_helpers.test_clock clock test_helpers.test_clock.advancing test_helpers.test_clock.created
+test_helpers.test_clock clock test_helpers.test_clock.deleted test_helpers.test_clock.ready
+topup tu topup.created
+transfer tr transfer.created transfer.reversed transfer.updated
+"""
+# Event type -> (object, id prefix).
+TRIGGER_OBJECTS = {
+    event_type: (obj, prefix.strip("-"))
+    for obj, prefix, *event_types in map(str.split, _TRIGGERS.strip().splitlines())
+    for event_type in event_types
+}
+# The objects the fixtures create with an amount (2000 usd), and the invoice's status after
+# each fixture's last call ("open" unless named).
+_WITH_AMOUNT = {
+    "charge",
+    "dispute",
+    "invoiceitem",
+    "payment_intent",
+    "payout",
+    "refund",
+    "topup",
+    "transfer",
+}
+_INVOICE_STATUS = {
+    "invoice.created": "draft",
+    "invoice.deleted": "draft",
+    "invoice.updated": "draft",
+    "invoice.marked_uncollectible": "uncollectible",
+    "invoice.paid": "paid",
+    "invoice.payment_succeeded": "paid",
+    "invoice.voided": "void",
+}
+
+
+def trigger_event(
+    event_type: str,
+    *,
+    invoice_id: str | None = None,
+    customer_email: str = DEFAULT_CUSTOMER_EMAIL,
+    customer_name: str | None = DEFAULT_CUSTOMER_NAME,
+    amount: int = 2000,
+    currency: str = "usd",
+) -> dict[str, Any]:
+    """An event of a type of ``TRIGGER_OBJECTS`` with its object: an invoice or a customer
+    with the fields given, any other with its id, ``object`` and amount if it has one."""
+    kind, prefix = TRIGGER_OBJECTS[event_type]
+    if event_type.startswith("v1."):
+        object_id = new_id(prefix)
+        url = f"/v1/{kind.replace('.', '/')}s/{object_id}"
+        return thin_event(event_type, {"id": object_id, "type": kind, "url": url})
+    if kind == "invoice":
+        obj = invoice_object(
+            invoice_id=invoice_id or new_id("in"),
+            customer_email=customer_email,
+            customer_name=customer_name,
+            amount=amount,
+            currency=currency,
+            status=_INVOICE_STATUS.get(event_type, "open"),
+        )
+    elif kind == "customer":
+        obj = customer_object(customer_email=customer_email, customer_name=customer_name)
+    else:
+        obj = {"id": new_id(prefix)} if prefix else {}
+        obj |= {"object": kind, "created": int(time.time()), "livemode": False, "metadata": {}}
+        if kind in _WITH_AMOUNT:
+            obj |= {"amount": amount, "currency": currency}
+    return event(event_type, obj)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -141,3 +141,14 @@ def test_a_declared_handler_gets_the_thin_event_itself(
     assert (applied.id, applied.type, applied.api_version) == (event["id"], TYPE, "")
     assert applied.created == datetime(2024, 9, 26, 17, 46, 22, 134000, UTC)
     assert WebhookEvent.objects.get().state == WebhookEvent.State.PROCESSED
+
+
+def test_the_stripe_cli_thin_types_are_sent_thin(client: Client) -> None:
+    for event_type in ("v1.billing.meter.error_report_triggered", TYPE):
+        event = stripe_testing.trigger_event(event_type)
+        assert (event["object"], "data" in event) == ("v2.core.event", False)
+        assert event["related_object"]["url"].startswith("/v1/billing/meters/mtr_")
+        created = datetime.fromisoformat(event["created"])
+        assert abs(created - datetime.now(UTC)) < timedelta(minutes=1)
+        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert set(WebhookEvent.objects.values_list("state", flat=True)) == {"ignored"}
