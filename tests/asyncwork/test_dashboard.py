@@ -264,8 +264,8 @@ def test_live_workers_are_shown_by_their_heartbeat(viewer: Client) -> None:
     assert workers["live worker processes"]["status"] == "ok"
     assert workers[f"live on {socket.gethostname()}"]["value"] == "1"
     assert "live on gone-host" not in workers
-    assert workers["lapsed (no heartbeat for 10 s)"]["value"] == "1"
-    assert workers["lapsed (no heartbeat for 10 s)"]["status"] == "degraded"
+    assert workers["lapsed (no heartbeat for 6 s)"]["value"] == "1"
+    assert workers["lapsed (no heartbeat for 6 s)"]["status"] == "degraded"
     assert not WorkerHeartbeat.objects.filter(owner=beating.owner).exists()
     after = dashboard(viewer).figures["workers"]
     assert after["live worker processes"]["value"] == "0"
