@@ -39,8 +39,9 @@ TOLERANCE = 300
 _STATEMENT = """
 WITH event AS (
     INSERT INTO webhooks_webhookevent
-        (event_id, type, livemode, body, headers, received_at, state, error)
-    VALUES (%(event_id)s, %(type)s, %(livemode)s, %(body)s, '{}', now(), 'processed', '')
+        (event_id, type, livemode, api_version, body, headers, received_at, state, error)
+    VALUES (%(event_id)s, %(type)s, %(livemode)s, %(api_version)s, %(body)s, '{}', now(),
+            'processed', '')
     ON CONFLICT (event_id) DO NOTHING
     RETURNING id
 ), before AS (
@@ -48,9 +49,9 @@ WITH event AS (
 ), invoice AS (
     INSERT INTO invoicing_invoice AS i
         (provider_invoice_id, number, customer_email, recipient_override, customer_name,
-         amount_paid, currency, status, hosted_invoice_url, paid_at, provider_updated_at,
-         created_at, updated_at)
-    SELECT %(invoice)s, %(number)s, %(email)s, '', %(name)s, %(amount)s, %(currency)s,
+         provider_customer_id, amount_paid, currency, status, hosted_invoice_url, paid_at,
+         provider_updated_at, created_at, updated_at)
+    SELECT %(invoice)s, %(number)s, %(email)s, '', %(name)s, '', %(amount)s, %(currency)s,
            %(status)s, '', to_timestamp(%(paid_at)s), to_timestamp(%(created)s), now(), now()
     FROM event
     ON CONFLICT (provider_invoice_id) DO UPDATE
@@ -161,6 +162,7 @@ def application(environ: dict[str, Any], start_response: Respond) -> Iterable[by
                 "event_id": event["id"],
                 "type": event["type"],
                 "livemode": event["livemode"],
+                "api_version": event.get("api_version") or "",
                 "body": body.decode(),
                 "invoice": invoice["id"],
                 "number": invoice.get("number") or "",
