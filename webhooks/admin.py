@@ -30,10 +30,11 @@ class WebhookEventAdmin(ReadOnlyAdmin):
         "verdict",
         "livemode",
         "api_version",
+        "source",
         "received_at",
         "error_short",
     )
-    list_filter = ("state", "type", "livemode", "api_version")
+    list_filter = ("state", "type", "source", "livemode", "api_version")
     search_fields = ("event_id", "type")
     date_hierarchy = "received_at"
     actions = ["reprocess_selected"]
@@ -47,6 +48,7 @@ class WebhookEventAdmin(ReadOnlyAdmin):
                     "type",
                     "livemode",
                     "api_version",
+                    "source",
                     "received_at",
                     "verdict",
                     "error",

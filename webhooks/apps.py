@@ -5,5 +5,5 @@ class WebhooksConfig(AppConfig):
     name = "webhooks"
 
     def ready(self) -> None:
-        # Importing the declaring modules declares their retention rules, probes and signal.
-        from webhooks import probes, retention, stripe_api  # noqa: F401
+        # Importing the declaring modules declares their retention rules, probes, job and signal.
+        from webhooks import probes, reconcile, retention, stripe_api  # noqa: F401

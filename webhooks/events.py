@@ -69,6 +69,11 @@ def handler_for(event_type: str) -> Handler | None:
     return _handlers.get(event_type)
 
 
+def handled_types() -> list[str]:
+    """The event types with a handler, sorted."""
+    return sorted(_handlers)
+
+
 def event_apply(event: Event) -> None:
     """Apply a handled event (in the caller's transaction); an unhandled one changes nothing."""
     handler = _handlers.get(event.type)

@@ -11,6 +11,10 @@ class WebhookEvent(models.Model):
         IGNORED = "ignored", "Ignored (type not acted on)"
         FAILED = "failed", "Failed"
 
+    class Source(models.TextChoices):
+        WEBHOOK = "webhook", "Webhook"
+        EVENTS_API = "events_api", "Events API (recovered by the reconcile)"
+
     # UNIQUE: a provider retry, or a concurrent duplicate, cannot store a second row.
     event_id = models.CharField(max_length=255, unique=True)
     type = models.CharField(max_length=255, db_index=True)
@@ -25,6 +29,12 @@ class WebhookEvent(models.Model):
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
     state = models.CharField(max_length=10, choices=State.choices)
     error = models.TextField(blank=True)
+    # How it first reached us: delivered, or found in the Events API by ``webhooks.reconcile``
+    # (a delivery Stripe never made, or had not made yet). The database's default too, so that
+    # processes of the previous release insert while the migration runs.
+    source = models.CharField(
+        max_length=10, choices=Source.choices, default=Source.WEBHOOK, db_default=Source.WEBHOOK
+    )
 
     class Meta:
         permissions = [("reprocess_webhookevent", "Can reprocess webhook event")]
@@ -32,3 +42,25 @@ class WebhookEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.event_id}"
+
+
+class EventsCursor(models.Model):
+    """How far ``stripe-events-reconcile`` has read Stripe's Events API: one row, named by the
+    job. Every event created before ``covered_until`` was recorded by the walk that set it (the
+    next walk starts an overlap earlier). A walk spans runs when it is long: it pages from the
+    newest event down, and ``walk_after`` is the last event it recorded."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    covered_until = models.DateTimeField(null=True, blank=True)
+    walk_started_at = models.DateTimeField(null=True, blank=True)
+    walk_after = models.CharField(max_length=255, blank=True)
+    # Stripe answered 429 with Retry-After: no call before then.
+    not_before = models.DateTimeField(null=True, blank=True)
+    recovered_total = models.PositiveBigIntegerField(default=0)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_recovered = models.PositiveIntegerField(default=0)
+    last_summary = models.CharField(max_length=500, blank=True)
+    last_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -41,10 +41,18 @@ class Recorded:
     state: str
 
 
-def webhook_event_record(*, event: Event, body: str, headers: dict[str, str]) -> Recorded:
-    """Store a verified event and apply it, or recognise it as a duplicate and do nothing."""
+def webhook_event_record(
+    *,
+    event: Event,
+    body: str,
+    headers: dict[str, str],
+    source: str = WebhookEvent.Source.WEBHOOK,
+) -> Recorded:
+    """Store a verified event and apply it, or recognise it as a duplicate and do nothing;
+    ``source``: how it reached us (a webhook, or the Events API)."""
     row = WebhookEvent(
         event_id=event.id,
+        source=source,
         type=event.type,
         livemode=event.livemode,
         api_version=event.api_version,

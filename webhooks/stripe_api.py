@@ -25,11 +25,13 @@ API_OFF = "STRIPE_API_KEY is not set: nothing is read from the Stripe API"
 
 
 def stripe_client() -> stripe.StripeClient | None:
-    """A client as the settings are now, or None without a key."""
+    """A client as the settings are now, or None without a key. Objects are read in
+    ``STRIPE_API_VERSION``, the version the handlers are written for."""
     if not settings.STRIPE_API_KEY:
         return None
     return stripe.StripeClient(
         settings.STRIPE_API_KEY,
+        stripe_version=settings.STRIPE_API_VERSION,
         base_addresses={"api": settings.STRIPE_API_BASE},
         http_client=stripe.RequestsClient(timeout=settings.STRIPE_API_TIMEOUT_SECONDS),
         max_network_retries=0,

@@ -44,6 +44,7 @@ JOBS = (
     "email-reconcile",
     "dlq-alert",
     "retention-purge",
+    "stripe-events-reconcile",
 )
 
 
