@@ -38,5 +38,6 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(
-                f"the walk goes on at the next run (a run makes at most {reconcile.CALLS_PER_RUN} calls)"
+                "the walk goes on at the next run "
+                f"(a run makes at most {reconcile.CALLS_PER_RUN} calls)"
             )
