@@ -36,7 +36,7 @@ from webhooks.events import WebhookRejected, handled_types
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.services import webhook_event_record
 from webhooks.stripe import event_parse
-from webhooks.stripe_api import API_OFF, stripe_client, stripe_error_sorted
+from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ def _record(obj: dict[str, Any]) -> bool:
 def stripe_events_reconcile() -> Reconciled:
     """One run (its job's lock held): walk on, record what is missing, keep how far it got."""
     client = stripe_client()
-    if client is None:
-        return Reconciled(failure=API_OFF)
+    if client is None:  # said once as a worker starts (``webhooks.stripe_api``)
+        return Reconciled(failure="off")
     cursor, _ = EventsCursor.objects.get_or_create(name=JOB)
     now = timezone.now()
     if cursor.not_before is not None and cursor.not_before > now:

@@ -229,6 +229,8 @@ def test_without_a_key_it_is_off_and_says_so() -> None:
     with pytest.raises(CommandError) as off:
         run()
     assert str(off.value) == API_OFF
+    assert str(reconcile.stripe_events_reconcile()) == "off"  # the job's run: said once at start
+    assert not EventsCursor.objects.exists()
     check = health_report()[1]["checks"]["stripe_reconcile"]
     assert (check["status"], check["reconcile"], check["why"]) == ("ok", "off", API_OFF)
 

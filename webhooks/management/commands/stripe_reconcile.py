@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from asyncwork.jobs import job_run
 from webhooks import reconcile
+from webhooks.stripe_api import API_OFF
 
 
 class Command(BaseCommand):
     help = "Record the events Stripe's Events API has and this application does not, once."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.STRIPE_API_KEY:
+            raise CommandError(API_OFF)
         outcome = job_run(name=reconcile.JOB, body=reconcile.stripe_events_reconcile)
         if not outcome.ran:
             raise CommandError(
