@@ -37,6 +37,7 @@ COMPONENTS = {
     "beat",
     "stripe_api",
     "api_versions",
+    "stripe_reconcile",
 }
 TOKEN = "health-test-token"
 
