@@ -144,7 +144,7 @@ def stripe_events_reconcile() -> Reconciled:
                 cursor.walk_after = obj["id"]
         except stripe.RateLimitError as exc:
             wait = (exc.headers or {}).get("retry-after", "")
-            not_before = now + (
+            not_before = timezone.now() + (
                 timedelta(seconds=int(wait)) if wait.isdigit() else RATE_LIMITED_WAIT
             )
             failure = str(stripe_error_sorted(exc, doing="listing events"))
