@@ -25,6 +25,19 @@ from tests.helpers.quiescence import pipeline_busy, pipeline_quiet
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_on_its_way() -> None:
+    """Each test here asserts what is on its way, so it starts once nothing is: on RabbitMQ a
+    message an earlier module's worker held comes back to its queue when the node sees that
+    connection closed, which can be after the queues were emptied for this test."""
+
+    def emptied() -> bool:
+        broker.queues_empty()
+        return not pipeline_busy()
+
+    assert wait_until(emptied, timeout=15), pipeline_busy()
+
+
 def test_a_retry_due_later_is_not_on_its_way() -> None:
     OutboxMessage.objects.create(
         task="core.nothing", queue="default", due_at=timezone.now() + timedelta(hours=1)
