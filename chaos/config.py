@@ -87,15 +87,16 @@ class Profile:
 
 # The broker stall comes last: a Redis restart after it re-establishes every connection,
 # which would hide what the stall alone leaves behind (workers that no longer fetch). Each
-# bounded fault is followed by 30 s without another (chaos.faults.FaultRunner); the load (3,750
-# invoices, about 250 s) carries every fault but the stall and the last kill, which come as it
-# ends. Its rate, 30 deliveries (15 paid invoices) a second, is one the pipeline drains on this
-# machine under the fault mix, so a backlog at a fault is that fault's: above it the queue grows
-# throughout the load and a restart's recovery measures the drain of the backlog instead.
+# bounded fault is followed by 30 s without another (chaos.faults.FaultRunner); the load (4,500
+# invoices, about 300 s) carries every fault, the stall included, so that emails are there to
+# flow after it; the last kill comes as it ends. Its rate, 30 deliveries (15 paid invoices) a
+# second, is one the pipeline drains on this machine under the fault mix, so a backlog at a
+# fault is that fault's: above it the queue grows throughout the load and a restart's recovery
+# measures the drain of the backlog instead.
 FULL = Profile(
     name="full",
-    invoices=3750,
-    control_invoices=3750,
+    invoices=4500,
+    control_invoices=4500,
     rate=30,
     workers=3,
     concurrency=3,
