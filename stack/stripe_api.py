@@ -15,7 +15,7 @@ The faults, one per request for the next requests (``fail_next``), before anythi
 ``ERROR`` (500), ``RATE_LIMITED`` (429 with ``Retry-After``), ``HANG`` (no answer for
 ``hang_seconds``, then the connection closed: longer than the client's timeout) and
 ``MALFORMED`` (200 with a body that is not JSON). ``requests`` records each path asked, faults
-included, for a test that counts calls.
+included, for a test that counts calls, and ``versions`` the ``Stripe-Version`` each asked for.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class StripeApi:
         self.events: list[dict[str, Any]] = []  # in the order they were added
         self.undelivered: set[str] = set()  # event ids whose webhooks all failed
         self.requests: list[str] = []
+        self.versions: list[str | None] = []  # each request's Stripe-Version header
         self.lock = threading.Lock()
         self._faults: list[str] = []
         self._stopped = threading.Event()
@@ -142,10 +143,11 @@ class StripeApi:
             "url": "/v1/events",
         }
 
-    def fault_take(self, path: str) -> str | None:
-        """Record a request to ``path``; the fault it gets, if one is scripted."""
+    def fault_take(self, path: str, version: str | None) -> str | None:
+        """Record a request to ``path`` in ``version``; the fault it gets, if one is scripted."""
         with self.lock:
             self.requests.append(path)
+            self.versions.append(version)
             return self._faults.pop(0) if self._faults else None
 
     # --- running ------------------------------------------------------------------------------
@@ -186,7 +188,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         api = cast(_Server, self.server).api
-        fault = api.fault_take(self.path)
+        fault = api.fault_take(self.path, self.headers.get("Stripe-Version"))
         if fault == HANG:
             api.hang()
             return

@@ -48,7 +48,8 @@ class EventsCursor(models.Model):
     """How far ``stripe-events-reconcile`` has read Stripe's Events API: one row, named by the
     job. Every event created before ``covered_until`` was recorded by the walk that set it (the
     next walk starts an overlap earlier). A walk spans runs when it is long: it pages from the
-    newest event down, and ``walk_after`` is the last event it recorded."""
+    newest event down, and ``walk_after`` is the last event it recorded. When each run started
+    and what it did is its job's ``ScheduledJob`` row."""
 
     name = models.CharField(max_length=100, primary_key=True)
     covered_until = models.DateTimeField(null=True, blank=True)
@@ -57,9 +58,8 @@ class EventsCursor(models.Model):
     # Stripe answered 429 with Retry-After: no call before then.
     not_before = models.DateTimeField(null=True, blank=True)
     recovered_total = models.PositiveBigIntegerField(default=0)
-    last_run_at = models.DateTimeField(null=True, blank=True)
     last_recovered = models.PositiveIntegerField(default=0)
-    last_summary = models.CharField(max_length=500, blank=True)
+    # Why the last run stopped before its walk's end ("" if it did not): the walk waits there.
     last_error = models.TextField(blank=True)
 
     def __str__(self) -> str:

@@ -7,6 +7,7 @@ reconcile (``webhooks.reconcile``): its last run, its cursor and what it recover
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -15,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from asyncwork.models import ScheduledJob
 from asyncwork.probes import CheckResult, Figure, Probe, probe_declare
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.reconcile import JOB
@@ -63,51 +65,63 @@ probe_declare(
 )
 
 
-def reconcile_probe() -> EventsCursor | None:
-    """The reconcile's cursor row; None while the API is off."""
+@dataclass(frozen=True)
+class ReconcileProbe:
+    """The reconcile's cursor, and its job's row (when the last run started, what it did)."""
+
+    cursor: EventsCursor
+    job: ScheduledJob
+
+    @property
+    def last_run(self) -> str:
+        when = self.job.last_started_at
+        return f"{when:%Y-%m-%d %H:%M:%S} UTC: {self.job.last_result}" if when else "never"
+
+
+def reconcile_probe() -> ReconcileProbe | None:
+    """None while the API is off."""
     if not settings.STRIPE_API_KEY:
         return None
-    return EventsCursor.objects.filter(name=JOB).first() or EventsCursor(name=JOB)
+    return ReconcileProbe(
+        cursor=EventsCursor.objects.filter(name=JOB).first() or EventsCursor(name=JOB),
+        job=ScheduledJob.objects.filter(name=JOB).first() or ScheduledJob(name=JOB),
+    )
 
 
-def _when(value: object) -> str:
-    return f"{value:%Y-%m-%d %H:%M:%S} UTC" if value else "never"
-
-
-def reconcile_check(cursor: EventsCursor | None) -> CheckResult:
-    if cursor is None:
+def reconcile_check(probe: ReconcileProbe | None) -> CheckResult:
+    if probe is None:
         return {"status": "ok", "reconcile": "off", "why": API_OFF}
     return {
-        "status": "degraded" if cursor.last_error else "ok",
-        "last_run": cursor.last_run_at,
-        "last_run_did": cursor.last_summary or None,
-        "covered_until": cursor.covered_until,
-        "recovered_last_run": cursor.last_recovered,
-        "recovered_total": cursor.recovered_total,
+        "status": "degraded" if probe.cursor.last_error else "ok",
+        "last_run": probe.job.last_started_at,
+        "last_run_did": probe.job.last_result or None,
+        "covered_until": probe.cursor.covered_until,
+        "recovered_last_run": probe.cursor.last_recovered,
+        "recovered_total": probe.cursor.recovered_total,
     }
 
 
-def reconcile_figures(cursor: EventsCursor | None) -> list[Figure]:
-    if cursor is None:
+def reconcile_figures(probe: ReconcileProbe | None) -> list[Figure]:
+    if probe is None:
         return [Figure("Events API", "off: STRIPE_API_KEY is not set")]
     recovered = reverse("admin:webhooks_webhookevent_changelist")
     recovered += "?" + urlencode({"source__exact": WebhookEvent.Source.EVENTS_API})
+    covered = probe.cursor.covered_until
     return [
+        Figure("last run", probe.last_run, status="degraded" if probe.cursor.last_error else "ok"),
         Figure(
-            "last run",
-            f"{_when(cursor.last_run_at)}: {cursor.last_summary or '-'}",
-            status="degraded" if cursor.last_error else "ok",
+            "every event recorded up to", f"{covered:%Y-%m-%d %H:%M:%S} UTC" if covered else "-"
         ),
-        Figure("every event recorded up to", _when(cursor.covered_until)),
-        Figure("recovered in the last run", str(cursor.last_recovered), recovered),
-        Figure("recovered in all", str(cursor.recovered_total), recovered),
+        Figure("recovered in the last run", str(probe.cursor.last_recovered), recovered),
+        Figure("recovered in all", str(probe.cursor.recovered_total), recovered),
     ]
 
 
-def reconcile_metrics(cursor: EventsCursor | None) -> list[Metric]:
+def reconcile_metrics(probe: ReconcileProbe | None) -> list[Metric]:
     """Events recovered, and how old the cursor is: it grows while no walk ends (the alert)."""
-    if cursor is None:
+    if probe is None:
         return []
+    cursor = probe.cursor
     recovered = CounterMetricFamily(
         "invoicing_stripe_events_recovered",
         "Events recorded from Stripe's Events API that no webhook had delivered.",

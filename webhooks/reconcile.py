@@ -109,19 +109,17 @@ def _record(obj: dict[str, Any]) -> bool:
 
 @job(JOB, every=timedelta(minutes=10))
 def stripe_events_reconcile() -> Reconciled:
-    """One run (its job's lock held): walk on, record what is missing, keep how far it got."""
+    """One run (its job's lock held): walk on, record what is missing, keep how far it got.
+    What it did (``str`` of the result) is its ``ScheduledJob`` row's ``last_result``."""
     client = stripe_client()
     if client is None:  # said once as a worker starts (``webhooks.stripe_api``)
         return Reconciled(failure="off")
     cursor, _ = EventsCursor.objects.get_or_create(name=JOB)
     now = timezone.now()
     if cursor.not_before is not None and cursor.not_before > now:
-        result = Reconciled(
+        return Reconciled(
             failure=f"Stripe asked to wait (429) until {cursor.not_before:%H:%M:%S} UTC"
         )
-        cursor.last_run_at, cursor.last_summary = now, str(result)
-        cursor.save(update_fields=["last_run_at", "last_summary"])
-        return result
     if cursor.walk_started_at is None:
         cursor.walk_started_at, cursor.walk_after = now, ""
     since = (cursor.covered_until or cursor.walk_started_at) - OVERLAP
@@ -162,9 +160,8 @@ def stripe_events_reconcile() -> Reconciled:
     result = Reconciled(calls, listed, recovered, walk_ended, cursor.covered_until, failure)
     if failure:
         logger.error("stripe events reconcile stopped: %s", result, extra={"job": JOB})
-    cursor.not_before = not_before
-    cursor.last_run_at, cursor.last_recovered = now, recovered
-    cursor.last_summary, cursor.last_error = str(result)[:500], failure
+    cursor.not_before, cursor.last_error = not_before, failure
+    cursor.last_recovered = recovered
     cursor.recovered_total = F("recovered_total") + recovered
     cursor.save()
     return result

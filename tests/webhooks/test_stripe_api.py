@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import stripe
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
@@ -50,6 +51,7 @@ def test_the_client_reads_a_customer_with_its_key(
     read = customer_read(customer["id"])
     assert (read.id, read.email) == (customer["id"], "ada@example.com")
     assert stripe_api.requests == [f"/v1/customers/{customer['id']}"]
+    assert stripe_api.versions == [settings.STRIPE_API_VERSION]  # the handlers' version
 
 
 @pytest.mark.parametrize(
