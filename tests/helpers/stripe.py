@@ -9,10 +9,20 @@ from typing import Any
 import requests
 from django.test import Client
 
+from stack.stripe_api import ERROR, HANG, MALFORMED, RATE_LIMITED
 from webhooks import testing as stripe_testing
 
 SECRET = "whsec_test_primary"
 WEBHOOK_URL = "/webhooks/stripe/"
+
+# Each fault of the Stripe API's stand-in, and the words the application's failure gives it
+# (``webhooks.stripe_api.stripe_error_sorted``): all four may pass.
+API_FAULT_WORDS = [
+    (ERROR, "HTTP 500, Sorry, something went wrong."),
+    (RATE_LIMITED, "HTTP 429, Too many requests hit the API too quickly."),
+    (HANG, "ReadTimeout"),
+    (MALFORMED, "HTTP 200, not Stripe's JSON"),
+]
 
 
 def post_event(

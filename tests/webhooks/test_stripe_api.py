@@ -18,8 +18,9 @@ from django.test import Client
 from asyncwork.errors import PermanentError, TransientError
 from stack import launch
 from stack.smtp import SmtpServer
-from stack.stripe_api import ERROR, HANG, MALFORMED, RATE_LIMITED, StripeApi
+from stack.stripe_api import StripeApi
 from tests.helpers.processes import worker_env
+from tests.helpers.stripe import API_FAULT_WORDS
 from webhooks import testing as stripe_testing
 from webhooks.stripe_api import API_OFF, stripe_client, stripe_error_sorted
 
@@ -54,15 +55,7 @@ def test_the_client_reads_a_customer_with_its_key(
     assert stripe_api.versions == [settings.STRIPE_API_VERSION]  # the handlers' version
 
 
-@pytest.mark.parametrize(
-    ("fault", "words"),
-    [
-        (ERROR, "HTTP 500, Sorry, something went wrong."),
-        (RATE_LIMITED, "HTTP 429, Too many requests hit the API too quickly."),
-        (HANG, "ReadTimeout"),
-        (MALFORMED, "HTTP 200, not Stripe's JSON"),
-    ],
-)
+@pytest.mark.parametrize(("fault", "words"), API_FAULT_WORDS)
 def test_no_answer_429_5xx_and_malformed_bodies_are_transient_and_asked_once(
     stripe_api: StripeApi, customer: dict[str, Any], fault: str, words: str
 ) -> None:

@@ -29,13 +29,13 @@ from django.utils import timezone
 from asyncwork.health import health_report
 from invoicing.models import EmailDelivery, Invoice
 from stack.smtp import SmtpServer
-from stack.stripe_api import ERROR, HANG, MALFORMED, RATE_LIMITED, StripeApi
+from stack.stripe_api import RATE_LIMITED, StripeApi
 from tests.helpers.dashboard import dashboard
 from tests.helpers.factories import staff_user
 from tests.helpers.metrics import scrape, value
 from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
-from tests.helpers.stripe import paid_event, post_event
+from tests.helpers.stripe import API_FAULT_WORDS, paid_event, post_event
 from webhooks import reconcile
 from webhooks import testing as stripe_testing
 from webhooks.models import EventsCursor, WebhookEvent
@@ -142,15 +142,7 @@ def test_three_pages_are_walked_and_a_walk_longer_than_a_run_goes_on_at_the_next
     assert WebhookEvent.objects.count() == Invoice.objects.count() == 250
 
 
-@pytest.mark.parametrize(
-    ("fault", "words"),
-    [
-        (ERROR, "HTTP 500, Sorry, something went wrong."),
-        (RATE_LIMITED, "HTTP 429, Too many requests hit the API too quickly."),
-        (HANG, "ReadTimeout"),
-        (MALFORMED, "HTTP 200, not Stripe's JSON"),
-    ],
-)
+@pytest.mark.parametrize(("fault", "words"), API_FAULT_WORDS)
 def test_a_failing_call_stops_the_run_in_one_line_and_the_next_run_loses_and_doubles_nothing(
     smtp: SmtpServer,
     stripe_api: StripeApi,
