@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from asyncwork.jobs import job_run
+from asyncwork.jobs import job_run, jobs_declared
 from core.celery import app
 from stack.process import ROOT
 from tests.helpers.processes import worker_env
@@ -65,6 +66,14 @@ def test_screen_names_every_part() -> None:
         "email-reconcile",
     ):
         assert part in screen
+    # Each check's status, and each job's last run, start in one column however long the names.
+    lines = screen.splitlines()
+    queues_at = next(i for i, line in enumerate(lines) if line.startswith("queues:"))
+    checks, jobs = lines[1:queues_at], lines[queues_at + 1 :]
+    assert len(checks) >= 9
+    assert len(jobs) == 1 + len(jobs_declared())
+    assert len({re.match(r"  \S+ +", line).end() for line in checks}) == 1  # type: ignore[union-attr]
+    assert len({re.match(r"\S+ +", line).end() for line in jobs}) == 1  # type: ignore[union-attr]
 
 
 def test_a_running_job_is_shown_with_the_process_running_it() -> None:

@@ -89,15 +89,18 @@ class Command(BaseCommand):
         checks = health["checks"]
         out = self.stdout.write
         out(f"pipeline: {health['status'].upper()}")
+        width = max(map(len, checks), default=0)
         for name, check in checks.items():
-            out(f"  {name:<13} {check['status']:<9} {_figures(name, check)}")
+            out(f"  {name:<{width}} {check['status']:<9} {_figures(name, check)}")
         out("queues: " + ", ".join(f"{q}={n}" for q, n in status["queues"].items()))
+        jobs = max((len(job["job"]) for job in status["jobs"]), default=3)
         out(
-            f"{'job':<22} {'last run':<20} {'last skip':<20} {'runs':>5} {'skips':>5}  lock held by"
+            f"{'job':<{jobs}} {'last run':<20} {'last skip':<20} {'runs':>5} {'skips':>5}  "
+            "lock held by"
         )
         for job in status["jobs"]:
             out(
-                f"{job['job']:<22} {_when(job['last_run']):<20} {_when(job['last_skip']):<20} "
+                f"{job['job']:<{jobs}} {_when(job['last_run']):<20} {_when(job['last_skip']):<20} "
                 f"{job['runs']:>5} {job['skips']:>5}  {_process(job['running_now'])}"
                 + (f"  error: {job['last_error']}" if job["last_error"] else "")
             )
