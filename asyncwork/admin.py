@@ -1,6 +1,7 @@
 """Admin for the async machinery: rows that record what happened are read-only; operators act
 through actions that call the same services as the commands, each declaring the power it needs
-and recorded as an ``OperatorAction``.
+and announced as an operator action (``asyncwork.audit``). The helpers an application's own
+admin builds on are here too: ``ReadOnlyAdmin``, ``has_power`` and ``admin_actor``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -32,7 +33,34 @@ from asyncwork.deadletters import (
 from asyncwork.locks import lock_holder
 from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
 from asyncwork.outbox import outbox_republish
-from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
+
+
+def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
+    """Whether the user holds ``codename``, a permission ``model`` declares in its Meta."""
+    return request.user.has_perm(f"{model._meta.app_label}.{codename}")
+
+
+def admin_actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class ReadOnly:
+    """Nothing added, changed or deleted through the admin: only the acting services write."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyAdmin(ReadOnly, admin.ModelAdmin):
+    """Without the change permission Django shows every field of the page read-only, so
+    ``readonly_fields`` need not list them."""
+
 
 # The admin's index links the operator's dashboard (asyncwork.dashboard).
 admin.site.index_template = "admin/asyncwork/site_index.html"
@@ -84,7 +112,7 @@ def replayed_at(letter: DeadLetter) -> str:
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
     """What failed (its subject, linked), why in words, how often, how long ago, whether replayed;
-    a dead letter's page adds a Replay button, the folded traceback and the operators' actions."""
+    a dead letter's page adds a Replay button and the folded traceback."""
 
     list_display = (
         "id",
@@ -101,7 +129,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     search_fields = ("task_id", "exception_message", "replayed_by")
     date_hierarchy = "created_at"
     actions = ["replay_selected"]
-    inlines = [OperatorActionInline]
     fieldsets = (
         (
             None,
@@ -275,7 +302,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     list_filter = (PublishedFilter, "queue", "task")
     search_fields = ("task",)
     actions = ["republish_selected"]
-    inlines = [OperatorActionInline]
     readonly_fields = (
         "task",
         "args",

@@ -25,11 +25,11 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from asyncwork.audit import operator_action_record
 from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.jobs import job
 from asyncwork.models import DeadLetter
 from asyncwork.outbox import outbox_enqueue
-from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from asyncwork.errors import Deferred
-from operators.http import (
+from asyncwork.http import (
     address_parse,
     address_within,
     client_address,

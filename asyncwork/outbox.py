@@ -31,9 +31,9 @@ from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Histogram
 
 from asyncwork import queues
+from asyncwork.audit import operator_action_record
 from asyncwork.jobs import job
 from asyncwork.models import OutboxMessage
-from operators.audit import operator_action_record
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ __all__ = ["access_log_format", "child_exit", "on_starting", "secure_scheme_head
 settings_load_or_exit()
 
 # Otherwise gunicorn trusts X-Forwarded-Proto from loopback and Unix-socket peers whatever
-# TRUSTED_PROXIES says; Django alone decides (operators.http.ForwardedProtoMiddleware).
+# TRUSTED_PROXIES says; Django alone decides (asyncwork.http.ForwardedProtoMiddleware).
 secure_scheme_headers: dict[str, str] = {}
 
 # gunicorn's combined-log shape without query strings or Referer: an admin search's query is

@@ -87,7 +87,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First: drops X-Forwarded-Proto from an untrusted peer before anything reads it.
-    "operators.http.ForwardedProtoMiddleware",
+    "asyncwork.http.ForwardedProtoMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files are answered before sessions, authentication or the database.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -184,7 +184,7 @@ STORAGES = {
 }
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
-# X-Forwarded-For and -Proto count only from these peers (operators/http.py); empty: never.
+# X-Forwarded-For and -Proto count only from these peers (asyncwork/http.py); empty: never.
 _TRUSTED_PROXIES: list[str] = setting(
     "TRUSTED_PROXIES",
     [],
@@ -204,7 +204,7 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
 if TRUSTED_PROXIES:
     # Set by the trusted proxy, replacing the client's (deploy/nginx does), dropped from any other
-    # peer (operators.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on redirects.
+    # peer (asyncwork.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on redirects.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision: `check --deploy` reports it as one
 # INFO (core.I001, core/checks.py) instead of the four warnings about what it turned off.
@@ -559,15 +559,15 @@ REST_KNOX = {
 AXES_FAILURE_LIMIT = 5
 AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_CLIENT_IP_CALLABLE = "operators.http.client_address"
-AXES_USERNAME_CALLABLE = "operators.http.login_username"
+AXES_CLIENT_IP_CALLABLE = "asyncwork.http.client_address"
+AXES_USERNAME_CALLABLE = "operators.login.login_username"
 AXES_RESET_ON_SUCCESS = True
 # No "AXES: BEGIN ..." line at every process start; lockouts are still logged.
 AXES_VERBOSE = False
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    # DRF's get_ident reads only REMOTE_ADDR; the app's is operators.http.client_address.
+    # DRF's get_ident reads only REMOTE_ADDR; the app's is asyncwork.http.client_address.
     "NUM_PROXIES": 0,
     # Tokens first: the first class names the 401 challenge; with sessions first it is 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [

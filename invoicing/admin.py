@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
+from asyncwork.admin import ReadOnlyAdmin, admin_actor, has_power
 from asyncwork.deadletters import dead_letter_age, dead_letter_failure, dead_letter_replay_state
 from asyncwork.idempotency import IdempotencyKeyReused
 from invoicing.mail import format_amount
@@ -38,7 +39,7 @@ from invoicing.services import (
     invoice_email_resend_selection_once,
     invoice_recipient_correct,
 )
-from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
+from operators.admin import OperatorActionInline
 
 # A misclick on "select all" must not mail a whole customer base; more go through the API.
 RESEND_SELECTION_MAX = 100

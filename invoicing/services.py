@@ -33,6 +33,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from asyncwork.audit import operator_action_record
 from asyncwork.breaker import Breaker, Decision
 from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
@@ -43,7 +44,6 @@ from asyncwork.outbox import outbox_enqueue
 from asyncwork.queues import queue_declare
 from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
-from operators.audit import operator_action_record
 from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
-"""The audit trail and API tokens in the admin, and the helpers every app's admin builds on.
-Rows that record what happened are read-only everywhere: only the acting services write them."""
+"""The audit trail and API tokens in the admin, and the operator actions shown on the pages of
+the rows they acted on (the machinery's dead letters and outbox messages included). Rows that
+record what happened are read-only everywhere: only the acting services write them."""
 
 from __future__ import annotations
 
@@ -9,46 +10,29 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.contrib.contenttypes.admin import GenericTabularInline
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from knox.models import AuthToken
 
+from asyncwork.admin import (
+    DeadLetterAdmin,
+    OutboxMessageAdmin,
+    ReadOnly,
+    ReadOnlyAdmin,
+    admin_actor,
+)
+from asyncwork.models import DeadLetter, OutboxMessage
 from operators.models import OperatorAction
 from operators.tokens import api_tokens_revoke
-
-
-def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
-    """Whether the user holds ``codename``, a permission ``model`` declares in its Meta."""
-    return request.user.has_perm(f"{model._meta.app_label}.{codename}")
-
-
-def admin_actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
 
 
 def _json(value: Any) -> str:
     return "-" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-class _ReadOnly:
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyAdmin(_ReadOnly, admin.ModelAdmin):
-    """Without the change permission Django shows every field of the page read-only, so
-    ``readonly_fields`` need not list them."""
-
-
-class OperatorActionInline(_ReadOnly, GenericTabularInline):
+class OperatorActionInline(ReadOnly, GenericTabularInline):
     """The operator actions taken on the row the page shows, newest first."""
 
     model = OperatorAction
@@ -151,3 +135,19 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AuthToken]) -> None:
         api_tokens_revoke(tokens=queryset, actor=admin_actor(request))
+
+
+# The machinery's pages, with the operator actions taken on each row (Django's way to extend an
+# installed app's admin: register a subclass in its place).
+admin.site.unregister(DeadLetter)
+admin.site.unregister(OutboxMessage)
+
+
+@admin.register(DeadLetter)
+class AuditedDeadLetterAdmin(DeadLetterAdmin):
+    inlines = [OperatorActionInline]
+
+
+@admin.register(OutboxMessage)
+class AuditedOutboxMessageAdmin(OutboxMessageAdmin):
+    inlines = [OperatorActionInline]

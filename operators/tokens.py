@@ -22,7 +22,7 @@ from knox.auth import TokenAuthentication
 from knox.models import AuthToken
 from rest_framework.exceptions import AuthenticationFailed
 
-from operators.audit import operator_action_record
+from asyncwork.audit import operator_action_record
 
 # The operator actions' names (ruff's S105 reads any *_TOKEN_* name as a password).
 ACTION_ISSUE = "api_token.issue"

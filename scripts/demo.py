@@ -241,10 +241,10 @@ def play(sink: SmtpServer) -> None:
     from django.contrib.staticfiles.storage import staticfiles_storage
     from django.core.management import call_command
 
+    from asyncwork.audit import cli_actor
     from asyncwork.models import DeadLetter
     from invoicing.models import EmailDelivery, Invoice
     from invoicing.services import invoice_recipient_correct
-    from operators.audit import cli_actor
     from webhooks import testing
 
     say(f"== Invoice emails, end to end (logs in {LOGS})")

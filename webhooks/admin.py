@@ -11,7 +11,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from operators.admin import OperatorActionInline, ReadOnlyAdmin, admin_actor, has_power
+from asyncwork.admin import ReadOnlyAdmin, admin_actor, has_power
+from operators.admin import OperatorActionInline
 from webhooks.models import WebhookEvent
 from webhooks.services import webhook_event_reprocess
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
 
+from asyncwork.audit import operator_action_record
 from asyncwork.db import insert_or_skip
-from operators.audit import operator_action_record
 from webhooks.events import Event, WebhookRejected, event_apply
 from webhooks.models import WebhookEvent
 from webhooks.stripe import event_parse

@@ -21,13 +21,13 @@ from django.test import Client
 from django.utils import timezone
 
 from asyncwork import queues
+from asyncwork.audit import cli_actor
 from asyncwork.deadletters import dead_letter_purge, dead_letter_record, dlq_alert
 from asyncwork.errors import PermanentError
 from asyncwork.models import DeadLetter, OutboxMessage
 from core.celery import app
 from invoicing.models import Invoice
 from invoicing.services import invoice_recipient_correct
-from operators.audit import cli_actor
 from operators.models import OperatorAction
 from stack import launch
 from stack.net import wait_until

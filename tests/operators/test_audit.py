@@ -18,9 +18,9 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
+from asyncwork.audit import cli_actor, operator_acted, operator_action_record
 from asyncwork.deadletters import dead_letter_replay
 from asyncwork.models import DeadLetter
-from operators.audit import cli_actor, operator_action_record
 from operators.models import OperatorAction
 from operators.tokens import api_token_create
 from stack.process import ROOT
@@ -72,6 +72,28 @@ def test_a_record_outside_a_transaction_or_without_an_actor_is_refused() -> None
         operator_action_record(action="x", actor="admin:op", target=waiting)
     with pytest.raises(ValueError, match="needs an actor"), transaction.atomic():
         operator_action_record(action="x", actor="", target=waiting)
+    assert not OperatorAction.objects.exists()
+
+
+def test_a_receiver_that_fails_undoes_the_action() -> None:
+    """The machinery announces an action inside its transaction: a receiver that cannot keep the
+    record (here, one that raises) leaves the dead letter waiting, as if nothing was done."""
+    waiting = letter()
+
+    class Unkept(Exception):
+        pass
+
+    def refuse(**_: object) -> None:
+        raise Unkept
+
+    operator_acted.connect(refuse, dispatch_uid="test.refuse")
+    try:
+        with pytest.raises(Unkept):
+            dead_letter_replay(ids=[waiting.pk], actor="admin:op")
+    finally:
+        operator_acted.disconnect(dispatch_uid="test.refuse")
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
     assert not OperatorAction.objects.exists()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.deadletters import (
     Subject,
     dead_letter_age,
@@ -29,7 +30,6 @@ from asyncwork.deadletters import (
     duration_short,
 )
 from asyncwork.models import DeadLetter
-from operators.audit import cli_actor, cli_actor_argument
 
 WIDTH = 100  # the whole line, in characters
 

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from operators.audit import cli_actor, cli_actor_argument
+from asyncwork.audit import cli_actor, cli_actor_argument
 from operators.tokens import TokenRefused, api_token_create, api_token_revoke
 
 

@@ -1,6 +1,5 @@
 """Who is asking: the client address every per-client decision uses (the ``/metrics``
-allow-list, the admin login limit), whether the request came over HTTPS, and the username a
-login attempt names.
+allow-list, an application's own limits), and whether the request came over HTTPS.
 
 ``X-Forwarded-For`` and ``X-Forwarded-Proto`` count only from a peer in ``TRUSTED_PROXIES``;
 from any other, the client is the peer. Every address given is one PostgreSQL accepts (IPv4
@@ -12,10 +11,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponseBase
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -93,14 +90,3 @@ class ForwardedProtoMiddleware:
         if "HTTP_X_FORWARDED_PROTO" in request.META and not peer_is_trusted_proxy(request):
             del request.META["HTTP_X_FORWARDED_PROTO"]
         return self.get_response(request)
-
-
-def login_username(request: HttpRequest, credentials: dict[str, Any] | None = None) -> str | None:
-    """``AXES_USERNAME_CALLABLE``: axes' own rule, without NUL and cut to its 255-character
-    column, as Django's login form does not bound it."""
-    field = get_user_model().USERNAME_FIELD
-    source = credentials if credentials else getattr(request, "data", request.POST)
-    username = source.get(field)
-    if username is None:
-        return None
-    return str(username).replace("\x00", "")[:255]
