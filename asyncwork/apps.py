@@ -10,7 +10,14 @@ class AsyncWorkConfig(AppConfig):
 
         # Importing the declaring modules declares the machinery's own jobs and probes, ahead of
         # any app's.
-        from asyncwork import deadletters, gauges, outbox, rescue, retention  # noqa: F401
+        from asyncwork import (  # noqa: F401
+            checks,
+            deadletters,
+            gauges,
+            outbox,
+            rescue,
+            retention,
+        )
         from asyncwork.jobs import schedules_sync_after_migrate
 
         # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.

@@ -20,12 +20,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.probes import BrokerUnreadable, outbox_backlog, queues_probe
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,9 @@ class Pressure:
         backlog = max(
             (n for n in (self.outbox_backlog, self.queue_depth) if n is not None), default=None
         )
-        if backlog is None or backlog < settings.BACKPRESSURE_SOFT_MARK:
+        if backlog is None or backlog < asyncwork_settings.BACKPRESSURE_SOFT_MARK:
             return Level.NORMAL
-        if backlog < settings.BACKPRESSURE_HARD_MARK:
+        if backlog < asyncwork_settings.BACKPRESSURE_HARD_MARK:
             return Level.SOFT
         return Level.HARD
 
@@ -61,7 +61,7 @@ def pressure_measure() -> Pressure:
     outbox: int | None = None
     depth: int | None = None
     try:
-        outbox = outbox_backlog(now=timezone.now(), cap=settings.BACKPRESSURE_HARD_MARK)
+        outbox = outbox_backlog(now=timezone.now(), cap=asyncwork_settings.BACKPRESSURE_HARD_MARK)
     except DatabaseError as exc:
         logger.warning("backpressure: cannot measure the outbox backlog: %r", exc)
     names = queues.pressure_queues()
@@ -82,7 +82,7 @@ def pressure_current() -> Pressure:
     while another thread measures, the previous one."""
     global _last
     last = _last
-    if last and time.monotonic() - last.measured_at < settings.BACKPRESSURE_CHECK_SECONDS:
+    if last and time.monotonic() - last.measured_at < asyncwork_settings.BACKPRESSURE_CHECK_SECONDS:
         return last
     if not _measuring.acquire(blocking=False):
         return last or Pressure(None, None, time.monotonic())

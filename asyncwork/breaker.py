@@ -30,6 +30,8 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
+from asyncwork.settings import asyncwork_settings
+
 logger = logging.getLogger(__name__)
 
 # Seconds per socket operation on the breaker's Redis: a stalled Redis costs a caller about 1.2 s
@@ -170,7 +172,7 @@ class Breaker:
         self.threshold = threshold
         self.reset_seconds = float(reset_seconds)
         self.probe_ttl_ms = int(probe_ttl_seconds * 1000)
-        self.url = url or settings.REDIS_URL
+        self.url = url or asyncwork_settings.REDIS_URL
         prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
         self.key = f"{prefix}:breaker:{name}" if prefix else f"breaker:{name}"
         self.probe_key = f"{self.key}:probe"

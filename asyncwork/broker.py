@@ -23,6 +23,8 @@ from kombu.transport.redis import PRIORITY_STEPS
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from asyncwork.settings import asyncwork_settings
+
 
 class QoS(redis.QoS):
     def ack(self, delivery_tag: str) -> None:
@@ -73,7 +75,7 @@ def broker_redis() -> redis_py.Redis | None:
     url = settings.CELERY_BROKER_URL
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
-    timeout = settings.PROBE_TIMEOUT_SECONDS
+    timeout = asyncwork_settings.PROBE_TIMEOUT_SECONDS
     with _brokers_lock:
         client = _brokers.get((url, timeout))
         if client is None:

@@ -19,10 +19,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from celery.signals import task_postrun, task_prerun
-from django.conf import settings
 from django.db import close_old_connections, connection, connections, models, transaction
 from django.db.models import Field
 from django.db.models.options import Options
+
+from asyncwork.settings import asyncwork_settings
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -78,7 +79,7 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
 @contextlib.contextmanager
 def bounded() -> Iterator[None]:
     """A transaction whose statements time out after ``PROBE_TIMEOUT_SECONDS``."""
-    ms = max(1, int(settings.PROBE_TIMEOUT_SECONDS * 1000))
+    ms = max(1, int(asyncwork_settings.PROBE_TIMEOUT_SECONDS * 1000))
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])

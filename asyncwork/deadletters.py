@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import cache
 from django.core.mail import mail_admins
 from django.db import transaction
@@ -30,6 +29,7 @@ from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.jobs import job
 from asyncwork.models import DeadLetter
 from asyncwork.outbox import outbox_enqueue
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -162,13 +162,13 @@ def dlq_alert() -> int:
     """Alert (ERROR line and mail to ADMINS) when waiting dead letters reach the threshold, at most
     once per period. Returns the depth."""
     depth = dead_letters_waiting().count()
-    if depth >= settings.DLQ_ALERT_THRESHOLD and cache.add(
+    if depth >= asyncwork_settings.DLQ_ALERT_THRESHOLD and cache.add(
         "dlq-alert-sent", depth, timeout=ALERT_PERIOD_SECONDS
     ):
         logger.error(
             "DLQ depth %d has reached the alert threshold %d",
             depth,
-            settings.DLQ_ALERT_THRESHOLD,
+            asyncwork_settings.DLQ_ALERT_THRESHOLD,
             extra={"dlq_depth": depth},
         )
         mail_admins(

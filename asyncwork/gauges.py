@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from urllib.parse import urlencode
 
-from django.conf import settings
 from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
@@ -39,6 +38,7 @@ from asyncwork.probes import (
     scheduled_jobs_probe,
 )
 from asyncwork.rescue import WorkersProbe, workers_probe
+from asyncwork.settings import asyncwork_settings, metric_name
 
 
 def _changelist(model: str, **query: str) -> str:
@@ -59,7 +59,7 @@ def _database_ping() -> CheckResult:
 
 def _broker_ping() -> CheckResult:
     """Raises when the broker does not answer in time."""
-    if settings.BROKER_IS_RABBITMQ:
+    if asyncwork_settings.BROKER_IS_RABBITMQ:
         rabbitmq.queue_depths((queues.DLQ,))
     elif (client := broker_redis()) is not None:
         client.ping()
@@ -76,14 +76,14 @@ def dlq_check(dlq: DlqProbe) -> CheckResult:
     return {
         "status": "degraded" if dlq.alerting else "ok",
         "waiting": dlq.waiting,
-        "alert_threshold": settings.DLQ_ALERT_THRESHOLD,
+        "alert_threshold": asyncwork_settings.DLQ_ALERT_THRESHOLD,
     }
 
 
 def dlq_metrics(dlq: DlqProbe) -> list[Metric]:
     return [
         GaugeMetricFamily(
-            "invoicing_dlq_depth", "Dead letters waiting (not replayed).", value=dlq.waiting
+            metric_name("dlq_depth"), "Dead letters waiting (not replayed).", value=dlq.waiting
         )
     ]
 
@@ -122,19 +122,19 @@ def outbox_check(outbox: OutboxProbe) -> CheckResult:
         "unpublished": outbox.unpublished,
         "unpublished_capped": outbox.capped,
         "oldest_unpublished_age_seconds": None if age is None else round(age, 1),
-        "stale_after_seconds": settings.OUTBOX_STALE_SECONDS,
+        "stale_after_seconds": asyncwork_settings.OUTBOX_STALE_SECONDS,
     }
 
 
 def outbox_metrics(outbox: OutboxProbe) -> list[Metric]:
     return [
         GaugeMetricFamily(
-            "invoicing_outbox_backlog",
+            metric_name("outbox_backlog"),
             f"Unpublished outbox rows (counted up to BACKPRESSURE_HARD_MARK, {outbox.cap}).",
             value=outbox.unpublished,
         ),
         GaugeMetricFamily(
-            "invoicing_outbox_oldest_unpublished_age_seconds",
+            metric_name("outbox_oldest_unpublished_age_seconds"),
             "Age of the oldest unpublished outbox row (0 when there is none).",
             value=outbox.oldest_age_seconds or 0.0,
         ),
@@ -174,8 +174,8 @@ def backpressure_check(pressure: backpressure.Pressure) -> CheckResult:
         "level": str(level),
         "queue_depth": pressure.queue_depth,
         "outbox_backlog": pressure.outbox_backlog,
-        "soft_mark": settings.BACKPRESSURE_SOFT_MARK,
-        "hard_mark": settings.BACKPRESSURE_HARD_MARK,
+        "soft_mark": asyncwork_settings.BACKPRESSURE_SOFT_MARK,
+        "hard_mark": asyncwork_settings.BACKPRESSURE_HARD_MARK,
         "queues": list(queues.pressure_queues()),
     }
 
@@ -206,7 +206,7 @@ def pressure_queues_probe() -> QueuesProbe:
 
 def queue_metrics(probe: QueuesProbe) -> list[Metric]:
     family = GaugeMetricFamily(
-        "invoicing_broker_queue_depth",
+        metric_name("broker_queue_depth"),
         "Messages waiting on a broker queue (not those a worker holds).",
         labels=["queue"],
     )
@@ -264,22 +264,22 @@ probe_declare(
 
 def scheduled_job_metrics(jobs: tuple[ScheduledJob, ...]) -> list[Metric]:
     runs = CounterMetricFamily(
-        "invoicing_scheduled_job_runs",
+        metric_name("scheduled_job_runs"),
         "Runs of each scheduled job (it held the lock).",
         labels=["job"],
     )
     skips = CounterMetricFamily(
-        "invoicing_scheduled_job_skips",
+        metric_name("scheduled_job_skips"),
         "Skipped runs of each scheduled job (another run held the lock).",
         labels=["job"],
     )
     last_run = GaugeMetricFamily(
-        "invoicing_scheduled_job_last_run_timestamp_seconds",
+        metric_name("scheduled_job_last_run_timestamp_seconds"),
         "Unix time the job's last run started (absent before its first run).",
         labels=["job"],
     )
     failed = GaugeMetricFamily(
-        "invoicing_scheduled_job_last_run_failed",
+        metric_name("scheduled_job_last_run_failed"),
         "1 when the job's last finished run raised.",
         labels=["job"],
     )
@@ -333,7 +333,7 @@ def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
     """A breaker's state (one series per state, 1 for the current; ``unknown`` when Redis does not
     answer) and its consecutive failures."""
     states = GaugeMetricFamily(
-        "invoicing_breaker_state",
+        metric_name("breaker_state"),
         "Circuit breaker state: 1 for the current state, 0 for the others.",
         labels=["breaker", "state"],
     )
@@ -342,7 +342,7 @@ def breaker_metrics(breaker: BreakerProbe) -> list[Metric]:
     families: list[Metric] = [states]
     if breaker.failures is not None:
         failures = GaugeMetricFamily(
-            "invoicing_breaker_consecutive_failures",
+            metric_name("breaker_consecutive_failures"),
             "Consecutive failures the breaker has counted.",
             labels=["breaker"],
         )

@@ -19,7 +19,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connections
 from django.http import HttpRequest, JsonResponse
@@ -27,6 +26,7 @@ from django.views.decorators.http import require_safe
 
 from asyncwork.metrics import metrics_token_presented
 from asyncwork.probes import CheckResult, Probe, Reading, probe_read, probes_declared
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _checked(probe: Probe[Any]) -> Reading[CheckResult]:
 
 def health_report() -> tuple[bool, dict[str, Any]]:
     probes = probes_declared("check")
-    deadline = settings.HEALTH_TIMEOUT_SECONDS
+    deadline = asyncwork_settings.HEALTH_TIMEOUT_SECONDS
     pool = ThreadPoolExecutor(max_workers=len(probes), thread_name_prefix="health")
     try:
         futures = [pool.submit(_checked, probe) for probe in probes]
@@ -97,7 +97,10 @@ def health_status_shared() -> tuple[bool, str]:
     """Whether the deployment is healthy, and its status, from the report shared as above."""
     global _shared
     with _shared_lock:
-        if _shared is None or time.monotonic() - _shared[0] >= settings.HEALTH_CACHE_SECONDS:
+        if (
+            _shared is None
+            or time.monotonic() - _shared[0] >= asyncwork_settings.HEALTH_CACHE_SECONDS
+        ):
             healthy, report = _report()
             _shared = (time.monotonic(), healthy, str(report["status"]))
         return _shared[1], _shared[2]

@@ -24,11 +24,11 @@ from typing import Any
 
 from celery import bootsteps
 from celery.signals import worker_process_init, worker_process_shutdown
-from django.conf import settings
 from django.db import DatabaseError, connection
 
 from asyncwork import queues
 from asyncwork.periodic import PeriodicThread
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def heartbeat_owner() -> str:
 
 
 def lapse_seconds() -> float:
-    return float(settings.WORKER_HEARTBEAT_LAPSE_SECONDS)
+    return float(asyncwork_settings.WORKER_HEARTBEAT_LAPSE_SECONDS)
 
 
 def owner_lapsed_sql(*, owner: str, since: str) -> str:
@@ -149,7 +149,9 @@ def heartbeat_start(*, holding: Callable[[], list[dict[str, Any]]] | None = None
     global _running
     if _running is not None and _running.owner == heartbeat_owner():
         return
-    _running = Heartbeat(interval=float(settings.WORKER_HEARTBEAT_SECONDS), holding=holding)
+    _running = Heartbeat(
+        interval=float(asyncwork_settings.WORKER_HEARTBEAT_SECONDS), holding=holding
+    )
     _running.start()
 
 

@@ -12,8 +12,9 @@ import ipaddress
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
+
+from asyncwork.settings import asyncwork_settings
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -68,11 +69,13 @@ def _forwarded_client(forwarded: str, trusted_entries: tuple[str, ...]) -> str |
 
 
 def peer_is_trusted_proxy(request: HttpRequest) -> bool:
-    return _peer(request.META.get("REMOTE_ADDR") or "", tuple(settings.TRUSTED_PROXIES))[1]
+    return _peer(request.META.get("REMOTE_ADDR") or "", tuple(asyncwork_settings.TRUSTED_PROXIES))[
+        1
+    ]
 
 
 def client_address(request: HttpRequest) -> str | None:
-    trusted = tuple(settings.TRUSTED_PROXIES)
+    trusted = tuple(asyncwork_settings.TRUSTED_PROXIES)
     peer, from_proxy = _peer(request.META.get("REMOTE_ADDR") or "", trusted)
     if not from_proxy:
         return peer

@@ -1,10 +1,11 @@
-"""Log lines that say which event, invoice, task and attempt they belong to.
+"""Log lines that say which piece of work, task and attempt they belong to.
 
-Inside a log context (``log_context``; the webhook view opens one per delivery, the Celery
-signals below one per task run) every record carries its ``event_id`` and ``invoice_id``, and
-inside a task its ``task_id`` and ``attempt``. A context crosses the broker in a ``log_context``
-header, so an event's id reaches the worker that emails it, and every retry. Leaving a context
-restores the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
+Inside a log context (``log_context``, opened where work comes in, and by the Celery signals
+below for each task run) every record carries the fields the ``LOG_CONTEXT_FIELDS`` setting
+names (an application's ids, say an event's and an invoice's), and inside a task its ``task_id``
+and ``attempt``. A context crosses the broker in a ``log_context`` header, so an id given where
+the work came in reaches the worker that does it, and every retry. Leaving a context restores
+the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
 (``settings.LOGGING``); JSON lines have them as keys, ``TextFormatter`` appends ``name=value``.
 Celery configures no logging of its own (``celery_logging_keep``).
 
@@ -21,17 +22,29 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
+from functools import cache
 from typing import Any
 
 from celery import current_task
 from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
-from asyncwork.metrics import SUSPICIOUS_REQUESTS
+from asyncwork.metrics import suspicious_requests
+from asyncwork.settings import asyncwork_settings
 
-# The fields a log context may hold, and their order on a text line.
-CONTEXT_FIELDS = ("event_id", "invoice_id")
-FIELDS = (*CONTEXT_FIELDS, "task_id", "attempt")
+
+@cache
+def context_fields() -> tuple[str, ...]:
+    """The fields a log context may hold (read once, at first use)."""
+    return tuple(asyncwork_settings.LOG_CONTEXT_FIELDS)
+
+
+@cache
+def line_fields() -> tuple[str, ...]:
+    """The fields a text line appends, in this order."""
+    return (*context_fields(), "task_id", "attempt")
+
+
 HEADER = "log_context"
 
 _context: ContextVar[dict[str, Any] | None] = ContextVar("log_context", default=None)
@@ -55,7 +68,7 @@ def log_context_bind(**fields: Any) -> None:
 
 
 def _known(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if k in CONTEXT_FIELDS and v is not None}
+    return {k: v for k, v in fields.items() if k in context_fields() and v is not None}
 
 
 class ContextFilter(logging.Filter):
@@ -79,7 +92,7 @@ class SuspiciousRequestFilter(logging.Filter):
     without traceback, counted by kind (a class name, never client text: few label values)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        SUSPICIOUS_REQUESTS.labels(kind=record.name.rpartition(".")[2]).inc()
+        suspicious_requests().labels(kind=record.name.rpartition(".")[2]).inc()
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
         return True
@@ -171,7 +184,7 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         suffix = " ".join(
             f"{name}={value}"
-            for name in FIELDS
+            for name in line_fields()
             if (value := getattr(record, name, None)) is not None
         )
         if suffix:

@@ -3,7 +3,7 @@
 State (``StateCollector``, ``GET /metrics`` of the web process) is read from PostgreSQL and the
 brokers when Prometheus asks: exact, whichever process did the work. Its sources are the probes
 with ``metrics`` (``asyncwork.probes``); one that fails is left out and reported as
-``invoicing_metrics_source_up{source} 0``, after a database error the other database sources are
+``<prefix>metrics_source_up{source} 0``, after a database error the other database sources are
 skipped, and ``/metrics`` never answers 500.
 
 Events are counters per process group. With ``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn's
@@ -18,11 +18,11 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_init
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_safe
@@ -45,28 +45,40 @@ from asyncwork.http import (
     networks,
     peer_is_trusted_proxy,
 )
+from asyncwork.settings import asyncwork_settings, metric_name
 
 logger = logging.getLogger(__name__)
 
 # Every metric here is labelled: none writes a value (or a multiprocess file) until first used.
+# Each is made on first use, as its name reads the settings (a module never does as it loads).
 
-TASK_STARTS = Counter(
-    "invoicing_task_starts", "Task runs started by this worker, by task.", ["task"]
-)
-TASK_ATTEMPTS = Counter(
-    "invoicing_task_attempts",
-    "Task runs finished by this worker, by task and outcome: success, retry (a transient "
-    "failure, retried), deferred (dependency down; no attempt spent), failure "
-    "(dead-lettered), rejected (requeued).",
-    ["task", "outcome"],
-)
 
-SUSPICIOUS_REQUESTS = Counter(
-    "invoicing_http_suspicious_requests",
-    "Requests Django answered 400 as suspicious, by kind (the SuspiciousOperation): "
-    "DisallowedHost, a Host header not in ALLOWED_HOSTS.",
-    ["kind"],
-)
+@cache
+def task_starts() -> Counter:
+    return Counter(
+        metric_name("task_starts"), "Task runs started by this worker, by task.", ["task"]
+    )
+
+
+@cache
+def task_attempts() -> Counter:
+    return Counter(
+        metric_name("task_attempts"),
+        "Task runs finished by this worker, by task and outcome: success, retry (a transient "
+        "failure, retried), deferred (dependency down; no attempt spent), failure "
+        "(dead-lettered), rejected (requeued).",
+        ["task", "outcome"],
+    )
+
+
+@cache
+def suspicious_requests() -> Counter:
+    return Counter(
+        metric_name("http_suspicious_requests"),
+        "Requests Django answered 400 as suspicious, by kind (the SuspiciousOperation): "
+        "DisallowedHost, a Host header not in ALLOWED_HOSTS.",
+        ["kind"],
+    )
 
 
 class StateCollector:
@@ -77,7 +89,7 @@ class StateCollector:
 
         started = time.perf_counter()
         up = GaugeMetricFamily(
-            "invoicing_metrics_source_up",
+            metric_name("metrics_source_up"),
             "1 when the source answered in this scrape, 0 when it failed or was skipped.",
             labels=["source"],
         )
@@ -86,7 +98,7 @@ class StateCollector:
             yield from reading.shown or ()
         yield up
         yield GaugeMetricFamily(
-            "invoicing_metrics_scrape_duration_seconds",
+            metric_name("metrics_scrape_duration_seconds"),
             "Seconds the scrape-time sources took.",
             value=time.perf_counter() - started,
         )
@@ -109,7 +121,7 @@ def _event_registry() -> CollectorRegistry:
 def metrics_token_presented(request: HttpRequest) -> bool:
     """True when ``METRICS_TOKEN`` is set and the request carries it as a bearer token (compared in
     constant time). It opens ``/metrics`` and ``/health/``'s details."""
-    token = settings.METRICS_TOKEN
+    token = asyncwork_settings.METRICS_TOKEN
     if not token:
         return False
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
@@ -119,7 +131,7 @@ def metrics_token_presented(request: HttpRequest) -> bool:
 def _refusal(request: HttpRequest) -> HttpResponse | None:
     """None when the request may read /metrics: it has ``METRICS_TOKEN`` when set, else comes from
     ``METRICS_ALLOWED_NETWORKS`` (with no ``X-Forwarded-For`` unless via ``TRUSTED_PROXIES``)."""
-    if settings.METRICS_TOKEN:
+    if asyncwork_settings.METRICS_TOKEN:
         if metrics_token_presented(request):
             return None
         response = HttpResponse("bearer token required\n", status=401, content_type="text/plain")
@@ -129,7 +141,7 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     if "HTTP_X_FORWARDED_FOR" in request.META and not peer_is_trusted_proxy(request):
         return forbidden
     address = address_parse(client_address(request))
-    allowed = networks(tuple(settings.METRICS_ALLOWED_NETWORKS))
+    allowed = networks(tuple(asyncwork_settings.METRICS_ALLOWED_NETWORKS))
     if address is not None and address_within(address, allowed):
         return None
     return forbidden
@@ -159,7 +171,7 @@ def _task_name(task: Any) -> str:
 
 
 def _task_started(task: Any = None, **_: Any) -> None:
-    TASK_STARTS.labels(task=_task_name(task)).inc()
+    task_starts().labels(task=_task_name(task)).inc()
 
 
 def _task_finished(
@@ -170,7 +182,7 @@ def _task_finished(
     outcome = state.lower() if state in _OUTCOMES else "unknown"
     if outcome == "retry" and isinstance(getattr(retval, "exc", None), Deferred):
         outcome = "deferred"
-    TASK_ATTEMPTS.labels(task=_task_name(task), outcome=outcome).inc()
+    task_attempts().labels(task=_task_name(task), outcome=outcome).inc()
 
 
 def multiprocess_dir_reset() -> None:
@@ -190,7 +202,7 @@ _serving: list[int] = []
 
 def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
     """``worker_init``: serve the event counters on ``WORKER_METRICS_PORT``."""
-    port = settings.WORKER_METRICS_PORT
+    port = asyncwork_settings.WORKER_METRICS_PORT
     if not port or _serving:
         return
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -202,7 +214,7 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
             "pool's children cannot share their counts; not serving worker metrics"
         )
         return
-    address = settings.WORKER_METRICS_ADDR
+    address = asyncwork_settings.WORKER_METRICS_ADDR
     start_http_server(port, addr=address, registry=_event_registry())
     _serving.append(port)
     logger.info("worker metrics served on port %d of %s", port, address, extra={"port": port})

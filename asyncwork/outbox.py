@@ -20,10 +20,10 @@ import time
 import weakref
 from collections.abc import Iterable
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 from celery import current_app
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
@@ -34,6 +34,7 @@ from asyncwork import queues
 from asyncwork.audit import operator_action_record
 from asyncwork.jobs import job
 from asyncwork.models import OutboxMessage
+from asyncwork.settings import asyncwork_settings, metric_name
 
 logger = logging.getLogger(__name__)
 
@@ -42,24 +43,33 @@ logger = logging.getLogger(__name__)
 RELAY_BATCH_SIZE = 200
 RELAY_MAX_BATCHES = 50
 
-# Labelled, so importing this writes no series.
-OUTBOX_PUBLISH_LATENCY = Histogram(
-    "invoicing_outbox_publish_latency_seconds",
-    "Seconds from an outbox row's creation to its publish to the broker.",
-    ["queue"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
-)
-OUTBOX_PUBLISH_FAILURES = Counter(
-    "invoicing_outbox_publish_failures",
-    "Outbox publishes that failed (broker down or stalled); the relay retries the row.",
-    ["queue"],
-)
+# Labelled, so no series is written before a publish; made on first use (their names read the
+# settings).
+
+
+@cache
+def outbox_publish_latency() -> Histogram:
+    return Histogram(
+        metric_name("outbox_publish_latency_seconds"),
+        "Seconds from an outbox row's creation to its publish to the broker.",
+        ["queue"],
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
+    )
+
+
+@cache
+def outbox_publish_failures() -> Counter:
+    return Counter(
+        metric_name("outbox_publish_failures"),
+        "Outbox publishes that failed (broker down or stalled); the relay retries the row.",
+        ["queue"],
+    )
 
 
 def _published(message: OutboxMessage) -> None:
     """``message`` was just published: the time since its row was created."""
     age = time.time() - message.created_at.timestamp()
-    OUTBOX_PUBLISH_LATENCY.labels(queue=message.queue).observe(max(0.0, age))
+    outbox_publish_latency().labels(queue=message.queue).observe(max(0.0, age))
 
 
 def outbox_task_id(message_id: int) -> str:
@@ -138,7 +148,7 @@ def _producer() -> Any:
     a stalled or refusing broker costs a request at most ``OUTBOX_PUBLISH_TIMEOUT``."""
     producer = getattr(_local, "producer", None)
     if producer is None:
-        timeout = settings.OUTBOX_PUBLISH_TIMEOUT
+        timeout = asyncwork_settings.OUTBOX_PUBLISH_TIMEOUT
         options = {
             **current_app.conf.broker_transport_options,
             "socket_timeout": timeout,
@@ -192,7 +202,7 @@ def _send(message: OutboxMessage) -> Exception | None:
     kwargs = (
         dict(message.kwargs) if message.task_id else {**message.kwargs, "outbox_id": message.pk}
     )
-    timeout = settings.OUTBOX_PUBLISH_TIMEOUT
+    timeout = asyncwork_settings.OUTBOX_PUBLISH_TIMEOUT
     try:
         current_app.send_task(
             message.task,
@@ -214,7 +224,7 @@ def _send(message: OutboxMessage) -> Exception | None:
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
         _producer_drop()
-        OUTBOX_PUBLISH_FAILURES.labels(queue=message.queue).inc()
+        outbox_publish_failures().labels(queue=message.queue).inc()
         # For a broker's nack kombu's own error says nothing; its cause does.
         error = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
         logger.warning(
@@ -274,7 +284,9 @@ def _publish(rows: QuerySet[OutboxMessage], *, limit: int, actor: str | None = N
 def outbox_relay(*, grace: timedelta | None = None, batch_size: int | None = None) -> int:
     """Publish rows left unpublished past the grace period, batch by batch (concurrent runs split
     them). A scheduled row waits for its due time however old it is."""
-    grace = timedelta(seconds=settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
+    grace = (
+        timedelta(seconds=asyncwork_settings.OUTBOX_RELAY_GRACE_SECONDS) if grace is None else grace
+    )
     batch_size = batch_size or RELAY_BATCH_SIZE
     total = 0
     for _ in range(RELAY_MAX_BATCHES):

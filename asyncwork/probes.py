@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import redis
-from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count, Min
 from django.db.models.functions import Coalesce
@@ -32,6 +31,7 @@ from asyncwork.deadletters import dead_letters_waiting
 from asyncwork.jobs import jobs_declared
 from asyncwork.models import OutboxMessage, ScheduledJob
 from asyncwork.rabbitmq import BrokerUnreadable
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class OutboxProbe:
     def stale(self) -> bool:
         """The oldest row is older than ``OUTBOX_STALE_SECONDS``: jobs are not leaving."""
         age = self.oldest_age_seconds
-        return age is not None and age > settings.OUTBOX_STALE_SECONDS
+        return age is not None and age > asyncwork_settings.OUTBOX_STALE_SECONDS
 
 
 def outbox_backlog(*, now: datetime, cap: int) -> int:
@@ -72,7 +72,7 @@ def outbox_backlog(*, now: datetime, cap: int) -> int:
 
 
 def outbox_probe() -> OutboxProbe:
-    cap = settings.BACKPRESSURE_HARD_MARK
+    cap = asyncwork_settings.BACKPRESSURE_HARD_MARK
     now = timezone.now()
     # A due row has waited since its due time.
     oldest = (
@@ -107,7 +107,7 @@ class DlqProbe:
     @property
     def alerting(self) -> bool:
         """At or past ``DLQ_ALERT_THRESHOLD``, where ``dlq_alert`` mails the admins."""
-        return self.waiting >= settings.DLQ_ALERT_THRESHOLD
+        return self.waiting >= asyncwork_settings.DLQ_ALERT_THRESHOLD
 
 
 def dlq_probe() -> DlqProbe:
@@ -146,7 +146,7 @@ def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
     Redis; one passive declaration per queue on RabbitMQ (``asyncwork.rabbitmq``). Raises
     ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
     names = names or queues.watched()
-    if settings.BROKER_IS_RABBITMQ:
+    if asyncwork_settings.BROKER_IS_RABBITMQ:
         read = rabbitmq.queue_depths(names)
         return QueuesProbe(
             depths={name: ready for name, (ready, _) in read.items()},

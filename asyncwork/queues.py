@@ -14,8 +14,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.conf import settings
 from kombu import Exchange, Queue
+
+from asyncwork.settings import asyncwork_settings
 
 DEFAULT = "default"
 DLQ = "dlq"
@@ -43,7 +44,7 @@ def queue_declare(
     if ahead_of not in _queues:
         raise ValueError(f"queue {ahead_of!r} is not declared")
     _ahead[ahead_of] = name
-    if settings.BROKER_IS_RABBITMQ:
+    if asyncwork_settings.BROKER_IS_RABBITMQ:
         _folded[name] = ahead_of
         return name
     declared = list(_queues.items())
@@ -72,7 +73,7 @@ def _declaration(name: str) -> Queue:
     """A consumed queue as the broker declares it: on Redis a list; on RabbitMQ a durable quorum
     queue with a delivery limit (past it, onto ``dlq``), bound to a topic exchange of its own,
     through which Celery's delayed delivery routes a delayed message back."""
-    if not settings.BROKER_IS_RABBITMQ:
+    if not asyncwork_settings.BROKER_IS_RABBITMQ:
         return Queue(name)
     return Queue(
         name,
@@ -84,7 +85,7 @@ def _declaration(name: str) -> Queue:
             # Delivered this many times plus one: on the last delivery a worker dead-letters the
             # job instead of running it (asyncwork.tasks); should it die then too, RabbitMQ moves
             # the message onto dlq.
-            "x-delivery-limit": settings.BROKER_DELIVERY_LIMIT - 1,
+            "x-delivery-limit": asyncwork_settings.BROKER_DELIVERY_LIMIT - 1,
             "x-dead-letter-exchange": DLQ,
             "x-dead-letter-routing-key": DLQ,
         },
@@ -105,7 +106,7 @@ def dlq_declaration() -> Queue:
 def watched() -> tuple[str, ...]:
     """The queues whose depth an operator reads: those consumed and, on RabbitMQ, ``dlq``."""
     names = tuple(queue.name for queue in consumed())
-    return (*names, DLQ) if settings.BROKER_IS_RABBITMQ else names
+    return (*names, DLQ) if asyncwork_settings.BROKER_IS_RABBITMQ else names
 
 
 def pressure_queues() -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from django.conf import settings
 from kombu import Connection
 
 from asyncwork import queues
+from asyncwork.settings import asyncwork_settings
 
 
 class DeadLetterQueueDeclare(bootsteps.StartStopStep):
@@ -23,7 +24,7 @@ class DeadLetterQueueDeclare(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.connection:Connection",)
 
     def include_if(self, parent: Any) -> bool:
-        return bool(settings.BROKER_IS_RABBITMQ)
+        return bool(asyncwork_settings.BROKER_IS_RABBITMQ)
 
     def start(self, parent: Any) -> None:
         channel = parent.connection.channel()
@@ -74,7 +75,7 @@ class _Reader:
     def read(self, names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
         """Each queue's ready messages and consumers ((0, 0) if not declared yet), by passive
         declaration; ``BrokerUnreadable`` when RabbitMQ does not answer in time."""
-        timeout = settings.PROBE_TIMEOUT_SECONDS
+        timeout = asyncwork_settings.PROBE_TIMEOUT_SECONDS
         if not self.lock.acquire(timeout=timeout):
             raise BrokerUnreadable("another read of the broker is under way")
         try:

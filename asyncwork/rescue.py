@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
@@ -28,6 +27,7 @@ from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.jobs import job
 from asyncwork.models import WorkerHeartbeat
 from asyncwork.outbox import outbox_schedule
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class WorkersProbe:
 
 def workers_probe() -> WorkersProbe:
     """One query, on the database's clock. With rescue off, live means within three heartbeats."""
-    lapse = lapse_seconds() or 3 * float(settings.WORKER_HEARTBEAT_SECONDS)
+    lapse = lapse_seconds() or 3 * float(asyncwork_settings.WORKER_HEARTBEAT_SECONDS)
     fresh = Q(beat_at__gte=Now() - timedelta(seconds=lapse))
     rows = (
         WorkerHeartbeat.objects.values("hostname")

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 from celery import Task
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
@@ -32,6 +31,7 @@ from asyncwork.deadletters import dead_letter_record
 from asyncwork.errors import Deferred, PermanentError, RedeliveredTooOften, TransientError
 from asyncwork.models import DeadLetter
 from asyncwork.outbox import outbox_schedule
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ReliableTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # RabbitMQ counts a message's earlier deliveries (Redis does not: no header there).
         delivered = _header(self.request, "x-delivery-count", int)
-        if delivered is not None and delivered + 1 >= settings.BROKER_DELIVERY_LIMIT:
+        if delivered is not None and delivered + 1 >= asyncwork_settings.BROKER_DELIVERY_LIMIT:
             raise RedeliveredTooOften(
                 f"delivered {delivered + 1} times; the {delivered} before ended with no "
                 "outcome (the worker running it died or lost the broker)"

@@ -41,8 +41,9 @@ TIMING = {
     "CELERY_TASK_TIME_LIMIT": 20,
     "CELERY_TASK_SOFT_TIME_LIMIT": 15,
     "RECONCILE_QUIET_SECONDS": 40,
-    "OUTBOX_RELAY_GRACE_SECONDS": 2,
 }
+# ...the machinery's (ASYNCWORK)...
+TIMING_ASYNCWORK = {"OUTBOX_RELAY_GRACE_SECONDS": 2}
 # ...and operator settings (the environment).
 TIMING_ENV = {
     "EMAIL_RETRY_BACKOFF_BASE": "1",

@@ -185,12 +185,14 @@ STORAGES = {
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
 # X-Forwarded-For and -Proto count only from these peers (asyncwork/http.py); empty: never.
-_TRUSTED_PROXIES: list[str] = setting(
-    "TRUSTED_PROXIES",
-    [],
-    "addresses or networks of the proxies in front of the app (behind the edge: its address)",
-)
-TRUSTED_PROXIES = [entry.strip() for entry in _TRUSTED_PROXIES]
+_trusted_proxies = [
+    entry.strip()
+    for entry in setting(
+        "TRUSTED_PROXIES",
+        [],
+        "addresses or networks of the proxies in front of the app (behind the edge: its address)",
+    )
+]
 HTTPS_ONLY = setting(
     "DJANGO_SECURE_SSL_REDIRECT",
     not DEBUG,
@@ -202,7 +204,7 @@ CSRF_COOKIE_SECURE = HTTPS_ONLY
 SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS_ONLY else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
-if TRUSTED_PROXIES:
+if _trusted_proxies:
     # Set by the trusted proxy, replacing the client's (deploy/nginx does), dropped from any other
     # peer (asyncwork.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on redirects.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -384,11 +386,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
 }
 # RabbitMQ: quorum queues with a delivery limit (asyncwork/queues.py) and publisher confirms (a
 # row is published once the broker took it); a dead worker's message returns as it disconnects.
-BROKER_IS_RABBITMQ = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
-# RabbitMQ: deliveries of one message before it is dead-lettered as poison (asyncwork/tasks.py).
-# Returns that are no fault of the message (a restart) count too, hence more than a few.
-BROKER_DELIVERY_LIMIT = 10
-if BROKER_IS_RABBITMQ:
+_broker_is_rabbitmq = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
+if _broker_is_rabbitmq:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "confirm_publish": True,
         "connect_timeout": 1.0,
@@ -441,12 +440,6 @@ if EMAIL_PROVIDER_DEADLINE_SECONDS < EMAIL_BREAKER_RESET_SECONDS:
         "EMAIL_BREAKER_RESET_SECONDS must be at most a day (the provider deadline)."
     )
 
-# --- Outbox -----------------------------------------------------------------------------------
-# Rows younger than this are left to their on-commit publish; the relay takes the rest.
-OUTBOX_RELAY_GRACE_SECONDS = 10
-# Seconds a publish may wait on the broker before the row is left to the relay.
-OUTBOX_PUBLISH_TIMEOUT = 0.5
-
 # --- Scheduled jobs ---------------------------------------------------------------------------
 # Save each entry's last run after every dispatch, for a standby taking over.
 CELERY_BEAT_SYNC_EVERY = 1
@@ -468,39 +461,8 @@ if WEBHOOK_RETENTION_DAYS < 3:
 if WEBHOOK_BODY_RETENTION_DAYS < 1:
     raise ImproperlyConfigured("WEBHOOK_BODY_RETENTION_DAYS must be at least 1.")
 
-# --- Dead letters -----------------------------------------------------------------------------
-DLQ_ALERT_THRESHOLD = setting(
-    "DLQ_ALERT_THRESHOLD", 1, "waiting dead letters that raise the alert (ERROR line, mail)"
-)
-
-# --- Backpressure, health ---------------------------------------------------------------------
-# Backlog: the larger of unpublished outbox rows and messages waiting on the email queue.
-BACKPRESSURE_SOFT_MARK = setting(
-    "BACKPRESSURE_SOFT_MARK", 5000, "backlog at which events with no handler get 503"
-)
-BACKPRESSURE_HARD_MARK = setting(
-    "BACKPRESSURE_HARD_MARK", 50000, "backlog at which every webhook event gets 503"
-)
-# Seconds each process reuses its last measurement of the backlog: the check stays cheap.
-BACKPRESSURE_CHECK_SECONDS = 1.0
-# Seconds one backlog or health probe may wait on Redis or a PostgreSQL statement.
-PROBE_TIMEOUT_SECONDS = 0.5
-# Seconds GET /health/ waits for all its checks together; a check still running then fails.
-HEALTH_TIMEOUT_SECONDS = 2.0
-# An unpublished outbox row older than this fails /health/: the relay should have sent it.
-OUTBOX_STALE_SECONDS = 300
-# Seconds each process reuses its last /health/ report for anonymous callers.
-HEALTH_CACHE_SECONDS = 1.0
-
-if not 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK:
-    raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
-
-# --- Observability (asyncwork/metrics.py, asyncwork/logging.py) -------------------------------
-# Loopback by default: behind a load balancer or Docker's gateway every client is private.
-METRICS_TOKEN = setting(
-    "METRICS_TOKEN", "", "when set, /metrics and the full /health/ need Authorization: Bearer it"
-).strip()
-METRICS_ALLOWED_NETWORKS = [
+# --- The async machinery (ASYNCWORK; its keys and defaults: asyncwork/settings.py) -----------
+_metrics_allowed_networks = [
     entry.strip()
     for entry in setting(
         "METRICS_ALLOWED_NETWORKS",
@@ -508,21 +470,47 @@ METRICS_ALLOWED_NETWORKS = [
         "without a token, the client networks that may read /metrics",
     )
 ]
-# Each task-running process writes a heartbeat row this often (asyncwork.heartbeat)...
-WORKER_HEARTBEAT_SECONDS = 2.0
-# ...and a claim whose owner wrote none for this long (database clock; at least three
-# heartbeats) is taken over; 0: only the lease decides.
-WORKER_HEARTBEAT_LAPSE_SECONDS = 6.0
-WORKER_METRICS_PORT = setting(
-    "WORKER_METRICS_PORT", 0, "where a Celery worker serves its counters; 0: not served"
-)
-WORKER_METRICS_ADDR = setting(
-    "WORKER_METRICS_ADDR", "127.0.0.1", "the interface of that port (nothing authenticates it)"
-)
+ASYNCWORK: dict[str, Any] = {
+    # Backlog: the larger of unpublished outbox rows and messages waiting on the email queue.
+    "BACKPRESSURE_SOFT_MARK": setting(
+        "BACKPRESSURE_SOFT_MARK", 5000, "backlog at which events with no handler get 503"
+    ),
+    "BACKPRESSURE_HARD_MARK": setting(
+        "BACKPRESSURE_HARD_MARK", 50000, "backlog at which every webhook event gets 503"
+    ),
+    "BROKER_IS_RABBITMQ": _broker_is_rabbitmq,
+    "DLQ_ALERT_THRESHOLD": setting(
+        "DLQ_ALERT_THRESHOLD", 1, "waiting dead letters that raise the alert (ERROR line, mail)"
+    ),
+    # The metrics' and log lines' names this application has always had.
+    "METRIC_PREFIX": "invoicing_",
+    "LOG_CONTEXT_FIELDS": ["event_id", "invoice_id"],
+    # Loopback by default: behind a load balancer or Docker's gateway every client is private.
+    "METRICS_ALLOWED_NETWORKS": _metrics_allowed_networks,
+    "METRICS_TOKEN": setting(
+        "METRICS_TOKEN",
+        "",
+        "when set, /metrics and the full /health/ need Authorization: Bearer it",
+    ).strip(),
+    "REDIS_URL": REDIS_URL,
+    "TRUSTED_PROXIES": _trusted_proxies,
+    "WORKER_METRICS_PORT": setting(
+        "WORKER_METRICS_PORT", 0, "where a Celery worker serves its counters; 0: not served"
+    ),
+    "WORKER_METRICS_ADDR": setting(
+        "WORKER_METRICS_ADDR",
+        "127.0.0.1",
+        "the interface of that port (nothing authenticates it)",
+    ),
+}
 
+# The machinery's system checks (asyncwork/checks.py) run with manage.py; these stop every
+# process, gunicorn's and the workers' too, naming the variable.
+if not 0 < ASYNCWORK["BACKPRESSURE_SOFT_MARK"] <= ASYNCWORK["BACKPRESSURE_HARD_MARK"]:
+    raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")
 for _name, _entries in (
-    ("TRUSTED_PROXIES", TRUSTED_PROXIES),
-    ("METRICS_ALLOWED_NETWORKS", METRICS_ALLOWED_NETWORKS),
+    ("TRUSTED_PROXIES", _trusted_proxies),
+    ("METRICS_ALLOWED_NETWORKS", _metrics_allowed_networks),
 ):
     for _entry in _entries:
         try:

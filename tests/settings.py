@@ -85,6 +85,7 @@ os.environ.setdefault("STRIPE_LIVEMODE", "test")
 
 from core.settings import *  # noqa: E402, F403
 from core.settings import (  # noqa: E402
+    ASYNCWORK,
     CELERY_BROKER_TRANSPORT_OPTIONS,
     CELERY_VISIBILITY_TIMEOUT,
     DATABASES,
@@ -92,8 +93,7 @@ from core.settings import (  # noqa: E402
 )
 
 # A poison message is dead-lettered after three deliveries, not ten.
-BROKER_DELIVERY_LIMIT = 3
-OUTBOX_RELAY_GRACE_SECONDS = 0
+ASYNCWORK = {**ASYNCWORK, "BROKER_DELIVERY_LIMIT": 3, "OUTBOX_RELAY_GRACE_SECONDS": 0}
 # A process a test starts may take settings of its own that production reads from no
 # variable (timing scaled down, a URLconf): tests/helpers/processes.py worker_env(settings=...).
 globals().update(json.loads(os.environ.get("TEST_SETTINGS", "{}")))

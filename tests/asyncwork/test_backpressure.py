@@ -38,9 +38,12 @@ def queue_depth(name: str) -> int:
 @pytest.fixture
 def marks(settings: Any) -> Any:
     """Low marks, and a fresh measurement on every request."""
-    settings.BACKPRESSURE_CHECK_SECONDS = 0
-    settings.BACKPRESSURE_SOFT_MARK = 5
-    settings.BACKPRESSURE_HARD_MARK = 20
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_CHECK_SECONDS": 0,
+        "BACKPRESSURE_SOFT_MARK": 5,
+        "BACKPRESSURE_HARD_MARK": 20,
+    }
     return settings
 
 
@@ -135,12 +138,12 @@ def test_the_level_is_measured_at_most_once_per_interval(
     client: Client, marks: Any, quiet_email_queue: None
 ) -> None:
     assert deliver(client, ignored_event()).status_code == 200  # measured now: no backlog
-    marks.BACKPRESSURE_CHECK_SECONDS = 60
+    marks.ASYNCWORK = {**marks.ASYNCWORK, "BACKPRESSURE_CHECK_SECONDS": 60}
     assert deliver(client, ignored_event()).status_code == 200
     backlog(5)
 
     cached = deliver(client, ignored_event())  # within the interval: the last figures hold
-    marks.BACKPRESSURE_CHECK_SECONDS = 0
+    marks.ASYNCWORK = {**marks.ASYNCWORK, "BACKPRESSURE_CHECK_SECONDS": 0}
     remeasured = deliver(client, ignored_event())
 
     assert (cached.status_code, remeasured.status_code) == (200, 503)
@@ -194,8 +197,11 @@ def test_a_deep_email_queue_sheds_ignored_types(
     client: Client, marks: Any, email_messages: Callable[..., None]
 ) -> None:
     before = queue_depth(EMAIL_QUEUE)  # messages earlier tests' commits published
-    marks.BACKPRESSURE_SOFT_MARK = before + 6
-    marks.BACKPRESSURE_HARD_MARK = before + 100
+    marks.ASYNCWORK = {
+        **marks.ASYNCWORK,
+        "BACKPRESSURE_SOFT_MARK": before + 6,
+        "BACKPRESSURE_HARD_MARK": before + 100,
+    }
     email_messages(5)
     assert deliver(client, ignored_event()).status_code == 200
 
@@ -209,7 +215,7 @@ def test_a_deep_email_queue_sheds_ignored_types(
 
 def test_an_unmeasurable_backlog_sheds_nothing(client: Client, marks: Any) -> None:
     marks.CELERY_BROKER_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    marks.BACKPRESSURE_SOFT_MARK = 1
+    marks.ASYNCWORK = {**marks.ASYNCWORK, "BACKPRESSURE_SOFT_MARK": 1}
     event = ignored_event()
     assert deliver(client, event).status_code == 200
     assert stored(event)

@@ -282,7 +282,8 @@ def test_a_redis_that_accepts_but_never_answers_costs_a_caller_about_a_second() 
 def test_health_shows_the_email_breaker_degraded_while_open(settings: Any) -> None:
     from invoicing.services import email_breaker
 
-    settings.METRICS_TOKEN = "breaker-test-token"  # the whole report, not the status alone
+    # The whole report, not the status alone.
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": "breaker-test-token"}
     client = Client(HTTP_AUTHORIZATION="Bearer breaker-test-token")
     assert client.get("/health/").json()["checks"]["breaker"]["state"] == "closed"
     trip(email_breaker())

@@ -21,6 +21,7 @@ from django.test import Client
 from asyncwork import backpressure, health, queues
 from asyncwork.gauges import queues_figures
 from asyncwork.probes import BrokerUnreadable, queues_probe
+from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE
 from stack.net import wait_until
@@ -41,7 +42,7 @@ def _no_shared_report() -> Iterator[None]:
 
 @pytest.fixture
 def monitor(settings: Any) -> Client:
-    settings.METRICS_TOKEN = TOKEN
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": TOKEN}
     return Client(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
 
 
@@ -57,7 +58,7 @@ def silent_broker() -> Iterator[int]:
 
 
 def unreachable_url(settings: Any, port: int) -> str:
-    if settings.BROKER_IS_RABBITMQ:
+    if asyncwork_settings.BROKER_IS_RABBITMQ:
         return f"amqp://guest:guest@127.0.0.1:{port}/nowhere"
     return f"redis://127.0.0.1:{port}/0"
 
@@ -114,8 +115,11 @@ def test_a_depth_read_is_cheap() -> None:
 
 
 def test_backpressure_sheds_on_a_deep_queue(settings: Any) -> None:
-    settings.BACKPRESSURE_SOFT_MARK = 4
-    settings.BACKPRESSURE_HARD_MARK = 100
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_SOFT_MARK": 4,
+        "BACKPRESSURE_HARD_MARK": 100,
+    }
     assert backpressure.pressure_measure().queue_depth == 0
     for _ in range(5):
         app.send_task("core.nothing", queue=EMAIL_QUEUE)
@@ -142,7 +146,7 @@ def test_a_broker_that_does_not_answer_is_unknown_or_failing_fast(
     port = silent_broker if kind == "silent" else refused_port()
     working = settings.CELERY_BROKER_URL
     settings.CELERY_BROKER_URL = unreachable_url(settings, port)
-    limit = settings.PROBE_TIMEOUT_SECONDS * 2 + 1
+    limit = asyncwork_settings.PROBE_TIMEOUT_SECONDS * 2 + 1
 
     started = time.monotonic()
     with pytest.raises(BrokerUnreadable):
@@ -156,7 +160,7 @@ def test_a_broker_that_does_not_answer_is_unknown_or_failing_fast(
 
     started = time.monotonic()
     response = monitor.get("/health/")
-    assert time.monotonic() - started < settings.HEALTH_TIMEOUT_SECONDS + 1
+    assert time.monotonic() - started < asyncwork_settings.HEALTH_TIMEOUT_SECONDS + 1
     assert response.status_code == 503
     body = response.json()
     assert "broker" in body["failing"], body

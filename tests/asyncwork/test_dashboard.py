@@ -74,7 +74,7 @@ def delivery(key: str, *, state: str, sent_ago: timedelta | None = None) -> Emai
 def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and_metrics(
     viewer: Client, settings: Any
 ) -> None:
-    settings.METRICS_TOKEN = "dashboard-test-token"
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": "dashboard-test-token"}
     monitor = Client(HTTP_AUTHORIZATION="Bearer dashboard-test-token")
     recent = [
         delivery("invoice_email_sent", state="sent", sent_ago=timedelta(minutes=m)) for m in (5, 50)
@@ -210,9 +210,12 @@ def test_live_workers_are_shown_by_their_heartbeat(viewer: Client) -> None:
 def test_the_outbox_backlog_is_counted_up_to_the_hard_mark_everywhere(
     viewer: Client, settings: Any
 ) -> None:
-    settings.BACKPRESSURE_HARD_MARK = 5
-    settings.BACKPRESSURE_SOFT_MARK = 4
-    settings.METRICS_TOKEN = "dashboard-test-token"
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_HARD_MARK": 5,
+        "BACKPRESSURE_SOFT_MARK": 4,
+        "METRICS_TOKEN": "dashboard-test-token",
+    }
     monitor = Client(HTTP_AUTHORIZATION="Bearer dashboard-test-token")
     OutboxMessage.objects.bulk_create(
         OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(7)

@@ -208,7 +208,7 @@ def test_dlq_alert_logs_and_mails_once_per_period(
     caplog: pytest.LogCaptureFixture, settings: Any
 ) -> None:
     settings.ADMINS = [("Ops", "ops@example.com")]
-    settings.DLQ_ALERT_THRESHOLD = 2
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "DLQ_ALERT_THRESHOLD": 2}
     cache.delete("dlq-alert-sent")
     record("a")
     with caplog.at_level(logging.ERROR, logger="asyncwork.deadletters"):

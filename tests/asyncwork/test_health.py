@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from asyncwork import health, probes
 from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.settings import asyncwork_settings
 from invoicing.services import EMAIL_QUEUE
 from stack.net import free_port
 
@@ -53,7 +54,7 @@ def _no_shared_report() -> Iterator[None]:
 @pytest.fixture
 def monitor(settings: Any) -> Client:
     """A monitoring system presenting METRICS_TOKEN: it sees the whole report."""
-    settings.METRICS_TOKEN = TOKEN
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": TOKEN}
     return Client(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
 
 
@@ -127,7 +128,7 @@ def test_broker_unreachable_is_503_naming_broker(monitor: Client, settings: Any)
 def test_a_stale_unpublished_outbox_row_is_503_naming_outbox(
     monitor: Client, settings: Any
 ) -> None:
-    unpublished(age=timedelta(seconds=settings.OUTBOX_STALE_SECONDS + 60))
+    unpublished(age=timedelta(seconds=asyncwork_settings.OUTBOX_STALE_SECONDS + 60))
 
     response = monitor.get(HEALTH_URL)
 
@@ -136,7 +137,7 @@ def test_a_stale_unpublished_outbox_row_is_503_naming_outbox(
     assert body["failing"] == ["outbox"]
     outbox = body["checks"]["outbox"]
     assert outbox["unpublished"] == 1
-    assert outbox["oldest_unpublished_age_seconds"] > settings.OUTBOX_STALE_SECONDS
+    assert outbox["oldest_unpublished_age_seconds"] > asyncwork_settings.OUTBOX_STALE_SECONDS
 
 
 def test_a_young_backlog_is_healthy(monitor: Client) -> None:
@@ -151,8 +152,11 @@ def test_backlog_at_the_hard_mark_is_503_at_the_soft_mark_degraded(
 ) -> None:
     # Messages earlier tests' commits left on the email queue count too: stay above them.
     waiting = probes.queues_probe((EMAIL_QUEUE,)).depths[EMAIL_QUEUE]
-    settings.BACKPRESSURE_SOFT_MARK = waiting + 2
-    settings.BACKPRESSURE_HARD_MARK = waiting + 4
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_SOFT_MARK": waiting + 2,
+        "BACKPRESSURE_HARD_MARK": waiting + 4,
+    }
     unpublished(age=timedelta(seconds=1), count=waiting + 2)
     soft = monitor.get(HEALTH_URL)
     unpublished(age=timedelta(seconds=1), count=2)
@@ -169,7 +173,7 @@ def test_backlog_at_the_hard_mark_is_503_at_the_soft_mark_degraded(
 def test_dead_letters_past_the_threshold_degrade_but_stay_200(
     monitor: Client, settings: Any
 ) -> None:
-    settings.DLQ_ALERT_THRESHOLD = 1
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "DLQ_ALERT_THRESHOLD": 1}
     now = timezone.now()
     DeadLetter.objects.create(
         task="invoicing.send_invoice_email",
@@ -217,7 +221,7 @@ def check_declare(
 def test_a_check_past_the_deadline_fails_within_the_deadline(
     monitor: Client, settings: Any, extra_checks: None
 ) -> None:
-    settings.HEALTH_TIMEOUT_SECONDS = 0.5
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "HEALTH_TIMEOUT_SECONDS": 0.5}
 
     def slow() -> dict[str, Any]:
         time.sleep(3)
@@ -259,7 +263,7 @@ def test_only_get_and_head(client: Client) -> None:
 
 
 def test_anyone_else_gets_the_status_alone(client: Client, settings: Any) -> None:
-    settings.METRICS_TOKEN = TOKEN
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": TOKEN}
     healthy = client.get(HEALTH_URL)
     wrong_token = client.get(HEALTH_URL, HTTP_AUTHORIZATION="Bearer not-the-token")
     customer = Client()
@@ -302,7 +306,7 @@ def test_concurrent_anonymous_callers_share_one_run_of_the_checks(
 ) -> None:
     """Sixteen threads ask at once: the checks run once, every caller gets that result; again
     within HEALTH_CACHE_SECONDS: no new run; after it: one more."""
-    settings.HEALTH_CACHE_SECONDS = 1.0
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "HEALTH_CACHE_SECONDS": 1.0}
     runs: list[float] = []
     runs_lock = threading.Lock()
 

@@ -34,7 +34,8 @@ NAP_SECONDS = 4
 def test_the_jobs_a_killed_worker_held_run_elsewhere_once_its_heartbeat_lapsed(
     settings: Any,
 ) -> None:
-    settings.WORKER_HEARTBEAT_LAPSE_SECONDS = LAPSE  # the rescue runs in this process
+    # The rescue runs in this process.
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_HEARTBEAT_LAPSE_SECONDS": LAPSE}
     keys = [f"nap-{uuid.uuid4().hex}" for _ in range(2)]
     env = worker_env(
         0,

@@ -28,6 +28,7 @@ from asyncwork.deadletters import dead_letter_record, dead_letter_replay
 from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage
 from asyncwork.outbox import outbox_republish
+from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
@@ -57,9 +58,12 @@ def ignored_event() -> dict[str, Any]:
 def test_webhook_deliveries_are_counted_by_outcome(client: Client, settings: Any) -> None:
     # Backpressure measured on every request, soft at one unpublished row: once the payment
     # below is stored (its outbox row unpublished: no commit in this test), ignored types shed.
-    settings.BACKPRESSURE_CHECK_SECONDS = 0
-    settings.BACKPRESSURE_SOFT_MARK = 1
-    settings.BACKPRESSURE_HARD_MARK = 1000
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_CHECK_SECONDS": 0,
+        "BACKPRESSURE_SOFT_MARK": 1,
+        "BACKPRESSURE_HARD_MARK": 1000,
+    }
     payment = stripe_testing.encode(paid_event())
     before = scrape(client)
 
@@ -230,7 +234,7 @@ def test_a_source_that_cannot_answer_is_left_out_and_the_scrape_still_answers(
     """The outbox table locked by another transaction: its query hits the statement timeout,
     the later database sources are skipped, Redis sources still answer; an unreachable broker
     leaves out only the queue depth. Never a 500, never a long wait."""
-    settings.PROBE_TIMEOUT_SECONDS = 0.3
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "PROBE_TIMEOUT_SECONDS": 0.3}
     locked, release = threading.Event(), threading.Event()
 
     def lock_outbox() -> None:
@@ -274,13 +278,13 @@ def test_a_source_that_cannot_answer_is_left_out_and_the_scrape_still_answers(
 @pytest.mark.django_db
 def test_who_may_read_metrics(client: Client, settings: Any) -> None:
     # By default, loopback only: not the private ranges a balancer or Docker's gateway is in.
-    assert settings.METRICS_ALLOWED_NETWORKS == ["127.0.0.0/8", "::1/128"]
+    assert asyncwork_settings.METRICS_ALLOWED_NETWORKS == ["127.0.0.0/8", "::1/128"]
     assert client.get(METRICS_URL, REMOTE_ADDR="127.0.0.5").status_code == 200
     assert client.get(METRICS_URL, REMOTE_ADDR="::1").status_code == 200
     assert client.get(METRICS_URL, REMOTE_ADDR="::ffff:127.0.0.1").status_code == 200
     for outside in ("10.1.2.3", "172.17.0.1", "192.168.1.5", "fd00::1", "203.0.113.7"):
         assert client.get(METRICS_URL, REMOTE_ADDR=outside).status_code == 403, outside
-    settings.METRICS_ALLOWED_NETWORKS = ["10.0.0.0/8"]
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_ALLOWED_NETWORKS": ["10.0.0.0/8"]}
     assert client.get(METRICS_URL, REMOTE_ADDR="10.1.2.3").status_code == 200
     assert client.get(METRICS_URL, REMOTE_ADDR="::ffff:10.1.2.3").status_code == 200
     assert client.get(METRICS_URL, REMOTE_ADDR="::ffff:203.0.113.7").status_code == 403
@@ -289,7 +293,7 @@ def test_who_may_read_metrics(client: Client, settings: Any) -> None:
     proxied = client.get(METRICS_URL, REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="203.0.113.7")
     assert proxied.status_code == 403
     # From a trusted proxy, the client is the address it appended.
-    settings.TRUSTED_PROXIES = ["10.0.0.2"]
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "TRUSTED_PROXIES": ["10.0.0.2"]}
     for client_address, status in (("10.9.9.9", 200), ("203.0.113.7", 403)):
         response = client.get(
             METRICS_URL,
@@ -298,7 +302,7 @@ def test_who_may_read_metrics(client: Client, settings: Any) -> None:
         )
         assert response.status_code == status, client_address
     # A token, when set, is what counts, from anywhere.
-    settings.METRICS_TOKEN = "s3cret-token"
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": "s3cret-token"}
     assert client.get(METRICS_URL).status_code == 401
     assert client.get(METRICS_URL, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     allowed = client.get(
@@ -362,7 +366,7 @@ def test_worker_metrics_are_not_served_from_a_prefork_worker_without_a_shared_di
     settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     port = free_port()
-    settings.WORKER_METRICS_PORT = port
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_METRICS_PORT": port}
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     with caplog.at_level(logging.ERROR, logger="asyncwork.metrics"):
         metrics._worker_metrics_serve(sender=SimpleNamespace(pool_cls="prefork"))

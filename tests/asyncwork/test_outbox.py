@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
 from asyncwork.models import OutboxMessage
 from asyncwork.outbox import _producer_drop, outbox_relay, outbox_task_id
+from asyncwork.settings import asyncwork_settings
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
@@ -60,7 +60,7 @@ def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
     elapsed = time.monotonic() - started
 
     assert response.status_code == 200
-    assert elapsed < settings.OUTBOX_PUBLISH_TIMEOUT + 1.0
+    assert elapsed < asyncwork_settings.OUTBOX_PUBLISH_TIMEOUT + 1.0
     row = OutboxMessage.objects.get()
     assert row.published_at is None
     assert row.publish_attempts == 1

@@ -47,8 +47,11 @@ def unpublished(count: int, *, age: timedelta = timedelta(0)) -> list[OutboxMess
 
 
 def test_the_outbox_probe_counts_up_to_the_hard_mark_and_dates_the_oldest(settings: Any) -> None:
-    settings.BACKPRESSURE_HARD_MARK = 4
-    settings.OUTBOX_STALE_SECONDS = 300
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_HARD_MARK": 4,
+        "OUTBOX_STALE_SECONDS": 300,
+    }
     assert outbox_probe().unpublished == 0
     assert outbox_probe().oldest_age_seconds is None
     unpublished(2, age=timedelta(minutes=10))
@@ -137,12 +140,12 @@ def test_the_breaker_probe_reads_the_shared_state_and_says_unknown_without_redis
     assert (probe.name, probe.state, probe.failures) == ("email", "open", breaker.threshold)
     assert 0 < probe.retry_in <= breaker.reset_seconds
     assert probe.status == "degraded"
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     assert breaker_probe(email_breaker()).state == "unknown"
 
 
 def test_a_bounded_probe_gives_up_at_the_probe_timeout(settings: Any) -> None:
-    settings.PROBE_TIMEOUT_SECONDS = 0.2
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "PROBE_TIMEOUT_SECONDS": 0.2}
     with pytest.raises(OperationalError, match="statement timeout"), bounded():
         connection.cursor().execute("SELECT pg_sleep(2)")
 
@@ -150,7 +153,7 @@ def test_a_bounded_probe_gives_up_at_the_probe_timeout(settings: Any) -> None:
 def test_declared_probes_are_read_in_order_each_bounded_and_a_failure_hides_nothing(
     monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
-    settings.PROBE_TIMEOUT_SECONDS = 0.2
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "PROBE_TIMEOUT_SECONDS": 0.2}
     monkeypatch.setattr(probes, "_probes", {})
 
     def slow() -> int:

@@ -319,11 +319,12 @@ def test_a_bad_network_stops_start_up_naming_it(setting: str, entry: str) -> Non
 
 def test_trusted_proxies_are_read_as_networks() -> None:
     env = {**PRODUCTION, "TRUSTED_PROXIES": "10.0.0.2, 2001:db8::/32"}
-    trusted, header = settings_read("TRUSTED_PROXIES", "SECURE_PROXY_SSL_HEADER", env=env)
+    names = ("ASYNCWORK['TRUSTED_PROXIES']", "SECURE_PROXY_SSL_HEADER")
+    trusted, header = settings_read(*names, env=env)
     assert trusted == "['10.0.0.2', '2001:db8::/32']"
     assert header == "('HTTP_X_FORWARDED_PROTO', 'https')"
     # None by default: no header counts.
-    assert settings_read("TRUSTED_PROXIES", "SECURE_PROXY_SSL_HEADER", env=PRODUCTION) == [
+    assert settings_read(*names, env=PRODUCTION) == [
         "[]",
         "None",
     ]
@@ -339,7 +340,7 @@ _PRINT_BROKER = (
     "from django.conf import settings as s; from core.celery import app; "
     "from asyncwork import queues; o = app.conf.broker_transport_options; "
     "q = queues.consumed()[0]; "
-    "print(s.BROKER_IS_RABBITMQ, app.conf.broker_transport or '-', "
+    "print(s.ASYNCWORK['BROKER_IS_RABBITMQ'], app.conf.broker_transport or '-', "
     "o.get('confirm_publish', '-'), o.get('visibility_timeout', '-'), "
     "(q.queue_arguments or {}).get('x-queue-type', '-'), q.exchange.type or '-')"
 )

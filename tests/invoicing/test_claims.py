@@ -130,7 +130,7 @@ def test_a_live_owner_is_never_overtaken_and_a_gone_one_is_at_once(settings: Any
     """Ages by the database's clock (lapse 10 s here): a claim whose owner beats is held for
     its whole lease however old it is; once its owner's heartbeat lapsed it is taken over
     before its lease ends; an owner that never beat is given the lapse from its claim."""
-    settings.WORKER_HEARTBEAT_LAPSE_SECONDS = 10
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_HEARTBEAT_LAPSE_SECONDS": 10}
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
     beat("slow")
@@ -177,7 +177,7 @@ def test_nobody_is_judged_gone_while_nobody_could_beat() -> None:
 
 
 def test_rescue_by_heartbeat_off_leaves_the_lease_alone_to_decide(settings: Any) -> None:
-    settings.WORKER_HEARTBEAT_LAPSE_SECONDS = 0
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_HEARTBEAT_LAPSE_SECONDS": 0}
     invoice = paid_invoice()
     key = invoice_email_key(invoice)
     assert email_claim(invoice_id=invoice.pk, key=key, owner="gone").claim is not None

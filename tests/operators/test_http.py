@@ -81,7 +81,7 @@ RECURSIVE = ["10.0.0.0/24", "2001:db8:ffff::/48"]  # a network of proxies, one b
 def test_client_address(
     settings: Any, trusted: list[str], meta: dict[str, Any], expected: Any
 ) -> None:
-    settings.TRUSTED_PROXIES = trusted
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "TRUSTED_PROXIES": trusted}
     request = RequestFactory().get("/", **meta)
     assert client_address(request) == expected
 
@@ -161,7 +161,8 @@ def test_the_lock_is_per_username_and_address(admin_user: Any, limit: int) -> No
 def test_behind_a_proxy_the_trusted_hop_is_the_address(
     settings: Any, admin_user: Any, limit: int
 ) -> None:
-    settings.TRUSTED_PROXIES = ["127.0.0.1"]  # the test client's address
+    # The test client's address.
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "TRUSTED_PROXIES": ["127.0.0.1"]}
     for n in range(limit):
         # The client writes what it likes on the left; the proxy appends the real address.
         log_in(Client(), "wrong", HTTP_X_FORWARDED_FOR=f"198.51.100.{n}, 203.0.113.5")
@@ -184,7 +185,7 @@ def test_without_trusted_proxies_a_forged_header_does_not_escape_the_lock(
 
 
 def test_a_garbage_forwarded_header_is_no_500(settings: Any, admin_user: Any) -> None:
-    settings.TRUSTED_PROXIES = ["127.0.0.1"]
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "TRUSTED_PROXIES": ["127.0.0.1"]}
     response = log_in(Client(), "wrong", HTTP_X_FORWARDED_FOR="<script>, ::zz")
     assert response.status_code == 200
     assert AccessAttempt.objects.get().ip_address == "127.0.0.1"

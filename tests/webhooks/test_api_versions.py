@@ -81,7 +81,7 @@ def test_events_of_another_version_are_counted_once_by_version(client: Client) -
 @pytest.fixture
 def monitor(settings: Any) -> Iterator[Client]:
     """A monitoring system presenting METRICS_TOKEN: it sees /health/'s whole report."""
-    settings.METRICS_TOKEN = TOKEN
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": TOKEN}
     health._shared = None
     yield Client(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     health._shared = None

@@ -98,9 +98,12 @@ def test_without_a_handler_the_type_is_ignored_and_not_essential(
 def test_a_handled_type_is_essential_under_backpressure(
     client: Client, settings: Any, applied: list[tuple[str, Any]]
 ) -> None:
-    settings.BACKPRESSURE_CHECK_SECONDS = 0
-    settings.BACKPRESSURE_SOFT_MARK = 1
-    settings.BACKPRESSURE_HARD_MARK = 1000
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "BACKPRESSURE_CHECK_SECONDS": 0,
+        "BACKPRESSURE_SOFT_MARK": 1,
+        "BACKPRESSURE_HARD_MARK": 1000,
+    }
     OutboxMessage.objects.create(task="some.task", args=[1], queue=f"q-{uuid.uuid4().hex[:8]}")
     handled = customer_event("kept@example.com")
     assert post_event(client, stripe_testing.encode(handled)).status_code == 200

@@ -252,7 +252,7 @@ def test_the_operator_sees_each_run_and_each_recovered_event(
     assert "recovered_last_run=4" in line
     assert "stripe-events-reconcile" in screen.getvalue()  # the job's own row
 
-    settings.METRICS_TOKEN = "a-monitoring-token"
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": "a-monitoring-token"}
     monitor = Client(HTTP_AUTHORIZATION="Bearer a-monitoring-token")
     shown = monitor.get("/health/").json()["checks"]["stripe_reconcile"]
     assert shown["recovered_total"] == 7

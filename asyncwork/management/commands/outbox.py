@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from asyncwork.models import OutboxMessage
 from asyncwork.outbox import outbox_relay
+from asyncwork.settings import asyncwork_settings
 
 
 class Command(BaseCommand):
@@ -24,7 +24,8 @@ class Command(BaseCommand):
             type=float,
             default=None,
             metavar="SECONDS",
-            help=f"Only rows older than this (default {settings.OUTBOX_RELAY_GRACE_SECONDS}).",
+            help="Only rows older than this (default "
+            f"{asyncwork_settings.OUTBOX_RELAY_GRACE_SECONDS}).",
         )
         relay.add_argument("--batch-size", type=int, default=None, metavar="N")
         sub.add_parser("status", help="Count unpublished rows.")
