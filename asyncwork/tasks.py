@@ -1,7 +1,8 @@
-"""``ReliableTask``, the base of every job but the scheduled ones (``asyncwork.jobs``).
+"""``@reliable_task``, how every job but the scheduled ones (``asyncwork.jobs``) is declared:
+a Celery task on ``ReliableTask``, retried as its ``RetryPolicy`` says.
 
 * ``TransientError``, a lost database connection or a soft time limit is retried with backoff and
-  full jitter up to ``max_retries``; anything else, or the last attempt, is dead-lettered
+  full jitter, up to the policy's attempts; anything else, or the last attempt, is dead-lettered
   (``asyncwork.deadletters``), before the message is acknowledged (``acks_late``,
   ``reject_on_worker_lost``).
 * ``Deferred`` spends no attempt: ``defer()`` runs the job again after the cool-down, until a
@@ -18,10 +19,11 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from celery import Task
+from celery import Task, shared_task
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.utils import timezone
@@ -218,6 +220,44 @@ class ReliableTask(Task):
             first_failed_at=self._first_failed_at(),
             log_traceback=not declared,
         )
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a job retries a transient failure: ``attempts`` runs in all, the first included;
+    before run n + 1 it waits ``min(backoff_max, backoff * 2 ** (n - 1))`` seconds, a random part
+    of that (full jitter) unless ``jitter`` is off. The defaults: 5 attempts, 2 s doubling to at
+    most 10 minutes, jittered."""
+
+    attempts: int = 5
+    backoff: int = 2
+    backoff_max: int = 600
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.backoff < 1 or self.backoff_max < self.backoff:
+            raise ValueError(
+                "a retry policy needs attempts >= 1 and 1 <= backoff <= backoff_max (seconds)"
+            )
+
+
+def reliable_task(
+    *, name: str, retry: RetryPolicy = RetryPolicy(), **options: Any
+) -> Callable[[Callable[..., Any]], Any]:
+    """Declare a job: a Celery task on ``ReliableTask`` named ``name``, bound (its first parameter
+    is the task), retried as ``retry`` says; ``options`` are Celery's own (``soft_time_limit``,
+    ``time_limit``, ...). Its queue is the one whose ``queue_declare`` lists ``name``; what its
+    dead letters are about, its ``@dead_letter_describer``."""
+    return shared_task(
+        name=name,
+        bind=True,
+        base=ReliableTask,
+        max_retries=retry.attempts - 1,  # Celery counts retries, not attempts
+        retry_backoff=retry.backoff,
+        retry_backoff_max=retry.backoff_max,
+        retry_jitter=retry.jitter,
+        **options,
+    )
 
 
 def _job_headers(request: Any) -> dict[str, Any]:

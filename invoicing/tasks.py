@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from celery import shared_task
 from django.conf import settings
 from prometheus_client import Counter
 
 from asyncwork.errors import Deferred, PermanentError
 from asyncwork.heartbeat import heartbeat_owner
-from asyncwork.tasks import ReliableTask
+from asyncwork.tasks import ReliableTask, RetryPolicy, reliable_task
 from invoicing import services
 from invoicing.models import EmailDelivery
 
@@ -32,24 +31,24 @@ def _send(task: ReliableTask, *, invoice_id: int, key: str | None = None) -> str
     return result
 
 
-_EMAIL_TASK_OPTIONS = {
-    "bind": True,
-    "base": ReliableTask,
-    "max_retries": settings.EMAIL_MAX_ATTEMPTS - 1,  # Celery counts retries, not attempts
-    "retry_backoff": settings.EMAIL_RETRY_BACKOFF_BASE,
-    "retry_backoff_max": settings.EMAIL_RETRY_BACKOFF_MAX,
+EMAIL_RETRY = RetryPolicy(
+    attempts=settings.EMAIL_MAX_ATTEMPTS,
+    backoff=settings.EMAIL_RETRY_BACKOFF_BASE,
+    backoff_max=settings.EMAIL_RETRY_BACKOFF_MAX,
+)
+_EMAIL_TIME_LIMITS = {
     "soft_time_limit": settings.EMAIL_TASK_SOFT_TIME_LIMIT,
     "time_limit": settings.EMAIL_TASK_TIME_LIMIT,
 }
 
 
-@shared_task(name=services.SEND_INVOICE_EMAIL_TASK, **_EMAIL_TASK_OPTIONS)
+@reliable_task(name=services.SEND_INVOICE_EMAIL_TASK, retry=EMAIL_RETRY, **_EMAIL_TIME_LIMITS)
 def send_invoice_email(self: ReliableTask, invoice_id: int, outbox_id: int | None = None) -> str:
     """Email a paid invoice once. ``outbox_id`` only traces which outbox row published this."""
     return _send(self, invoice_id=invoice_id)
 
 
-@shared_task(name=services.RESEND_INVOICE_EMAIL_TASK, **_EMAIL_TASK_OPTIONS)
+@reliable_task(name=services.RESEND_INVOICE_EMAIL_TASK, retry=EMAIL_RETRY, **_EMAIL_TIME_LIMITS)
 def resend_invoice_email(self: ReliableTask, delivery_id: int, outbox_id: int | None = None) -> str:
     """Send a deliberate resend, once, under the key its request created."""
     delivery = EmailDelivery.objects.filter(pk=delivery_id).first()

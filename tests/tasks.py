@@ -16,7 +16,7 @@ from django.db import connection
 
 from asyncwork.errors import TransientError
 from asyncwork.jobs import JobTask, job_run
-from asyncwork.tasks import ReliableTask
+from asyncwork.tasks import ReliableTask, RetryPolicy, reliable_task
 
 DIVIDE = "tests.divide"
 CRASH = "tests.crash"
@@ -27,7 +27,7 @@ FAILING_JOB = "tests-failing-job"
 BACKEND_PID = "tests.backend_pid"
 
 
-@shared_task(bind=True, base=ReliableTask, name=DIVIDE, max_retries=4)
+@reliable_task(name=DIVIDE)
 def divide(self: ReliableTask, numerator: int, denominator: int) -> float:
     """A bug waiting for its input: ``denominator=0`` raises ZeroDivisionError, an exception
     class no task declares (neither permanent nor transient)."""
@@ -40,20 +40,17 @@ def failing_job() -> object:
     return job_run(name=FAILING_JOB, body=lambda: 1 / 0).result
 
 
-@shared_task(base=ReliableTask, name=CRASH)
-def crash() -> None:
+@reliable_task(name=CRASH)
+def crash(self: ReliableTask) -> None:
     """A poison message: kills the pool process running it, every time."""
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-@shared_task(
-    bind=True,
-    base=ReliableTask,
+@reliable_task(
     name=FLAKY,
-    max_retries=1,
-    retry_backoff=False,
-    retry_jitter=False,
-    default_retry_delay=FLAKY_RETRY_SECONDS,
+    retry=RetryPolicy(
+        attempts=2, backoff=FLAKY_RETRY_SECONDS, backoff_max=FLAKY_RETRY_SECONDS, jitter=False
+    ),
 )
 def flaky(self: Any, key: str) -> None:
     """Fails its first attempt (transient: retried in ``FLAKY_RETRY_SECONDS``), then records in
@@ -63,15 +60,7 @@ def flaky(self: Any, key: str) -> None:
     cache.set(key, self.request.retries + 1, timeout=300)
 
 
-@shared_task(
-    bind=True,
-    base=ReliableTask,
-    name=OUTAGE,
-    max_retries=1,
-    retry_backoff=False,
-    retry_jitter=False,
-    default_retry_delay=1,
-)
+@reliable_task(name=OUTAGE, retry=RetryPolicy(attempts=2, backoff=1, backoff_max=1, jitter=False))
 def outage(self: Any, key: str) -> None:
     """``flaky``, for a database outage timed by the test: counts its runs in the cache under
     ``<key>:runs`` (which the test sets to 0), and its first run fails only once ``<key>:go``
@@ -89,14 +78,14 @@ PID = "tests.pid"
 OVERRUN = "tests.overrun"
 
 
-@shared_task(base=ReliableTask, name=PID)
-def pid(key: str) -> None:
+@reliable_task(name=PID)
+def pid(self: ReliableTask, key: str) -> None:
     """Records in the cache under ``key`` the pid of the process that ran it."""
     cache.set(key, os.getpid(), timeout=300)
 
 
-@shared_task(base=ReliableTask, name=OVERRUN, soft_time_limit=1, time_limit=10)
-def overrun(key: str) -> None:
+@reliable_task(name=OVERRUN, soft_time_limit=1, time_limit=10)
+def overrun(self: ReliableTask, key: str) -> None:
     """Runs past its soft time limit (1 s) and records in the cache under ``key`` whether the
     limit interrupted it."""
     try:
@@ -110,8 +99,8 @@ def overrun(key: str) -> None:
 NAP = "tests.nap"
 
 
-@shared_task(base=ReliableTask, name=NAP)
-def nap(key: str, seconds: float) -> None:
+@reliable_task(name=NAP)
+def nap(self: ReliableTask, key: str, seconds: float) -> None:
     """Counts its runs in the cache under ``<key>:runs``, sleeps ``seconds``, then records
     under ``key`` the pid of the process that finished it."""
     cache.get_or_set(f"{key}:runs", 0, timeout=300)
@@ -123,8 +112,8 @@ def nap(key: str, seconds: float) -> None:
 HOLD = "tests.hold"
 
 
-@shared_task(base=ReliableTask, name=HOLD)
-def hold(key: str, seconds: float) -> None:
+@reliable_task(name=HOLD)
+def hold(self: ReliableTask, key: str, seconds: float) -> None:
     """Keeps its message unacknowledged (acks late) for ``seconds`` on its first run, then
     counts in the cache under ``key`` every run after it: what RabbitMQ's consumer timeout
     cuts off."""
@@ -134,8 +123,8 @@ def hold(key: str, seconds: float) -> None:
         cache.incr(key)
 
 
-@shared_task(base=ReliableTask, name=BACKEND_PID, soft_time_limit=1, time_limit=10)
-def backend_pid(key: str, sleep: float = 0) -> None:
+@reliable_task(name=BACKEND_PID, soft_time_limit=1, time_limit=10)
+def backend_pid(self: ReliableTask, key: str, sleep: float = 0) -> None:
     """Records in the cache under ``key`` the PostgreSQL backend serving this run's queries:
     which database connection the task ran on. With ``sleep``, a query of that many seconds
     comes first: past 1 s, its soft time limit interrupts the task in the middle of it, and
