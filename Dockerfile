@@ -21,13 +21,14 @@ WORKDIR /app
 # The runtime dependencies only (no [dev] extra), at the exact versions and hashes of
 # requirements/base.txt: pip refuses a download that differs from what was locked. Installed
 # before the code is copied, so a code change reuses this layer. psycopg[binary] brings its own
-# libpq: no compiler or system library is needed. Then the project itself, without touching its
-# dependencies; the code stays owned by root: the application cannot modify itself.
+# libpq: no compiler or system library is needed. Then the machinery's distribution
+# (packages/asyncwork) and the project itself, without touching their dependencies; the code
+# stays owned by root: the application cannot modify itself.
 COPY requirements/base.txt requirements/base.txt
 RUN pip install --require-hashes -r requirements/base.txt
 COPY . .
-RUN pip install --no-deps --no-build-isolation . \
- && rm -rf build ./*.egg-info
+RUN pip install --no-deps --no-build-isolation ./packages/asyncwork . \
+ && rm -rf build ./*.egg-info packages/asyncwork/build packages/asyncwork/*.egg-info
 
 # The static files (the admin's and the browsable API's), collected once here into
 # /app/staticfiles (STATIC_ROOT), under hashed names with gzip and Brotli copies, for the

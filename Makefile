@@ -1,6 +1,7 @@
 # The two set-up commands of the README, and the install they share: the exact versions and
 # hashes of requirements/dev.txt (a file pip refuses to install from if any download differs),
-# then the project itself, without touching its dependencies.
+# then the machinery's distribution (packages/asyncwork) and the project itself, without touching
+# their dependencies.
 PYTHON ?= python3
 # A pipe fails when any of its commands fails (pip piped through sed, below: pip's failure is make's).
 SHELL := /bin/bash
@@ -18,14 +19,15 @@ PYTEST_PROCESSES := -n 2 --dist loadfile
 
 # The first install takes a minute or two: each step says what it does, and pip names each
 # package as it takes it.
-$(STAMP): pyproject.toml requirements/dev.txt
+$(STAMP): pyproject.toml packages/asyncwork/pyproject.toml requirements/dev.txt
 	@echo "make: creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "make: installing requirements/dev.txt ($$(grep -c '^[a-z]' requirements/dev.txt) pinned packages)"
 	$(VENV)/bin/pip install --progress-bar off --disable-pip-version-check --require-hashes \
 		-r requirements/dev.txt | sed -u -n -E '/^(Collecting|Successfully installed)/p'
-	@echo "make: installing the project"
-	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@echo "make: installing the machinery's distribution (packages/asyncwork), then the project"
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+		-e packages/asyncwork -e .
 	touch $(STAMP)
 	@echo "make: $(VENV) is ready"
 

@@ -38,7 +38,7 @@ from stack import launch
 from stack.process import Process, Ready, stop_all
 from stack.smtp import Faults, Received, SmtpServer
 
-# The application's relay schedule (asyncwork/apps.py: every 15 s) and grace period
+# The application's relay schedule (asyncwork.apps: every 15 s) and grace period
 # (OUTBOX_RELAY_GRACE_SECONDS, 10 s by default), reproduced while a benchmark waits for emails.
 RELAY_EVERY = 15.0
 RELAY_GRACE = 10

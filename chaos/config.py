@@ -27,6 +27,7 @@ from chaos.faults import (
     WORKER_KILL,
     Step,
 )
+from stack.process import ROOT
 from stack.smtp import IN_WINDOW, OUTSIDE, Faults
 
 SAFE = "safe"
@@ -204,6 +205,9 @@ def app_env(
     return {
         **inherited,
         "PYTHONUNBUFFERED": "1",
+        # The machinery of this checkout (an ablation's worktree: patched), ahead of the one
+        # the virtualenv has installed.
+        "PYTHONPATH": str(ROOT / "packages" / "asyncwork"),
         "DJANGO_SETTINGS_MODULE": "chaos.settings",
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),

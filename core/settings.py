@@ -184,7 +184,7 @@ STORAGES = {
 }
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
-# X-Forwarded-For and -Proto count only from these peers (asyncwork/http.py); empty: never.
+# X-Forwarded-For and -Proto count only from these peers (asyncwork.http); empty: never.
 _trusted_proxies = [
     entry.strip()
     for entry in setting(
@@ -336,7 +336,7 @@ CELERY_BROKER_URL = setting(
     "redis://127.0.0.1:6379/0",
     "the broker: redis:// or, for RabbitMQ, amqp:// (docs/explanation/choosing-a-broker.md)",
 )
-# kombu's, but an unanswered acknowledgement still frees the prefetch slot (asyncwork/broker.py).
+# kombu's, but an unanswered acknowledgement still frees the prefetch slot (asyncwork.broker).
 # rediss:// keeps kombu's own: its TLS set-up keys on the scheme.
 if CELERY_BROKER_URL.startswith("redis://"):
     CELERY_BROKER_TRANSPORT = "asyncwork.broker:Transport"
@@ -363,7 +363,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Long-running workers grow; recycle pool processes before they do.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 5000
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = 256_000  # KiB
-# A task keeps the process's database connection, as a request does (asyncwork/db.py).
+# A task keeps the process's database connection, as a request does (asyncwork.db).
 CELERY_DB_REUSE_MAX = 1000
 
 # Redis: an unacknowledged message is redelivered after this; it must outlive every task's
@@ -381,10 +381,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "global_keyprefix": setting(
         "CELERY_BROKER_KEY_PREFIX", "", "prefix of every broker key: runs sharing a Redis"
     ),
-    # Queues in declared order (asyncwork/queues.py), not round robin: re-enqueued work first.
+    # Queues in declared order (asyncwork.queues), not round robin: re-enqueued work first.
     "queue_order_strategy": "priority",
 }
-# RabbitMQ: quorum queues with a delivery limit (asyncwork/queues.py) and publisher confirms (a
+# RabbitMQ: quorum queues with a delivery limit (asyncwork.queues) and publisher confirms (a
 # row is published once the broker took it); a dead worker's message returns as it disconnects.
 _broker_is_rabbitmq = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
 if _broker_is_rabbitmq:
@@ -417,7 +417,7 @@ EMAIL_CLAIM_LEASE_SECONDS = 90
 if EMAIL_RETRY_BACKOFF_BASE < 1 or EMAIL_RETRY_BACKOFF_MAX < 1:
     raise ImproperlyConfigured("EMAIL_RETRY_BACKOFF_BASE and _MAX must be at least 1 second.")
 
-# --- Circuit breaker on the email provider (asyncwork/breaker.py) -------------------------------
+# --- Circuit breaker on the email provider (asyncwork.breaker) --------------------------------
 EMAIL_BREAKER_FAILURE_THRESHOLD = setting(
     "EMAIL_BREAKER_FAILURE_THRESHOLD",
     5,
@@ -461,7 +461,7 @@ if WEBHOOK_RETENTION_DAYS < 3:
 if WEBHOOK_BODY_RETENTION_DAYS < 1:
     raise ImproperlyConfigured("WEBHOOK_BODY_RETENTION_DAYS must be at least 1.")
 
-# --- The async machinery (ASYNCWORK; its keys and defaults: asyncwork/settings.py) -----------
+# --- The async machinery (ASYNCWORK; its keys and defaults: asyncwork.settings) ---------------
 _metrics_allowed_networks = [
     entry.strip()
     for entry in setting(
@@ -504,7 +504,7 @@ ASYNCWORK: dict[str, Any] = {
     ),
 }
 
-# The machinery's system checks (asyncwork/checks.py) run with manage.py; these stop every
+# The machinery's system checks (asyncwork.checks) run with manage.py; these stop every
 # process, gunicorn's and the workers' too, naming the variable.
 if not 0 < ASYNCWORK["BACKPRESSURE_SOFT_MARK"] <= ASYNCWORK["BACKPRESSURE_HARD_MARK"]:
     raise ImproperlyConfigured("Need 0 < BACKPRESSURE_SOFT_MARK <= BACKPRESSURE_HARD_MARK.")

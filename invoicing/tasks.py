@@ -43,13 +43,13 @@ _EMAIL_TIME_LIMITS = {
 
 
 @reliable_task(name=services.SEND_INVOICE_EMAIL_TASK, retry=EMAIL_RETRY, **_EMAIL_TIME_LIMITS)
-def send_invoice_email(self: ReliableTask, invoice_id: int, outbox_id: int | None = None) -> str:
-    """Email a paid invoice once. ``outbox_id`` only traces which outbox row published this."""
+def send_invoice_email(self: ReliableTask, invoice_id: int) -> str:
+    """Email a paid invoice once."""
     return _send(self, invoice_id=invoice_id)
 
 
 @reliable_task(name=services.RESEND_INVOICE_EMAIL_TASK, retry=EMAIL_RETRY, **_EMAIL_TIME_LIMITS)
-def resend_invoice_email(self: ReliableTask, delivery_id: int, outbox_id: int | None = None) -> str:
+def resend_invoice_email(self: ReliableTask, delivery_id: int) -> str:
     """Send a deliberate resend, once, under the key its request created."""
     delivery = EmailDelivery.objects.filter(pk=delivery_id).first()
     if delivery is None:

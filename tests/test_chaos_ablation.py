@@ -64,7 +64,8 @@ def test_a_checkout_with_the_patch_applied_runs_only_with_that_net_named(
 ) -> None:
     assert net.patch is not None
     # The files every patch touches, as this revision has them, outside any repository.
-    for name in ("invoicing/jobs.py", "asyncwork/rescue.py", "asyncwork/beat.py"):
+    machinery = "packages/asyncwork/asyncwork"
+    for name in ("invoicing/jobs.py", f"{machinery}/rescue.py", f"{machinery}/beat.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     assert ablation.patches_mismatch([], tmp_path) is None
@@ -211,3 +212,24 @@ def test_the_table_shows_each_configuration_s_goals_and_recoveries(tmp_path: Pat
     assert "| 16.7 15.4 **31.9** 16.3 11 11.8 | " in rabbitmq
     assert " | 25.5 | 25.1 | " in rabbitmq
     assert f"revision {rabbitmq_run['revision'][:12]}" in rabbitmq
+
+
+def test_a_runs_processes_import_the_machinery_of_their_own_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worktree's patch to the machinery reaches the run: its processes import
+    ``packages/asyncwork`` of the checkout they run from, not the one the virtualenv installed."""
+    machinery = tmp_path / "packages" / "asyncwork" / "asyncwork"
+    machinery.mkdir(parents=True)
+    (machinery / "__init__.py").write_text("CHECKOUT = 'worktree'\n")
+    monkeypatch.setattr(config, "ROOT", tmp_path)
+    env = config.app_env(smtp_port=2525)
+    result = subprocess.run(
+        [sys.executable, "-c", "import asyncwork; print(asyncwork.CHECKOUT)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "worktree"

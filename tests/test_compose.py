@@ -435,9 +435,11 @@ def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
         line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
     ]
     assert lines[0].startswith("FROM python:3.11-slim")
-    # The locked runtime set with its hashes, then the project alone (tests/test_lock.py).
+    # The locked runtime set with its hashes, then the machinery and the project alone
+    # (tests/test_lock.py).
     assert re.search(r"^RUN pip install --require-hashes -r requirements/base.txt$", text, re.M)
-    assert re.search(r"^RUN pip install --no-deps --no-build-isolation \.(\s|$)", text, re.M)
+    pattern = r"^RUN pip install --no-deps --no-build-isolation \./packages/asyncwork \.(\s|$)"
+    assert re.search(pattern, text, re.M)
     installs = [line for line in lines if "pip install" in line]
     assert installs, "nothing is installed"
     assert not any("[dev]" in line or "-e " in line for line in installs), installs
@@ -469,7 +471,8 @@ def test_dockerfile_collects_the_static_files_at_build(
     installed = next(
         i
         for i, (kw, args) in enumerate(instructions)
-        if kw == "RUN" and "pip install --no-deps --no-build-isolation ." in args
+        if kw == "RUN"
+        and "pip install --no-deps --no-build-isolation ./packages/asyncwork ." in args
     )
     unprivileged = [kw for kw, _ in instructions].index("USER")
     assert installed < at < unprivileged

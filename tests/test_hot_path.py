@@ -59,7 +59,8 @@ def imports(file: str) -> set[str]:
 
 
 def module(file: str) -> str:
-    return file.removesuffix(".py").replace("/", ".")
+    # The machinery's files are under its distribution's directory (packages/asyncwork).
+    return file.removeprefix("packages/asyncwork/").removesuffix(".py").replace("/", ".")
 
 
 def test_the_hot_path_crosses_at_most_ten_modules_each_by_a_crossing_one_can_follow() -> None:
@@ -95,7 +96,7 @@ def test_the_email_task_s_name_is_declared_once() -> None:
     literal = '"invoicing.send_invoice_email"'
     holders = [
         str(path.relative_to(ROOT))
-        for app in ("core", "asyncwork", "operators", "invoicing", "webhooks")
+        for app in ("core", "packages/asyncwork/asyncwork", "operators", "invoicing", "webhooks")
         for path in (ROOT / app).rglob("*.py")
         if "migrations" not in path.parts and literal in path.read_text()
     ]

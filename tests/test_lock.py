@@ -32,8 +32,11 @@ def pins(name: str) -> dict[str, str]:
     return found
 
 
-def declared(extra: str | None = None) -> list[Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+MACHINERY = "packages/asyncwork/pyproject.toml"
+
+
+def declared(extra: str | None = None, pyproject: str = "pyproject.toml") -> list[Requirement]:
+    project = tomllib.loads((ROOT / pyproject).read_text())["project"]
     listed = project["optional-dependencies"][extra] if extra else project["dependencies"]
     return [Requirement(line) for line in listed]
 
@@ -56,6 +59,16 @@ def test_every_declared_dependency_is_pinned_within_its_range(
     assert "setuptools" in pinned
 
 
+def test_the_machinerys_dependencies_are_pinned_within_its_ranges() -> None:
+    """The machinery's distribution is installed beside the project with ``--no-deps``: the
+    runtime lock holds what it needs, within the ranges its own pyproject.toml declares."""
+    pinned = pins("base.txt")
+    for requirement in declared(pyproject=MACHINERY):
+        version = pinned.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} is not in base.txt"
+        assert requirement.specifier.contains(version), (requirement.name, version)
+
+
 def test_the_runtime_lock_is_the_dev_locks_runtime_part() -> None:
     base, dev = pins("base.txt"), pins("dev.txt")
     assert {name: dev.get(name) for name in base} == base
@@ -71,10 +84,10 @@ def test_this_environment_was_installed_from_the_dev_lock() -> None:
 def test_every_install_path_goes_through_the_lock_with_hashes() -> None:
     makefile = (ROOT / "Makefile").read_text().replace("\\\n\t\t", "")
     assert re.search(r"pip install [^\n]*--require-hashes -r requirements/dev\.txt", makefile)
-    assert "--no-deps --no-build-isolation -e ." in makefile
+    assert "--no-deps --no-build-isolation -e packages/asyncwork -e ." in makefile
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "pip install --require-hashes -r requirements/base.txt" in dockerfile
-    assert "pip install --no-deps --no-build-isolation ." in dockerfile
+    assert "pip install --no-deps --no-build-isolation ./packages/asyncwork ." in dockerfile
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 

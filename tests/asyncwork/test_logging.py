@@ -1,4 +1,4 @@
-"""Log lines carry event_id, invoice_id, task_id and attempt (asyncwork/logging.py), in the formats
+"""Log lines carry event_id, invoice_id, task_id and attempt (asyncwork.logging), in the formats
 settings.LOGGING configures: checked on lines the real pipeline writes, in this process and in
 a real worker process running with LOG_FORMAT=json."""
 

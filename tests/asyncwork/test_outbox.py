@@ -91,7 +91,6 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_i
         app.send_task(
             row.task,
             args=row.args,
-            kwargs={"outbox_id": row.pk},
             task_id=outbox_task_id(row.pk),
             queue=row.queue,
         )

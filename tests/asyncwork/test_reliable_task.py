@@ -4,11 +4,13 @@ tests/asyncwork/test_scheduled.py, with ``tests.flaky``'s two attempts 8 s apart
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
+from django.core.cache import cache
 
 from asyncwork.tasks import ReliableTask, RetryPolicy
 from invoicing.tasks import EMAIL_RETRY, resend_invoice_email, send_invoice_email
@@ -64,3 +66,12 @@ def test_the_waits_double_up_to_the_maximum_as_the_policy_says() -> None:
 def test_a_policy_that_cannot_run_is_refused(given: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="attempts >= 1 and 1 <= backoff <= backoff_max"):
         RetryPolicy(**given)
+
+
+def test_a_message_that_names_its_outbox_row_in_a_kwarg_still_runs() -> None:
+    """Messages published by earlier versions carry ``outbox_id`` among the kwargs; a job's
+    own parameters are its arguments alone, so the task runs without it."""
+    key = "legacy-outbox-kwarg"
+    result = test_tasks.pid.apply(kwargs={"key": key, "outbox_id": 3})
+    assert result.successful(), result.traceback
+    assert cache.get(key) == os.getpid()

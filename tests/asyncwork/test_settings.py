@@ -10,7 +10,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from asyncwork.checks import asyncwork_settings_check
-from asyncwork.settings import SETTINGS, asyncwork_settings, metric_name
+from asyncwork.settings import SETTINGS, asyncwork_settings, metric_name, settings_table
+from stack.process import ROOT
 
 
 def messages(settings: Any, **given: Any) -> list[tuple[str | None, str]]:
@@ -94,3 +95,9 @@ def test_manage_py_check_stops_on_a_wrong_key(settings: Any) -> None:
     settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKN": "x"}
     with pytest.raises(SystemCheckError, match=r"ASYNCWORK\['METRICS_TOKN'\] is not a setting"):
         call_command("check")
+
+
+def test_the_distributions_readme_lists_every_setting_with_its_default() -> None:
+    readme = (ROOT / "packages" / "asyncwork" / "README.md").read_text()
+    block = readme.split("checks it -->\n", 1)[1].split("\n<!-- end settings -->", 1)[0]
+    assert block == settings_table()

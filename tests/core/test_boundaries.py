@@ -14,7 +14,8 @@ from pathlib import Path
 from stack.process import ROOT
 
 DOMAINS = ("invoicing", "webhooks")
-MACHINERY = ("asyncwork", "operators")
+# Their source directories: the machinery is a distribution of its own.
+MACHINERY = ("packages/asyncwork/asyncwork", "operators")
 # A task name (or dotted module path) of a domain: "invoicing.send_invoice_email".
 _DOMAIN_NAME = re.compile(rf"\b(?:{'|'.join(DOMAINS)})\.[a-z_][a-z0-9_.]*")
 

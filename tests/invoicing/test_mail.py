@@ -248,7 +248,7 @@ def test_only_an_https_link_to_an_allowed_host_is_put_in_the_email(
                 assert "View or download the invoice" not in part
                 assert "evil" not in part
                 assert "script" not in part
-    # invoice_id: a field the log context puts on each record (asyncwork/logging.py).
+    # invoice_id: a field the log context puts on each record (asyncwork.logging).
     warnings = {r.invoice_id: r for r in caplog.records if r.name == "invoicing.mail"}  # type: ignore[attr-defined]
     invoices = dict(Invoice.objects.values_list("provider_invoice_id", "pk"))
     assert sorted(warnings) == sorted(invoices[f"in_url{i:02d}"] for i in range(1, len(urls)))

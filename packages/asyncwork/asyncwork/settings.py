@@ -110,3 +110,9 @@ def metric_name(name: str) -> str:
     """``name`` after the ``METRIC_PREFIX`` setting; a counter's name is fixed when it is made, as
     its module loads."""
     return f"{asyncwork_settings.METRIC_PREFIX}{name}"
+
+
+def settings_table() -> str:
+    """The settings as the Markdown table of the distribution's README."""
+    rows = [f"| `{key}` | `{s.default!r}` | {s.doc} |" for key, s in SETTINGS.items()]
+    return "\n".join(["| Key | Default | What it is |", "|---|---|---|", *rows])

@@ -198,17 +198,14 @@ def outbox_republish(*, ids: Iterable[int], actor: str) -> int:
 def _send(message: OutboxMessage) -> Exception | None:
     """Publish one row with ``send_task`` on this thread's producer. Returns the error instead of
     raising it, and drops the producer, whose connection may be half-broken."""
-    # A job's first message names the row it came from; a retry's keeps its kwargs as they were.
-    kwargs = (
-        dict(message.kwargs) if message.task_id else {**message.kwargs, "outbox_id": message.pk}
-    )
     timeout = asyncwork_settings.OUTBOX_PUBLISH_TIMEOUT
     try:
         current_app.send_task(
             message.task,
             args=list(message.args),
-            kwargs=kwargs,
+            kwargs=dict(message.kwargs),
             queue=message.queue,
+            # A job's first message is named after the row it came from.
             task_id=message.task_id or outbox_task_id(message.pk),
             # A retry's count and the headers its job carries on (asyncwork.tasks).
             retries=int(message.headers.get("retries", 0)),

@@ -56,6 +56,9 @@ class ReliableTask(Task):
     throws = (Exception,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Messages published by earlier versions named their outbox row in a kwarg (the task id
+        # names it): a job's own parameters are its arguments alone.
+        kwargs.pop("outbox_id", None)
         # RabbitMQ counts a message's earlier deliveries (Redis does not: no header there).
         delivered = _header(self.request, "x-delivery-count", int)
         if delivered is not None and delivered + 1 >= asyncwork_settings.BROKER_DELIVERY_LIMIT:
