@@ -50,6 +50,8 @@ test: lint
 	# Two test processes (pytest-xdist), each module's tests in one of them: most tests wait on
 	# real timeouts, and each process is a run of its own (tests/settings.py).
 	$(VENV)/bin/pytest $(PYTEST_PROCESSES)
+	# The machinery's own tests, on a small project of their own (packages/asyncwork/tests).
+	cd packages/asyncwork && ../../$(VENV)/bin/pytest
 	# The tests that prove the pipeline through the broker, again on RabbitMQ
 	# (tests/helpers/broker.py BOTH_BROKERS), in a virtual host each process creates and deletes.
 	TESTS_BROKER=rabbitmq $(VENV)/bin/pytest $(PYTEST_PROCESSES)

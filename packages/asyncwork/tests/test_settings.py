@@ -1,0 +1,95 @@
+"""The machinery's settings: one ``ASYNCWORK`` dict, a default for every key, and system checks
+whose messages name the key that is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from asyncwork.checks import asyncwork_settings_check
+from asyncwork.settings import SETTINGS, asyncwork_settings, metric_name
+
+
+def messages(settings: Any, **given: Any) -> list[tuple[str | None, str]]:
+    settings.ASYNCWORK = given
+    return [(error.id, error.msg) for error in asyncwork_settings_check()]
+
+
+def test_without_the_setting_every_key_has_its_default(settings: Any) -> None:
+    del settings.ASYNCWORK
+    assert {key: getattr(asyncwork_settings, key) for key in SETTINGS} == {
+        key: setting.default for key, setting in SETTINGS.items()
+    }
+    assert asyncwork_settings.METRIC_PREFIX == "asyncwork_"
+    assert metric_name("dlq_depth") == "asyncwork_dlq_depth"
+    assert asyncwork_settings_check() == []
+
+
+def test_a_key_given_wins_and_the_rest_keep_their_defaults(settings: Any) -> None:
+    settings.ASYNCWORK = {"DLQ_ALERT_THRESHOLD": 3}
+    assert asyncwork_settings.DLQ_ALERT_THRESHOLD == 3
+    assert SETTINGS["OUTBOX_STALE_SECONDS"].default == asyncwork_settings.OUTBOX_STALE_SECONDS
+    with pytest.raises(AttributeError, match="no setting 'DLQ_ALERT'"):
+        _ = asyncwork_settings.DLQ_ALERT
+
+
+def test_an_unknown_key_is_named_with_the_one_meant(settings: Any) -> None:
+    assert messages(settings, DLQ_ALERT_TRESHOLD=2) == [
+        ("asyncwork.E002", "ASYNCWORK['DLQ_ALERT_TRESHOLD'] is not a setting of asyncwork.")
+    ]
+    settings.ASYNCWORK = {"DLQ_ALERT_TRESHOLD": 2}
+    assert asyncwork_settings_check()[0].hint == "Did you mean 'DLQ_ALERT_THRESHOLD'?"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "must"),
+    [
+        ("DLQ_ALERT_THRESHOLD", 0, "a whole number, 1 or more"),
+        ("BACKPRESSURE_HARD_MARK", "50000", "a whole number, 1 or more"),
+        ("HEALTH_TIMEOUT_SECONDS", 0, "a number greater than 0"),
+        ("OUTBOX_RELAY_GRACE_SECONDS", -1, "a number, 0 or more"),
+        ("WORKER_METRICS_PORT", 70000, "a port number, 0 to 65535 (0: off)"),
+        ("BROKER_IS_RABBITMQ", "yes", "True or False"),
+        ("METRIC_PREFIX", None, "a string"),
+        (
+            "TRUSTED_PROXIES",
+            ["10.0.0.2", "edge"],
+            "a list of addresses or networks (like 10.0.0.2 or 10.0.0.0/24)",
+        ),
+        ("LOG_CONTEXT_FIELDS", ["event id"], "a list of field names (identifiers)"),
+    ],
+)
+def test_a_value_the_machinery_cannot_use_is_named_with_what_it_must_be(
+    settings: Any, key: str, value: Any, must: str
+) -> None:
+    assert messages(settings, **{key: value}) == [
+        ("asyncwork.E003", f"ASYNCWORK[{key!r}] is {value!r}: it must be {must}.")
+    ]
+
+
+def test_marks_out_of_order_are_named(settings: Any) -> None:
+    assert messages(settings, BACKPRESSURE_SOFT_MARK=100, BACKPRESSURE_HARD_MARK=10) == [
+        (
+            "asyncwork.E004",
+            "ASYNCWORK['BACKPRESSURE_SOFT_MARK'] (100) must be at most "
+            "ASYNCWORK['BACKPRESSURE_HARD_MARK'] (10).",
+        )
+    ]
+
+
+def test_not_a_dict_is_named(settings: Any) -> None:
+    settings.ASYNCWORK = [("DLQ_ALERT_THRESHOLD", 1)]
+    assert [error.id for error in asyncwork_settings_check()] == ["asyncwork.E001"]
+
+
+def test_the_test_projects_settings_pass(settings: Any) -> None:
+    assert asyncwork_settings_check() == []
+
+
+def test_manage_py_check_stops_on_a_wrong_key(settings: Any) -> None:
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKN": "x"}
+    with pytest.raises(SystemCheckError, match=r"ASYNCWORK\['METRICS_TOKN'\] is not a setting"):
+        call_command("check")
