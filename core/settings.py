@@ -562,10 +562,10 @@ REST_FRAMEWORK = {
         "operators.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # Staff, then what their permissions allow, as in the admin (operators/permissions.py).
+    # Staff, then what their permissions allow, as in the admin (asyncwork.permissions).
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAdminUser",
-        "operators.permissions.ModelPermissionsWithPowers",
+        "asyncwork.permissions.ModelPermissionsWithPowers",
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,

@@ -1,6 +1,6 @@
 """REST API for invoices (staff only): their payment email's status and attempts. Reading
 needs the view permission and a resend the ``invoicing.resend_invoice_email`` power too
-(``operators.permissions``)."""
+(``asyncwork.permissions``)."""
 
 from __future__ import annotations
 

@@ -326,6 +326,8 @@ def test_each_power_offers_its_own_action_only(queue: Any) -> None:
     replayer = admin_as(staff_user("replayer", perms=[*views, "asyncwork.replay_deadletter"]))
     assert action_choices(replayer.get(DEAD_LETTERS)) == ["replay_selected"]
     assert action_choices(replayer.get(OUTBOX)) == []
+    resolver = admin_as(staff_user("resolver", perms=[*views, "asyncwork.resolve_deadletter"]))
+    assert action_choices(resolver.get(DEAD_LETTERS)) == ["resolve_selected", "unresolve_selected"]
     republisher = admin_as(
         staff_user("republisher", perms=[*views, "asyncwork.republish_outboxmessage"])
     )
@@ -335,7 +337,11 @@ def test_each_power_offers_its_own_action_only(queue: Any) -> None:
 
 def test_a_replay_is_recorded_once_and_shown_on_the_dead_letter(staff: Client) -> None:
     waiting = letter()
-    assert action_choices(staff.get(DEAD_LETTERS)) == ["replay_selected"]
+    assert action_choices(staff.get(DEAD_LETTERS)) == [
+        "replay_selected",
+        "resolve_selected",
+        "unresolve_selected",
+    ]
 
     response = run_action(staff, DEAD_LETTERS, "replay_selected", [waiting.pk])
 
@@ -352,6 +358,46 @@ def test_a_replay_is_recorded_once_and_shown_on_the_dead_letter(staff: Client) -
     assert "Operator actions" in page
     assert "dead_letter.replay" in page
     assert "admin:op" in page
+
+
+def test_resolving_asks_why_on_a_page_with_the_count_then_files_the_letters_apart(
+    staff: Client,
+) -> None:
+    first, second, other = letter("t1"), letter("t2"), letter("t3")
+
+    page = run_action(staff, DEAD_LETTERS, "resolve_selected", [first.pk, second.pk])
+    text = page.content.decode()
+    assert "Resolve <strong>2</strong> dead letters" in text
+    assert 'name="why"' in text
+    assert DeadLetter.objects.filter(resolved_at__isnull=False).count() == 0
+
+    # Confirmed without a reason: the page again, nothing resolved.
+    chosen = {"action": "resolve_selected", "_selected_action": [first.pk, second.pk]}
+    again = staff.post(DEAD_LETTERS, {**chosen, "confirm": "1", "why": " "}, follow=True)
+    assert 'name="why"' in again.content.decode()
+    assert DeadLetter.objects.filter(resolved_at__isnull=False).count() == 0
+
+    done = staff.post(
+        DEAD_LETTERS, {**chosen, "confirm": "1", "why": "refunded by hand"}, follow=True
+    )
+    assert messages(done) == [("success", "Resolved 2 dead letter(s).")]
+    assert [row["id"] for row in rows(staff.get(f"{DEAD_LETTERS}?replayed=no"))] == [str(other.pk)]
+    resolved = rows(staff.get(f"{DEAD_LETTERS}?replayed=resolved"))
+    assert sorted(row["id"] for row in resolved) == sorted([str(first.pk), str(second.pk)])
+    assert all(
+        row["replayed_at"].startswith("resolved by admin:op at ")
+        and row["replayed_at"].endswith(": refunded by hand")
+        for row in resolved
+    )
+    assert sorted(OperatorAction.objects.values_list("action", "detail")) == [
+        ("dead_letter.resolve", "resolved: refunded by hand"),
+        ("dead_letter.resolve", "resolved: refunded by hand"),
+    ]
+    # The page of a resolved letter offers no Replay button; unresolving brings it back.
+    assert 'class="replay"' not in staff.get(f"{DEAD_LETTERS}{first.pk}/change/").content.decode()
+    undone = run_action(staff, DEAD_LETTERS, "unresolve_selected", [first.pk])
+    assert messages(undone) == [("success", "1 dead letter(s) wait again.")]
+    assert 'class="replay"' in staff.get(f"{DEAD_LETTERS}{first.pk}/change/").content.decode()
 
 
 def test_operator_actions_are_listed_read_only_with_filters_and_links(staff: Client) -> None:

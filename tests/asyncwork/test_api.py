@@ -159,6 +159,52 @@ def test_each_permission_opens_exactly_its_part(perms: list[str], read: int, rep
     assert OperatorAction.objects.count() == (1 if replay == 200 else 0)
 
 
+@pytest.mark.parametrize(
+    ("perms", "resolve"),
+    [
+        (["asyncwork.view_deadletter"], 403),
+        (["asyncwork.view_deadletter", "asyncwork.replay_deadletter"], 403),
+        (["asyncwork.view_deadletter", "asyncwork.resolve_deadletter"], 200),
+    ],
+)
+def test_resolving_needs_its_own_power(perms: list[str], resolve: int) -> None:
+    waiting = letter("t1")
+    client = api_as(staff_user("someone", perms=perms))
+    answer = client.post(f"/api/dead-letters/{waiting.pk}/resolve/", {"why": "refunded"})
+    assert answer.status_code == resolve
+    waiting.refresh_from_db()
+    assert (waiting.resolved_at is not None) == (resolve == 200)
+
+
+def test_a_resolved_letter_says_why_is_filtered_apart_and_is_not_replayed(
+    staff: APIClient,
+) -> None:
+    dropped, other = letter("t1"), letter("t2")
+    assert staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {}).json() == {
+        "why": "say why the job will not be run"
+    }
+    answer = staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {"why": "refunded"})
+    assert answer.json() == {"id": dropped.pk, "changed": True, "detail": "resolved"}
+    again = staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {"why": "refunded"})
+    assert again.json()["changed"] is False
+
+    shown = staff.get(f"/api/dead-letters/{dropped.pk}/").json()
+    assert (shown["resolved_by"], shown["resolved_why"]) == ("api:op", "refunded")
+    listed = staff.get("/api/dead-letters/?resolved=false").json()["results"]
+    assert [row["id"] for row in listed] == [other.pk]
+    assert staff.get("/api/dead-letters/?resolved=maybe").status_code == 400
+
+    replay = staff.post(f"/api/dead-letters/{dropped.pk}/replay/").json()
+    assert replay == {
+        "id": dropped.pk,
+        "replayed": False,
+        "detail": "resolved; unresolve it to replay it",
+    }
+    undone = staff.post(f"/api/dead-letters/{dropped.pk}/unresolve/").json()
+    assert undone == {"id": dropped.pk, "changed": True, "detail": "waits again"}
+    assert staff.post(f"/api/dead-letters/{dropped.pk}/replay/").json()["replayed"] is True
+
+
 def test_no_staff_no_api_whatever_the_permissions() -> None:
     waiting = letter("t1")
     assert APIClient().get("/api/dead-letters/").status_code in (401, 403)

@@ -1,4 +1,4 @@
-"""The API's default permission check (``operators.permissions``), on a viewset of its own: reading
+"""The API's default permission check (``asyncwork.permissions``), on a viewset of its own: reading
 needs the view permission, an action needs the power it declares, and an action that declares
 none is refused to every operator (only a superuser passes DRF's ``add_`` rule)."""
 

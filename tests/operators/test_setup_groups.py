@@ -1,5 +1,5 @@
 """``manage.py setup_groups``: "viewers" hold exactly the view permissions of the operators'
-apps, "operators" those and the five powers; a second run changes nothing, and a group changed
+apps, "operators" those and the six powers; a second run changes nothing, and a group changed
 by hand is set back."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ pytestmark = pytest.mark.django_db
 
 POWERS = {
     "asyncwork.replay_deadletter",
+    "asyncwork.resolve_deadletter",
     "asyncwork.republish_outboxmessage",
     "invoicing.resend_invoice_email",
     "invoicing.correct_invoice_recipient",
@@ -54,7 +55,8 @@ def test_the_two_groups_hold_exactly_what_they_should() -> None:
     assert perms("operators") == views | POWERS
     assert out.splitlines() == [
         f"viewers: {len(views)} permissions (created; added {len(views)}, removed 0)",
-        f"operators: {len(views) + 5} permissions (created; added {len(views) + 5}, removed 0)",
+        f"operators: {len(views) + len(POWERS)} permissions (created; "
+        f"added {len(views) + len(POWERS)}, removed 0)",
     ]
 
 

@@ -10,11 +10,13 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -23,12 +25,15 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
 from asyncwork.deadletters import (
+    WAITING,
     Subject,
     dead_letter_age,
     dead_letter_failure,
     dead_letter_replay,
     dead_letter_replay_state,
+    dead_letter_resolve,
     dead_letter_subjects,
+    dead_letter_unresolve,
 )
 from asyncwork.locks import lock_holder
 from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
@@ -67,17 +72,19 @@ admin.site.index_template = "admin/asyncwork/site_index.html"
 
 
 class ReplayStateFilter(admin.SimpleListFilter):
-    title = "replay state"
+    title = "state"
     parameter_name = "replayed"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("no", "Waiting"), ("yes", "Replayed")]
+        return [("no", "Waiting"), ("yes", "Replayed"), ("resolved", "Resolved")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "no":
-            return queryset.filter(replayed_at__isnull=True)
+            return queryset.filter(WAITING)
         if self.value() == "yes":
             return queryset.filter(replayed_at__isnull=False)
+        if self.value() == "resolved":
+            return queryset.filter(replayed_at__isnull=True, resolved_at__isnull=False)
         return queryset
 
 
@@ -126,9 +133,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     )
     list_display_links = ("id",)
     list_filter = ("reason", ReplayStateFilter, "task")
-    search_fields = ("task_id", "exception_message", "replayed_by")
+    search_fields = ("task_id", "exception_message", "replayed_by", "resolved_by", "resolved_why")
     date_hierarchy = "created_at"
-    actions = ["replay_selected"]
+    actions = ["replay_selected", "resolve_selected", "unresolve_selected"]
     fieldsets = (
         (
             None,
@@ -257,6 +264,60 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             self.message_user(
                 request, f"Skipped {len(result.skipped)} already replayed.", messages.WARNING
             )
+        if result.resolved:
+            self.message_user(
+                request,
+                f"Skipped {len(result.resolved)} resolved: unresolve one to replay it.",
+                messages.WARNING,
+            )
+
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        return has_power(request, DeadLetter, "resolve_deadletter")
+
+    @admin.action(description="Resolve selected dead letters…", permissions=["resolve"])
+    def resolve_selected(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        """A page first, with the count and a box for why; resolving on its submit."""
+        why = request.POST.get("why", "").strip()
+        if "confirm" in request.POST and why:
+            result = dead_letter_resolve(
+                ids=list(queryset.values_list("pk", flat=True)),
+                actor=admin_actor(request),
+                why=why,
+            )
+            self.message_user(
+                request, f"Resolved {len(result.changed)} dead letter(s).", messages.SUCCESS
+            )
+            if result.skipped:
+                self.message_user(
+                    request,
+                    f"Skipped {len(result.skipped)} replayed or resolved before.",
+                    messages.WARNING,
+                )
+            return None
+        letters = list(queryset.order_by("pk"))
+        return TemplateResponse(
+            request,
+            "admin/asyncwork/deadletter/resolve_confirmation.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"Resolve {len(letters)} dead letter(s)",
+                "opts": self.model._meta,
+                "letters": letters,
+                "count": len(letters),
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
+
+    @admin.action(description="Unresolve selected dead letters", permissions=["resolve"])
+    def unresolve_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        result = dead_letter_unresolve(
+            ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request)
+        )
+        self.message_user(
+            request, f"{len(result.changed)} dead letter(s) wait again.", messages.SUCCESS
+        )
 
 
 @admin.display(description="Last error")

@@ -1,5 +1,7 @@
-"""REST API for dead letters, staff only: list, read, replay (which needs the
-``asyncwork.replay_deadletter`` power, ``operators.permissions``, and is the admin's service).
+"""REST API for dead letters, staff only: list, read, replay (the ``asyncwork.replay_deadletter``
+power), resolve and unresolve (``asyncwork.resolve_deadletter``), each the admin's service; the
+powers are checked by ``asyncwork.permissions``, for staff only, whatever the project's default
+permissions.
 Each dead letter says what it was about (``subject``, null when its app does not say) and why it
 failed (``failure``).
 """
@@ -21,11 +23,19 @@ from drf_spectacular.utils import (
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from asyncwork.deadletters import dead_letter_failure, dead_letter_replay, dead_letter_subjects
+from asyncwork.deadletters import (
+    dead_letter_failure,
+    dead_letter_replay,
+    dead_letter_resolve,
+    dead_letter_subjects,
+    dead_letter_unresolve,
+)
 from asyncwork.models import DeadLetter
+from asyncwork.permissions import ModelPermissionsWithPowers
 
 SubjectSchema = inline_serializer(
     "Subject",
@@ -73,6 +83,9 @@ class DeadLetterSerializer(serializers.ModelSerializer[DeadLetter]):
             "created_at",
             "replayed_at",
             "replayed_by",
+            "resolved_at",
+            "resolved_by",
+            "resolved_why",
             "subject",
             "failure",
         )
@@ -89,17 +102,34 @@ ReplayResponse = inline_serializer(
 )
 
 
+ResolveResponse = inline_serializer(
+    "ResolveResponse",
+    {
+        "id": serializers.IntegerField(),
+        "changed": serializers.BooleanField(),
+        "detail": serializers.CharField(),
+    },
+)
+
+
 @extend_schema_view(
     list=extend_schema(
         parameters=[
             OpenApiParameter("reason", OpenApiTypes.STR, enum=list(DeadLetter.Reason.values)),
             OpenApiParameter("replayed", OpenApiTypes.BOOL),
+            OpenApiParameter("resolved", OpenApiTypes.BOOL),
         ]
     )
 )
 class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
     serializer_class = DeadLetterSerializer
-    action_permissions = {"replay": "asyncwork.replay_deadletter"}
+    # Staff, then what their permissions allow, whatever the project's default permissions.
+    permission_classes = [IsAdminUser, ModelPermissionsWithPowers]
+    action_permissions = {
+        "replay": "asyncwork.replay_deadletter",
+        "resolve": "asyncwork.resolve_deadletter",
+        "unresolve": "asyncwork.resolve_deadletter",
+    }
 
     def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
         # The subjects of everything serialised at once: a page of a list, or the one row.
@@ -125,6 +155,11 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
             if replayed not in {"true", "false"}:
                 raise ValidationError({"replayed": "true or false"})
             queryset = queryset.filter(replayed_at__isnull=replayed == "false")
+        resolved = self.request.query_params.get("resolved")
+        if resolved is not None:
+            if resolved not in {"true", "false"}:
+                raise ValidationError({"resolved": "true or false"})
+            queryset = queryset.filter(resolved_at__isnull=resolved == "false")
         return queryset
 
     @extend_schema(request=None, responses={200: ReplayResponse})
@@ -133,10 +168,36 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         letter = self.get_object()
         result = dead_letter_replay(ids=[letter.pk], actor=f"api:{request.user.get_username()}")
         replayed = letter.pk in result.replayed
-        return Response(
-            {
-                "id": letter.pk,
-                "replayed": replayed,
-                "detail": "replayed" if replayed else "already replayed; nothing done",
-            }
+        if replayed:
+            detail = "replayed"
+        elif letter.pk in result.resolved:
+            detail = "resolved; unresolve it to replay it"
+        else:
+            detail = "already replayed; nothing done"
+        return Response({"id": letter.pk, "replayed": replayed, "detail": detail})
+
+    @extend_schema(
+        request=inline_serializer("ResolveRequest", {"why": serializers.CharField()}),
+        responses={200: ResolveResponse},
+    )
+    @action(detail=True, methods=["post"])
+    def resolve(self, request: Request, pk: str | None = None) -> Response:
+        letter = self.get_object()
+        why = request.data.get("why") if hasattr(request.data, "get") else None
+        if not isinstance(why, str) or not why.strip():
+            raise ValidationError({"why": "say why the job will not be run"})
+        result = dead_letter_resolve(
+            ids=[letter.pk], actor=f"api:{request.user.get_username()}", why=why
         )
+        changed = letter.pk in result.changed
+        detail = "resolved" if changed else "replayed or resolved before; nothing done"
+        return Response({"id": letter.pk, "changed": changed, "detail": detail})
+
+    @extend_schema(request=None, responses={200: ResolveResponse})
+    @action(detail=True, methods=["post"])
+    def unresolve(self, request: Request, pk: str | None = None) -> Response:
+        letter = self.get_object()
+        result = dead_letter_unresolve(ids=[letter.pk], actor=f"api:{request.user.get_username()}")
+        changed = letter.pk in result.changed
+        detail = "waits again" if changed else "was not resolved; nothing done"
+        return Response({"id": letter.pk, "changed": changed, "detail": detail})

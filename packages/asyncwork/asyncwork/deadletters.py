@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -99,19 +99,31 @@ def dead_letter_record(
 class ReplayResult:
     replayed: list[int]
     skipped: list[int]  # already replayed
+    resolved: list[int] = field(default_factory=list)  # resolved: unresolve one to replay it
+
+
+WAITING = Q(replayed_at__isnull=True, resolved_at__isnull=True)
 
 
 def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
     """Re-enqueue the jobs of the given dead letters (all waiting if ``ids`` is None), each at most
-    once (one replayed before is skipped), recording each as an operator action of ``actor``."""
+    once (one replayed before is skipped, as is one resolved), recording each as an operator
+    action of ``actor``."""
     replayed: list[int] = []
     with transaction.atomic():
-        chosen = Q(pk__in=ids) if ids is not None else Q(replayed_at__isnull=True)
+        chosen = Q(pk__in=ids) if ids is not None else WAITING
         found = list(DeadLetter.objects.select_for_update().filter(chosen).order_by("pk"))
         skipped = [letter.pk for letter in found if letter.replayed_at is not None]
+        resolved = [
+            letter.pk
+            for letter in found
+            if letter.replayed_at is None and letter.resolved_at is not None
+        ]
         for letter in found:
             if letter.replayed_at is not None:
                 detail = f"skipped: already replayed by {letter.replayed_by or '?'}"
+            elif letter.resolved_at is not None:
+                detail = f"skipped: resolved by {letter.resolved_by or '?'}; unresolve it first"
             else:
                 letter.replay_outbox = outbox_enqueue(
                     task=letter.task, args=letter.args, kwargs=letter.kwargs
@@ -130,7 +142,62 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
             len(replayed),
             extra={"dead_letter_ids": replayed, "actor": actor},
         )
-    return ReplayResult(replayed=replayed, skipped=skipped)
+    return ReplayResult(replayed=replayed, skipped=skipped, resolved=resolved)
+
+
+@dataclass(frozen=True)
+class ResolveResult:
+    changed: list[int]
+    skipped: list[int]  # replayed, or already in the state asked for
+
+
+def dead_letter_resolve(*, ids: list[int], actor: str, why: str) -> ResolveResult:
+    """Mark the given dead letters resolved by ``actor`` because ``why``: they no longer wait (no
+    alert, no degraded health, not in ``replay --all``). One replayed or resolved before is
+    skipped. Each is recorded as an operator action."""
+    why = why.strip()
+    if not why:
+        raise ValueError("say why the dead letter is resolved")
+    changed: list[int] = []
+    skipped: list[int] = []
+    with transaction.atomic():
+        found = DeadLetter.objects.select_for_update().filter(pk__in=ids).order_by("pk")
+        for letter in found:
+            if letter.replayed_at is not None or letter.resolved_at is not None:
+                skipped.append(letter.pk)
+                continue
+            letter.resolved_at = timezone.now()
+            letter.resolved_by = actor[:150]
+            letter.resolved_why = why[:500]
+            letter.save(update_fields=["resolved_at", "resolved_by", "resolved_why"])
+            changed.append(letter.pk)
+            operator_action_record(
+                action="dead_letter.resolve", actor=actor, target=letter, detail=f"resolved: {why}"
+            )
+    return ResolveResult(changed=changed, skipped=skipped)
+
+
+def dead_letter_unresolve(*, ids: list[int], actor: str) -> ResolveResult:
+    """Undo ``dead_letter_resolve``: the given resolved dead letters wait again. Each is recorded
+    as an operator action, with the resolution it undid."""
+    changed: list[int] = []
+    skipped: list[int] = []
+    with transaction.atomic():
+        found = DeadLetter.objects.select_for_update().filter(pk__in=ids).order_by("pk")
+        for letter in found:
+            if letter.resolved_at is None:
+                skipped.append(letter.pk)
+                continue
+            undone = f"unresolved: was resolved by {letter.resolved_by}: {letter.resolved_why}"
+            letter.resolved_at = None
+            letter.resolved_by = ""
+            letter.resolved_why = ""
+            letter.save(update_fields=["resolved_at", "resolved_by", "resolved_why"])
+            changed.append(letter.pk)
+            operator_action_record(
+                action="dead_letter.unresolve", actor=actor, target=letter, detail=undone
+            )
+    return ResolveResult(changed=changed, skipped=skipped)
 
 
 def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
@@ -154,7 +221,8 @@ def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
 
 
 def dead_letters_waiting() -> QuerySet[DeadLetter]:
-    return DeadLetter.objects.filter(replayed_at__isnull=True)
+    """Neither replayed nor resolved: what the alert, health and ``replay --all`` count."""
+    return DeadLetter.objects.filter(WAITING)
 
 
 @job("dlq-alert", every=timedelta(minutes=5))
@@ -249,8 +317,12 @@ def dead_letter_age(letter: DeadLetter, *, now: datetime | None = None) -> str:
 
 
 def dead_letter_replay_state(letter: DeadLetter) -> str:
-    """``waiting``, or ``replayed by <actor> at <time>``."""
-    if letter.replayed_at is None:
-        return "waiting"
-    when = timezone.localtime(letter.replayed_at).strftime("%Y-%m-%d %H:%M %Z")
-    return f"replayed by {letter.replayed_by or '?'} at {when}"
+    """``waiting``, ``replayed by <actor> at <time>``, or ``resolved by <actor> at <time>: <why>``
+    (the operator's own words)."""
+    if letter.replayed_at is not None:
+        when = timezone.localtime(letter.replayed_at).strftime("%Y-%m-%d %H:%M %Z")
+        return f"replayed by {letter.replayed_by or '?'} at {when}"
+    if letter.resolved_at is not None:
+        when = timezone.localtime(letter.resolved_at).strftime("%Y-%m-%d %H:%M %Z")
+        return f"resolved by {letter.resolved_by or '?'} at {when}: {letter.resolved_why}"
+    return "waiting"

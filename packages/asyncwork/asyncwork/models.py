@@ -107,16 +107,24 @@ class DeadLetter(models.Model):
     replay_outbox = models.ForeignKey(
         OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Resolved: an operator decided the job will not run (the customer paid another way, the
+    # address cannot be fixed), and why. No longer waiting; reversible until replayed.
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True)
+    resolved_why = models.CharField(max_length=500, blank=True)
 
     class Meta:
         indexes = [
             models.Index(
                 fields=["created_at"],
                 name="deadletter_waiting_idx",
-                condition=Q(replayed_at__isnull=True),
+                condition=Q(replayed_at__isnull=True, resolved_at__isnull=True),
             ),
         ]
-        permissions = [("replay_deadletter", "Can replay dead letter")]
+        permissions = [
+            ("replay_deadletter", "Can replay dead letter"),
+            ("resolve_deadletter", "Can resolve dead letter"),
+        ]
 
     def __str__(self) -> str:
         return f"dead letter #{self.pk} {self.task}{tuple(self.args)} ({self.reason})"

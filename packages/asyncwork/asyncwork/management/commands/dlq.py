@@ -1,9 +1,10 @@
-"""``manage.py dlq list|replay|purge``: the dead-letter queue from the command line.
+"""``manage.py dlq list|replay|resolve|unresolve|purge``: the dead-letter queue from the command
+line.
 
 ``list`` prints one line per dead letter within 100 columns; ``--json`` prints every stored field
-plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay is the admin's and
-the API's service; replay and purge are recorded as operator actions of ``cli:<--actor or login
-name>``.
+plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay and resolve are the
+admin's and the API's services; every action is recorded as an operator action of
+``cli:<--actor or login name>``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from asyncwork.deadletters import (
     dead_letter_purge,
     dead_letter_replay,
     dead_letter_replay_state,
+    dead_letter_resolve,
     dead_letter_subjects,
+    dead_letter_unresolve,
+    dead_letters_waiting,
     duration_short,
 )
 from asyncwork.models import DeadLetter
@@ -119,14 +123,16 @@ def dead_letters_table(letters: Sequence[DeadLetter], subjects: dict[int, Subjec
 
 
 class Command(BaseCommand):
-    help = "List, replay or purge dead letters."
+    help = "List, replay, resolve or purge dead letters."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, title="actions")
         listing = sub.add_parser("list", help="List dead letters, newest first.")
         listing.add_argument("--json", action="store_true", help="Print a JSON list.")
         listing.add_argument(
-            "--waiting", action="store_true", help="Only dead letters not yet replayed."
+            "--waiting",
+            action="store_true",
+            help="Only dead letters neither replayed nor resolved.",
         )
         replay = sub.add_parser(
             "replay",
@@ -136,9 +142,21 @@ class Command(BaseCommand):
         )
         replay.add_argument("ids", nargs="*", type=int, metavar="ID")
         replay.add_argument(
-            "--all", action="store_true", help="Replay every dead letter not yet replayed."
+            "--all", action="store_true", help="Replay every dead letter still waiting."
         )
         cli_actor_argument(replay)
+        resolve = sub.add_parser(
+            "resolve",
+            help="Mark dead letters resolved: no longer waiting, not replayed.",
+            description="Mark dead letters resolved, saying why: they no longer count toward "
+            "the alert, /health/ or replay --all. Reversible with unresolve.",
+        )
+        resolve.add_argument("ids", nargs="+", type=int, metavar="ID")
+        resolve.add_argument("--why", required=True, help="Why the job will not be run.")
+        cli_actor_argument(resolve)
+        unresolve = sub.add_parser("unresolve", help="Make resolved dead letters wait again.")
+        unresolve.add_argument("ids", nargs="+", type=int, metavar="ID")
+        cli_actor_argument(unresolve)
         purge = sub.add_parser("purge", help="Delete old dead letters.")
         purge.add_argument(
             "--older-than",
@@ -153,10 +171,8 @@ class Command(BaseCommand):
         getattr(self, f"_{options['action']}")(options)
 
     def _list(self, options: dict[str, Any]) -> None:
-        letters = DeadLetter.objects.order_by("-created_at", "-pk")
-        if options["waiting"]:
-            letters = letters.filter(replayed_at__isnull=True)
-        rows = list(letters)
+        letters = dead_letters_waiting() if options["waiting"] else DeadLetter.objects.all()
+        rows = list(letters.order_by("-created_at", "-pk"))
         subjects = dead_letter_subjects(rows)
         if options["json"]:
             listed = [dead_letter_json(x, subjects.get(x.pk)) for x in rows]
@@ -185,8 +201,41 @@ class Command(BaseCommand):
             self.stdout.write(f"replayed dead letter {pk}")
         for pk in result.skipped:
             self.stdout.write(f"dead letter {pk} was already replayed; skipped")
+        for pk in result.resolved:
+            self.stdout.write(f"dead letter {pk} is resolved; unresolve it to replay it")
+        skipped = len(result.skipped) + len(result.resolved)
+        self.stdout.write(self.style.SUCCESS(f"{len(result.replayed)} replayed, {skipped} skipped"))
+
+    def _ids_known(self, ids: list[int]) -> None:
+        known = set(DeadLetter.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        unknown = sorted(set(ids) - known)
+        if unknown:
+            raise CommandError(f"no dead letter with id {', '.join(map(str, unknown))}")
+
+    def _resolve(self, options: dict[str, Any]) -> None:
+        self._ids_known(options["ids"])
+        if not options["why"].strip():
+            raise CommandError("say why with --why: the operators after you will read it")
+        result = dead_letter_resolve(
+            ids=options["ids"], actor=cli_actor(options["actor"]), why=options["why"]
+        )
+        for pk in result.changed:
+            self.stdout.write(f"resolved dead letter {pk}")
+        for pk in result.skipped:
+            self.stdout.write(f"dead letter {pk} was replayed or resolved before; skipped")
         self.stdout.write(
-            self.style.SUCCESS(f"{len(result.replayed)} replayed, {len(result.skipped)} skipped")
+            self.style.SUCCESS(f"{len(result.changed)} resolved, {len(result.skipped)} skipped")
+        )
+
+    def _unresolve(self, options: dict[str, Any]) -> None:
+        self._ids_known(options["ids"])
+        result = dead_letter_unresolve(ids=options["ids"], actor=cli_actor(options["actor"]))
+        for pk in result.changed:
+            self.stdout.write(f"dead letter {pk} waits again")
+        for pk in result.skipped:
+            self.stdout.write(f"dead letter {pk} was not resolved; skipped")
+        self.stdout.write(
+            self.style.SUCCESS(f"{len(result.changed)} unresolved, {len(result.skipped)} skipped")
         )
 
     def _purge(self, options: dict[str, Any]) -> None:
