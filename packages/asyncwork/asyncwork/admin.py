@@ -109,10 +109,10 @@ def _subject(letter: DeadLetter) -> Subject | None:
     return subject
 
 
-@admin.display(description="Replay", ordering="replayed_at")
+@admin.display(description="State", ordering="replayed_at")
 def replayed_at(letter: DeadLetter) -> str:
-    """The replay column in words. A function, not a method, so its column keeps the class
-    ``field-replayed_at`` (a method would lose to the model's field)."""
+    """The state column in words: waiting, replayed or resolved. A function, not a method, so
+    its column keeps the class ``field-replayed_at`` (a method would lose to the model's field)."""
     return dead_letter_replay_state(letter)
 
 

@@ -129,6 +129,8 @@ def test_the_command_line_resolves_unresolves_and_says_what_it_did() -> None:
     listed = manage("list", "--waiting")
     assert "no guest named cy" in listed
     assert "no guest named bob" not in listed
+    (row,) = [line for line in manage("list").splitlines() if "no guest named bob" in line]
+    assert " resolved " in row
     out = manage("replay", "--all", "--actor", "ops")
     assert out.splitlines() == [f"replayed dead letter {other.pk}", "1 replayed, 0 skipped"]
     out = manage("replay", str(dropped.pk), "--actor", "ops")

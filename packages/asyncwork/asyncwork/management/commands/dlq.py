@@ -100,11 +100,10 @@ def dead_letters_table(letters: Sequence[DeadLetter], subjects: dict[int, Subjec
     now = timezone.now()
     for letter in letters:
         subject = subjects.get(letter.pk)
-        replayed = (
-            "waiting"
-            if letter.replayed_at is None
-            else f"{duration_short((now - letter.replayed_at).total_seconds())} ago"
-        )
+        if letter.replayed_at is not None:
+            replayed = f"{duration_short((now - letter.replayed_at).total_seconds())} ago"
+        else:
+            replayed = "waiting" if letter.resolved_at is None else "resolved"
         lines.append(
             line(
                 [
