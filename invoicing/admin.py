@@ -44,7 +44,12 @@ from operators.admin import OperatorActionInline
 # A misclick on "select all" must not mail a whole customer base; more go through the API.
 RESEND_SELECTION_MAX = 100
 
-PROVIDER_FIELDS = (*(f.name for f in dataclasses.fields(InvoiceData)), "provider_updated_at")
+# As the provider sent them, but the amount as money ("20.00 USD"; the provider's minor units are
+# ``amount_paid``).
+PROVIDER_FIELDS = (
+    *("amount" if f.name == "amount_paid" else f.name for f in dataclasses.fields(InvoiceData)),
+    "provider_updated_at",
+)
 
 
 class EmailDeliveryInline(admin.TabularInline):

@@ -355,6 +355,9 @@ def test_a_replay_is_recorded_once_and_shown_on_the_dead_letter(staff: Client) -
     )
     assert recorded.detail == f"replayed: the job is outbox message {waiting.replay_outbox_id}"
     page = staff.get(f"{DEAD_LETTERS}{waiting.pk}/change/").content.decode()
+    # The page's title names the job as a call, with no Python tuple in it.
+    assert f"dead letter #{waiting.pk} core.does_not_exist(1) (permanent)" in page
+    assert "(1,)" not in page
     assert "Operator actions" in page
     assert "dead_letter.replay" in page
     assert "admin:op" in page

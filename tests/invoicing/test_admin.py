@@ -381,7 +381,7 @@ def test_every_provider_field_is_read_only_even_for_a_superuser() -> None:
         "number",
         "customer_email",
         "customer_name",
-        "amount_paid",
+        "amount",
         "currency",
         "status",
         "hosted_invoice_url",
@@ -391,6 +391,9 @@ def test_every_provider_field_is_read_only_even_for_a_superuser() -> None:
         assert f'name="{field}"' not in page, field
         assert f"field-{field}" in page, field  # shown, as text
     assert 'name="_save"' not in page
+    # The amount as money, not the provider's minor units.
+    assert re.search(r'field-amount\b.*?<div class="readonly">20\.00 USD</div>', page, re.S)
+    assert "field-amount_paid" not in page
     edited = root.post(
         f"{INVOICES}{paid.pk}/change/",
         {"customer_email": "evil@example.com", "status": "void", "amount_paid": "1"},

@@ -6,7 +6,6 @@ admin builds on are here too: ``ReadOnlyAdmin``, ``has_power`` and ``admin_actor
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin, messages
@@ -36,7 +35,7 @@ from asyncwork.deadletters import (
     dead_letter_unresolve,
 )
 from asyncwork.locks import lock_holder
-from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
+from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob, job_arguments
 from asyncwork.outbox import outbox_republish
 
 
@@ -180,7 +179,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def subject_link(self, obj: DeadLetter) -> str:
         subject = _subject(obj)
         if subject is None:
-            return f"{obj.task}({', '.join(json.dumps(arg) for arg in obj.args)})"
+            return f"{obj.task}({job_arguments(obj.args)})"
         if subject.url:
             return format_html('<a href="{}">{}</a>', subject.url, str(subject))
         return str(subject)

@@ -4,13 +4,20 @@ lost is a row before it is a message.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.db.models import Q
+
+
+def job_arguments(args: list[Any]) -> str:
+    """A job's arguments as a call writes them: ``7, "a"`` (JSON values, no tuple's comma)."""
+    return ", ".join(json.dumps(arg) for arg in args)
 
 
 class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
@@ -75,7 +82,7 @@ class OutboxMessage(models.Model):
         permissions = [("republish_outboxmessage", "Can republish outbox message")]
 
     def __str__(self) -> str:
-        return f"outbox #{self.pk} {self.task}{tuple(self.args)}"
+        return f"outbox #{self.pk} {self.task}({job_arguments(self.args)})"
 
 
 class DeadLetter(models.Model):
@@ -127,7 +134,7 @@ class DeadLetter(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"dead letter #{self.pk} {self.task}{tuple(self.args)} ({self.reason})"
+        return f"dead letter #{self.pk} {self.task}({job_arguments(self.args)}) ({self.reason})"
 
 
 class ScheduledJob(models.Model):
