@@ -33,15 +33,19 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from asyncwork.models import DeadLetter
+from asyncwork import jobs
+from asyncwork.beat import active_beat
+from asyncwork.models import DeadLetter, ScheduledJob
+from core.celery import app
 from invoicing.models import Invoice
 from operators.models import OperatorAction
-from stack.net import wait_until
+from stack import launch
+from stack.net import free_port, wait_until
 from stack.process import ROOT, Process
 from stack.smtp import SmtpServer
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice, staff_user
-from tests.helpers.processes import worker_thread
+from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_signed
 from tests.helpers.web import hashed_name
@@ -228,17 +232,43 @@ def test_the_operator_pages_are_styled_as_deployed(
         assert wait_until(lambda: DeadLetter.objects.count() == 1, timeout=30)
         smtp.handler.wait_for(1, timeout=20)
         sent = smtp.messages
-    assert [m["To"] for m in sent] == ["Ada Lovelace <ada@example.com>"]
-    ids = {
-        "invoice": Invoice.objects.get(customer_email="typo@exmaple.com").pk,
-        "letter": DeadLetter.objects.get().pk,
-    }
+        assert [m["To"] for m in sent] == ["Ada Lovelace <ada@example.com>"]
+        # A day as in production: every scheduled job has run, a beat leads and the worker is
+        # up while the pages are taken (the dashboard the docs show is a working one).
+        declared = [job.name for job in jobs.jobs_declared()]
+        for name in declared:
+            app.send_task(name)
+        assert wait_until(
+            lambda: (
+                ScheduledJob.objects.filter(name__in=declared, runs__gte=1).count() == len(declared)
+            ),
+            timeout=60,
+        )
+        beat = launch.celery_beat(worker_env(free_port()), name="browser-beat")
+        try:
+            assert wait_until(lambda: active_beat() is not None, timeout=30), beat.log_tail()
+            ids = {
+                "invoice": Invoice.objects.get(customer_email="typo@exmaple.com").pk,
+                "letter": DeadLetter.objects.get().pk,
+            }
+            pages_styled(operator, ids, collected_static)
+        finally:
+            beat.stop()
+
+
+def pages_styled(operator: Operator, ids: dict[str, int], collected_static: Path) -> None:
+    """Each page in DOCS_PAGES, styled as deployed and screenshotted; the dashboard shows every
+    job run and a beat leading."""
     stylesheet = "/static/" + hashed_name(collected_static, "admin/css/base.css")
     for page in DOCS_PAGES:
         operator.open(page.path.format(**ids))
         operator.wait.until(
             expected_conditions.presence_of_element_located((By.CSS_SELECTOR, page.content))
         )
+        if page.name == "dashboard":
+            text = operator.driver.find_element(By.CSS_SELECTOR, page.content).text
+            assert "never ran" not in text, text
+            assert "none: scheduled jobs are not dispatched" not in text, text
         # The page names the stylesheet by its hashed name, and the browser applied it.
         linked = operator.driver.execute_script(
             "return [...document.querySelectorAll('link[rel=stylesheet]')]"
