@@ -190,11 +190,7 @@ class Command(BaseCommand):
         if ids and options["all"]:
             raise CommandError("give dead letter IDs, or --all (not both)")
         if ids:
-            unknown = sorted(
-                set(ids) - set(DeadLetter.objects.filter(pk__in=ids).values_list("pk", flat=True))
-            )
-            if unknown:
-                raise CommandError(f"no dead letter with id {', '.join(map(str, unknown))}")
+            self._ids_known(ids)
         result = dead_letter_replay(ids=ids or None, actor=cli_actor(options["actor"]))
         for pk in result.replayed:
             self.stdout.write(f"replayed dead letter {pk}")
