@@ -233,6 +233,17 @@ def beat_figures(active: Holder | None) -> list[Figure]:
     ]
 
 
+def beat_metrics(active: Holder | None) -> list[Metric]:
+    return [
+        GaugeMetricFamily(
+            metric_name("beat_leader"),
+            "1 while a beat process holds the leader lock (dispatching the scheduled jobs), 0 "
+            "when none does.",
+            value=1.0 if active else 0.0,
+        )
+    ]
+
+
 probe_declare(
     Probe(
         "beat",
@@ -240,6 +251,7 @@ probe_declare(
         database=True,
         check=beat_check,
         critical=False,
+        metrics=beat_metrics,
         title="Beat",
         figures=beat_figures,
     )
@@ -257,8 +269,28 @@ def workers_figures(probe: WorkersProbe) -> list[Figure]:
     return figures
 
 
+def workers_metrics(probe: WorkersProbe) -> list[Metric]:
+    """Both series always, 0 included: no live process is the alert."""
+    family = GaugeMetricFamily(
+        metric_name("worker_processes"),
+        "Worker processes by heartbeat: live (beat within the lapse), lapsed (no beat for it, "
+        "never stopped cleanly; kept an hour).",
+        labels=["state"],
+    )
+    family.add_metric(["live"], probe.live)
+    family.add_metric(["lapsed"], probe.lapsed)
+    return [family]
+
+
 probe_declare(
-    Probe("workers", workers_probe, database=True, title="Workers", figures=workers_figures)
+    Probe(
+        "workers",
+        workers_probe,
+        database=True,
+        metrics=workers_metrics,
+        title="Workers",
+        figures=workers_figures,
+    )
 )
 
 
