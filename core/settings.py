@@ -5,6 +5,8 @@ line naming it (``core.startup``). The other defaults suit PostgreSQL and Redis 
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -76,6 +78,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "axes",
     "django_celery_beat",
+    # Email providers' APIs as backends, and their tracking webhooks (invoicing.bounces).
+    "anymail",
     # Before the domain apps, which fill asyncwork's registries in their ready().
     "operators",
     "asyncwork",
@@ -293,21 +297,48 @@ STRIPE_API_BASE = (
 STRIPE_API_TIMEOUT_SECONDS = 10
 
 # --- Email ------------------------------------------------------------------------------------
-# Django's SMTP backend, plus UTF-8 local parts sent with SMTPUTF8 (invoicing/mail.py).
-EMAIL_BACKEND = "invoicing.mail.EmailBackend"
+EMAIL_BACKEND = setting(
+    "EMAIL_BACKEND",
+    "invoicing.mail.EmailBackend",
+    "the email backend: the default is Django's SMTP backend plus UTF-8 local parts "
+    "(invoicing/mail.py); a provider's API through django-anymail, e.g. "
+    "anymail.backends.postmark.EmailBackend, takes its settings from ANYMAIL_*",
+)
 EMAIL_HOST = setting("EMAIL_HOST", "127.0.0.1", "the SMTP server")
 EMAIL_PORT = setting("EMAIL_PORT", 1025, "the SMTP server's port")
 EMAIL_HOST_USER = setting("EMAIL_HOST_USER", "", "SMTP authentication: the user")
 EMAIL_HOST_PASSWORD = setting("EMAIL_HOST_PASSWORD", "", "SMTP authentication: the password")
 EMAIL_USE_TLS = setting("EMAIL_USE_TLS", False, "STARTTLS (usually port 587)")
 EMAIL_USE_SSL = setting("EMAIL_USE_SSL", False, "TLS from the start (usually port 465)")
-EMAIL_TIMEOUT = setting("EMAIL_TIMEOUT", 10, "seconds for every SMTP socket operation")
+EMAIL_TIMEOUT = setting(
+    "EMAIL_TIMEOUT", 10, "seconds for every SMTP socket operation, or a provider API's request"
+)
 DEFAULT_FROM_EMAIL = setting(
     "DEFAULT_FROM_EMAIL",
     "Billing <billing@example.com>",
     "the sender of every email and alert; its domain ends every Message-ID",
 )
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
+
+
+def anymail_from_environment(environ: dict[str, str]) -> dict[str, Any]:
+    """django-anymail's ``ANYMAIL``: each ``ANYMAIL_<NAME>`` variable as ``ANYMAIL["<NAME>"]``
+    (``ANYMAIL_POSTMARK_SERVER_TOKEN`` -> ``POSTMARK_SERVER_TOKEN``). A value that is JSON (a
+    number, true or false, a list) is read as JSON, any other as text; a text that would read
+    as JSON is written in JSON's quotes. A provider API's request timeout is ``EMAIL_TIMEOUT``
+    (the send passes it to the backend)."""
+    anymail: dict[str, Any] = {}
+    for name, value in environ.items():
+        if name.startswith("ANYMAIL_") and name != "ANYMAIL_":
+            try:
+                anymail[name.removeprefix("ANYMAIL_")] = json.loads(value)
+            except ValueError:
+                anymail[name.removeprefix("ANYMAIL_")] = value
+    return anymail
+
+
+# Documented in docs/configuration.md and docs/operations.md ("Sending through a provider").
+ANYMAIL = anymail_from_environment(dict(os.environ))
 ADMINS = [
     ("Operator", a)
     for a in setting("DJANGO_ADMINS", [], "addresses that get the dead-letter alert mail")

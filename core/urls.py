@@ -15,6 +15,9 @@ urlpatterns = [
     path("", include("asyncwork.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhooks.urls")),
+    # The email provider's tracking webhooks (bounces, complaints), verified by django-anymail:
+    # webhooks/email/<provider>/tracking/ (invoicing.bounces receives them).
+    path("webhooks/email/", include("anymail.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/", include(api.urls)),
 ]

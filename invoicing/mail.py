@@ -1,6 +1,8 @@
-"""Building the invoice email and sending it, SMTP failures sorted for the task: transient
-(4xx, retried), unreachable (refused, reset, timeout, 421) or permanent (5xx, an invalid
-recipient: dead-lettered at once).
+"""Building the invoice email and sending it through ``EMAIL_BACKEND`` (SMTP, or a provider's
+API through django-anymail), its failures sorted for the task: transient (SMTP 4xx, HTTP 429:
+retried), unreachable (refused, reset, timed out, SMTP 421, HTTP 5xx: retried, and counted by
+the breaker) or permanent (SMTP 5xx, HTTP 4xx, an invalid or refused recipient: dead-lettered at
+once, the recipient's failures as ``RecipientRejected``).
 
 A signed event is authentic, not harmless: the recipient is validated (email-validator), the
 name and number lose every character Python's email package breaks a header line on, and the
@@ -10,6 +12,7 @@ hosted URL is linked only over https to a host in ``INVOICE_URL_ALLOWED_HOSTS``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -29,6 +32,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import email_validator
+import requests
+from anymail.exceptions import (
+    AnymailAPIError,
+    AnymailError,
+    AnymailInvalidAddress,
+    AnymailRecipientsRefused,
+)
 from celery.signals import worker_process_shutdown
 from django.conf import settings
 from django.core.mail import EmailMessage, EmailMultiAlternatives, get_connection
@@ -40,6 +50,9 @@ from asyncwork.errors import PermanentError, TransientError, Unreachable
 from invoicing.models import Invoice
 
 logger = logging.getLogger(__name__)
+
+# The metadata name a provider keeps a message's delivery key under (anymail's ``metadata``).
+DELIVERY_KEY_METADATA = "delivery_key"
 
 # A thread's kept SMTP connection is replaced after this many messages or seconds.
 CONNECTION_MAX_MESSAGES = 100
@@ -74,23 +87,28 @@ def header_text(value: str) -> str:
     return " ".join(_CONTROLS.sub(" ", text_storable(value)).split())
 
 
+class RecipientRejected(PermanentError):
+    """The recipient's address is the failure: invalid, refused by the server or the provider,
+    or bounced. Correcting the recipient is the fix; a replay without it fails again."""
+
+
 def recipient_address(*, email: str, name: str) -> str:
-    """The To address for ``email`` with ``name`` as its display name, or ``PermanentError``.
+    """The To address for ``email`` with ``name`` as its display name, or ``RecipientRejected``.
     A line break in the address is not repaired: guessing could mail a stranger."""
     address = email.strip()
     if not address:
-        raise PermanentError("invoice has no customer email")
+        raise RecipientRejected("invoice has no customer email")
     if _CONTROLS.search(address):
-        raise PermanentError(
+        raise RecipientRejected(
             "header injection in customer email: a line break or control character in it"
         )
     if "\ufffd" in address:
         # What a lone surrogate was stored as: no mailbox is named that.
-        raise PermanentError(f"invalid recipient address {address!r}: it held unencodable text")
+        raise RecipientRejected(f"invalid recipient address {address!r}: it held unencodable text")
     try:
         valid = email_validator.validate_email(address, check_deliverability=False)
     except email_validator.EmailNotValidError as exc:
-        raise PermanentError(f"invalid recipient address {address!r}: {exc}") from exc
+        raise RecipientRejected(f"invalid recipient address {address!r}: {exc}") from exc
     if valid.ascii_email:
         # Any server takes this: the domain as IDNA (xn--...), the local part as given.
         username, domain = valid.ascii_local_part, valid.ascii_domain
@@ -137,8 +155,10 @@ def invoice_url(invoice: Invoice) -> str:
     return url
 
 
-def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlternatives:
-    """The paid-invoice email, to ``invoice.recipient``."""
+def invoice_email_build(*, invoice: Invoice, message_id: str, key: str) -> EmailMultiAlternatives:
+    """The paid-invoice email, to ``invoice.recipient``; a provider's backend (django-anymail)
+    sends its delivery ``key`` as the message's metadata, which its tracking events carry back
+    (``invoicing.bounces``). SMTP sends no metadata."""
     to = recipient_address(email=invoice.recipient, name=invoice.customer_name)
     context = {
         "name": header_text(invoice.customer_name),
@@ -156,6 +176,7 @@ def invoice_email_build(*, invoice: Invoice, message_id: str) -> EmailMultiAlter
     message.attach_alternative(
         render_to_string("invoicing/email/invoice_paid.html", context), "text/html"
     )
+    message.metadata = {DELIVERY_KEY_METADATA: key}  # type: ignore[attr-defined]
     return message
 
 
@@ -277,18 +298,76 @@ def smtp_connection_close(**_: Any) -> None:
     _connection_discard()
 
 
+def provider_words(exc: AnymailError) -> str:
+    """What a provider's API answered, on one storable line: its own message where its JSON
+    has one (Postmark's ``Message``, most others' ``message``), else the start of the body."""
+    response = exc.response
+    code = exc.status_code if response is None else response.status_code
+    status = f" {code}" if code is not None else ""
+    said = ""
+    if response is not None:
+        try:
+            body = response.json()
+        except ValueError:
+            said = response.text[:300]
+        else:
+            found = body.get("Message") or body.get("message") if isinstance(body, dict) else None
+            said = str(found) if found else json.dumps(body)[:300]
+    if not said:
+        # No answer: what failed on the way (anymail's first line, then its cause).
+        said = str(exc.__cause__ or "") or str(exc).partition("\n")[0]
+    return header_text(f"{exc.esp_name or 'the provider'}{status}: {said}")
+
+
+def _retry_after(exc: AnymailAPIError) -> float | None:
+    """A 429's ``Retry-After`` in seconds, if it gave one as a number."""
+    value = exc.response.headers.get("Retry-After") if exc.response is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _provider_failure(exc: AnymailError) -> Exception:
+    """A provider API's failure (django-anymail) as the task takes it: a refused or invalid
+    recipient is ``RecipientRejected``; no answer (refused, reset, timed out) and 5xx are
+    ``Unreachable``; 429 and 408 ``TransientError`` (429 with its ``Retry-After``); any other
+    answer (a 4xx: bad token, a sender not confirmed) is ``PermanentError``."""
+    words = provider_words(exc)
+    if isinstance(exc, AnymailRecipientsRefused):
+        return RecipientRejected(f"recipient refused: {words}")
+    if isinstance(exc, AnymailInvalidAddress):
+        return RecipientRejected(f"invalid recipient address: {words}")
+    if not isinstance(exc, AnymailAPIError):  # anymail's own checks: a message it cannot send
+        return PermanentError(f"malformed message: {words}")
+    status = exc.status_code
+    if status is None:
+        if isinstance(exc, (requests.RequestException, OSError)):
+            return Unreachable(f"email provider unreachable: {words}")
+        return TransientError(f"email provider failed: {words}")
+    if status >= 500:
+        return Unreachable(f"email provider unavailable: {words}")
+    if status == 429:
+        return TransientError(f"email provider rate limit: {words}", retry_after=_retry_after(exc))
+    if status == 408:
+        return TransientError(f"email provider timed out: {words}")
+    return PermanentError(f"email provider refused the message: {words}")
+
+
 def deliver(message: EmailMultiAlternatives) -> None:
-    """Send over this thread's kept connection (``EMAIL_TIMEOUT`` on every socket operation);
-    raise ``TransientError``, ``Unreachable`` or ``PermanentError`` in words an operator can
-    act on, smtplib's exception chained."""
+    """Send over this thread's kept connection (``EMAIL_TIMEOUT`` on every socket operation, and
+    as a provider API's request timeout); raise ``TransientError``, ``Unreachable`` or
+    ``PermanentError`` in words an operator can act on, the backend's exception chained."""
     try:
         _send(message)
+    except AnymailError as exc:  # before OSError: anymail's API errors are requests' HTTPError
+        raise _provider_failure(exc) from exc
     except smtplib.SMTPRecipientsRefused as exc:
         codes = [code for code, _ in exc.recipients.values()]
         refused = refused_recipients_text(exc.recipients)
         if codes and all(400 <= code < 500 for code in codes):
             raise TransientError(f"recipient deferred: {refused}") from exc
-        raise PermanentError(f"recipient refused: {refused}") from exc
+        raise RecipientRejected(f"recipient refused: {refused}") from exc
     except smtplib.SMTPResponseException as exc:
         reply = smtp_reply_text(exc.smtp_code, exc.smtp_error)
         if exc.smtp_code == 421:  # "service not available, closing transmission channel"
@@ -299,7 +378,7 @@ def deliver(message: EmailMultiAlternatives) -> None:
     except (smtplib.SMTPServerDisconnected, ConnectionError, TimeoutError) as exc:
         raise Unreachable(f"SMTP unavailable: {_words(exc)}") from exc
     except smtplib.SMTPNotSupportedError as exc:  # EmailBackend: a UTF-8 address, no SMTPUTF8
-        raise PermanentError(f"the mail server cannot take this address: {exc}") from exc
+        raise RecipientRejected(f"the mail server cannot take this address: {exc}") from exc
     except smtplib.SMTPException as exc:
         raise PermanentError(f"SMTP error: {_words(exc)}") from exc
     except ValueError as exc:  # Django's address sanitising and BadHeaderError

@@ -55,6 +55,7 @@ class EmailDelivery(models.Model):
         SENDING = "sending", "Sending"
         SENT = "sent", "Sent"
         FAILED = "failed", "Failed"
+        BOUNCED = "bounced", "Bounced (the provider reported it undelivered)"
 
     key = models.CharField(max_length=255, unique=True)
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="emails")
@@ -64,6 +65,10 @@ class EmailDelivery(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     message_id = models.CharField(max_length=255)
     sent_at = models.DateTimeField(null=True, blank=True)
+    recipient = models.CharField(
+        max_length=320, blank=True, help_text="The address its last attempt was for."
+    )
+    bounced_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     requested_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

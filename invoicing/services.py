@@ -131,13 +131,13 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
 _CLAIM_SQL = f"""
 INSERT INTO {EmailDelivery._meta.db_table} AS d
     (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
-     last_error, requested_by, created_at, updated_at)
+     recipient, last_error, requested_by, created_at, updated_at)
 VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
-        now() + make_interval(secs => %(lease)s), %(message_id)s, '', '', now(), now())
+        now() + make_interval(secs => %(lease)s), %(message_id)s, '', '', '', now(), now())
 ON CONFLICT (key) DO UPDATE
     SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
         lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
-    WHERE d.state IN ('pending', 'failed')
+    WHERE d.state IN ('pending', 'failed', 'bounced')
        OR (d.state = 'sending' AND d.lease_expires_at < now())
        OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
 RETURNING d.id, d.attempts, d.message_id, (d.xmax <> 0) AS reclaimed
@@ -209,13 +209,16 @@ def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
     return ClaimRead(invoice, claim)
 
 
-def _claim_release(claim: Claim, *, error: str) -> None:
+def _claim_release(claim: Claim, *, error: str, recipient: str) -> None:
     claim.held().filter(state=EmailDelivery.State.SENDING).update(
-        state=EmailDelivery.State.FAILED, lease_expires_at=None, last_error=error[:2000]
+        state=EmailDelivery.State.FAILED,
+        lease_expires_at=None,
+        last_error=error[:2000],
+        recipient=recipient[:320],
     )
 
 
-def _claim_mark_sent(claim: Claim) -> bool:
+def _claim_mark_sent(claim: Claim, *, recipient: str) -> bool:
     """Mark the key sent if this claim is still the row's (also after a rescue released it:
     it was sent); False if taken over. The message is already accepted, so a database blip is
     waited out (about 6 s), not turned into a retry that would send a duplicate."""
@@ -229,6 +232,8 @@ def _claim_mark_sent(claim: Claim) -> bool:
                     sent_at=timezone.now(),
                     lease_expires_at=None,
                     last_error="",
+                    recipient=recipient[:320],
+                    bounced_at=None,
                 )
             )
             return marked > 0
@@ -370,14 +375,14 @@ def _invoice_email_send_claimed(
     # duplicate, with the same Message-ID.
     try:
         invoice_recipient_fetch(invoice)
-        built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id)
+        built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id, key=key)
         _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release whatever failed, so a retry or replay can claim again.
         words = isinstance(exc, (PermanentError, TransientError))
-        _claim_release(claim, error=str(exc) if words else repr(exc))
+        _claim_release(claim, error=str(exc) if words else repr(exc), recipient=invoice.recipient)
         raise
-    marked = _claim_mark_sent(claim)
+    marked = _claim_mark_sent(claim, recipient=invoice.recipient)
     breaker.record_success()
     sent = {
         "invoice_id": invoice_id,

@@ -25,13 +25,20 @@ SETTINGS = ROOT / "core" / "settings.py"
 RENDER = ROOT / "deploy" / "nginx" / "render.sh"
 DOC = ROOT / "docs" / "configuration.md"
 
-# Set by the operator, read by a library rather than by the settings.
+# Set by the operator, not declared by ``setting(...)``: read by a library, or by pattern.
 LIBRARY = {
+    "ANYMAIL_<NAME>": (
+        "unset",
+        'each becomes ANYMAIL["<NAME>"] for django-anymail (core/settings.py '
+        "anymail_from_environment), e.g. ANYMAIL_POSTMARK_SERVER_TOKEN, ANYMAIL_POSTMARK_API_URL "
+        "and ANYMAIL_WEBHOOK_SECRET (user:password, the tracking webhook's basic auth); a JSON "
+        "value (a number, true or false, a list) is read as JSON, any other as text",
+    ),
     "PROMETHEUS_MULTIPROC_DIR": (
         "unset",
         "read by prometheus-client: an empty directory per process group (web, each worker) "
         "where its processes share their counters",
-    )
+    ),
 }
 
 INTRO = """# Configuration

@@ -4,6 +4,7 @@ configured for at-least-once delivery."""
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -455,3 +456,31 @@ def test_a_default_token_lifetime_above_the_maximum_stops_start_up_naming_both()
         env={**PRODUCTION, "API_TOKEN_TTL_HOURS": "2160"},
     )
     assert allowed.stdout.split() == ["2160", "2160"], allowed.stderr
+
+
+def test_the_email_backend_and_every_anymail_variable_come_from_the_environment() -> None:
+    env = {
+        **PRODUCTION,
+        "EMAIL_BACKEND": "anymail.backends.postmark.EmailBackend",
+        "ANYMAIL_POSTMARK_SERVER_TOKEN": "b3f1c2d4-0000-4000-8000-000000000000",
+        "ANYMAIL_POSTMARK_API_URL": "http://127.0.0.1:9/",
+        "ANYMAIL_WEBHOOK_SECRET": "postmark:s3cret",
+        "ANYMAIL_IGNORE_RECIPIENT_STATUS": "false",
+        "ANYMAIL_REQUESTS_TIMEOUT": "[3, 7]",
+        "ANYMAIL_SEND_DEFAULTS": '{"tags": ["invoice"]}',
+    }
+    backend, anymail = settings_read("EMAIL_BACKEND", "ANYMAIL", env=env)
+    assert backend == "'anymail.backends.postmark.EmailBackend'"
+    assert ast.literal_eval(anymail) == {
+        "POSTMARK_SERVER_TOKEN": "b3f1c2d4-0000-4000-8000-000000000000",
+        "POSTMARK_API_URL": "http://127.0.0.1:9/",
+        "WEBHOOK_SECRET": "postmark:s3cret",
+        "IGNORE_RECIPIENT_STATUS": False,
+        "REQUESTS_TIMEOUT": [3, 7],
+        "SEND_DEFAULTS": {"tags": ["invoice"]},
+    }
+    # Unset, SMTP and no anymail settings.
+    assert settings_read("EMAIL_BACKEND", "ANYMAIL", env=PRODUCTION) == [
+        "'invoicing.mail.EmailBackend'",
+        "{}",
+    ]

@@ -245,7 +245,7 @@ def test_hostile_text_in_every_field_of_a_signed_event(
     # The email the worker would build: no header but ours, nothing injected, or a
     # permanent error (an address that cannot be repaired) for the dead letter.
     try:
-        message = invoice_email_build(invoice=invoice, message_id="<fuzz@example.com>")
+        message = invoice_email_build(invoice=invoice, message_id="<fuzz@example.com>", key="fuzz")
     except PermanentError as exc:
         outcome(f"email refused: {str(exc).split(':')[0]}")
         return

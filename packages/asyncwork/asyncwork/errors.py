@@ -10,7 +10,17 @@ from typing import Any, ClassVar
 
 
 class TransientError(Exception):
-    """A failure worth retrying: the dependency may answer next time."""
+    """A failure worth retrying: the dependency may answer next time. ``retry_after``: the
+    seconds the dependency asked to be left alone (an HTTP 429's ``Retry-After``); the retry
+    waits at least that long, up to the policy's longest wait."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> Any:
+        # Celery pickles the exception a job failed with; keyword-only arguments need this.
+        return (functools.partial(type(self), retry_after=self.retry_after), (str(self),))
 
 
 class Unreachable(TransientError):

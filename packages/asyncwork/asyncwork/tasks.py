@@ -99,6 +99,11 @@ class ReliableTask(Task):
             countdown = max(0.0, (eta - timezone.now()).total_seconds())
         elif countdown is None:
             countdown = self.default_retry_delay
+        if isinstance(exc, TransientError) and exc.retry_after:
+            # The dependency said when to come back: not sooner (plus up to half again, so the
+            # jobs it turned away do not all return at once), nor past the longest wait.
+            asked = exc.retry_after * random.uniform(1.0, 1.5)  # noqa: S311
+            countdown = max(countdown, min(asked, getattr(self, "retry_backoff_max", 600)))
         self._schedule(
             countdown=countdown,
             retries=request.retries + 1,

@@ -1,0 +1,131 @@
+"""Bounces close the loop: an email the provider accepted and later could not deliver.
+
+The provider's tracking webhook reaches ``webhooks/email/<provider>/tracking/``, where
+django-anymail verifies it as that provider signs it (Postmark: HTTP basic auth with
+``ANYMAIL_WEBHOOK_SECRET``) and sends the ``tracking`` signal. A bounce, rejection or complaint
+of one of our emails (found by the delivery key the send put in the message's metadata) marks
+its delivery ``bounced`` and raises a dead letter of the email's job, "bounced: <the provider's
+reason>", which an operator handles like any other: correct the recipient, then replay.
+
+Every webhook can arrive twice, late or out of order. The dead letter's task id is the
+provider's event, so a repeat records nothing more; a bounce for an address the delivery no
+longer sends to (the recipient was corrected and the email sent again since) changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from anymail.signals import AnymailTrackingEvent, EventType, tracking
+from django.db import transaction
+from django.dispatch import receiver
+from django.utils import timezone
+
+from asyncwork.deadletters import dead_letter_record
+from asyncwork.models import DeadLetter
+from invoicing.mail import DELIVERY_KEY_METADATA, RecipientRejected, address_spec, header_text
+from invoicing.models import EmailDelivery
+from invoicing.services import (
+    EMAIL_KEY_PREFIX,
+    EMAIL_QUEUE,
+    RESEND_INVOICE_EMAIL_TASK,
+    SEND_INVOICE_EMAIL_TASK,
+)
+
+logger = logging.getLogger(__name__)
+
+# The tracking events that say the email did not reach its recipient, or should not again.
+UNDELIVERED = {
+    EventType.BOUNCED: "bounced",
+    EventType.REJECTED: "rejected",
+    EventType.COMPLAINED: "complained",
+}
+
+
+def _same_address(a: str, b: str) -> bool:
+    try:
+        return address_spec(a).lower() == address_spec(b).lower()
+    except ValueError:
+        return a.strip().lower() == b.strip().lower()
+
+
+def bounce_reason(event: AnymailTrackingEvent, *, kind: str) -> str:
+    """``bounced: <the provider's description> (<the receiving server's reply>)``, one line."""
+    said = [str(part) for part in (event.description, event.mta_response) if part]
+    if not said and event.reject_reason:
+        said = [str(event.reject_reason)]
+    words = said[0] + (f" ({said[1]})" if len(said) > 1 else "") if said else "no reason given"
+    return header_text(f"{kind}: {words}")[:2000]
+
+
+def email_undelivered_record(
+    *, key: str, kind: str, reason: str, recipient: str, event_id: str
+) -> DeadLetter | None:
+    """Mark the delivery under ``key`` undelivered and dead-letter its email's job, in one
+    transaction; None when there is nothing to do (no such delivery, a repeat of this event, or
+    a bounce for an address the delivery no longer sends to)."""
+    with transaction.atomic():
+        delivery = EmailDelivery.objects.select_for_update().filter(key=key).first()
+        if delivery is None:
+            logger.warning("email %s for an unknown delivery key", kind, extra={"key": key})
+            return None
+        if recipient and delivery.recipient and not _same_address(recipient, delivery.recipient):
+            logger.info(
+                "email %s for an address no longer sent to; ignored",
+                kind,
+                extra={"invoice_id": delivery.invoice_id, "key": key},
+            )
+            return None
+        if delivery.key.startswith(EMAIL_KEY_PREFIX):
+            task, args = SEND_INVOICE_EMAIL_TASK, [delivery.invoice_id]
+        else:
+            task, args = RESEND_INVOICE_EMAIL_TASK, [delivery.pk]
+        letter = dead_letter_record(
+            task=task,
+            task_id=f"{kind}:{event_id}"[:255],
+            args=args,
+            kwargs={},
+            queue=EMAIL_QUEUE,
+            reason=DeadLetter.Reason.PERMANENT,
+            exc=RecipientRejected(reason),
+            traceback="",
+            attempts=delivery.attempts,
+        )
+        if letter is None:
+            return None  # this event was recorded before
+        # Sending: the bounce outran the worker marking it sent, which then finds it bounced.
+        if delivery.state in (
+            EmailDelivery.State.SENDING,
+            EmailDelivery.State.SENT,
+            EmailDelivery.State.BOUNCED,
+        ):
+            delivery.state = EmailDelivery.State.BOUNCED
+            delivery.bounced_at = timezone.now()
+            delivery.last_error = reason
+            delivery.save(update_fields=["state", "bounced_at", "last_error", "updated_at"])
+    return letter
+
+
+@receiver(tracking, dispatch_uid="invoicing.bounces")
+def email_tracking_receive(
+    sender: Any, event: AnymailTrackingEvent, esp_name: str, **_: Any
+) -> None:
+    """anymail's ``tracking`` signal, sent from the verified webhook: bounces, rejections and
+    complaints of our emails are recorded; every other event is left alone."""
+    kind = UNDELIVERED.get(event.event_type)
+    if kind is None:
+        return
+    key = (event.metadata or {}).get(DELIVERY_KEY_METADATA)
+    if not isinstance(key, str) or not key:
+        logger.info("email %s without our delivery key; ignored", kind, extra={"esp": esp_name})
+        return
+    # The provider's own event id; else the message and kind, which a repeat shares.
+    event_id = f"{esp_name}:{event.event_id or f'{event.message_id}:{event.recipient}'}"
+    email_undelivered_record(
+        key=key,
+        kind=kind,
+        reason=bounce_reason(event, kind=kind),
+        recipient=event.recipient or "",
+        event_id=event_id.lower(),
+    )

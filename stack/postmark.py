@@ -1,0 +1,241 @@
+"""A stand-in of Postmark's email API as Postmark documents it, for django-anymail's own Postmark
+backend (``ANYMAIL["POSTMARK_API_URL"]`` pointed at it): an HTTP server on a thread of the
+caller's process, on a free loopback port, answering ``POST /email`` with
+``X-Postmark-Server-Token`` (401, ``ErrorCode`` 10, otherwise):
+
+* a message to an address in ``invalid``: 422, ``ErrorCode`` 300, "Invalid 'To' address";
+* to an address in ``inactive`` (one that bounced or complained before): 422, ``ErrorCode``
+  406, "You tried to send to a recipient that has been marked as inactive";
+* any other: 200, ``ErrorCode`` 0, "OK", a new ``MessageID``; the message is kept in ``sent``.
+
+The faults, one per request for the next requests (``fail_next``), before anything else:
+``ERROR`` (500), ``RATE_LIMITED`` (429 with ``Retry-After``) and ``HANG`` (no answer for
+``hang_seconds``, then the connection closed, the message not taken). ``requests`` counts every
+request, faults included.
+
+``bounce_event`` and ``complaint_event`` build the tracking webhook's JSON for a message it
+took, as Postmark posts it (``RecordType`` ``Bounce`` or ``SpamComplaint``), with the message's
+``Metadata`` carried back.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import uuid
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, cast
+
+from stack.net import HOST
+
+ERROR = "error"
+RATE_LIMITED = "rate_limited"
+HANG = "hang"
+
+# Postmark's API error codes (its "API error codes" reference).
+INVALID_EMAIL_REQUEST = 300
+INACTIVE_RECIPIENT = 406
+NO_TOKEN = 10
+
+
+class PostmarkApi:
+    """The stand-in; ``start()`` returns once it listens, ``stop()`` ends it (and any hang)."""
+
+    def __init__(self, *, token: str | None = None, hang_seconds: float = 5.0) -> None:
+        self.token = token or str(uuid.uuid4())
+        self.hang_seconds = hang_seconds
+        self.retry_after = 1
+        self.invalid: set[str] = set()
+        self.inactive: set[str] = set()
+        self.sent: list[dict[str, Any]] = []  # each message taken, with its MessageID
+        self.requests = 0
+        self.lock = threading.Lock()
+        self._faults: list[str] = []
+        self._stopped = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "not started"
+        return f"http://{HOST}:{self._server.server_address[1]}/"
+
+    def fail_next(self, fault: str, times: int = 1) -> None:
+        """Answer the next ``times`` requests (after those already scripted) with ``fault``."""
+        with self.lock:
+            self._faults.extend([fault] * times)
+
+    def sent_to(self, address: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [m for m in self.sent if address.lower() in m["To"].lower()]
+
+    # --- answers ------------------------------------------------------------------------------
+
+    def answer(self, token: str | None, message: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if token != self.token:
+            return 401, {
+                "ErrorCode": NO_TOKEN,
+                "Message": "The Server Token you provided in the X-Postmark-Server-Token "
+                "request header was invalid. Please verify that you are using a valid token.",
+            }
+        to = str(message.get("To", ""))
+        address = to.rpartition("<")[2].rstrip(">").strip().lower()
+        if address in self.invalid:
+            return 422, {
+                "ErrorCode": INVALID_EMAIL_REQUEST,
+                "Message": f"Invalid 'To' address: '{address}'.",
+            }
+        if address in self.inactive:
+            return 422, {
+                "ErrorCode": INACTIVE_RECIPIENT,
+                "Message": "You tried to send to a recipient that has been marked as inactive.\n"
+                f"Found inactive addresses: {address}.\n"
+                "Inactive recipients are ones that have generated a hard bounce, a spam "
+                "complaint, or a manual suppression. ",
+            }
+        taken = {
+            "To": to,
+            "SubmittedAt": datetime.now(UTC).isoformat(),
+            "MessageID": str(uuid.uuid4()),
+            "ErrorCode": 0,
+            "Message": "OK",
+        }
+        with self.lock:
+            self.sent.append({**message, "MessageID": taken["MessageID"]})
+        return 200, taken
+
+    def fault_take(self) -> str | None:
+        with self.lock:
+            self.requests += 1
+            return self._faults.pop(0) if self._faults else None
+
+    # --- the tracking webhook's payloads ------------------------------------------------------
+
+    def bounce_event(
+        self,
+        message: dict[str, Any],
+        *,
+        kind: str = "HardBounce",
+        description: str = "The server was unable to deliver your message (ex: unknown user, "
+        "mailbox not found).",
+        details: str = "smtp;550 5.1.1 The email account that you tried to reach does not exist.",
+    ) -> dict[str, Any]:
+        """A ``Bounce`` record of a message this stand-in took, as Postmark posts it."""
+        return {
+            "RecordType": "Bounce",
+            "ID": secrets.randbelow(10**12),
+            "Type": kind,
+            "TypeCode": 1 if kind == "HardBounce" else 4096,
+            "Name": "Hard bounce" if kind == "HardBounce" else kind,
+            "Tag": "",
+            "MessageID": message["MessageID"],
+            "Metadata": message.get("Metadata", {}),
+            "ServerID": 23,
+            "MessageStream": "outbound",
+            "Description": description,
+            "Details": details,
+            "Email": _address(message["To"]),
+            "From": message.get("From", ""),
+            "BouncedAt": datetime.now(UTC).isoformat(),
+            "DumpAvailable": True,
+            "Inactive": kind == "HardBounce",
+            "CanActivate": True,
+            "Subject": message.get("Subject", ""),
+            "Content": "",
+        }
+
+    def complaint_event(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A ``SpamComplaint`` record of a message this stand-in took."""
+        event = self.bounce_event(
+            message,
+            kind="SpamComplaint",
+            description="The subscriber explicitly marked this message as spam.",
+            details="Test spam complaint details",
+        )
+        return {**event, "RecordType": "SpamComplaint", "TypeCode": 512, "Name": "Spam complaint"}
+
+    # --- running ------------------------------------------------------------------------------
+
+    def start(self) -> PostmarkApi:
+        server = _Server((HOST, 0), _Handler)
+        server.api = self
+        self._server = server
+        threading.Thread(target=server.serve_forever, name="postmark-api", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def hang(self) -> None:
+        self._stopped.wait(self.hang_seconds)
+
+    def __enter__(self) -> PostmarkApi:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _address(to: str) -> str:
+    return to.rpartition("<")[2].rstrip(">").strip()
+
+
+class _Server(ThreadingHTTPServer):
+    api: PostmarkApi
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        api = cast(_Server, self.server).api
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        fault = api.fault_take()
+        if fault == HANG:
+            api.hang()
+            return
+        if fault == ERROR:
+            self._send(500, {"ErrorCode": 500, "Message": "Internal Server Error"})
+            return
+        if fault == RATE_LIMITED:
+            self._send(
+                429,
+                {"ErrorCode": 429, "Message": "Rate limit exceeded."},
+                {"Retry-After": str(api.retry_after)},
+            )
+            return
+        if self.path.rstrip("/") != "/email":
+            self._send(404, {"ErrorCode": 404, "Message": f"No endpoint {self.path}"})
+            return
+        try:
+            message = json.loads(body)
+        except ValueError:
+            self._send(400, {"ErrorCode": 402, "Message": "Received invalid JSON input."})
+            return
+        status, answer = api.answer(self.headers.get("X-Postmark-Server-Token"), message)
+        self._send(status, answer)
+
+    def _send(
+        self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: ``PostmarkApi.requests`` and ``sent`` are the record."""

@@ -1,0 +1,289 @@
+"""Sending through a provider's API: django-anymail's own Postmark backend, its API URL pointed
+at a stand-in of Postmark's documented email API (``stack.postmark``), and each of its answers
+ending as it should: a success, an invalid recipient, an inactive one, a 500 then a success, a
+429 with Retry-After, a request that times out; then bounces and complaints coming back through
+Postmark's tracking webhook, verified by anymail, to a dead letter an operator fixes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from asyncwork.deadletters import dead_letter_replay
+from asyncwork.errors import PermanentError, TransientError, Unreachable
+from asyncwork.models import DeadLetter
+from invoicing import mail
+from invoicing.mail import RecipientRejected
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.services import email_breaker, invoice_email_key, invoice_recipient_correct
+from invoicing.tasks import send_invoice_email
+from stack.net import wait_until
+from stack.postmark import ERROR, HANG, RATE_LIMITED, PostmarkApi
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import worker_thread
+from tests.helpers.quiescence import pipeline_quiet
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 1  # seconds: EMAIL_TIMEOUT, a provider API's request timeout too
+WEBHOOK_AUTH = "postmark:webhook-secret-for-tests"
+TRACKING_URL = "/webhooks/email/postmark/tracking/"
+
+
+@pytest.fixture
+def postmark(settings: Any) -> Iterator[PostmarkApi]:
+    """The stand-in, and Django sending through anymail's Postmark backend to it."""
+    with PostmarkApi(hang_seconds=TIMEOUT + 2) as api:
+        settings.EMAIL_BACKEND = "anymail.backends.postmark.EmailBackend"
+        settings.ANYMAIL = {
+            "POSTMARK_SERVER_TOKEN": api.token,
+            "POSTMARK_API_URL": api.url,
+            "WEBHOOK_SECRET": WEBHOOK_AUTH,
+        }
+        settings.EMAIL_TIMEOUT = TIMEOUT
+        settings.EMAIL_BREAKER_FAILURE_THRESHOLD = 3
+        yield api
+
+
+def _sent(invoice: Invoice) -> EmailDelivery:
+    return EmailDelivery.objects.get(key=invoice_email_key(invoice))
+
+
+def _run(*invoices: Invoice, until: Any, timeout: float = 30) -> None:
+    with worker_thread():
+        for invoice in invoices:
+            send_invoice_email.delay(invoice.pk)
+        assert wait_until(until, timeout=timeout)
+        pipeline_quiet()
+
+
+def _state(invoice: Invoice) -> str | None:
+    return (
+        EmailDelivery.objects.filter(key=invoice_email_key(invoice))
+        .values_list("state", flat=True)
+        .first()
+    )
+
+
+def _letter(invoice: Invoice) -> DeadLetter:
+    return DeadLetter.objects.get(args=[invoice.pk])
+
+
+# --- each answer, classified (the real backend, over HTTP) ------------------------------------
+
+
+def _deliver(invoice: Invoice) -> None:
+    message = mail.invoice_email_build(
+        invoice=invoice, message_id="<t.1@example.com>", key=invoice_email_key(invoice)
+    )
+    mail.deliver(message)
+
+
+def test_each_postmark_answer_is_sorted_as_the_task_takes_it(postmark: PostmarkApi) -> None:
+    invoice = paid_invoice()
+
+    _deliver(invoice)
+    assert [m["To"] for m in postmark.sent] == [invoice.recipient]
+
+    postmark.invalid.add(invoice.recipient)
+    with pytest.raises(RecipientRejected, match="Invalid 'To' address") as refused:
+        _deliver(invoice)
+    assert str(refused.value).startswith("recipient refused: Postmark 422: ")
+    postmark.invalid.clear()
+
+    postmark.inactive.add(invoice.recipient)
+    with pytest.raises(RecipientRejected, match="marked as inactive"):
+        _deliver(invoice)
+    postmark.inactive.clear()
+
+    postmark.fail_next(ERROR)
+    with pytest.raises(Unreachable, match="email provider unavailable: Postmark 500"):
+        _deliver(invoice)
+
+    postmark.retry_after = 7
+    postmark.fail_next(RATE_LIMITED)
+    with pytest.raises(TransientError, match="rate limit") as limited:
+        _deliver(invoice)
+    assert not isinstance(limited.value, Unreachable)  # answered: not the breaker's business
+    assert limited.value.retry_after == 7
+
+    postmark.fail_next(HANG)
+    started = time.monotonic()
+    with pytest.raises(Unreachable, match="email provider unreachable"):
+        _deliver(invoice)
+    assert time.monotonic() - started < TIMEOUT + 1
+
+    postmark.token = "another-servers-token"
+    with pytest.raises(PermanentError, match="refused the message: Postmark 401"):
+        _deliver(invoice)
+    assert len(postmark.sent) == 1
+
+
+def test_the_delivery_key_travels_as_postmark_metadata_with_our_message_id(
+    postmark: PostmarkApi,
+) -> None:
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    delivery = _sent(invoice)
+    assert message["Metadata"] == {"delivery_key": delivery.key}
+    assert {"Name": "Message-ID", "Value": delivery.message_id} in message["Headers"]
+    assert delivery.recipient == invoice.recipient
+
+
+# --- end to end, through a real worker --------------------------------------------------------
+
+
+def test_an_invalid_recipient_is_dead_lettered_at_once_in_postmarks_words(
+    postmark: PostmarkApi,
+) -> None:
+    invoice = paid_invoice()
+    postmark.invalid.add(invoice.recipient)
+    _run(invoice, until=lambda: DeadLetter.objects.exists())
+    letter = _letter(invoice)
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert letter.exception_class == "invoicing.mail.RecipientRejected"
+    assert letter.exception_message == (
+        f"recipient refused: Postmark 422: Invalid 'To' address: '{invoice.recipient}'."
+    )
+    assert postmark.requests == 1
+    assert email_breaker().state()["failures"] == 0
+    assert _sent(invoice).state == "failed"
+
+
+def test_a_500_then_a_success_sends_one_email(postmark: PostmarkApi) -> None:
+    invoice = paid_invoice()
+    postmark.fail_next(ERROR)
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    assert postmark.requests == 2
+    assert len(postmark.sent_to(invoice.recipient)) == 1
+    assert _sent(invoice).attempts == 2
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_429_is_retried_after_its_retry_after_and_does_not_count_toward_the_breaker(
+    postmark: PostmarkApi, settings: Any
+) -> None:
+    # One failure would open the breaker, and a deferred job is sent only after its cool-down:
+    # the 429 must not count.
+    settings.EMAIL_BREAKER_FAILURE_THRESHOLD = 1
+    settings.EMAIL_BREAKER_RESET_SECONDS = 60
+    postmark.retry_after = 2  # the test settings' longest retry wait (EMAIL_RETRY_BACKOFF_MAX)
+    invoice = paid_invoice()
+    postmark.fail_next(RATE_LIMITED)
+    started = time.monotonic()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    assert time.monotonic() - started >= 2
+    assert postmark.requests == 2
+    assert len(postmark.sent_to(invoice.recipient)) == 1
+    assert email_breaker().state()["state"] == "closed"
+
+
+def test_a_request_that_times_out_is_retried_and_sends_one_email(postmark: PostmarkApi) -> None:
+    invoice = paid_invoice()
+    postmark.fail_next(HANG)
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    assert postmark.requests == 2
+    assert len(postmark.sent_to(invoice.recipient)) == 1
+    assert not DeadLetter.objects.exists()
+
+
+# --- bounces close the loop -------------------------------------------------------------------
+
+
+def _auth(credentials: str = WEBHOOK_AUTH) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(credentials.encode()).decode()}
+
+
+def _post(client: Client, event: dict[str, Any], credentials: str = WEBHOOK_AUTH) -> int:
+    response = client.post(
+        TRACKING_URL, json.dumps(event), content_type="application/json", **_auth(credentials)
+    )
+    return response.status_code
+
+
+def test_a_bounce_marks_the_delivery_and_the_operator_fixes_it_like_any_dead_letter(
+    postmark: PostmarkApi, client: Client
+) -> None:
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    bounce = postmark.bounce_event(message)
+
+    assert _post(client, bounce, credentials="postmark:wrong") == 400
+    assert not DeadLetter.objects.exists()
+
+    assert _post(client, bounce) == 200
+    assert _post(client, bounce) == 200  # the provider delivering it again: nothing more
+    letter = _letter(invoice)
+    assert letter.reason == "permanent"
+    assert letter.exception_class == "invoicing.mail.RecipientRejected"
+    assert letter.exception_message == (
+        "bounced: The server was unable to deliver your message (ex: unknown user, mailbox not "
+        "found). (smtp;550 5.1.1 The email account that you tried to reach does not exist.)"
+    )
+    delivery = _sent(invoice)
+    assert delivery.state == "bounced"
+    assert delivery.bounced_at is not None
+
+    # The operator corrects the recipient and replays: the email goes out, to the new address.
+    invoice_recipient_correct(
+        invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="test"
+    )
+    assert dead_letter_replay(ids=[letter.pk], actor="test").replayed == [letter.pk]
+    with worker_thread():
+        assert wait_until(lambda: len(postmark.sent_to("fixed@example.com")) == 1, timeout=30)
+        pipeline_quiet()
+    delivery.refresh_from_db()
+    assert (delivery.state, delivery.recipient) == ("sent", "fixed@example.com")
+
+    # A late bounce for the old address changes nothing now.
+    assert _post(client, postmark.bounce_event(message)) == 200
+    delivery.refresh_from_db()
+    assert delivery.state == "sent"
+    assert DeadLetter.objects.count() == 1
+    assert len(postmark.sent) == 2
+
+
+def test_a_complaint_is_a_dead_letter_in_the_providers_words(
+    postmark: PostmarkApi, client: Client
+) -> None:
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    assert _post(client, postmark.complaint_event(message)) == 200
+    assert _letter(invoice).exception_message.startswith(
+        "complained: The subscriber explicitly marked this message as spam."
+    )
+    assert _sent(invoice).state == "bounced"
+
+
+def test_tracking_events_of_others_and_deliveries_change_nothing(
+    postmark: PostmarkApi, client: Client
+) -> None:
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    delivered = {
+        "RecordType": "Delivery",
+        "MessageID": message["MessageID"],
+        "Recipient": invoice.recipient,
+        "DeliveredAt": "2026-12-03T10:00:00Z",
+        "Details": "Test delivery webhook details",
+        "Tag": "",
+        "ServerID": 23,
+        "Metadata": message["Metadata"],
+        "MessageStream": "outbound",
+    }
+    foreign = postmark.bounce_event({**message, "Metadata": {}})
+    unknown_key = postmark.bounce_event({**message, "Metadata": {"delivery_key": "nope"}})
+    for event in (delivered, foreign, unknown_key):
+        assert _post(client, event) == 200
+    assert not DeadLetter.objects.exists()
+    assert _sent(invoice).state == "sent"
