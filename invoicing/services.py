@@ -343,7 +343,7 @@ def invoice_recipient_fetch(invoice: Invoice) -> None:
         raise stripe_error_sorted(exc, doing=f"reading customer {customer_id}") from exc
     email = customer.to_dict().get("email")
     if not isinstance(email, str) or not email.strip():
-        raise PermanentError(
+        raise mail.RecipientRejected(
             f"invoice has no customer email, nor has its customer {customer_id}: correct the "
             "recipient, then replay"
         )

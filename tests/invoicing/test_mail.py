@@ -126,7 +126,7 @@ def test_a_utf8_local_part_is_a_dead_letter_when_the_server_lacks_smtputf8(
 
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("permanent", 1)
-    assert letter.exception_class == "asyncwork.errors.PermanentError"
+    assert letter.exception_class == "invoicing.mail.RecipientRejected"
     assert "the mail server cannot take this address" in letter.exception_message
     assert "does not offer SMTPUTF8, which the address 'jénny@example.com' needs" in (
         letter.exception_message
