@@ -360,7 +360,7 @@ def test_every_image_is_pinned_by_digest_and_rabbitmq_is_supported(
 
 def test_nothing_is_published_beyond_loopback(services: dict[str, dict[str, Any]]) -> None:
     published = {name: s["ports"] for name, s in services.items() if "ports" in s}
-    assert set(published) == {"edge", "rabbitmq", "mailpit"}, published
+    assert set(published) == {"edge", "rabbitmq", "mailpit", "prometheus", "grafana"}, published
     for name, ports in published.items():
         assert all(str(port).startswith("127.0.0.1:") for port in ports), (name, ports)
 
@@ -546,3 +546,116 @@ def test_edge_fronts_both_gunicorns_with_the_shipped_nginx_configuration(
         assert (
             environment(services[name])["WEBHOOK_MAX_BODY_BYTES"] == env["WEBHOOK_MAX_BODY_BYTES"]
         )
+
+
+# --- The observability profile: Prometheus with the alert rules, Grafana with their dashboard ----
+
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+OBSERVABILITY = ("prometheus", "grafana")
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Each bind mount's container path and its source in the repository (named volumes left)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = str(volume).split(":")[:2]
+        if source.startswith("./"):
+            mounts[target] = ROOT / source
+    return mounts
+
+
+def gunicorn_port(service: dict[str, Any]) -> int:
+    cmd = command(service)
+    return int(cmd[cmd.index("--bind") + 1].rsplit(":", 1)[1])
+
+
+def test_the_observability_profile_mounts_what_the_repository_holds(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Prometheus and Grafana run with the profile only, each from its pinned image, and every
+    file they are given is one in deploy/: the configuration with its rules, the data source
+    pointing at the Prometheus service, the dashboard where the provider reads."""
+    for name in OBSERVABILITY:
+        assert services[name]["profiles"] == ["observability"], name
+        assert bind_mounts(services[name]), name
+        for target, source in bind_mounts(services[name]).items():
+            assert source.exists(), f"{name} mounts {source} at {target}: not in the repository"
+        # The application never waits on them.
+        for other in APP_SERVICES:
+            assert name not in depends_on(services[other]), (other, name)
+
+    prometheus = services["prometheus"]
+    assert prometheus["image"].startswith("prom/prometheus:v3.")
+    config_file = next(
+        arg.split("=", 1)[1] for arg in command(prometheus) if arg.startswith("--config.file=")
+    )
+    mounts = bind_mounts(prometheus)
+    assert mounts["/etc/prometheus"] == PROMETHEUS_CONFIG.parent
+    assert config_file == "/etc/prometheus/" + PROMETHEUS_CONFIG.name
+    assert yaml.safe_load(PROMETHEUS_CONFIG.read_text())["rule_files"] == ["alerts.yml"]
+    assert (PROMETHEUS_CONFIG.parent / "alerts.yml").is_file()
+
+    grafana = services["grafana"]
+    assert grafana["image"].startswith("grafana/grafana:")
+    mounts = bind_mounts(grafana)
+    provisioning = mounts["/etc/grafana/provisioning"]
+    [source] = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    url = urlsplit(source["url"])
+    prometheus_port = int(str(prometheus["ports"][0]).rsplit(":", 1)[1])
+    assert (source["type"], url.hostname, url.port) == ("prometheus", "prometheus", prometheus_port)
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "invoice-async.yml").read_text())[
+        "providers"
+    ]
+    folder = provider["options"]["path"]
+    dashboards = {
+        target: path for target, path in mounts.items() if target.startswith(folder + "/")
+    }
+    assert [path.name for path in dashboards.values()] == ["dashboard.json"]
+    # No account and no default password: anonymous viewers only.
+    env = environment(grafana)
+    assert env["GF_SECURITY_DISABLE_INITIAL_ADMIN_CREATION"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert not {name for name in env if "PASSWORD" in name}
+
+
+def test_prometheus_scrapes_the_services_compose_runs_on_the_ports_they_serve(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """Each target of deploy/prometheus/prometheus.yml is a service here, on the port it serves
+    metrics on: a gunicorn's --bind (by a name Django accepts as Host, from Prometheus' fixed
+    address, which /metrics lets in), each worker's WORKER_METRICS_PORT on all interfaces."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    address = ipaddress.ip_address(services["prometheus"]["networks"]["default"]["ipv4_address"])
+    subnet = compose["networks"]["default"]["ipam"]["config"][0]["subnet"]
+    assert address in ipaddress.ip_network(subnet)
+    assert str(address) != services["edge"]["networks"]["default"]["ipv4_address"]
+    scraped = set()
+    for job in config["scrape_configs"]:
+        assert job.get("metrics_path", "/metrics") == "/metrics", job["job_name"]
+        for static in job.get("static_configs", []):
+            for target in static["targets"]:
+                host, port = target.rsplit(":", 1)
+                service = services[host]
+                assert command(service)[0] == "gunicorn", target
+                assert int(port) == gunicorn_port(service), target
+                env = environment(service)
+                assert host in env["DJANGO_ALLOWED_HOSTS"].split(","), target
+                allowed = env["METRICS_ALLOWED_NETWORKS"].split(",")
+                assert any(address in ipaddress.ip_network(net) for net in allowed), target
+                # Loopback, and Prometheus alone: never a range other containers are in.
+                assert all(
+                    ipaddress.ip_network(net).is_loopback or net == str(address) for net in allowed
+                ), allowed
+                scraped.add(host)
+        for discovery in job.get("dns_sd_configs", []):
+            assert discovery["type"] == "A"
+            for host in discovery["names"]:
+                env = environment(services[host])
+                assert command(services[host])[:4] == ["celery", "-A", "core", "worker"], host
+                assert discovery["port"] == int(env["WORKER_METRICS_PORT"]), host
+                assert env["WORKER_METRICS_ADDR"] == "0.0.0.0", host
+                scraped.add(host)
+    # Every process that serves metrics: the webhook counters are counted in webhooks alone.
+    assert scraped == {"web", "webhooks", "worker"}
