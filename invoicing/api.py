@@ -1,6 +1,7 @@
-"""REST API for invoices (staff only): their payment email's status and attempts. Reading
-needs the view permission and a resend the ``invoicing.resend_invoice_email`` power too
-(``asyncwork.permissions``)."""
+"""REST API for invoices (staff only): their payment email's status and attempts, a resend, and
+the correction of where their emails go. Reading needs the view permission; a resend needs the
+``invoicing.resend_invoice_email`` power too, a correction
+``invoicing.correct_invoice_recipient`` (``asyncwork.permissions``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from invoicing.selectors import (
     filter_by_email_status,
     invoices_with_email_status,
 )
-from invoicing.services import invoice_email_resend_request_once
+from invoicing.services import invoice_email_resend_request_once, invoice_recipient_correct
 
 
 class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
@@ -92,6 +93,41 @@ def resend_json(delivery: EmailDelivery) -> dict[str, object]:
     }
 
 
+class RecipientCorrectionSerializer(serializers.Serializer[None]):
+    # As the admin's form: an address or "" (remove the correction), and why, for the record.
+    email = serializers.CharField(
+        max_length=320,
+        allow_blank=True,
+        help_text="Send this invoice's emails here from now on; empty: remove the correction "
+        "and use the provider's address again. Checked by the send's own rules.",
+    )
+    reason = serializers.CharField(
+        max_length=500, help_text="Why, for the record (a ticket, who asked)."
+    )
+
+
+class RecipientSerializer(serializers.Serializer[None]):
+    id = serializers.IntegerField()
+    customer_email = serializers.CharField(help_text="The provider's address.")
+    recipient_override = serializers.CharField(help_text="The correction; empty if none.")
+    recipient = serializers.CharField(help_text="Where the emails go now.")
+    changed = serializers.BooleanField(
+        help_text="False: the recipient already was what was asked (a repeat); nothing recorded."
+    )
+    detail = serializers.CharField()
+
+
+def recipient_json(invoice: Invoice, *, changed: bool, detail: str) -> dict[str, object]:
+    return {
+        "id": invoice.pk,
+        "customer_email": invoice.customer_email,
+        "recipient_override": invoice.recipient_override,
+        "recipient": invoice.recipient,
+        "changed": changed,
+        "detail": detail,
+    }
+
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     OpenApiTypes.STR,
@@ -125,7 +161,10 @@ DETAIL = inline_serializer("Detail", {"detail": serializers.CharField()})
 )
 class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
     serializer_class = InvoiceSerializer
-    action_permissions = {"resend_email": "invoicing.resend_invoice_email"}
+    action_permissions = {
+        "resend_email": "invoicing.resend_invoice_email",
+        "correct_recipient": "invoicing.correct_invoice_recipient",
+    }
 
     def get_queryset(self) -> QuerySet[Invoice]:
         queryset = invoices_with_email_status().order_by("-pk")
@@ -177,3 +216,48 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
         if not result.created:
             response["Idempotent-Replayed"] = "true"
         return response
+
+    @extend_schema(
+        request=RecipientCorrectionSerializer,
+        responses={
+            200: RecipientSerializer,
+            400: OpenApiResponse(
+                DETAIL,
+                description="An invalid address (the service's words in detail), or a field "
+                "missing, empty (reason) or too long, by its name.",
+            ),
+            404: OpenApiResponse(description="No such invoice."),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="recipient")
+    def correct_recipient(self, request: Request, pk: str | None = None) -> Response:
+        """Send this invoice's emails to another address from now on (empty: the provider's
+        again), saying why; the provider's next event does not undo it. Sends nothing. The same
+        correction again changes nothing and answers ``changed: false``, so a retry is
+        harmless: no Idempotency-Key."""
+        invoice = self.get_object()
+        given = RecipientCorrectionSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        email = given.validated_data["email"]
+        try:
+            invoice = invoice_recipient_correct(
+                invoice_id=invoice.pk,
+                email=email,
+                reason=given.validated_data["reason"],
+                actor=f"api:{request.user.get_username()}",
+            )
+        except ValueError as exc:
+            # The service refuses a correction that changes nothing: the recipient is already
+            # what was asked. A retry of one that was done is that; answered as done.
+            invoice.refresh_from_db()
+            if invoice.recipient_override != email:
+                return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+            return Response(recipient_json(invoice, changed=False, detail=str(exc)))
+        if invoice.recipient_override:
+            detail = f"emails now go to {invoice.recipient}"
+        elif invoice.recipient:
+            detail = f"emails now go to {invoice.recipient} (the provider's address)"
+        else:
+            detail = "correction removed; the provider gave no address"
+        detail += "; nothing was sent: replay its dead letter or resend its email"
+        return Response(recipient_json(invoice, changed=True, detail=detail))
