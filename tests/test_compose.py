@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from django.test import Client
 
 from stack.nginx import RENDERER, nginx_check, setting_names
 from tests.helpers.web import collectstatic_step, dockerfile_instructions
@@ -659,3 +660,32 @@ def test_prometheus_scrapes_the_services_compose_runs_on_the_ports_they_serve(
                 scraped.add(host)
     # Every process that serves metrics: the webhook counters are counted in webhooks alone.
     assert scraped == {"web", "webhooks", "worker"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["web", "webhooks"])
+def test_a_gunicorns_metrics_answer_prometheus_and_refuse_the_rest_of_the_network(
+    services: dict[str, dict[str, Any]], settings: Any, name: str
+) -> None:
+    """The application's own /metrics view, with the Host and the networks compose gives the
+    service: Prometheus' scrape is served; another container, or the host through Docker's
+    gateway, is refused."""
+    env = environment(services[name])
+    settings.ALLOWED_HOSTS = env["DJANGO_ALLOWED_HOSTS"].split(",")
+    settings.ASYNCWORK = {
+        **settings.ASYNCWORK,
+        "METRICS_ALLOWED_NETWORKS": env["METRICS_ALLOWED_NETWORKS"].split(","),
+        "METRICS_TOKEN": "",
+        "TRUSTED_PROXIES": [env["TRUSTED_PROXIES"]],
+    }
+    prometheus = services["prometheus"]["networks"]["default"]["ipv4_address"]
+    client = Client(HTTP_HOST=f"{name}:{gunicorn_port(services[name])}")
+    scraped = client.get("/metrics", REMOTE_ADDR=prometheus)
+    assert scraped.status_code == 200
+    assert b"invoicing_dlq_depth" in scraped.content
+    for other in ("172.30.80.1", "172.30.80.3"):
+        assert client.get("/metrics", REMOTE_ADDR=other).status_code == 403, other
+    # Through the edge (the one trusted proxy), the client it names decides, not the edge.
+    edge = services["edge"]["networks"]["default"]["ipv4_address"]
+    relayed = client.get("/metrics", REMOTE_ADDR=edge, HTTP_X_FORWARDED_FOR="172.30.80.1")
+    assert relayed.status_code == 403
