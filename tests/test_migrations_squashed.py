@@ -35,6 +35,7 @@ SQUASHED = {
 # Written after the squash, on the last file it replaces: both kinds of database run them.
 AFTER = {
     ("asyncwork", "0006_deadletter_resolved"),
+    ("asyncwork", "0007_idempotencyrecord_response"),
     ("invoicing", "0006_invoice_provider_customer_id"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),

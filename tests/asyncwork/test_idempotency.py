@@ -21,6 +21,7 @@ from asyncwork.idempotency import (
     IdempotencyKeyReused,
     idempotency_key_from,
     idempotent_perform,
+    idempotent_respond,
     request_fingerprint,
 )
 from asyncwork.models import IdempotencyRecord, OutboxMessage
@@ -77,6 +78,44 @@ def test_a_different_request_under_a_used_key_is_refused(alice: Any) -> None:
             user=alice, key="k1", fingerprint="2" * 64, request="POST /x/2/", perform=make("b")
         )
     assert OutboxMessage.objects.count() == 1
+
+
+def test_an_answer_is_kept_and_given_again_when_the_work_is_not_one_row(alice: Any) -> None:
+    """A bulk action's answer (lists of ids) is kept with the key: the same request again gets
+    it, from the database, and does nothing; work that fails leaves the key unused."""
+    done: list[str] = []
+
+    def perform(tag: str) -> Callable[[], dict[str, Any]]:
+        def work() -> dict[str, Any]:
+            done.append(tag)
+            return {"replayed": [1, 2], "refused": [{"id": 3, "detail": "why"}]}
+
+        return work
+
+    def failing() -> dict[str, Any]:
+        raise RuntimeError("the work failed")
+
+    with pytest.raises(RuntimeError):
+        idempotent_respond(
+            user=alice, key="k1", fingerprint="f" * 64, request="POST /bulk/", perform=failing
+        )
+    assert not IdempotencyRecord.objects.exists()
+    first = idempotent_respond(
+        user=alice, key="k1", fingerprint="f" * 64, request="POST /bulk/", perform=perform("a")
+    )
+    again = idempotent_respond(
+        user=alice, key="k1", fingerprint="f" * 64, request="POST /bulk/", perform=perform("b")
+    )
+
+    assert (first.replayed, again.replayed) == (False, True)
+    assert again.response == first.response == perform("c")()
+    assert done == ["a", "c"]
+    assert IdempotencyRecord.objects.get().response == first.response
+    with pytest.raises(IdempotencyKeyReused):
+        idempotent_respond(
+            user=alice, key="k1", fingerprint="0" * 64, request="POST /bulk/", perform=perform("d")
+        )
+    assert done == ["a", "c"]
 
 
 def test_keys_are_scoped_to_their_user(alice: Any, bob: Any) -> None:

@@ -156,7 +156,8 @@ class ScheduledJob(models.Model):
 
 class IdempotencyRecord(models.Model):
     """One API request under an ``Idempotency-Key`` (``asyncwork.idempotency``): ``fingerprint``
-    tells a retry from another request; ``target`` is what the request created."""
+    tells a retry from another request; ``target`` is what the request created, or ``response``
+    the answer it got when that is not one row (a bulk action's)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255)
@@ -167,6 +168,9 @@ class IdempotencyRecord(models.Model):
     )
     target_id = models.PositiveBigIntegerField(null=True, blank=True)
     target = GenericForeignKey("target_type", "target_id")
+    response = models.JSONField(
+        null=True, blank=True, help_text="The answer given, when the request created no one row."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
