@@ -9,12 +9,14 @@ GET /metrics.
   label values they match on, so a renamed metric, label or scheduled job fails here;
 * the dashboard is a Grafana model with a Prometheus data-source variable and one panel per
   alert's figure, its queries valid PromQL;
+* Debian's Prometheus, scraping a real gunicorn, evaluates every rule without error (slow);
 * each alert's runbook is its section of docs/operations.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,14 +26,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from asyncwork.deadletters import dead_letter_record
+from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK
+from stack import launch
+from stack.net import HOST, free_port, wait_until
+from stack.process import Process
 from tests.helpers.metrics import Samples, scrape
+from tests.helpers.processes import worker_env
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import EventsCursor
@@ -319,6 +328,97 @@ def test_the_target_alert_covers_every_scrape_job() -> None:
     jobs = scrape_jobs()
     assert len(jobs) == 3
     assert all(re.fullmatch(pattern, job) for job in jobs), jobs
+
+
+# --- A real Prometheus on the real application ---------------------------------------------------
+
+
+def prometheus_api(port: int, path: str) -> Any:
+    answer = requests.get(f"http://{HOST}:{port}/api/v1/{path}", timeout=5)
+    answer.raise_for_status()
+    return answer.json()["data"]
+
+
+@pytest.mark.slow
+def test_prometheus_evaluates_every_rule_on_what_the_application_serves(
+    transactional_db: None, tmp_path: Path
+) -> None:
+    """Debian's Prometheus scraping a real gunicorn's /metrics with this configuration's web job
+    and the rules: every rule evaluates without error; a waiting dead letter, and neither a beat
+    nor a worker running, make their alerts pending; the others stay quiet."""
+    dead_letter_record(
+        task=SEND_INVOICE_EMAIL_TASK,
+        task_id="alert-rules-1",
+        args=[1],
+        kwargs={},
+        queue=EMAIL_QUEUE,
+        reason="permanent",
+        exc=PermanentError("recipient refused"),
+        traceback="",
+        attempts=1,
+    )
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus not found: apt-get install prometheus"
+    # Ready at Django's first answer, whatever it is (the probe is a POST): the app is loaded.
+    with launch.gunicorn(
+        worker_env(0), ready_path="/metrics", ready_status=None, log=tmp_path / "gunicorn.log"
+    ) as web:
+        config = yaml.safe_load(CONFIG.read_text())
+        [job] = [job for job in config["scrape_configs"] if job["job_name"] == "invoicing-web"]
+        job["static_configs"] = [{"targets": [f"{HOST}:{web.port}"]}]
+        config["scrape_configs"] = [job]
+        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        config["rule_files"] = [str(RULES)]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+
+        def ready(_: Process) -> bool:
+            try:
+                return requests.get(f"http://{HOST}:{port}/-/ready", timeout=1).ok
+            except requests.ConnectionError:
+                return False
+
+        prometheus = Process(
+            [
+                binary,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address={HOST}:{port}",
+            ],
+            name="prometheus",
+            env=dict(os.environ),
+            log=tmp_path / "prometheus.log",
+            ready=ready,
+        )
+        with prometheus:
+
+            def pending() -> set[str]:
+                return {
+                    alert["labels"]["alertname"]
+                    for alert in prometheus_api(port, "alerts")["alerts"]
+                }
+
+            expected = {"DeadLettersWaiting", "NoBeatLeader", "NoLiveWorkers"}
+            assert wait_until(lambda: pending() == expected, timeout=30), pending()
+            evaluated = [
+                rule for group in prometheus_api(port, "rules")["groups"] for rule in group["rules"]
+            ]
+            states = {alert["state"] for alert in prometheus_api(port, "alerts")["alerts"]}
+            [target] = prometheus_api(port, "targets")["activeTargets"]
+            reconcile = prometheus_api(
+                port,
+                "query?query=invoicing_scheduled_job_last_run_failed"
+                '{exported_job="stripe-events-reconcile"}',
+            )["result"]
+
+    assert (target["labels"]["job"], target["health"]) == ("invoicing-web", "up")
+    assert {rule["name"] for rule in evaluated} == set(alerts())
+    assert all(rule["health"] == "ok" for rule in evaluated), [
+        (rule["name"], rule.get("lastError")) for rule in evaluated if rule["health"] != "ok"
+    ]
+    assert states == {"pending"}  # each waits out its `for:`
+    [series] = reconcile  # the scheduled jobs' `job` label, as the rules read it
+    assert series["metric"]["job"] == "invoicing-web"
 
 
 # --- The dashboard --------------------------------------------------------------------------------
