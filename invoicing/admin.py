@@ -59,10 +59,12 @@ class EmailDeliveryInline(admin.TabularInline):
     fields = (
         "key",
         "state",
+        "recipient",
         "attempts",
         "last_error",
         "message_id_display",
         "sent_at",
+        "bounced_at",
         "requested_by",
         "created_at",
     )
@@ -84,13 +86,20 @@ class EmailDeliveryAdmin(ReadOnlyAdmin):
         "key",
         "invoice_link",
         "state",
+        "recipient",
         "attempts",
         "sent_at",
         "message_id",
         "last_error_short",
     )
     list_filter = ("state", ("sent_at", admin.DateFieldListFilter))
-    search_fields = ("key", "message_id", "invoice__number", "invoice__provider_invoice_id")
+    search_fields = (
+        "key",
+        "message_id",
+        "recipient",
+        "invoice__number",
+        "invoice__provider_invoice_id",
+    )
     date_hierarchy = "created_at"
     fields = (
         "key",
@@ -99,7 +108,9 @@ class EmailDeliveryAdmin(ReadOnlyAdmin):
         "attempts",
         "last_error",
         "message_id",
+        "recipient",
         "sent_at",
+        "bounced_at",
         "claimed_by",
         "lease_expires_at",
         "requested_by",

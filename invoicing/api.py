@@ -29,7 +29,11 @@ from invoicing.selectors import (
     filter_by_email_status,
     invoices_with_email_status,
 )
-from invoicing.services import invoice_email_resend_request_once, invoice_recipient_correct
+from invoicing.services import (
+    RecipientUnchanged,
+    invoice_email_resend_request_once,
+    invoice_recipient_correct,
+)
 
 
 class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
@@ -246,13 +250,12 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
                 reason=given.validated_data["reason"],
                 actor=f"api:{request.user.get_username()}",
             )
-        except ValueError as exc:
-            # The service refuses a correction that changes nothing: the recipient is already
-            # what was asked. A retry of one that was done is that; answered as done.
+        except RecipientUnchanged as exc:
+            # A retry of a correction that was done: answered as done.
             invoice.refresh_from_db()
-            if invoice.recipient_override != email:
-                return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
             return Response(recipient_json(invoice, changed=False, detail=str(exc)))
+        except ValueError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         if invoice.recipient_override:
             detail = f"emails now go to {invoice.recipient}"
         elif invoice.recipient:

@@ -1,19 +1,27 @@
-"""The invoice each of this app's dead letters is about (``dead_letter_describer``), read in one
-query per page; one whose invoice is gone is left undescribed."""
+"""This app's dead letters to the machinery: the invoice each is about and what became of its
+email (``dead_letter_describer``), read in one query per page, one whose invoice is gone left
+undescribed; and the replay check (``dead_letter_replay_check``): a letter that failed on its
+recipient's address is refused a replay while the address is the one that failed."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import CharField, OuterRef, Subquery, Value
+from django.db.models.functions import Cast, Concat
 from django.urls import reverse
 
-from asyncwork.deadletters import Subject, dead_letter_describer
+from asyncwork.deadletters import Subject, dead_letter_describer, dead_letter_replay_check
 from asyncwork.models import DeadLetter
+from invoicing.mail import RecipientRejected
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
+from invoicing.services import EMAIL_KEY_PREFIX, RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
 
 _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")
+_SEND_FIELDS = ("state", "recipient", "sent_at", "bounced_at")
+_DELIVERY_FIELDS = ("pk", "key", "invoice", *_SEND_FIELDS)
+ADDRESS_FAILURE = f"{RecipientRejected.__module__}.{RecipientRejected.__qualname__}"
 
 
 def _id_argument(letter: DeadLetter) -> int | None:
@@ -24,40 +32,103 @@ def _id_argument(letter: DeadLetter) -> int | None:
     return None
 
 
-def invoice_subject(invoice: Invoice, *, note: str = "") -> Subject:
+def email_outcome(delivery: EmailDelivery | None) -> str:
+    """What became of an email, in words: sent (when, to whom), bounced, failed, or waiting."""
+    if delivery is None:
+        return "no email attempted yet"
+    to = f" to {delivery.recipient}" if delivery.recipient else ""
+    if delivery.state == EmailDelivery.State.SENT and delivery.sent_at is not None:
+        return f"email sent {delivery.sent_at:%Y-%m-%d %H:%M} UTC{to}"
+    if delivery.state == EmailDelivery.State.BOUNCED and delivery.bounced_at is not None:
+        return f"email bounced {delivery.bounced_at:%Y-%m-%d %H:%M} UTC{to}"
+    return {
+        EmailDelivery.State.PENDING: "email waiting to be sent",
+        EmailDelivery.State.SENDING: "email being sent",
+        EmailDelivery.State.FAILED: f"email not sent{to}: its last attempt failed",
+    }.get(delivery.state, f"email {delivery.state}")
+
+
+def invoice_subject(invoice: Invoice, *, delivery: EmailDelivery | None, note: str = "") -> Subject:
     return Subject(
         kind="invoice",
         label=f"{invoice} ({note})" if note else str(invoice),
         recipient=invoice.recipient,
         url=reverse("admin:invoicing_invoice_change", args=[invoice.pk]),
+        outcome=email_outcome(delivery),
     )
+
+
+def _letters_deliveries(
+    letters: Sequence[DeadLetter], *, resend: bool
+) -> dict[int, tuple[Invoice, EmailDelivery | None]]:
+    """Each letter's invoice and email delivery, by letter pk, in one query: a send names its
+    invoice (its delivery, read as far as a subject needs, is the key
+    ``invoice_email_sent:<invoice>``), a resend its delivery."""
+    wanted = {letter.pk: _id_argument(letter) for letter in letters}
+    ids = {pk for pk in wanted.values() if pk is not None}
+    fields = (*_DELIVERY_FIELDS, *(f"invoice__{name}" for name in _INVOICE_FIELDS if name != "pk"))
+    found: dict[int, tuple[Invoice, EmailDelivery | None]] = {}
+    if resend:
+        deliveries = EmailDelivery.objects.select_related("invoice").only(*fields).in_bulk(ids)
+        for letter_pk, delivery_pk in wanted.items():
+            if delivery_pk in deliveries:
+                delivery = deliveries[delivery_pk]
+                found[letter_pk] = (delivery.invoice, delivery)
+        return found
+    # The payment email's delivery read beside its invoice, in the same statement.
+    send = EmailDelivery.objects.filter(
+        key=Concat(Value(EMAIL_KEY_PREFIX), Cast(OuterRef("pk"), CharField()))
+    )
+    invoices = (
+        Invoice.objects.only(*_INVOICE_FIELDS)
+        .annotate(**{f"email_{name}": Subquery(send.values(name)[:1]) for name in _SEND_FIELDS})
+        .in_bulk(ids)
+    )
+    for letter_pk, invoice_pk in wanted.items():
+        if invoice_pk in invoices:
+            invoice = invoices[invoice_pk]
+            read = {name: getattr(invoice, f"email_{name}") for name in _SEND_FIELDS}
+            delivery = EmailDelivery(invoice=invoice, **read) if read["state"] else None
+            found[letter_pk] = (invoice, delivery)
+    return found
 
 
 @dead_letter_describer(SEND_INVOICE_EMAIL_TASK)
 def send_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
     """Dead letters of the payment email (``send_invoice_email(invoice_id)``)."""
-    wanted = {letter.pk: _id_argument(letter) for letter in letters}
-    invoices = Invoice.objects.only(*_INVOICE_FIELDS).in_bulk(
-        {pk for pk in wanted.values() if pk is not None}
-    )
     return {
-        letter_pk: invoice_subject(invoices[invoice_pk])
-        for letter_pk, invoice_pk in wanted.items()
-        if invoice_pk in invoices
+        pk: invoice_subject(invoice, delivery=delivery)
+        for pk, (invoice, delivery) in _letters_deliveries(letters, resend=False).items()
     }
 
 
 @dead_letter_describer(RESEND_INVOICE_EMAIL_TASK)
 def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
     """Dead letters of a resend (``resend_invoice_email(delivery_id)``)."""
-    wanted = {letter.pk: _id_argument(letter) for letter in letters}
-    deliveries = (
-        EmailDelivery.objects.select_related("invoice")
-        .only("pk", "invoice", *(f"invoice__{name}" for name in _INVOICE_FIELDS if name != "pk"))
-        .in_bulk({pk for pk in wanted.values() if pk is not None})
-    )
     return {
-        letter_pk: invoice_subject(deliveries[delivery_pk].invoice, note="resend")
-        for letter_pk, delivery_pk in wanted.items()
-        if delivery_pk in deliveries
+        pk: invoice_subject(invoice, delivery=delivery, note="resend")
+        for pk, (invoice, delivery) in _letters_deliveries(letters, resend=True).items()
     }
+
+
+def _address_unchanged(letters: Sequence[DeadLetter], *, resend: bool) -> dict[int, str]:
+    failed_on_address = [x for x in letters if x.exception_class == ADDRESS_FAILURE]
+    refusals: dict[int, str] = {}
+    for pk, (invoice, delivery) in _letters_deliveries(failed_on_address, resend=resend).items():
+        tried = delivery.recipient if delivery is not None else ""
+        if invoice.recipient == tried:
+            refusals[pk] = (
+                f"it failed on its recipient address ({tried or 'none'}), which is unchanged: "
+                "correct the recipient first"
+            )
+    return refusals
+
+
+@dead_letter_replay_check(SEND_INVOICE_EMAIL_TASK)
+def send_replay_refusals(letters: Sequence[DeadLetter]) -> dict[int, str]:
+    return _address_unchanged(letters, resend=False)
+
+
+@dead_letter_replay_check(RESEND_INVOICE_EMAIL_TASK)
+def resend_replay_refusals(letters: Sequence[DeadLetter]) -> dict[int, str]:
+    return _address_unchanged(letters, resend=True)

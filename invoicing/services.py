@@ -468,11 +468,16 @@ def _recipient_state(invoice: Invoice) -> dict[str, str]:
     return {"recipient_override": invoice.recipient_override, "recipient": invoice.recipient}
 
 
+class RecipientUnchanged(ValueError):
+    """The correction asked for is the one in place: a repeat, nothing to do."""
+
+
 def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor: str) -> Invoice:
     """Send this invoice's emails to ``email`` from now on (empty: remove the correction), kept
     in ``recipient_override`` so the provider's next event does not undo it, and recorded as an
-    operator action with ``reason``. Sends nothing. Raises ``Invoice.DoesNotExist``, or
-    ``ValueError`` for an invalid address, a missing reason, or a correction changing nothing."""
+    operator action with ``reason``. Sends nothing. Raises ``Invoice.DoesNotExist``,
+    ``RecipientUnchanged`` for a correction changing nothing, or ``ValueError`` for an invalid
+    address or a missing reason."""
     email = email.strip()
     reason = " ".join(reason.split())
     if email:
@@ -487,7 +492,7 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
         # Under the row lock a payment event takes too: the two never interleave.
         invoice = Invoice.objects.select_for_update().get(pk=invoice_id)
         if email == invoice.recipient_override:
-            raise ValueError(
+            raise RecipientUnchanged(
                 f"the recipient is already {email}" if email else "there is no correction to remove"
             )
         before = _recipient_state(invoice)

@@ -540,6 +540,7 @@ def test_the_invoice_page_shows_its_emails_and_links_its_dead_letters(
 
     [shown] = inline_rows(page)
     assert shown["state"] == "Failed"
+    assert shown["recipient"] == paid.recipient
     assert shown["attempts"] == "1"
     assert shown["last_error"] == REFUSAL
     assert shown["message_id_display"] == delivery.message_id
@@ -558,7 +559,8 @@ def test_the_invoice_page_shows_its_emails_and_links_its_dead_letters(
     listed = rows(staff.get(href(page, r"deadletter/\?id__in=")))
     assert [row["id"] for row in listed] == [str(letter.pk)]
 
-    call_command("dlq", "replay", str(letter.pk), stdout=StringIO())
+    # Its address is unchanged: replayed only by force (it would fail again).
+    call_command("dlq", "replay", str(letter.pk), "--force", stdout=StringIO())
     page = staff.get(f"{INVOICES}{paid.pk}/change/").content.decode()
     assert f"Dead letter {letter.pk}</a>: replayed by cli:" in page
 

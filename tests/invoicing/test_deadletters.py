@@ -11,10 +11,19 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from asyncwork.deadletters import Subject, dead_letter_failure, dead_letter_subjects
+from asyncwork.deadletters import (
+    Subject,
+    dead_letter_failure,
+    dead_letter_refusals,
+    dead_letter_subjects,
+)
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery
-from invoicing.services import RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
+from invoicing.services import (
+    RESEND_INVOICE_EMAIL_TASK,
+    SEND_INVOICE_EMAIL_TASK,
+    invoice_recipient_correct,
+)
 from tests.helpers.factories import paid_invoice
 
 pytestmark = pytest.mark.django_db
@@ -46,6 +55,7 @@ def test_a_payment_emails_dead_letter_is_its_invoice_and_where_its_emails_go_now
             label="INV-7",
             recipient="typo@exmaple.com",
             url=f"/admin/invoicing/invoice/{invoice.pk}/change/",
+            outcome="no email attempted yet",
         )
     }
     invoice.recipient_override = "fixed@example.com"
@@ -114,3 +124,48 @@ def test_the_failure_is_the_stored_message_on_one_line(stored: str, words: str) 
 def test_a_failure_with_no_message_is_named_by_its_class() -> None:
     dead = letter("core.nothing", [1], "", exception_class="celery.exceptions.Reject")
     assert dead_letter_failure(dead) == "Reject"
+
+
+def test_what_became_of_the_email_is_read_with_the_invoice() -> None:
+    invoice = paid_invoice()
+    dead = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk])
+    delivery = EmailDelivery.objects.create(
+        key=f"invoice_email_sent:{invoice.pk}",
+        invoice=invoice,
+        state="failed",
+        recipient=invoice.recipient,
+        message_id="<x@example.com>",
+    )
+    assert dead_letter_subjects([dead])[dead.pk].outcome == (
+        f"email not sent to {invoice.recipient}: its last attempt failed"
+    )
+    sent_at = timezone.now()
+    EmailDelivery.objects.filter(pk=delivery.pk).update(state="sent", sent_at=sent_at)
+    assert dead_letter_subjects([dead])[dead.pk].outcome == (
+        f"email sent {sent_at:%Y-%m-%d %H:%M} UTC to {invoice.recipient}"
+    )
+
+
+def test_a_replay_of_an_address_failure_is_refused_until_the_address_changes() -> None:
+    invoice = paid_invoice(customer_email="typo@exmaple.com")
+    EmailDelivery.objects.create(
+        key=f"invoice_email_sent:{invoice.pk}",
+        invoice=invoice,
+        state="failed",
+        recipient="typo@exmaple.com",
+    )
+    on_address = letter(
+        SEND_INVOICE_EMAIL_TASK,
+        [invoice.pk],
+        "recipient refused: 550 5.1.1 no such user (typo@exmaple.com)",
+        exception_class="invoicing.mail.RecipientRejected",
+    )
+    elsewhere = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk], "SMTP 554 5.7.1 message rejected")
+    assert dead_letter_refusals([on_address, elsewhere]) == {
+        on_address.pk: "it failed on its recipient address (typo@exmaple.com), which is "
+        "unchanged: correct the recipient first"
+    }
+    invoice_recipient_correct(
+        invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="test"
+    )
+    assert dead_letter_refusals([on_address, elsewhere]) == {}

@@ -21,7 +21,7 @@ from asyncwork.deadletters import dead_letter_failure, dead_letter_replay_state
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters
-from invoicing.services import invoice_recipient_correct
+from invoicing.services import RecipientUnchanged, invoice_recipient_correct
 
 INVOICE_HELP = "The invoice's id, its provider's id (in_...) or its number."
 
@@ -142,13 +142,10 @@ class Command(BaseCommand):
                 reason=options["why"],
                 actor=cli_actor(options["actor"]),
             )
+        except RecipientUnchanged as exc:  # a repeat of a correction that was done
+            self.stdout.write(f"Invoice {_shown(str(invoice))}: nothing changed: {exc}")
+            return
         except ValueError as exc:
-            # The service refuses a correction that changes nothing; a repeat of one that was
-            # done is that, and is done.
-            invoice.refresh_from_db()
-            if options["why"].strip() and invoice.recipient_override == email:
-                self.stdout.write(f"Invoice {_shown(str(invoice))}: nothing changed: {exc}")
-                return
             raise CommandError(str(exc)) from exc
         if invoice.recipient_override:
             now = f"emails now go to {invoice.recipient}"
