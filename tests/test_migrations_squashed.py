@@ -37,6 +37,7 @@ AFTER = {
     ("asyncwork", "0006_deadletter_resolved"),
     ("asyncwork", "0007_idempotencyrecord_response"),
     ("invoicing", "0006_invoice_provider_customer_id"),
+    ("invoicing", "0007_email_delivery_recipient_and_bounce"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),
 }
