@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from asyncwork.api import DeadLetterViewSet
 from invoicing.api import InvoiceViewSet
+from invoicing.bounces import email_tracking_urlpatterns
 
 api = DefaultRouter()
 api.register("invoices", InvoiceViewSet, basename="invoice")
@@ -16,8 +17,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhooks.urls")),
     # The email provider's tracking webhooks (bounces, complaints), verified by django-anymail:
-    # webhooks/email/<provider>/tracking/ (invoicing.bounces receives them).
-    path("webhooks/email/", include("anymail.urls")),
+    # webhooks/email/<provider>/tracking/ (invoicing.bounces).
+    path("webhooks/email/", include((email_tracking_urlpatterns(), "anymail"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/", include(api.urls)),
 ]

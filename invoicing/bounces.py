@@ -2,7 +2,8 @@
 
 The provider's tracking webhook reaches ``webhooks/email/<provider>/tracking/``, where
 django-anymail verifies it as that provider signs it (Postmark: HTTP basic auth with
-``ANYMAIL_WEBHOOK_SECRET``) and sends the ``tracking`` signal. A bounce, rejection or complaint
+``ANYMAIL_WEBHOOK_SECRET``; with none set, the webhook is off) and sends the ``tracking``
+signal. A bounce, rejection or complaint
 of one of our emails (found by the delivery key the send put in the message's metadata) marks
 its delivery ``bounced`` and raises a dead letter of the email's job, "bounced: <the provider's
 reason>", which an operator handles like any other: correct the recipient, then replay.
@@ -14,13 +15,20 @@ longer sends to (the recipient was corrected and the email sent again since) cha
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from anymail import urls as anymail_urls
 from anymail.signals import AnymailTrackingEvent, EventType, tracking
+from django.conf import settings
 from django.db import transaction
 from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 
 from asyncwork.deadletters import dead_letter_record
 from asyncwork.models import DeadLetter
@@ -105,6 +113,32 @@ def email_undelivered_record(
             delivery.last_error = reason
             delivery.save(update_fields=["state", "bounced_at", "last_error", "updated_at"])
     return letter
+
+
+def _secret_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """anymail takes a tracking webhook from anyone while ``ANYMAIL["WEBHOOK_SECRET"]`` is unset
+    (it only warns): here such a webhook is off, answering 404 with the reason."""
+
+    @functools.wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not getattr(settings, "ANYMAIL", {}).get("WEBHOOK_SECRET"):
+            return JsonResponse(
+                {"error": "email tracking webhooks are off: ANYMAIL_WEBHOOK_SECRET is not set"},
+                status=404,
+            )
+        return view(request, *args, **kwargs)
+
+    return csrf_exempt(guarded)
+
+
+def email_tracking_urlpatterns() -> list[URLPattern]:
+    """anymail's tracking webhook URLs (``<provider>/tracking/``), each off while no webhook
+    secret is set; its inbound ones are left out (this app receives no mail)."""
+    return [
+        URLPattern(p.pattern, _secret_required(p.callback), p.default_args, p.name)
+        for p in anymail_urls.urlpatterns
+        if isinstance(p, URLPattern) and (p.name or "").endswith("_tracking_webhook")
+    ]
 
 
 @receiver(tracking, dispatch_uid="invoicing.bounces")

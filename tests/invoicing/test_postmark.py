@@ -300,3 +300,22 @@ def test_tracking_events_of_others_and_deliveries_change_nothing(
         assert _post(client, event) == 200
     assert not DeadLetter.objects.exists()
     assert _sent(invoice).state == "sent"
+
+
+def test_without_a_webhook_secret_the_tracking_webhook_is_off(
+    postmark: PostmarkApi, client: Client, settings: Any
+) -> None:
+    """anymail alone would take anyone's post (it only warns): a forged bounce must not land."""
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    settings.ANYMAIL = {k: v for k, v in settings.ANYMAIL.items() if k != "WEBHOOK_SECRET"}
+    response = client.post(
+        TRACKING_URL, json.dumps(postmark.bounce_event(message)), content_type="application/json"
+    )
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": "email tracking webhooks are off: ANYMAIL_WEBHOOK_SECRET is not set"
+    }
+    assert not DeadLetter.objects.exists()
+    assert _state(invoice) == "sent"
