@@ -41,11 +41,12 @@ def email_outcome(delivery: EmailDelivery | None) -> str:
         return f"email sent {delivery.sent_at:%Y-%m-%d %H:%M} UTC{to}"
     if delivery.state == EmailDelivery.State.BOUNCED and delivery.bounced_at is not None:
         return f"email bounced {delivery.bounced_at:%Y-%m-%d %H:%M} UTC{to}"
-    return {
+    waiting: dict[str, str] = {
         EmailDelivery.State.PENDING: "email waiting to be sent",
         EmailDelivery.State.SENDING: "email being sent",
         EmailDelivery.State.FAILED: f"email not sent{to}: its last attempt failed",
-    }.get(delivery.state, f"email {delivery.state}")
+    }
+    return waiting.get(delivery.state, f"email {delivery.state}")
 
 
 def invoice_subject(invoice: Invoice, *, delivery: EmailDelivery | None, note: str = "") -> Subject:
@@ -88,8 +89,8 @@ def _letters_deliveries(
         if invoice_pk in invoices:
             invoice = invoices[invoice_pk]
             read = {name: getattr(invoice, f"email_{name}") for name in _SEND_FIELDS}
-            delivery = EmailDelivery(invoice=invoice, **read) if read["state"] else None
-            found[letter_pk] = (invoice, delivery)
+            send_read = EmailDelivery(invoice=invoice, **read) if read["state"] else None
+            found[letter_pk] = (invoice, send_read)
     return found
 
 

@@ -197,13 +197,14 @@ def test_a_request_that_times_out_is_retried_and_sends_one_email(postmark: Postm
 # --- bounces close the loop -------------------------------------------------------------------
 
 
-def _auth(credentials: str = WEBHOOK_AUTH) -> dict[str, str]:
-    return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(credentials.encode()).decode()}
-
-
 def _post(client: Client, event: dict[str, Any], credentials: str = WEBHOOK_AUTH) -> int:
+    """Post ``event`` as Postmark does, with basic auth (the URL's user:password)."""
+    auth = "Basic " + base64.b64encode(credentials.encode()).decode()
     response = client.post(
-        TRACKING_URL, json.dumps(event), content_type="application/json", **_auth(credentials)
+        TRACKING_URL,
+        json.dumps(event),
+        content_type="application/json",
+        headers={"Authorization": auth},
     )
     return response.status_code
 
