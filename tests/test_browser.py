@@ -323,9 +323,15 @@ def test_an_operator_corrects_the_recipient_replays_the_dead_letter_and_sees_the
         wait.until(expected_conditions.presence_of_element_located((By.ID, "result_list")))
         browser.find_element(By.CSS_SELECTOR, f"input.action-select[value='{letter.pk}']").click()
         Select(browser.find_element(By.NAME, "action")).select_by_visible_text(
-            "Replay selected dead letters"
+            "Replay selected dead letters…"
         )
         browser.find_element(By.CSS_SELECTOR, "button[name='index']").click()
+        # The page asking first, with the count.
+        count = wait.until(
+            expected_conditions.visibility_of_element_located((By.ID, "confirmation-count"))
+        )
+        assert count.text.startswith("Replay 1 dead letter:")
+        browser.find_element(By.CSS_SELECTOR, "#confirmation-form input[name='confirm']").click()
 
         success = wait.until(
             expected_conditions.visibility_of_element_located(

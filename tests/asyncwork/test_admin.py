@@ -31,7 +31,15 @@ from asyncwork.outbox import outbox_relay, outbox_task_id
 from core.celery import app
 from operators.models import OperatorAction
 from stack.net import free_port
-from tests.helpers.admin import EMPTY, action_choices, admin_as, messages, rows, run_action
+from tests.helpers.admin import (
+    EMPTY,
+    action_choices,
+    admin_as,
+    form_data,
+    messages,
+    rows,
+    run_action,
+)
 from tests.helpers.factories import paid_invoice, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -335,6 +343,14 @@ def test_each_power_offers_its_own_action_only(queue: Any) -> None:
     assert action_choices(republisher.get(OUTBOX)) == ["republish_selected"]
 
 
+def confirmed(client: Client, action: str, pks: list[Any], button: str = "confirm") -> Any:
+    """Choose ``action`` for ``pks``, then submit its confirmation page with ``button``."""
+    page = run_action(client, DEAD_LETTERS, action, pks)
+    return client.post(
+        DEAD_LETTERS, {**form_data(page, "confirmation-form"), button: "1"}, follow=True
+    )
+
+
 def test_a_replay_is_recorded_once_and_shown_on_the_dead_letter(staff: Client) -> None:
     waiting = letter()
     assert action_choices(staff.get(DEAD_LETTERS)) == [
@@ -343,7 +359,12 @@ def test_a_replay_is_recorded_once_and_shown_on_the_dead_letter(staff: Client) -
         "unresolve_selected",
     ]
 
-    response = run_action(staff, DEAD_LETTERS, "replay_selected", [waiting.pk])
+    page = run_action(staff, DEAD_LETTERS, "replay_selected", [waiting.pk])
+    assert "Replay <strong>1</strong> dead letter:" in page.content.decode()
+    assert not OperatorAction.objects.exists()  # asked first, nothing done yet
+    response = staff.post(
+        DEAD_LETTERS, {**form_data(page, "confirmation-form"), "confirm": "1"}, follow=True
+    )
 
     assert messages(response) == [("success", "Replayed 1 dead letter(s).")]
     waiting.refresh_from_db()
@@ -398,14 +419,14 @@ def test_resolving_asks_why_on_a_page_with_the_count_then_files_the_letters_apar
     ]
     # The page of a resolved letter offers no Replay button; unresolving brings it back.
     assert 'class="replay"' not in staff.get(f"{DEAD_LETTERS}{first.pk}/change/").content.decode()
-    undone = run_action(staff, DEAD_LETTERS, "unresolve_selected", [first.pk])
+    undone = confirmed(staff, "unresolve_selected", [first.pk])
     assert messages(undone) == [("success", "1 dead letter(s) wait again.")]
     assert 'class="replay"' in staff.get(f"{DEAD_LETTERS}{first.pk}/change/").content.decode()
 
 
 def test_operator_actions_are_listed_read_only_with_filters_and_links(staff: Client) -> None:
     first, second = letter("t1"), letter("t2")
-    run_action(staff, DEAD_LETTERS, "replay_selected", [first.pk])
+    confirmed(staff, "replay_selected", [first.pk])
     call_command("dlq", "replay", str(second.pk), stdout=StringIO())
 
     listed = rows(staff.get(ACTIONS))

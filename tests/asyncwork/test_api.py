@@ -105,6 +105,10 @@ def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClie
         "url": f"/admin/invoicing/invoice/{invoice.pk}/change/",
     }
     failure = "recipient refused: 550 5.1.1 no such user (typo@exmaple.com)"
+    # What became of the work, in the invoicing app's words.
+    outcome = listed[refused.pk]["subject"].pop("outcome")
+    assert outcome
+    assert one["subject"].pop("outcome") == outcome
     assert (listed[refused.pk]["subject"], listed[refused.pk]["failure"]) == (expected, failure)
     assert (one["subject"], one["failure"]) == (expected, failure)
     assert one["exception_message"] == refused.exception_message  # as stored
@@ -133,7 +137,13 @@ def test_the_schema_describes_subject_and_failure(staff: APIClient) -> None:
     components = staff.get("/api/schema/?format=json").json()["components"]["schemas"]
     properties = components["DeadLetter"]["properties"]
     assert properties["failure"]["type"] == "string"
-    assert set(components["Subject"]["properties"]) == {"kind", "label", "recipient", "url"}
+    assert set(components["Subject"]["properties"]) == {
+        "kind",
+        "label",
+        "recipient",
+        "url",
+        "outcome",
+    }
     assert {"subject", "failure"} <= set(components["DeadLetter"]["required"])
 
 

@@ -18,21 +18,27 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
 from asyncwork.deadletters import (
+    OUTCOME_DEAD_LETTERED,
     WAITING,
+    ReplayOutcome,
+    ReplayResult,
     Subject,
     dead_letter_age,
     dead_letter_failure,
+    dead_letter_refusals,
     dead_letter_replay,
+    dead_letter_replay_outcomes,
     dead_letter_replay_state,
     dead_letter_resolve,
     dead_letter_subjects,
     dead_letter_unresolve,
+    dead_letters_select,
 )
 from asyncwork.locks import lock_holder
 from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob, job_arguments
@@ -89,16 +95,20 @@ class ReplayStateFilter(admin.SimpleListFilter):
 
 # Set on each dead letter of a change list page by ``DeadLetterChangeList``.
 _SUBJECT = "_described_subject"
+_OUTCOME = "_replay_outcome"
 
 
 class DeadLetterChangeList(ChangeList):
-    """Describes the page's dead letters at once: one query per kind of job, not per row."""
+    """Describes the page's dead letters, and what became of the replayed ones' jobs, at once:
+    one query per kind of job, and two for the replays, not per row."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         subjects = dead_letter_subjects(self.result_list)
+        outcomes = dead_letter_replay_outcomes(self.result_list)
         for letter in self.result_list:
             setattr(letter, _SUBJECT, subjects.get(letter.pk))
+            setattr(letter, _OUTCOME, outcomes.get(letter.pk))
 
 
 def _subject(letter: DeadLetter) -> Subject | None:
@@ -106,6 +116,16 @@ def _subject(letter: DeadLetter) -> Subject | None:
         setattr(letter, _SUBJECT, dead_letter_subjects([letter]).get(letter.pk))
     subject: Subject | None = getattr(letter, _SUBJECT)
     return subject
+
+
+def _outcome(letter: DeadLetter) -> ReplayOutcome | None:
+    if not hasattr(letter, _OUTCOME):  # a single dead letter's page
+        setattr(letter, _OUTCOME, dead_letter_replay_outcomes([letter]).get(letter.pk))
+    outcome: ReplayOutcome | None = getattr(letter, _OUTCOME)
+    return outcome
+
+
+CONFIRMATION = "admin/asyncwork/deadletter/action_confirmation.html"
 
 
 @admin.display(description="State", ordering="replayed_at")
@@ -129,8 +149,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "attempts",
         "age",
         replayed_at,
+        "outcome",
     )
     list_display_links = ("id",)
+    list_select_related = ("replay_outbox",)  # what became of a replay, read with the page
     list_filter = ("reason", ReplayStateFilter, "task")
     search_fields = ("task_id", "exception_message", "replayed_by", "resolved_by", "resolved_why")
     date_hierarchy = "created_at"
@@ -147,6 +169,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     "attempts",
                     "age",
                     "replay_state",
+                    "outcome",
                 )
             },
         ),
@@ -201,6 +224,33 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def replay_state(self, obj: DeadLetter) -> str:
         return dead_letter_replay_state(obj)
 
+    @admin.display(description="Outcome")
+    def outcome(self, obj: DeadLetter) -> str:
+        """What became of the job: its replay's fate, as the machinery knows it (the dead letter
+        it became, linked), and the work's, as its app says."""
+        parts: list[tuple[str, str]] = []
+        replay = _outcome(obj)
+        if replay is not None and replay.state == OUTCOME_DEAD_LETTERED and replay.again:
+            link = reverse("admin:asyncwork_deadletter_change", args=[replay.again.pk])
+            parts.append(
+                (
+                    "replay-outcome",
+                    format_html(
+                        'dead-lettered again as <a href="{}">dead letter #{}</a>',
+                        link,
+                        replay.again.pk,
+                    ),
+                )
+            )
+        elif replay is not None:
+            parts.append(("replay-outcome", replay.text))
+        subject = _subject(obj)
+        if subject is not None and subject.outcome:
+            parts.append(("subject-outcome", f"{subject.kind}: {subject.outcome}"))
+        if not parts:
+            return "-"
+        return format_html_join("; ", '<span class="{}">{}</span>', parts)
+
     @admin.display(description="Traceback")
     def traceback_display(self, obj: DeadLetter) -> str:
         if not obj.traceback:
@@ -228,18 +278,40 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         ]
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """The page's Replay button: the same service as the action, for this dead letter."""
+        """The page's Replay button: the same service as the action, for this dead letter. When
+        its replay check refuses it, a page saying why first, with Replay anyway."""
         if not (self.has_view_permission(request) and self.has_replay_permission(request)):
             raise PermissionDenied
         letter = self.get_object(request, unquote(object_id))
         if letter is None:
             raise Http404(f"no dead letter with id {object_id}")
-        result = dead_letter_replay(ids=[letter.pk], actor=admin_actor(request))
-        if letter.pk in result.replayed:
+        force = "force" in request.POST
+        if not force and dead_letter_refusals(dead_letters_select().filter(pk=letter.pk)):
+            return self._confirmation(
+                request,
+                "replay_selected",
+                [letter],
+                form_url=reverse("admin:asyncwork_deadletter_replay", args=[letter.pk]),
+            )
+        result = dead_letter_replay(ids=[letter.pk], actor=admin_actor(request), force=force)
+        if letter.pk in result.forced:
+            self.message_user(
+                request,
+                f"Replayed dead letter {letter.pk} by force: its job is queued again, although "
+                f"its check said: {result.forced[letter.pk]}",
+                messages.WARNING,
+            )
+        elif letter.pk in result.replayed:
             self.message_user(
                 request,
                 f"Replayed dead letter {letter.pk}: its job is queued again.",
                 messages.SUCCESS,
+            )
+        elif letter.pk in result.refused:
+            self.message_user(
+                request,
+                f"Dead letter {letter.pk} was not replayed: {result.refused[letter.pk]}",
+                messages.WARNING,
             )
         else:
             letter.refresh_from_db()
@@ -251,14 +323,78 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             )
         return HttpResponseRedirect(reverse("admin:asyncwork_deadletter_change", args=[letter.pk]))
 
-    @admin.action(description="Replay selected dead letters", permissions=["replay"])
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        result = dead_letter_replay(
-            ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request)
+    def _confirmation(
+        self,
+        request: HttpRequest,
+        action: str,
+        letters: list[DeadLetter],
+        *,
+        form_url: str = "",
+    ) -> TemplateResponse:
+        """The page an action shows first: how many, which, and what will happen to them (a
+        replay's refusals, each with why); the action runs when it is submitted. ``form_url``:
+        where it is submitted, if not to the list."""
+        waiting = list(dead_letters_select().filter(pk__in=[letter.pk for letter in letters]))
+        verb = {"replay_selected": "Replay", "resolve_selected": "Resolve"}.get(action, "Unresolve")
+        refusals = dead_letter_refusals(waiting) if action == "replay_selected" else {}
+        resolved = sum(1 for letter in letters if letter.resolved_at is not None)
+        return TemplateResponse(
+            request,
+            CONFIRMATION,
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{verb} {len(letters)} dead letter(s)?",
+                "opts": self.model._meta,
+                "action": action,
+                "verb": verb,
+                "letters": letters,
+                "count": len(letters),
+                # What acting changes: the waiting ones, or for unresolve the resolved ones.
+                "acted_on": resolved if action == "unresolve_selected" else len(waiting),
+                "refused": [
+                    {"letter": letter, "why": refusals[letter.pk]}
+                    for letter in waiting
+                    if letter.pk in refusals
+                ],
+                "unrefused": len(waiting) - len(refusals),
+                "form_url": form_url,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "media": self.media,
+            },
         )
+
+    @admin.action(description="Replay selected dead letters…", permissions=["replay"])
+    def replay_selected(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        """A page first, with the count and the refusals of their replay check, each with why;
+        replaying on its submit: Replay leaves the refused ones, Replay anyway forces them."""
+        force = "force" in request.POST
+        if "confirm" not in request.POST and not force:
+            return self._confirmation(request, "replay_selected", list(queryset.order_by("pk")))
+        result = dead_letter_replay(
+            ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request), force=force
+        )
+        self._replay_reported(request, result)
+        return None
+
+    def _replay_reported(self, request: HttpRequest, result: ReplayResult) -> None:
         self.message_user(
             request, f"Replayed {len(result.replayed)} dead letter(s).", messages.SUCCESS
         )
+        if result.forced:
+            self.message_user(
+                request,
+                f"Replayed by force, past their check: {_listed(result.forced)}",
+                messages.WARNING,
+            )
+        if result.refused:
+            self.message_user(
+                request,
+                f"Not replayed, {len(result.refused)} refused by their check (correct what it "
+                f"names, or replay anyway): {_listed(result.refused)}",
+                messages.WARNING,
+            )
         if result.skipped:
             self.message_user(
                 request, f"Skipped {len(result.skipped)} already replayed.", messages.WARNING
@@ -279,44 +415,44 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     ) -> TemplateResponse | None:
         """A page first, with the count and a box for why; resolving on its submit."""
         why = request.POST.get("why", "").strip()
-        if "confirm" in request.POST and why:
-            result = dead_letter_resolve(
-                ids=list(queryset.values_list("pk", flat=True)),
-                actor=admin_actor(request),
-                why=why,
-            )
-            self.message_user(
-                request, f"Resolved {len(result.changed)} dead letter(s).", messages.SUCCESS
-            )
-            if result.skipped:
-                self.message_user(
-                    request,
-                    f"Skipped {len(result.skipped)} replayed or resolved before.",
-                    messages.WARNING,
-                )
-            return None
-        letters = list(queryset.order_by("pk"))
-        return TemplateResponse(
-            request,
-            "admin/asyncwork/deadletter/resolve_confirmation.html",
-            {
-                **self.admin_site.each_context(request),
-                "title": f"Resolve {len(letters)} dead letter(s)",
-                "opts": self.model._meta,
-                "letters": letters,
-                "count": len(letters),
-                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            },
+        if "confirm" not in request.POST or not why:
+            return self._confirmation(request, "resolve_selected", list(queryset.order_by("pk")))
+        result = dead_letter_resolve(
+            ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request), why=why
         )
+        self.message_user(
+            request, f"Resolved {len(result.changed)} dead letter(s).", messages.SUCCESS
+        )
+        if result.skipped:
+            self.message_user(
+                request,
+                f"Skipped {len(result.skipped)} replayed or resolved before.",
+                messages.WARNING,
+            )
+        return None
 
-    @admin.action(description="Unresolve selected dead letters", permissions=["resolve"])
-    def unresolve_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+    @admin.action(description="Unresolve selected dead letters…", permissions=["resolve"])
+    def unresolve_selected(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        """A page first, with the count; unresolving on its submit."""
+        if "confirm" not in request.POST:
+            return self._confirmation(request, "unresolve_selected", list(queryset.order_by("pk")))
         result = dead_letter_unresolve(
             ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request)
         )
         self.message_user(
             request, f"{len(result.changed)} dead letter(s) wait again.", messages.SUCCESS
         )
+        if result.skipped:
+            self.message_user(
+                request, f"Skipped {len(result.skipped)} not resolved.", messages.WARNING
+            )
+        return None
+
+
+def _listed(whys: dict[int, str]) -> str:
+    return "; ".join(f"#{pk}: {why}" for pk, why in sorted(whys.items()))
 
 
 @admin.display(description="Last error")

@@ -1,12 +1,15 @@
 """The dead-letter queue: jobs that will not be retried any more, kept with their reason.
 
 A dead letter is a ``DeadLetter`` row, written once per task id before the job's message is
-acknowledged; operators read, replay and purge it. Replay re-enqueues the original job through
-the outbox; jobs are idempotent, so replaying one that has since succeeded does nothing.
+acknowledged; operators read, replay, resolve and purge it, one by one or as a selection of those
+still waiting (``dead_letters_select``). Replay re-enqueues the original job through the outbox;
+jobs are idempotent, so replaying one that has since succeeded does nothing.
 
 What a dead letter is about belongs to the app owning its job: it declares
 ``@dead_letter_describer(task)`` to turn that task's dead letters into ``Subject``s (a label, a
-recipient, an admin page), one query per kind of job on a page.
+recipient, an admin page, what became of the work), one query per kind of job on a page; and
+``@dead_letter_replay_check(task)`` to say which would only fail again if replayed as they stand
+(their cause unchanged): those are not replayed unless forced.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from django.core.cache import cache
@@ -23,12 +26,13 @@ from django.core.mail import mail_admins
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
 
 from asyncwork.audit import operator_action_record
 from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.jobs import job
-from asyncwork.models import DeadLetter
-from asyncwork.outbox import outbox_enqueue
+from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.outbox import outbox_enqueue, outbox_task_id
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
@@ -100,16 +104,25 @@ class ReplayResult:
     replayed: list[int]
     skipped: list[int]  # already replayed
     resolved: list[int] = field(default_factory=list)  # resolved: unresolve one to replay it
+    # Not replayed: their replay check says why they would only fail again (force overrides it).
+    refused: dict[int, str] = field(default_factory=dict)
+    # Replayed by force although their replay check refused them, and what it said.
+    forced: dict[int, str] = field(default_factory=dict)
 
 
 WAITING = Q(replayed_at__isnull=True, resolved_at__isnull=True)
 
 
-def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayResult:
+def dead_letter_replay(
+    *, ids: list[int] | None = None, actor: str, force: bool = False
+) -> ReplayResult:
     """Re-enqueue the jobs of the given dead letters (all waiting if ``ids`` is None), each at most
     once (one replayed before is skipped, as is one resolved), recording each as an operator
-    action of ``actor``."""
+    action of ``actor``. One its task's replay check refuses is not replayed unless ``force``;
+    a forced replay records the refusal it overrode."""
     replayed: list[int] = []
+    refused: dict[int, str] = {}
+    forced: dict[int, str] = {}
     with transaction.atomic():
         chosen = Q(pk__in=ids) if ids is not None else WAITING
         found = list(DeadLetter.objects.select_for_update().filter(chosen).order_by("pk"))
@@ -119,11 +132,18 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
             for letter in found
             if letter.replayed_at is None and letter.resolved_at is not None
         ]
+        refusals = dead_letter_refusals(
+            letter for letter in found if letter.replayed_at is None and letter.resolved_at is None
+        )
         for letter in found:
+            refusal = refusals.get(letter.pk)
             if letter.replayed_at is not None:
                 detail = f"skipped: already replayed by {letter.replayed_by or '?'}"
             elif letter.resolved_at is not None:
                 detail = f"skipped: resolved by {letter.resolved_by or '?'}; unresolve it first"
+            elif refusal is not None and not force:
+                refused[letter.pk] = refusal
+                detail = f"refused: {refusal}"
             else:
                 letter.replay_outbox = outbox_enqueue(
                     task=letter.task, args=letter.args, kwargs=letter.kwargs
@@ -133,16 +153,21 @@ def dead_letter_replay(*, ids: list[int] | None = None, actor: str) -> ReplayRes
                 letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
                 replayed.append(letter.pk)
                 detail = f"replayed: the job is outbox message {letter.replay_outbox.pk}"
+                if refusal is not None:
+                    forced[letter.pk] = refusal
+                    detail += f"; forced past its check, which said: {refusal}"
             operator_action_record(
-                action="dead_letter.replay", actor=actor, target=letter, detail=detail
+                action="dead_letter.replay", actor=actor, target=letter, detail=detail[:500]
             )
     if replayed:
         logger.info(
             "replayed %d dead letter(s)",
             len(replayed),
-            extra={"dead_letter_ids": replayed, "actor": actor},
+            extra={"dead_letter_ids": replayed, "actor": actor, "forced_ids": list(forced)},
         )
-    return ReplayResult(replayed=replayed, skipped=skipped, resolved=resolved)
+    return ReplayResult(
+        replayed=replayed, skipped=skipped, resolved=resolved, refused=refused, forced=forced
+    )
 
 
 @dataclass(frozen=True)
@@ -225,6 +250,73 @@ def dead_letters_waiting() -> QuerySet[DeadLetter]:
     return DeadLetter.objects.filter(WAITING)
 
 
+class SelectionInvalid(ValueError):
+    """A filter of ``dead_letters_select`` that cannot be read; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+TIME_FORMS = "an ISO date or date and time: 2026-12-03, 2026-12-03T17:00, 2026-12-03T17:00+01:00"
+
+
+def _moment(name: str, value: datetime | str, *, end: bool) -> datetime:
+    """``value`` as an aware datetime; a date alone is its day's start, or with ``end`` the next
+    day's start (its end); without an offset, in the current time zone."""
+    moment: datetime | None = None
+    day: date | None = None
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        text = value.strip()
+        try:
+            day = parse_date(text)
+            moment = None if day is not None else parse_datetime(text)
+        except ValueError:  # well formed but no such day or time: 2026-02-30
+            pass
+        if day is not None:
+            moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min)
+        if moment is None:
+            raise SelectionInvalid(name, f"{value!r} is not {TIME_FORMS}")
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+def dead_letters_select(
+    *,
+    reason: str | None = None,
+    task: str | None = None,
+    since: datetime | str | None = None,
+    until: datetime | str | None = None,
+) -> QuerySet[DeadLetter]:
+    """The dead letters still waiting, by id, narrowed by each filter given: ``reason`` (a
+    ``DeadLetter.Reason`` value), ``task`` (its name), created at or after ``since`` and before
+    ``until`` (datetimes, or text in ISO 8601: a date alone is that day's start for ``since`` and
+    its end for ``until``; without an offset, the current time zone). What a bulk replay or
+    resolve acts on, from the command line, the API and the admin alike. Raises
+    ``SelectionInvalid`` naming a filter it cannot read."""
+    letters = dead_letters_waiting()
+    if reason is not None:
+        if reason not in DeadLetter.Reason.values:
+            choices = ", ".join(DeadLetter.Reason.values)
+            raise SelectionInvalid("reason", f"{reason!r} is not one of {choices}")
+        letters = letters.filter(reason=reason)
+    if task is not None:
+        if not task.strip():
+            raise SelectionInvalid("task", "give a task name, as dlq list --json shows it")
+        letters = letters.filter(task=task.strip())
+    start = None if since is None else _moment("since", since, end=False)
+    end = None if until is None else _moment("until", until, end=True)
+    if start is not None and end is not None and end <= start:
+        raise SelectionInvalid("until", "must be later than since: nothing is in between")
+    if start is not None:
+        letters = letters.filter(created_at__gte=start)
+    if end is not None:
+        letters = letters.filter(created_at__lt=end)
+    return letters.order_by("pk")
+
+
 @job("dlq-alert", every=timedelta(minutes=5))
 def dlq_alert() -> int:
     """Alert (ERROR line and mail to ADMINS) when waiting dead letters reach the threshold, at most
@@ -256,6 +348,8 @@ class Subject:
     label: str  # which one, e.g. its number
     recipient: str = ""  # who it was for, if anyone
     url: str = ""  # its admin page
+    # What became of the job's work now, in words, e.g. "email sent 2026-12-03 17:02 UTC".
+    outcome: str = ""
 
     def __str__(self) -> str:
         return f"{self.kind} {self.label}".strip()
@@ -278,14 +372,18 @@ def dead_letter_describer(task: str) -> Callable[[SubjectsFn], SubjectsFn]:
     return declare
 
 
-def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
-    """What each of ``letters`` is about, by pk, asking each describer once. A failing describer is
-    logged and leaves its letters undescribed, so dead letters stay readable."""
+def _by_task(letters: Iterable[DeadLetter]) -> dict[str, list[DeadLetter]]:
     by_task: dict[str, list[DeadLetter]] = {}
     for letter in letters:
         by_task.setdefault(letter.task, []).append(letter)
+    return by_task
+
+
+def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
+    """What each of ``letters`` is about, by pk, asking each describer once. A failing describer is
+    logged and leaves its letters undescribed, so dead letters stay readable."""
     subjects: dict[int, Subject] = {}
-    for task, group in by_task.items():
+    for task, group in _by_task(letters).items():
         describer = _describers.get(task)
         if describer is None:
             continue
@@ -294,6 +392,116 @@ def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
         except Exception:
             logger.exception("describing the dead letters of %s failed", task)
     return subjects
+
+
+# The dead letters of one task about to be replayed -> why replaying each as it stands would only
+# fail again, by pk; a letter not in it may be replayed.
+ReplayCheckFn = Callable[[Sequence[DeadLetter]], Mapping[int, str]]
+
+_replay_checks: dict[str, ReplayCheckFn] = {}
+
+
+def dead_letter_replay_check(task: str) -> Callable[[ReplayCheckFn], ReplayCheckFn]:
+    """Declare the decorated function the replay check of ``task``'s dead letters: given all those
+    about to be replayed at once, it returns, by pk, why replaying one as it stands would only
+    fail again (what it failed on is unchanged), in words saying what to do first. A refused
+    letter is not replayed unless forced."""
+
+    def declare(check: ReplayCheckFn) -> ReplayCheckFn:
+        _replay_checks[task] = check
+        return check
+
+    return declare
+
+
+def dead_letter_refusals(letters: Iterable[DeadLetter]) -> dict[int, str]:
+    """Why each of ``letters`` would only fail again if replayed now, by pk (none: replay it),
+    asking each replay check once. A check that fails is logged and refuses its letters, saying
+    so: nothing is replayed unchecked unless forced."""
+    refusals: dict[int, str] = {}
+    for task, group in _by_task(letters).items():
+        check = _replay_checks.get(task)
+        if check is None:
+            continue
+        try:
+            said = check(group)
+        except Exception as exc:
+            logger.exception("the replay check of %s failed", task)
+            failed = f"its replay check failed ({type(exc).__name__}: {exc}), so it is unchecked"
+            said = {letter.pk: failed for letter in group}
+        refusals.update({pk: why for pk, why in said.items() if why})
+    return refusals
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What became of a replayed dead letter's job, as the machinery knows it."""
+
+    state: str  # one of the OUTCOME_* below
+    text: str  # in words
+    again: DeadLetter | None = None  # the dead letter the replay became, if it did
+
+
+OUTCOME_UNPUBLISHED = "unpublished"  # its outbox message waits to be published
+OUTCOME_PUBLISHED = "published"  # the job was queued: it ran, runs, or waits its turn
+OUTCOME_RETRYING = "retrying"  # the job failed again and waits out a retry's backoff
+OUTCOME_DEAD_LETTERED = "dead-lettered"  # it failed for good again: ``again``
+OUTCOME_CLEARED = "cleared"  # its outbox message was purged, long published
+
+
+def _when(moment: datetime) -> str:
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M %Z")
+
+
+def dead_letter_replay_outcomes(letters: Iterable[DeadLetter]) -> dict[int, ReplayOutcome]:
+    """What became of the job of each replayed one of ``letters``, by pk: its outbox message not
+    yet published, published, waiting out a retry, or dead-lettered again (the dead letter with
+    the replay's task id). Reads the replay outbox messages (with ``select_related`` on
+    ``replay_outbox``, none) and two queries more, however many letters."""
+    replayed = [letter for letter in letters if letter.replayed_at is not None]
+    task_ids = {
+        letter.pk: letter.replay_outbox.task_id or outbox_task_id(letter.replay_outbox.pk)
+        for letter in replayed
+        if letter.replay_outbox is not None and letter.replay_outbox.published_at is not None
+    }
+    again: dict[str, DeadLetter] = {}
+    retrying: dict[str, datetime | None] = {}
+    if task_ids:
+        wanted = set(task_ids.values())
+        again = {x.task_id: x for x in DeadLetter.objects.filter(task_id__in=wanted)}
+        for task_id, due_at in (
+            OutboxMessage.objects.filter(task_id__in=wanted, published_at__isnull=True)
+            .order_by("due_at")
+            .values_list("task_id", "due_at")
+        ):
+            retrying.setdefault(task_id, due_at)
+    outcomes: dict[int, ReplayOutcome] = {}
+    for letter in replayed:
+        message = letter.replay_outbox
+        if message is None:
+            outcomes[letter.pk] = ReplayOutcome(
+                OUTCOME_CLEARED, "published; its outbox message has since been purged"
+            )
+        elif message.published_at is None:
+            outcomes[letter.pk] = ReplayOutcome(
+                OUTCOME_UNPUBLISHED, f"outbox message {message.pk} not yet published"
+            )
+        elif (found := again.get(task_ids[letter.pk])) is not None:
+            outcomes[letter.pk] = ReplayOutcome(
+                OUTCOME_DEAD_LETTERED, f"dead-lettered again as dead letter #{found.pk}", found
+            )
+        elif task_ids[letter.pk] in retrying:
+            due_at = retrying[task_ids[letter.pk]]
+            outcomes[letter.pk] = ReplayOutcome(
+                OUTCOME_RETRYING,
+                f"failed again; a retry is due {_when(due_at)}" if due_at else "failed again",
+            )
+        else:
+            outcomes[letter.pk] = ReplayOutcome(
+                OUTCOME_PUBLISHED,
+                f"published {_when(message.published_at)}: the job was queued (run or waiting)",
+            )
+    return outcomes
 
 
 def dead_letter_failure(letter: DeadLetter) -> str:
@@ -320,9 +528,8 @@ def dead_letter_replay_state(letter: DeadLetter) -> str:
     """``waiting``, ``replayed by <actor> at <time>``, or ``resolved by <actor> at <time>: <why>``
     (the operator's own words)."""
     if letter.replayed_at is not None:
-        when = timezone.localtime(letter.replayed_at).strftime("%Y-%m-%d %H:%M %Z")
-        return f"replayed by {letter.replayed_by or '?'} at {when}"
+        return f"replayed by {letter.replayed_by or '?'} at {_when(letter.replayed_at)}"
     if letter.resolved_at is not None:
-        when = timezone.localtime(letter.resolved_at).strftime("%Y-%m-%d %H:%M %Z")
+        when = _when(letter.resolved_at)
         return f"resolved by {letter.resolved_by or '?'} at {when}: {letter.resolved_why}"
     return "waiting"

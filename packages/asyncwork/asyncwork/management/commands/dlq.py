@@ -2,8 +2,10 @@
 line.
 
 ``list`` prints one line per dead letter within 100 columns; ``--json`` prints every stored field
-plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay and resolve are the
-admin's and the API's services; every action is recorded as an operator action of
+plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay and resolve act on
+the dead letters given by id, or on those still waiting that the filters select
+(``dead_letters_select``), and ``--dry-run`` shows which without acting. They are the admin's
+and the API's services; every action is recorded as an operator action of
 ``cli:<--actor or login name>``.
 """
 
@@ -21,15 +23,20 @@ from django.utils import timezone
 
 from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.deadletters import (
+    TIME_FORMS,
+    WAITING,
+    SelectionInvalid,
     Subject,
     dead_letter_age,
     dead_letter_failure,
     dead_letter_purge,
+    dead_letter_refusals,
     dead_letter_replay,
     dead_letter_replay_state,
     dead_letter_resolve,
     dead_letter_subjects,
     dead_letter_unresolve,
+    dead_letters_select,
     dead_letters_waiting,
     duration_short,
 )
@@ -37,10 +44,22 @@ from asyncwork.models import DeadLetter
 
 WIDTH = 100  # the whole line, in characters
 
-REPLAY_FORMS = """say which dead letters to replay, in one of two forms:
+REPLAY_FORMS = """say which dead letters to replay, in one of three forms:
   manage.py dlq replay ID [ID ...]   replay these (their ids are in `manage.py dlq list`)
   manage.py dlq replay --all         replay every dead letter still waiting
-A dead letter is replayed at most once: replaying it again does nothing."""
+  manage.py dlq replay --reason R --task T --since S --until U
+                                     replay those still waiting that the filters given select
+Add --dry-run to see which first. A dead letter is replayed at most once: replaying it again
+does nothing."""
+
+RESOLVE_FORMS = """say which dead letters to resolve, in one of two forms:
+  manage.py dlq resolve ID [ID ...] --why TEXT
+  manage.py dlq resolve --reason R --task T --since S --until U --why TEXT
+                                     those still waiting that the filters given select
+Add --dry-run to see which first."""
+
+FILTERS = ("reason", "task", "since", "until")
+SAMPLE = 10  # dead letters a dry run shows
 
 # Stored text may hold anything: no terminal control sequences.
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -137,21 +156,33 @@ class Command(BaseCommand):
             "replay",
             help="Re-enqueue the original jobs.",
             description="Re-enqueue the original jobs of dead letters: the ones given by ID, "
-            "or with --all every one still waiting. A dead letter is replayed at most once.",
+            "with --all every one still waiting, or those still waiting that the filters "
+            "select. A dead letter is replayed at most once, and not while its task's replay "
+            "check says it would only fail again (unless --force).",
         )
         replay.add_argument("ids", nargs="*", type=int, metavar="ID")
         replay.add_argument(
             "--all", action="store_true", help="Replay every dead letter still waiting."
+        )
+        self._selection_arguments(replay)
+        replay.add_argument(
+            "--force",
+            action="store_true",
+            help="Replay those their replay check refuses too (it says why they would fail).",
         )
         cli_actor_argument(replay)
         resolve = sub.add_parser(
             "resolve",
             help="Mark dead letters resolved: no longer waiting, not replayed.",
             description="Mark dead letters resolved, saying why: they no longer count toward "
-            "the alert, /health/ or replay --all. Reversible with unresolve.",
+            "the alert, /health/ or replay --all. Reversible with unresolve. The ones given "
+            "by ID, or those still waiting that the filters select.",
         )
-        resolve.add_argument("ids", nargs="+", type=int, metavar="ID")
-        resolve.add_argument("--why", required=True, help="Why the job will not be run.")
+        resolve.add_argument("ids", nargs="*", type=int, metavar="ID")
+        self._selection_arguments(resolve)
+        resolve.add_argument(
+            "--why", help="Why the job will not be run (required, except with --dry-run)."
+        )
         cli_actor_argument(resolve)
         unresolve = sub.add_parser("unresolve", help="Make resolved dead letters wait again.")
         unresolve.add_argument("ids", nargs="+", type=int, metavar="ID")
@@ -165,6 +196,27 @@ class Command(BaseCommand):
             help="Delete dead letters created more than DAYS days ago.",
         )
         cli_actor_argument(purge)
+
+    def _selection_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--reason",
+            metavar="REASON",
+            help=f"Only those of this reason: {', '.join(DeadLetter.Reason.values)}.",
+        )
+        parser.add_argument("--task", metavar="NAME", help="Only those of this task.")
+        parser.add_argument(
+            "--since", metavar="WHEN", help=f"Only those created at or after WHEN, {TIME_FORMS}."
+        )
+        parser.add_argument(
+            "--until",
+            metavar="WHEN",
+            help="Only those created before WHEN (a date alone: up to the end of that day).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help=f"Print how many would be acted on, and the first {SAMPLE}; change nothing.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"_{options['action']}")(options)
@@ -183,23 +235,77 @@ class Command(BaseCommand):
         for line in dead_letters_table(rows, subjects):
             self.stdout.write(line)
 
-    def _replay(self, options: dict[str, Any]) -> None:
+    def _chosen(self, options: dict[str, Any], *, every: bool) -> list[int]:
+        """The ids to act on: those given (checked to exist), or those still waiting that the
+        filters select (with ``every``, ``--all``: every one still waiting)."""
         ids: list[int] = options["ids"]
-        if not ids and not options["all"]:
-            raise CommandError(REPLAY_FORMS)
-        if ids and options["all"]:
-            raise CommandError("give dead letter IDs, or --all (not both)")
+        filters = {name: options[name] for name in FILTERS if options[name] is not None}
+        if ids and (filters or every):
+            given = ", ".join(f"--{name}" for name in filters) or "--all"
+            raise CommandError(f"give dead letter IDs or {given}, not both")
         if ids:
             self._ids_known(ids)
-        result = dead_letter_replay(ids=ids or None, actor=cli_actor(options["actor"]))
+            return ids
+        if every and filters:
+            raise CommandError("--all is every dead letter still waiting: drop it to filter")
+        try:
+            return list(dead_letters_select(**filters).values_list("pk", flat=True))
+        except SelectionInvalid as exc:
+            raise CommandError(f"--{exc.field}: {exc.message}") from None
+
+    def _filtered(self, options: dict[str, Any]) -> bool:
+        return any(options[name] is not None for name in FILTERS)
+
+    def _dry_run(self, ids: list[int], *, replay: bool, force: bool = False) -> None:
+        """How many ``ids`` there are, and the first ``SAMPLE`` as ``list`` prints them; for a
+        ``replay``, why replaying some would only fail again."""
+        letters = DeadLetter.objects.filter(pk__in=ids)
+        count = letters.count()
+        self.stdout.write(f"{count} dead letter(s) selected; nothing done (--dry-run)")
+        if count:
+            shown = list(letters.order_by("pk")[:SAMPLE])
+            for line in dead_letters_table(shown, dead_letter_subjects(shown)):
+                self.stdout.write(line)
+            if count > SAMPLE:
+                self.stdout.write(f"... and {count - SAMPLE} more")
+        if replay:
+            would = "would be replayed by force, past" if force else "would be refused"
+            waiting = letters.filter(WAITING).order_by("pk")
+            for pk, why in sorted(dead_letter_refusals(waiting).items()):
+                self.stdout.write(f"dead letter {pk} {would}: {why}")
+
+    def _replay(self, options: dict[str, Any]) -> None:
+        if not (options["ids"] or options["all"] or self._filtered(options)):
+            raise CommandError(REPLAY_FORMS)
+        ids = self._chosen(options, every=options["all"])
+        if options["dry_run"]:
+            self._dry_run(ids, replay=True, force=options["force"])
+            return
+        result = dead_letter_replay(
+            ids=ids, actor=cli_actor(options["actor"]), force=options["force"]
+        )
         for pk in result.replayed:
-            self.stdout.write(f"replayed dead letter {pk}")
+            if pk in result.forced:
+                self.stdout.write(f"replayed dead letter {pk}, forced past: {result.forced[pk]}")
+            else:
+                self.stdout.write(f"replayed dead letter {pk}")
         for pk in result.skipped:
             self.stdout.write(f"dead letter {pk} was already replayed; skipped")
         for pk in result.resolved:
             self.stdout.write(f"dead letter {pk} is resolved; unresolve it to replay it")
+        for pk, why in result.refused.items():
+            self.stdout.write(f"dead letter {pk} not replayed: {why}")
         skipped = len(result.skipped) + len(result.resolved)
-        self.stdout.write(self.style.SUCCESS(f"{len(result.replayed)} replayed, {skipped} skipped"))
+        summary = f"{len(result.replayed)} replayed, {skipped} skipped"
+        if not result.refused:
+            self.stdout.write(self.style.SUCCESS(summary))
+            return
+        refused = ", ".join(map(str, result.refused))
+        raise CommandError(
+            f"{summary}, {len(result.refused)} refused (dead letter {refused}): their replay "
+            "check says they would only fail again. Fix what it names, or replay them anyway "
+            "with --force."
+        )
 
     def _ids_known(self, ids: list[int]) -> None:
         known = set(DeadLetter.objects.filter(pk__in=ids).values_list("pk", flat=True))
@@ -208,12 +314,15 @@ class Command(BaseCommand):
             raise CommandError(f"no dead letter with id {', '.join(map(str, unknown))}")
 
     def _resolve(self, options: dict[str, Any]) -> None:
-        self._ids_known(options["ids"])
-        if not options["why"].strip():
+        if not (options["ids"] or self._filtered(options)):
+            raise CommandError(RESOLVE_FORMS)
+        ids = self._chosen(options, every=False)
+        if options["dry_run"]:
+            self._dry_run(ids, replay=False)
+            return
+        if not (options["why"] or "").strip():
             raise CommandError("say why with --why: the operators after you will read it")
-        result = dead_letter_resolve(
-            ids=options["ids"], actor=cli_actor(options["actor"]), why=options["why"]
-        )
+        result = dead_letter_resolve(ids=ids, actor=cli_actor(options["actor"]), why=options["why"])
         for pk in result.changed:
             self.stdout.write(f"resolved dead letter {pk}")
         for pk in result.skipped:

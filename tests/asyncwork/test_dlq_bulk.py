@@ -1,0 +1,606 @@
+"""Dead letters in bulk, and replays checked first, through each door: the API's bulk endpoint
+(by id or by filter, a dry run, once per Idempotency-Key, each action's own power), a single
+replay refused with 409 unless forced, the admin's actions each asking first on a page with the
+count (a replay listing the refused and why, with Replay anyway, as the dead letter's own
+button does), what became of a replayed job on the list and the page, and the command line's
+bad input as a non-zero exit. The replay check and describer are declared here, for a test
+task."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from asyncwork import deadletters
+from asyncwork.deadletters import Subject, dead_letter_describer, dead_letter_replay_check
+from asyncwork.models import DeadLetter, IdempotencyRecord, OutboxMessage
+from asyncwork.outbox import outbox_task_id
+from operators.models import OperatorAction
+from stack.process import ROOT
+from tests.helpers.admin import admin_as, form_data, messages, rows, run_action
+from tests.helpers.factories import staff_user
+from tests.helpers.processes import worker_env
+from tests.tasks import DIVIDE
+
+pytestmark = pytest.mark.django_db
+
+BULK = "/api/dead-letters/bulk/"
+DEAD_LETTERS = "/admin/asyncwork/deadletter/"
+BY_ZERO = "it divides by zero again: its arguments cannot change, so resolve it"
+
+
+def letter(task_id: str, *, args: list[Any] | None = None, **fields: Any) -> DeadLetter:
+    values: dict[str, Any] = {
+        "task": DIVIDE,
+        "args": [1, 0] if args is None else args,
+        "queue": "default",
+        "reason": "permanent",
+        "exception_message": "division by zero",
+        "attempts": 1,
+        "first_failed_at": timezone.now(),
+        "last_failed_at": timezone.now(),
+        **fields,
+    }
+    return DeadLetter.objects.create(task_id=task_id, **values)
+
+
+@pytest.fixture
+def checked() -> Iterator[None]:
+    """The division's replay check: a zero denominator fails again, whatever is fixed."""
+
+    @dead_letter_replay_check(DIVIDE)
+    def by_zero(letters: Sequence[DeadLetter]) -> dict[int, str]:
+        return {letter.pk: BY_ZERO for letter in letters if letter.args[1] == 0}
+
+    yield
+    deadletters._replay_checks.pop(DIVIDE)
+
+
+def api_as(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def operator() -> APIClient:
+    return api_as(staff_user("op", groups=["operators"]))
+
+
+def bulk(client: APIClient, body: dict[str, Any], key: str | None = "key-1") -> Any:
+    if key is None:
+        return client.post(BULK, body, format="json")
+    return client.post(BULK, body, format="json", headers={"Idempotency-Key": key})
+
+
+def test_bulk_replay_by_filter_once_per_key(operator: APIClient) -> None:
+    chosen = [letter("t1"), letter("t2", args=[4, 2])]
+    other = letter("t3", reason="exhausted")
+    body = {"action": "replay", "reason": "permanent"}
+
+    first = bulk(operator, body)
+
+    assert first.status_code == 200
+    assert first.json() == {
+        "action": "replay",
+        "dry_run": False,
+        "selected": 2,
+        "replayed": [x.pk for x in chosen],
+        "skipped": [],
+        "refused": [],
+        "forced": [],
+    }
+    assert "Idempotent-Replayed" not in first
+    other.refresh_from_db()
+    assert other.replayed_at is None
+    assert {a.target for a in OperatorAction.objects.all()} == set(chosen)
+    assert all(a.actor == "api:op" for a in OperatorAction.objects.all())
+
+    # The same request again under its key: the first answer, nothing more done.
+    letter("t4")  # would be selected by a new request
+    again = bulk(operator, body)
+    assert (again.status_code, again.json(), again["Idempotent-Replayed"]) == (
+        200,
+        first.json(),
+        "true",
+    )
+    assert OperatorAction.objects.count() == 2
+    assert OutboxMessage.objects.count() == 2
+    # The same key for another request: refused, nothing done.
+    reused = bulk(operator, {"action": "replay", "reason": "exhausted"})
+    assert reused.status_code == 422
+    assert "already used for another request" in reused.json()["detail"]
+    assert OperatorAction.objects.count() == 2
+
+
+def test_bulk_needs_an_idempotency_key_except_for_a_dry_run(operator: APIClient) -> None:
+    waiting = letter("t1")
+    missing = bulk(operator, {"action": "replay", "ids": [waiting.pk]}, key=None)
+    assert (missing.status_code, missing.json()) == (
+        400,
+        {"Idempotency-Key": "this header is required"},
+    )
+    dry = bulk(operator, {"action": "replay", "ids": [waiting.pk], "dry_run": True}, key=None)
+    assert dry.status_code == 200
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
+    assert not OperatorAction.objects.exists()
+
+
+def test_a_dry_run_needs_the_view_permission_only_and_records_nothing(checked: None) -> None:
+    refused, fine = letter("t1"), letter("t2", args=[4, 2])
+    done = letter("t3", args=[9, 3], replayed_at=timezone.now())
+    viewer = api_as(staff_user("watcher", groups=["viewers"]))
+
+    answer = bulk(viewer, {"action": "replay", "task": DIVIDE, "dry_run": True})
+    forced = bulk(viewer, {"action": "replay", "all": True, "dry_run": True, "force": True})
+    resolve = bulk(viewer, {"action": "resolve", "ids": [done.pk, fine.pk], "dry_run": True})
+
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "action": "replay",
+        "dry_run": True,
+        "selected": 2,
+        "ids": [refused.pk, fine.pk],  # still waiting only
+        "refused": [{"id": refused.pk, "detail": BY_ZERO}],
+    }
+    assert forced.json()["forced"] == [{"id": refused.pk, "detail": BY_ZERO}]
+    assert resolve.json() == {
+        "action": "resolve",
+        "dry_run": True,
+        "selected": 2,
+        "ids": [fine.pk, done.pk],
+    }
+    assert not OperatorAction.objects.exists()
+    assert not IdempotencyRecord.objects.exists()
+    assert not OutboxMessage.objects.exists()
+    # Acting needs the power.
+    acting = bulk(viewer, {"action": "replay", "task": DIVIDE})
+    assert acting.status_code == 403
+    assert "asyncwork.replay_deadletter" in acting.json()["detail"]
+    assert not OperatorAction.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("perms", "replay", "resolve"),
+    [
+        (["asyncwork.replay_deadletter"], 403, 403),  # a power without the view
+        (["asyncwork.view_deadletter", "asyncwork.replay_deadletter"], 200, 403),
+        (["asyncwork.view_deadletter", "asyncwork.resolve_deadletter"], 403, 200),
+    ],
+)
+def test_bulk_needs_the_power_of_its_action(perms: list[str], replay: int, resolve: int) -> None:
+    first, second = letter("t1", args=[2, 1]), letter("t2", args=[4, 1])
+    client = api_as(staff_user("someone", perms=perms))
+
+    replayed = bulk(client, {"action": "replay", "ids": [first.pk]}, key="a")
+    resolved = bulk(client, {"action": "resolve", "ids": [second.pk], "why": "a test"}, key="b")
+
+    assert (replayed.status_code, resolved.status_code) == (replay, resolve)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.replayed_at is not None) == (replay == 200)
+    assert (second.resolved_at is not None) == (resolve == 200)
+    if resolve == 200:
+        assert resolved.json() == {
+            "action": "resolve",
+            "dry_run": False,
+            "selected": 1,
+            "resolved": [second.pk],
+            "skipped": [],
+        }
+        assert second.resolved_why == "a test"
+
+
+def test_bulk_reports_the_refused_and_force_replays_them(
+    operator: APIClient, checked: None
+) -> None:
+    refused, fine = letter("t1"), letter("t2", args=[4, 2])
+    resolved = letter("t3", resolved_at=timezone.now(), resolved_by="x", resolved_why="y")
+    ids = [refused.pk, fine.pk, resolved.pk]
+
+    answer = bulk(operator, {"action": "replay", "ids": ids}, key="a").json()
+
+    assert answer["replayed"] == [fine.pk]
+    assert answer["refused"] == [{"id": refused.pk, "detail": BY_ZERO}]
+    assert answer["skipped"] == [
+        {"id": resolved.pk, "detail": "resolved; unresolve it to replay it"}
+    ]
+    forced = bulk(operator, {"action": "replay", "ids": [refused.pk], "force": True}, key="b")
+    assert forced.json()["replayed"] == [refused.pk]
+    assert forced.json()["forced"] == [{"id": refused.pk, "detail": BY_ZERO}]
+    recorded = OperatorAction.objects.filter(target_id=str(refused.pk)).order_by("pk")
+    assert [a.detail for a in recorded] == [
+        f"refused: {BY_ZERO}",
+        f"replayed: the job is outbox message {OutboxMessage.objects.latest('pk').pk}; "
+        f"forced past its check, which said: {BY_ZERO}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "errors"),
+    [
+        ({}, {"action": ["This field is required."]}),
+        ({"action": "purge", "all": True}, {"action": ['"purge" is not a valid choice.']}),
+        (
+            {"action": "replay"},
+            {
+                "ids": [
+                    "say which dead letters: ids, filters (reason, task, since, until), or "
+                    "all: true (replay)"
+                ]
+            },
+        ),
+        (
+            {"action": "replay", "ids": [1], "reason": "permanent"},
+            {"ids": ["give ids, or filters (reason, task, since, until), or all: one of them"]},
+        ),
+        (
+            {"action": "replay", "all": True, "task": DIVIDE},
+            {"all": ["all is every dead letter still waiting: no filters"]},
+        ),
+        (
+            {"action": "replay", "reason": "lost"},
+            {
+                "reason": [
+                    "'lost' is not one of permanent, exhausted, provider_unavailable, "
+                    "redelivery_limit"
+                ]
+            },
+        ),
+        (
+            {"action": "replay", "since": "last week"},
+            {
+                "since": [
+                    "'last week' is not an ISO date or date and time: 2026-12-03, "
+                    "2026-12-03T17:00, 2026-12-03T17:00+01:00"
+                ]
+            },
+        ),
+        (
+            {"action": "resolve", "since": "2026-12-03", "until": "2026-12-01", "why": "x"},
+            {"until": ["must be later than since: nothing is in between"]},
+        ),
+        ({"action": "resolve", "task": DIVIDE}, {"why": ["say why the jobs will not be run"]}),
+        (
+            {"action": "resolve", "task": DIVIDE, "why": " "},
+            {"why": ["say why the jobs will not be run"]},
+        ),
+        ({"action": "resolve", "all": True, "why": "x"}, {"all": ["resolve takes ids or filters"]}),
+        (
+            {"action": "resolve", "task": DIVIDE, "why": "x", "force": True},
+            {"force": ["only with action replay"]},
+        ),
+        (
+            {"action": "replay", "task": DIVIDE, "why": "x"},
+            {"why": ["only with action resolve"]},
+        ),
+        ({"action": "replay", "ids": []}, {"ids": ["This list may not be empty."]}),
+        ({"action": "replay", "ids": ["one"]}, {"ids": {"0": ["A valid integer is required."]}}),
+        ({"action": "replay", "all": "maybe"}, {"all": ["Must be a valid boolean."]}),
+        (
+            {"action": "replay", "all": True, "dry_run": "x"},
+            {"dry_run": ["Must be a valid boolean."]},
+        ),
+    ],
+)
+def test_bulk_refuses_bad_input_with_each_fields_reason(
+    operator: APIClient, body: dict[str, Any], errors: dict[str, Any]
+) -> None:
+    waiting = letter("t1")
+    answer = bulk(operator, body)
+    assert (answer.status_code, answer.json()) == (400, errors)
+    waiting.refresh_from_db()
+    assert (waiting.replayed_at, waiting.resolved_at) == (None, None)
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_bulk_with_an_unknown_id_is_a_400_and_leaves_the_key_unused(operator: APIClient) -> None:
+    waiting = letter("t1")
+    answer = bulk(operator, {"action": "replay", "ids": [waiting.pk, 424242]})
+    assert (answer.status_code, answer.json()) == (400, {"ids": ["no dead letter with id 424242"]})
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
+    assert not IdempotencyRecord.objects.exists()
+    assert not OperatorAction.objects.exists()
+    # The key is free for the corrected request.
+    assert bulk(operator, {"action": "replay", "ids": [waiting.pk]}).json()["replayed"] == [
+        waiting.pk
+    ]
+
+
+def test_a_single_replay_refused_is_a_409_with_the_reason_unless_forced(
+    operator: APIClient, checked: None
+) -> None:
+    refused = letter("t1")
+    url = f"/api/dead-letters/{refused.pk}/replay/"
+
+    answer = operator.post(url)
+
+    assert answer.status_code == 409
+    assert answer.json() == {
+        "id": refused.pk,
+        "replayed": False,
+        "detail": f"not replayed: {BY_ZERO} (to replay it anyway: force)",
+        "refused": BY_ZERO,
+    }
+    refused.refresh_from_db()
+    assert refused.replayed_at is None
+    assert operator.post(url, {"force": "maybe"}, format="json").json() == {
+        "force": ["Must be a valid boolean."]
+    }
+    forced = operator.post(url, {"force": True}, format="json")
+    assert forced.status_code == 200
+    assert forced.json() == {
+        "id": refused.pk,
+        "replayed": True,
+        "detail": f"replayed by force, past its check: {BY_ZERO}",
+    }
+    refused.refresh_from_db()
+    assert refused.replayed_by == "api:op"
+
+
+def test_the_schema_describes_the_bulk_endpoint_and_force(operator: APIClient) -> None:
+    schema = operator.get("/api/schema/?format=json").json()
+    post = schema["paths"]["/api/dead-letters/bulk/"]["post"]
+    assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
+    assert {"200", "400", "403", "422"} <= set(post["responses"])
+    request = schema["components"]["schemas"]["BulkRequest"]["properties"]
+    assert set(request) == {
+        "action",
+        "ids",
+        "all",
+        "reason",
+        "task",
+        "since",
+        "until",
+        "why",
+        "dry_run",
+        "force",
+    }
+    replay = schema["paths"]["/api/dead-letters/{id}/replay/"]["post"]
+    assert "409" in replay["responses"]
+    assert "force" in schema["components"]["schemas"]["ReplayRequest"]["properties"]
+
+
+# The admin
+
+
+@pytest.fixture
+def staff() -> Client:
+    return admin_as(staff_user("op", groups=["operators"]))
+
+
+def submitted(client: Client, page: Any, button: str, url: str = DEAD_LETTERS) -> Any:
+    """Submit the confirmation page's form with ``button``."""
+    return client.post(url, {**form_data(page, "confirmation-form"), button: "1"}, follow=True)
+
+
+def test_replaying_a_selection_asks_first_listing_the_refused_and_why(
+    staff: Client, checked: None
+) -> None:
+    refused, fine, other = letter("t1"), letter("t2", args=[4, 2]), letter("t3", args=[6, 3])
+    replayed = letter("t4", args=[8, 4], replayed_at=timezone.now(), replayed_by="cli:x")
+    chosen = [refused.pk, fine.pk, other.pk, replayed.pk]
+
+    page = run_action(staff, DEAD_LETTERS, "replay_selected", chosen)
+
+    text = page.content.decode()
+    assert "Replay <strong>4</strong> dead letters:" in text
+    assert "3 of them still wait; the others were replayed or resolved before" in text
+    refusals = text[text.index('<ul id="refused">') :]
+    assert f"#{refused.pk}</a> {DIVIDE}: {BY_ZERO}" in refusals.replace("&#x27;", "'")
+    assert 'value="Replay the other 2"' in text
+    assert 'value="Replay anyway: all 3"' in text
+    assert not OperatorAction.objects.exists()  # nothing done yet
+
+    done = submitted(staff, page, "confirm")
+
+    assert messages(done) == [
+        ("success", "Replayed 2 dead letter(s)."),
+        (
+            "warning",
+            f"Not replayed, 1 refused by their check (correct what it names, or replay "
+            f"anyway): #{refused.pk}: {BY_ZERO}",
+        ),
+        ("warning", "Skipped 1 already replayed."),
+    ]
+    assert set(DeadLetter.objects.filter(replayed_by="admin:op").values_list("pk", flat=True)) == {
+        fine.pk,
+        other.pk,
+    }
+
+    again = run_action(staff, DEAD_LETTERS, "replay_selected", [refused.pk])
+    assert 'value="Replay the other' not in again.content.decode()  # nothing else to replay
+    forced = submitted(staff, again, "force")
+    assert messages(forced) == [
+        ("success", "Replayed 1 dead letter(s)."),
+        ("warning", f"Replayed by force, past their check: #{refused.pk}: {BY_ZERO}"),
+    ]
+    refused.refresh_from_db()
+    assert refused.replayed_by == "admin:op"
+    assert OperatorAction.objects.filter(
+        target_id=str(refused.pk), detail__endswith=f"forced past its check, which said: {BY_ZERO}"
+    ).exists()
+
+
+def test_the_replay_button_of_a_refused_letter_asks_first_then_replays_anyway(
+    staff: Client, checked: None
+) -> None:
+    refused = letter("t1")
+    page_url = f"{DEAD_LETTERS}{refused.pk}/change/"
+    replay_url = f"{DEAD_LETTERS}{refused.pk}/replay/"
+
+    asked = staff.post(replay_url)
+
+    assert asked.status_code == 200
+    text = asked.content.decode()
+    assert BY_ZERO in text.replace("&#x27;", "'")
+    assert f'action="{replay_url}"' in text
+    assert 'name="confirm"' not in text  # one letter, refused: only Replay anyway
+    refused.refresh_from_db()
+    assert refused.replayed_at is None
+
+    forced = submitted(staff, asked, "force", url=replay_url)
+
+    assert forced.redirect_chain == [(page_url, 302)]
+    [(level, text)] = messages(forced)
+    assert level == "warning"
+    assert text == (
+        f"Replayed dead letter {refused.pk} by force: its job is queued again, although its "
+        f"check said: {BY_ZERO}"
+    )
+    refused.refresh_from_db()
+    assert refused.replayed_by == "admin:op"
+
+
+def test_resolve_and_unresolve_ask_first_with_the_count(staff: Client) -> None:
+    first, second = letter("t1"), letter("t2")
+
+    asked = run_action(staff, DEAD_LETTERS, "resolve_selected", [first.pk, second.pk])
+    assert "Resolve <strong>2</strong> dead letters:" in asked.content.decode()
+    page = asked.content.decode()
+    resolved = staff.post(
+        DEAD_LETTERS,
+        {**form_data(asked, "confirmation-form"), "confirm": "1", "why": "a test"},
+        follow=True,
+    )
+    assert messages(resolved) == [("success", "Resolved 2 dead letter(s).")]
+    assert 'name="why"' in page
+
+    asked = run_action(staff, DEAD_LETTERS, "unresolve_selected", [first.pk])
+    text = asked.content.decode()
+    assert "Unresolve <strong>1</strong> dead letter:" in text
+    assert "it waits again" in text
+    first.refresh_from_db()
+    assert first.resolved_at is not None  # asked only
+
+    undone = submitted(staff, asked, "confirm")
+
+    assert messages(undone) == [("success", "1 dead letter(s) wait again.")]
+    first.refresh_from_db()
+    assert first.resolved_at is None
+
+
+@pytest.fixture
+def described() -> Iterator[None]:
+    """The division's describer: what it computes, and what became of that (its app's words)."""
+
+    @dead_letter_describer(DIVIDE)
+    def divisions(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
+        return {
+            letter.pk: Subject(
+                kind="division",
+                label=f"{letter.args[0]}/{letter.args[1]}",
+                outcome="answered 2026-12-03 17:02 UTC" if letter.args[1] else "",
+            )
+            for letter in letters
+        }
+
+    yield
+    deadletters._describers.pop(DIVIDE)
+
+
+def replayed(task_id: str, *, args: list[Any], published: bool = True) -> DeadLetter:
+    """A dead letter replayed from this test: its replay's outbox message, published or not."""
+    message = OutboxMessage.objects.create(
+        task=DIVIDE,
+        args=args,
+        queue="default",
+        published_at=timezone.now() if published else None,
+    )
+    return letter(
+        task_id, args=args, replayed_at=timezone.now(), replayed_by="x", replay_outbox=message
+    )
+
+
+def test_what_became_of_a_replay_is_shown_on_the_list_and_the_page(
+    staff: Client, described: None
+) -> None:
+    waiting = letter("t1", args=[1, 0])
+    pending = replayed("t2", args=[1, 0], published=False)
+    answered = replayed("t3", args=[6, 3])
+    failed = replayed("t4", args=[1, 0])
+    assert failed.replay_outbox_id is not None
+    again = letter(outbox_task_id(failed.replay_outbox_id), args=[1, 0])
+
+    listed = {row["id"]: row for row in rows(staff.get(DEAD_LETTERS))}
+
+    assert listed[str(waiting.pk)]["outcome"] == "-"
+    assert listed[str(pending.pk)]["outcome"] == (
+        f"outbox message {pending.replay_outbox_id} not yet published"
+    )
+    assert listed[str(answered.pk)]["outcome"].startswith("published ")
+    assert listed[str(answered.pk)]["outcome"].endswith(
+        "the job was queued (run or waiting); division: answered 2026-12-03 17:02 UTC"
+    )
+    assert listed[str(failed.pk)]["outcome"] == f"dead-lettered again as dead letter #{again.pk}"
+    page = staff.get(f"{DEAD_LETTERS}{failed.pk}/change/").content.decode()
+    assert f'<a href="{DEAD_LETTERS}{again.pk}/change/">dead letter #{again.pk}</a>' in page
+    page = staff.get(f"{DEAD_LETTERS}{answered.pk}/change/").content.decode()
+    assert "division: answered 2026-12-03 17:02 UTC" in page
+
+
+def test_the_outcome_column_costs_the_same_queries_however_many_replays(
+    staff: Client, described: None
+) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            listed = rows(staff.get(DEAD_LETTERS))
+        assert all(row["outcome"] != "-" for row in listed)
+        return len(captured)
+
+    def failed_replay(n: int) -> None:
+        failed = replayed(f"r{n}", args=[n, 1])
+        assert failed.replay_outbox_id is not None
+        # Dead-lettered again, and that one replayed too: still waiting to be published.
+        again = letter(outbox_task_id(failed.replay_outbox_id), args=[n, 1])
+        message = OutboxMessage.objects.create(task=DIVIDE, args=[n, 1], queue="default")
+        DeadLetter.objects.filter(pk=again.pk).update(
+            replayed_at=timezone.now(), replay_outbox=message
+        )
+
+    failed_replay(1)
+    queries()  # the first request also reads the user's permissions
+    one = queries()
+    for n in range(2, 25):
+        failed_replay(n)
+    assert queries() == one
+
+
+# The command line, as an operator runs it
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--reason", "lost"], "--reason: 'lost' is not one of permanent, exhausted"),
+        (["1", "--task", DIVIDE], "give dead letter IDs or --task, not both"),
+        (["--since", "2026-12-03", "--until", "2026-12-01"], "--until: must be later than since"),
+    ],
+)
+def test_dlq_bad_filters_exit_non_zero_with_the_reason(args: list[str], error: str) -> None:
+    waiting = letter("t1")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "dlq", "replay", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert error in done.stderr
+    assert "Traceback" not in done.stderr
+    waiting.refresh_from_db()
+    assert waiting.replayed_at is None
