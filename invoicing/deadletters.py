@@ -22,6 +22,7 @@ _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "rec
 _SEND_FIELDS = ("state", "recipient", "sent_at", "bounced_at")
 _DELIVERY_FIELDS = ("pk", "key", "invoice", *_SEND_FIELDS)
 ADDRESS_FAILURE = f"{RecipientRejected.__module__}.{RecipientRejected.__qualname__}"
+_FAILED_ON_ADDRESS = (EmailDelivery.State.FAILED, EmailDelivery.State.BOUNCED)
 
 
 def _id_argument(letter: DeadLetter) -> int | None:
@@ -116,6 +117,8 @@ def _address_unchanged(letters: Sequence[DeadLetter], *, resend: bool) -> dict[i
     failed_on_address = [x for x in letters if x.exception_class == ADDRESS_FAILURE]
     refusals: dict[int, str] = {}
     for pk, (invoice, delivery) in _letters_deliveries(failed_on_address, resend=resend).items():
+        if delivery is not None and delivery.state not in _FAILED_ON_ADDRESS:
+            continue  # sent or under way since: a replay finds it so and does nothing
         tried = delivery.recipient if delivery is not None else ""
         if invoice.recipient == tried:
             refusals[pk] = (

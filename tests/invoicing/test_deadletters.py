@@ -169,3 +169,8 @@ def test_a_replay_of_an_address_failure_is_refused_until_the_address_changes() -
         invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="test"
     )
     assert dead_letter_refusals([on_address, elsewhere]) == {}
+    # Sent meanwhile (a resend, say), to the same address: a replay would do nothing; let it.
+    invoice_recipient_correct(invoice_id=invoice.pk, email="", reason="back", actor="test")
+    assert on_address.pk in dead_letter_refusals([on_address])
+    EmailDelivery.objects.filter(invoice=invoice).update(state="sent", sent_at=timezone.now())
+    assert dead_letter_refusals([on_address]) == {}
