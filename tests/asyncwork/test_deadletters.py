@@ -219,6 +219,7 @@ def test_dlq_alert_logs_and_mails_once_per_period(
     alerts = [r for r in caplog.records if "alert threshold" in r.getMessage()]
     assert len(alerts) == 1
     assert [m.subject for m in mail.outbox] == ["[Django] Dead-letter queue depth 2"]
+    assert "went through EMAIL_BACKEND django.core.mail.backends.locmem" in mail.outbox[0].body
     cache.delete("dlq-alert-sent")
 
 

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.cache import cache
 from django.test import Client
 
-from asyncwork.deadletters import dead_letter_replay, dead_letter_subjects
+from asyncwork.deadletters import dead_letter_replay, dead_letter_subjects, dlq_alert
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
@@ -320,3 +321,24 @@ def test_without_a_webhook_secret_the_tracking_webhook_is_off(
     }
     assert not DeadLetter.objects.exists()
     assert _state(invoice) == "sent"
+
+
+def test_the_dead_letter_alert_says_which_provider_it_went_through(
+    postmark: PostmarkApi, settings: Any
+) -> None:
+    settings.ADMINS = [("Ops", "ops@example.com")]
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "DLQ_ALERT_THRESHOLD": 1}
+    invoice = paid_invoice()
+    postmark.invalid.add(invoice.recipient)
+    _run(invoice, until=lambda: DeadLetter.objects.exists())
+    cache.delete("dlq-alert-sent")
+    try:
+        assert dlq_alert() == 1
+    finally:
+        cache.delete("dlq-alert-sent")
+    [alert] = postmark.sent_to("ops@example.com")
+    assert alert["Subject"] == "[Django] Dead-letter queue depth 1"
+    assert (
+        "This alert went through Postmark's API (anymail.backends.postmark.EmailBackend)."
+        in alert["TextBody"]
+    )

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
-from django.core.mail import mail_admins
+from django.core.mail import get_connection, mail_admins
+from django.core.mail.backends import smtp
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -331,13 +333,34 @@ def dlq_alert() -> int:
             asyncwork_settings.DLQ_ALERT_THRESHOLD,
             extra={"dlq_depth": depth},
         )
-        mail_admins(
-            f"Dead-letter queue depth {depth}",
-            f"{depth} job(s) wait in the dead-letter queue.\n"
-            "Inspect: python manage.py dlq list\nReplay: python manage.py dlq replay ID",
-            fail_silently=True,
-        )
+        channel = mail_channel()
+        try:
+            mail_admins(
+                f"Dead-letter queue depth {depth}",
+                f"{depth} job(s) wait in the dead-letter queue.\n"
+                "Inspect: python manage.py dlq list\nReplay: python manage.py dlq replay ID\n\n"
+                f"This alert went through {channel}. If that is what fails, this mail does "
+                "not arrive: alert on the dead-letter depth metric as well (the shipped "
+                "Prometheus rules do).",
+            )
+        except Exception as exc:  # noqa: BLE001 - the ERROR line above is the alert that stays
+            logger.warning("the alert mail through %s failed: %s", channel, exc)
     return depth
+
+
+def mail_channel() -> str:
+    """Which way Django's email goes, in words: a provider's API (django-anymail names it), an
+    SMTP server, or the backend's dotted path."""
+    try:
+        backend = get_connection()
+    except Exception:  # noqa: BLE001 - a backend that cannot start (no token) names nothing
+        return f"EMAIL_BACKEND {settings.EMAIL_BACKEND}"
+    provider = getattr(backend, "esp_name", None)
+    if provider:
+        return f"{provider}'s API ({settings.EMAIL_BACKEND})"
+    if isinstance(backend, smtp.EmailBackend):
+        return f"the SMTP server {backend.host}:{backend.port}"
+    return f"EMAIL_BACKEND {settings.EMAIL_BACKEND}"
 
 
 @dataclass(frozen=True)
