@@ -279,6 +279,26 @@ def test_a_complaint_is_a_dead_letter_in_the_providers_words(
     assert _sent(invoice).state == "bounced"
 
 
+def test_a_rejection_is_a_dead_letter_in_the_providers_words(
+    postmark: PostmarkApi, client: Client
+) -> None:
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    rejected = postmark.bounce_event(
+        message,
+        kind="BadEmailAddress",
+        description="Invalid email address — The address is not a valid email address.",
+        details="Invalid email address",
+    )
+    assert _post(client, rejected) == 200
+    assert _letter(invoice).exception_message == (
+        "rejected: Invalid email address — The address is not a valid email address. "
+        "(Invalid email address)"
+    )
+    assert _state(invoice) == "bounced"
+
+
 def test_tracking_events_of_others_and_deliveries_change_nothing(
     postmark: PostmarkApi, client: Client
 ) -> None:
