@@ -209,15 +209,17 @@ class BulkRequest(serializers.Serializer[None]):
         return data
 
 
+class BulkItem(serializers.Serializer[None]):
+    """One dead letter of a bulk answer, and why it went as it did."""
+
+    id = serializers.IntegerField()
+    detail = serializers.CharField()
+
+
 def _items(help_text: str) -> Any:
-    """A list of ``{"id", "detail"}``: which dead letters, and why each."""
-    return inline_serializer(
-        "BulkItem",
-        {"id": serializers.IntegerField(), "detail": serializers.CharField()},
-        many=True,
-        required=False,
-        help_text=help_text,
-    )
+    """A list of ``{"id", "detail"}``: which dead letters, and why each (one schema component,
+    however many lists use it)."""
+    return BulkItem(many=True, required=False, help_text=help_text)
 
 
 BulkResponse = inline_serializer(
