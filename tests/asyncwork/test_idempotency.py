@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
-from django.db import connection, connections
+from django.db import connections
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
@@ -27,6 +27,7 @@ from asyncwork.idempotency import (
 from asyncwork.models import IdempotencyRecord, OutboxMessage
 from invoicing.services import EMAIL_QUEUE
 from stack.net import wait_until
+from tests.helpers.database import lock_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)  # threads use their own connections
 
@@ -175,15 +176,6 @@ def test_racing_callers_perform_once(alice: Any) -> None:
         finally:
             connections.close_all()
 
-    def waiting_on_locks() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = cursor.fetchone()
-        return int(row[0]) if row else 0
-
     holder = connections.create_connection("default")
     threads = [threading.Thread(target=call) for _ in range(callers)]
     try:
@@ -193,7 +185,7 @@ def test_racing_callers_perform_once(alice: Any) -> None:
             for thread in threads:
                 thread.start()
             # One waits on the table lock, the other seven on the first one's key.
-            assert wait_until(lambda: waiting_on_locks() == callers, timeout=20)
+            assert wait_until(lambda: lock_waiters() == callers, timeout=20)
             time.sleep(0.2)
             cursor.execute("COMMIT")
         for thread in threads:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
@@ -38,6 +38,7 @@ from tests.helpers.admin import (
     rows,
     run_action,
 )
+from tests.helpers.database import lock_waiters
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
@@ -264,17 +265,6 @@ def test_one_confirmation_submitted_twice_at_once_sends_once(
     assert OutboxMessage.objects.filter(task=RESEND_INVOICE_EMAIL_TASK).count() == 2
     assert IdempotencyRecord.objects.count() == 1
     assert OperatorAction.objects.count() == 2
-
-
-def lock_waiters() -> int:
-    """Sessions of this database waiting for a lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
 
 
 def test_more_than_the_bound_is_refused_with_a_pointer_and_sends_nothing(staff: Client) -> None:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.test import Client
 from knox.models import AuthToken
 from rest_framework.test import APIClient
@@ -21,6 +21,7 @@ from invoicing.models import Invoice
 from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer
+from tests.helpers.database import lock_waiters
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.processes import worker_thread
@@ -195,17 +196,6 @@ def test_a_correction_is_recorded_and_a_repeat_changes_nothing(operator: APIClie
     assert (removed_again.status_code, removed_again.json()["changed"]) == (200, False)
     assert removed_again.json()["detail"] == "there is no correction to remove"
     assert OperatorAction.objects.count() == 2
-
-
-def lock_waiters() -> int:
-    """Sessions of this database waiting for a lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
 
 
 def test_the_same_correction_twice_at_once_is_made_once() -> None:

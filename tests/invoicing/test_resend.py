@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, connections
+from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -19,6 +19,7 @@ from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_email_key, invoice_email_send
 from stack.net import wait_until
 from stack.smtp import SmtpServer
+from tests.helpers.database import lock_waiters
 from tests.helpers.factories import paid_invoice as new_paid_invoice
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
@@ -204,15 +205,6 @@ def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> 
         finally:
             connections.close_all()
 
-    def waiting() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = cursor.fetchone()
-        return int(row[0]) if row else 0
-
     holder = connections.create_connection("default")
     threads = [threading.Thread(target=post) for _ in range(2)]
     try:
@@ -221,7 +213,7 @@ def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> 
             cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
             for thread in threads:
                 thread.start()
-            assert wait_until(lambda: waiting() == 2, timeout=20)
+            assert wait_until(lambda: lock_waiters() == 2, timeout=20)
             cursor.execute("COMMIT")
         for thread in threads:
             thread.join(30)
