@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import uuid
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, cast
 
-from stack.net import HOST
+from stack.standin import JsonHandler, StandIn, StandInServer
 
 ERROR = "error"
 RATE_LIMITED = "rate_limited"
@@ -41,26 +38,57 @@ INACTIVE_RECIPIENT = 406
 NO_TOKEN = 10
 
 
-class PostmarkApi:
-    """The stand-in; ``start()`` returns once it listens, ``stop()`` ends it (and any hang)."""
+class _Handler(JsonHandler):
+    def do_POST(self) -> None:
+        api: PostmarkApi = cast(StandInServer, self.server).api
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        fault = api.fault_take()
+        if fault == HANG:
+            api.hang()
+            return
+        if fault == ERROR:
+            self.send_json(500, {"ErrorCode": 500, "Message": "Internal Server Error"})
+            return
+        if fault == RATE_LIMITED:
+            self.send_json(
+                429,
+                {"ErrorCode": 429, "Message": "Rate limit exceeded."},
+                {"Retry-After": str(api.retry_after)},
+            )
+            return
+        if self.path.rstrip("/") != "/email":
+            self.send_json(404, {"ErrorCode": 404, "Message": f"No endpoint {self.path}"})
+            return
+        try:
+            message = json.loads(body)
+        except ValueError:
+            self.send_json(400, {"ErrorCode": 402, "Message": "Received invalid JSON input."})
+            return
+        status, answer = api.answer(self.headers.get("X-Postmark-Server-Token"), message)
+        self.send_json(status, answer)
+
+
+class PostmarkApi(StandIn):
+    """The stand-in (``stack.standin.StandIn``)."""
+
+    handler = _Handler
+    thread_name = "postmark-api"
 
     def __init__(self, *, token: str | None = None, hang_seconds: float = 5.0) -> None:
+        super().__init__(hang_seconds=hang_seconds)
         self.token = token or str(uuid.uuid4())
-        self.hang_seconds = hang_seconds
         self.retry_after = 1
         self.invalid: set[str] = set()
         self.inactive: set[str] = set()
         self.sent: list[dict[str, Any]] = []  # each message taken, with its MessageID
         self.requests = 0
-        self.lock = threading.Lock()
         self._faults: list[str] = []
-        self._stopped = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
 
     @property
     def url(self) -> str:
-        assert self._server is not None, "not started"
-        return f"http://{HOST}:{self._server.server_address[1]}/"
+        """The API's base URL, as ``ANYMAIL["POSTMARK_API_URL"]`` takes it."""
+        return f"{self.address}/"
 
     def fail_next(self, fault: str, times: int = 1) -> None:
         """Answer the next ``times`` requests (after those already scripted) with ``fault``."""
@@ -156,86 +184,6 @@ class PostmarkApi:
         )
         return {**event, "RecordType": "SpamComplaint", "TypeCode": 512, "Name": "Spam complaint"}
 
-    # --- running ------------------------------------------------------------------------------
-
-    def start(self) -> PostmarkApi:
-        server = _Server((HOST, 0), _Handler)
-        server.api = self
-        self._server = server
-        threading.Thread(target=server.serve_forever, name="postmark-api", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def hang(self) -> None:
-        self._stopped.wait(self.hang_seconds)
-
-    def __enter__(self) -> PostmarkApi:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 def _address(to: str) -> str:
     return to.rpartition("<")[2].rstrip(">").strip()
-
-
-class _Server(ThreadingHTTPServer):
-    api: PostmarkApi
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        api = cast(_Server, self.server).api
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length)
-        fault = api.fault_take()
-        if fault == HANG:
-            api.hang()
-            return
-        if fault == ERROR:
-            self._send(500, {"ErrorCode": 500, "Message": "Internal Server Error"})
-            return
-        if fault == RATE_LIMITED:
-            self._send(
-                429,
-                {"ErrorCode": 429, "Message": "Rate limit exceeded."},
-                {"Retry-After": str(api.retry_after)},
-            )
-            return
-        if self.path.rstrip("/") != "/email":
-            self._send(404, {"ErrorCode": 404, "Message": f"No endpoint {self.path}"})
-            return
-        try:
-            message = json.loads(body)
-        except ValueError:
-            self._send(400, {"ErrorCode": 402, "Message": "Received invalid JSON input."})
-            return
-        status, answer = api.answer(self.headers.get("X-Postmark-Server-Token"), message)
-        self._send(status, answer)
-
-    def _send(
-        self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: ``PostmarkApi.requests`` and ``sent`` are the record."""

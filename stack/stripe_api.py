@@ -23,13 +23,10 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
-from stack.net import HOST
+from stack.standin import JsonHandler, StandIn, StandInServer
 
 ERROR = "error"
 RATE_LIMITED = "rate_limited"
@@ -51,12 +48,42 @@ class ApiError(Exception):
         self.body = {"error": {"type": kind, "code": code or None, "message": message}}
 
 
-class StripeApi:
-    """The stand-in; ``start()`` returns once it listens, ``stop()`` ends it (and any hang)."""
+class _Handler(JsonHandler):
+    def do_GET(self) -> None:
+        api: StripeApi = cast(StandInServer, self.server).api
+        fault = api.fault_take(self.path, self.headers.get("Stripe-Version"))
+        if fault == HANG:
+            api.hang()
+            return
+        if fault == MALFORMED:
+            self._send(200, b'{"object": "customer", "id": ')
+            return
+        try:
+            if fault == ERROR:
+                raise ApiError(500, "Sorry, something went wrong.", kind="api_error")
+            if fault == RATE_LIMITED:
+                raise ApiError(429, "Too many requests hit the API too quickly.", code="rate_limit")
+            status, body = api.answer(self.path, self.headers.get("Authorization"))
+        except ApiError as exc:
+            status, body = exc.status, exc.body
+        extra = {"Retry-After": str(api.retry_after)} if status == 429 else {}
+        self._send(status, json.dumps(body).encode(), extra)
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_json(
+            status, body, {"Request-Id": f"req_{secrets.token_hex(7)}", **(headers or {})}
+        )
+
+
+class StripeApi(StandIn):
+    """The stand-in (``stack.standin.StandIn``)."""
+
+    handler = _Handler
+    thread_name = "stripe-api"
 
     def __init__(self, *, key: str | None = None, hang_seconds: float = 5.0) -> None:
+        super().__init__(hang_seconds=hang_seconds)
         self.key = key or f"rk_test_{secrets.token_hex(12)}"
-        self.hang_seconds = hang_seconds
         self.retry_after = 1
         self.customers: dict[str, dict[str, Any]] = {}
         self.invoices: dict[str, dict[str, Any]] = {}
@@ -64,15 +91,11 @@ class StripeApi:
         self.undelivered: set[str] = set()  # event ids whose webhooks all failed
         self.requests: list[str] = []
         self.versions: list[str | None] = []  # each request's Stripe-Version header
-        self.lock = threading.Lock()
         self._faults: list[str] = []
-        self._stopped = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
 
     @property
     def url(self) -> str:
-        assert self._server is not None, "not started"
-        return f"http://{HOST}:{self._server.server_address[1]}"
+        return self.address
 
     def event_add(self, event: dict[str, Any], *, delivered: bool = True) -> None:
         """Add an event; ``delivered`` False: listed by ``delivery_success=false``."""
@@ -149,72 +172,3 @@ class StripeApi:
             self.requests.append(path)
             self.versions.append(version)
             return self._faults.pop(0) if self._faults else None
-
-    # --- running ------------------------------------------------------------------------------
-
-    def start(self) -> StripeApi:
-        server = _Server((HOST, 0), _Handler)
-        server.api = self
-        self._server = server
-        threading.Thread(target=server.serve_forever, name="stripe-api", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def hang(self) -> None:
-        self._stopped.wait(self.hang_seconds)
-
-    def __enter__(self) -> StripeApi:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class _Server(ThreadingHTTPServer):
-    api: StripeApi
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        api = cast(_Server, self.server).api
-        fault = api.fault_take(self.path, self.headers.get("Stripe-Version"))
-        if fault == HANG:
-            api.hang()
-            return
-        if fault == MALFORMED:
-            self._send(200, b'{"object": "customer", "id": ')
-            return
-        try:
-            if fault == ERROR:
-                raise ApiError(500, "Sorry, something went wrong.", kind="api_error")
-            if fault == RATE_LIMITED:
-                raise ApiError(429, "Too many requests hit the API too quickly.", code="rate_limit")
-            status, body = api.answer(self.path, self.headers.get("Authorization"))
-        except ApiError as exc:
-            status, body = exc.status, exc.body
-        extra = {"Retry-After": str(api.retry_after)} if status == 429 else {}
-        self._send(status, json.dumps(body).encode(), extra)
-
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Request-Id", f"req_{secrets.token_hex(7)}")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: ``StripeApi.requests`` is the record."""
