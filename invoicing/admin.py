@@ -38,6 +38,7 @@ from invoicing.services import (
     InvoiceData,
     invoice_email_resend_selection_once,
     invoice_recipient_correct,
+    recipient_now,
 )
 from operators.admin import OperatorActionInline
 
@@ -237,9 +238,8 @@ class InvoiceAdmin(ReadOnlyAdmin):
             else:
                 self.message_user(
                     request,
-                    f"Invoice {invoice}: emails now go to {invoice.recipient}"
-                    + ("" if invoice.recipient_override else " (the provider's address)")
-                    + ". Nothing was sent: replay its dead letter or resend the email.",
+                    f"Invoice {invoice}: {recipient_now(invoice)}. Nothing was sent: replay "
+                    "its dead letter or resend the email.",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(

@@ -33,6 +33,7 @@ from invoicing.services import (
     RecipientUnchanged,
     invoice_email_resend_request_once,
     invoice_recipient_correct,
+    recipient_now,
 )
 
 
@@ -256,11 +257,8 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
             return Response(recipient_json(invoice, changed=False, detail=str(exc)))
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
-        if invoice.recipient_override:
-            detail = f"emails now go to {invoice.recipient}"
-        elif invoice.recipient:
-            detail = f"emails now go to {invoice.recipient} (the provider's address)"
-        else:
-            detail = "correction removed; the provider gave no address"
-        detail += "; nothing was sent: replay its dead letter or resend its email"
+        detail = (
+            f"{recipient_now(invoice)}; nothing was sent: "
+            "replay its dead letter or resend its email"
+        )
         return Response(recipient_json(invoice, changed=True, detail=detail))

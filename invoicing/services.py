@@ -514,6 +514,15 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
     return invoice
 
 
+def recipient_now(invoice: Invoice) -> str:
+    """Where an invoice's emails go after a correction, in words, for whoever made it."""
+    if invoice.recipient_override:
+        return f"emails now go to {invoice.recipient}"
+    if invoice.recipient:
+        return f"emails now go to {invoice.recipient} (the provider's address)"
+    return "correction removed; the provider gave no address"
+
+
 def invoice_email_resend_request_once(
     *,
     invoice_id: int,

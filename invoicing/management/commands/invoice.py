@@ -21,7 +21,7 @@ from asyncwork.deadletters import dead_letter_failure, dead_letter_replay_state
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters
-from invoicing.services import RecipientUnchanged, invoice_recipient_correct
+from invoicing.services import RecipientUnchanged, invoice_recipient_correct, recipient_now
 
 INVOICE_HELP = "The invoice's id, its provider's id (in_...) or its number."
 
@@ -147,12 +147,7 @@ class Command(BaseCommand):
             return
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        if invoice.recipient_override:
-            now = f"emails now go to {invoice.recipient}"
-        elif invoice.recipient:
-            now = f"emails now go to {_shown(invoice.recipient)} (the provider's address)"
-        else:
-            now = "correction removed; the provider gave no address"
+        now = _shown(recipient_now(invoice))
         self.stdout.write(self.style.SUCCESS(f"Invoice {_shown(str(invoice))}: {now}."))
         waiting = [
             str(letter.pk)
