@@ -19,15 +19,14 @@ from django.utils import timezone
 from asyncwork import jobs, probes, queues
 from asyncwork.deadletters import dead_letter_record, dead_letter_replay
 from asyncwork.errors import PermanentError, TransientError
-from asyncwork.heartbeat import Heartbeat
 from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat
 from invoicing.models import EmailDelivery
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
-from stack.net import wait_until
 from tests.helpers.admin import rows
 from tests.helpers.dashboard import DASHBOARD, dashboard
 from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.metrics import scrape, value
+from tests.helpers.processes import a_lapsed_and_a_live_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)  # probes run on the real connections
 
@@ -179,22 +178,8 @@ def test_live_workers_are_shown_by_their_heartbeat(viewer: Client) -> None:
     """A process beating (a real heartbeat thread, on its own connection) is live on its host;
     a row whose last beat is older than the lapse is shown lapsed; a stopped heartbeat deletes
     its row."""
-    WorkerHeartbeat.objects.create(
-        owner="gone-host:41:dead",
-        hostname="gone-host",
-        pid=41,
-        started_at=timezone.now() - timedelta(minutes=5),
-        beat_at=timezone.now() - timedelta(minutes=2),
-    )
-    beating = Heartbeat(interval=0.2)
-    beating.start()
-    try:
-        assert wait_until(
-            lambda: WorkerHeartbeat.objects.filter(owner=beating.owner).exists(), timeout=10
-        )
+    with a_lapsed_and_a_live_worker() as beating:
         workers = dashboard(viewer).figures["workers"]
-    finally:
-        beating.stop()
     assert workers["live worker processes"]["value"] == "1"
     assert workers["live worker processes"]["status"] == "ok"
     assert workers[f"live on {socket.gethostname()}"]["value"] == "1"

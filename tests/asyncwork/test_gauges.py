@@ -5,17 +5,12 @@ heartbeat thread) through GET /metrics."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from django.test import Client
-from django.utils import timezone
 
 from asyncwork.beat import LeaderLock
-from asyncwork.heartbeat import Heartbeat
-from asyncwork.models import WorkerHeartbeat
-from stack.net import wait_until
 from tests.helpers.metrics import scrape, value
+from tests.helpers.processes import a_lapsed_and_a_live_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,23 +39,8 @@ def test_worker_processes_are_counted_live_and_lapsed_by_heartbeat(client: Clien
     assert ("invoicing_worker_processes", (("state", "lapsed"),)) in empty
     assert value(empty, "invoicing_worker_processes", state="lapsed") == 0
 
-    # A process killed two minutes ago (its row never deleted), and one beating now.
-    WorkerHeartbeat.objects.create(
-        owner="gone-host:41:dead",
-        hostname="gone-host",
-        pid=41,
-        started_at=timezone.now() - timedelta(minutes=5),
-        beat_at=timezone.now() - timedelta(minutes=2),
-    )
-    beating = Heartbeat(interval=0.2)
-    beating.start()
-    try:
-        assert wait_until(
-            lambda: WorkerHeartbeat.objects.filter(owner=beating.owner).exists(), timeout=10
-        )
+    with a_lapsed_and_a_live_worker():
         samples = scrape(client)
-    finally:
-        beating.stop()
     stopped = scrape(client)  # a clean stop deletes the row
 
     assert value(samples, "invoicing_worker_processes", state="live") == 1

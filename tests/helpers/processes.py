@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
 
 from django.db import connection
+from django.utils import timezone
 
+from asyncwork.heartbeat import Heartbeat
+from asyncwork.models import WorkerHeartbeat
 from core.celery import app
 from stack import launch
-from stack.net import HOST
+from stack.net import HOST, wait_until
 
 # Worker timing scaled down for the tests that wait on a redelivery (visibility 20 s instead
 # of 180 s, lease 10 s), keeping every relation core.settings checks.
@@ -50,3 +54,26 @@ def worker_thread(concurrency: int = 2) -> AbstractContextManager[None]:
     """A real worker of the project's Celery app in this process, on threads, for a block
     (``stack.launch.worker_thread``)."""
     return launch.worker_thread(app, concurrency=concurrency)
+
+
+@contextmanager
+def a_lapsed_and_a_live_worker() -> Iterator[Heartbeat]:
+    """A worker process killed two minutes ago (its heartbeat row never deleted, on host
+    "gone-host") and one beating now (a real heartbeat thread, on its own connection), for the
+    block; the live one stops cleanly at its end, deleting its row."""
+    WorkerHeartbeat.objects.create(
+        owner="gone-host:41:dead",
+        hostname="gone-host",
+        pid=41,
+        started_at=timezone.now() - timedelta(minutes=5),
+        beat_at=timezone.now() - timedelta(minutes=2),
+    )
+    beating = Heartbeat(interval=0.2)
+    beating.start()
+    try:
+        assert wait_until(
+            lambda: WorkerHeartbeat.objects.filter(owner=beating.owner).exists(), timeout=10
+        )
+        yield beating
+    finally:
+        beating.stop()
