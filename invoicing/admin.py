@@ -97,6 +97,7 @@ class EmailDeliveryAdmin(ReadOnlyAdmin):
     search_fields = (
         "key",
         "message_id",
+        "provider_message_id",
         "recipient",
         "invoice__number",
         "invoice__provider_invoice_id",
@@ -109,6 +110,7 @@ class EmailDeliveryAdmin(ReadOnlyAdmin):
         "attempts",
         "last_error",
         "message_id",
+        "provider_message_id",
         "recipient",
         "sent_at",
         "bounced_at",

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import email_validator
 import requests
+from anymail.backends.base import AnymailBaseBackend
 from anymail.exceptions import (
     AnymailAPIError,
     AnymailError,
@@ -298,11 +299,12 @@ def smtp_connection_close(**_: Any) -> None:
     _connection_discard()
 
 
-def provider_words(exc: AnymailError) -> str:
+def _answer_words(
+    esp_name: str | None, code: int | None, response: requests.Response | None, otherwise: str
+) -> str:
     """What a provider's API answered, on one storable line: its own message where its JSON
-    has one (Postmark's ``Message``, most others' ``message``), else the start of the body."""
-    response = exc.response
-    code = exc.status_code if response is None else response.status_code
+    has one (Postmark's ``Message``, most others' ``message``), else the start of the body;
+    ``otherwise`` when it gave none."""
     status = f" {code}" if code is not None else ""
     said = ""
     if response is not None:
@@ -313,10 +315,19 @@ def provider_words(exc: AnymailError) -> str:
         else:
             found = body.get("Message") or body.get("message") if isinstance(body, dict) else None
             said = str(found) if found else json.dumps(body)[:300]
-    if not said:
-        # No answer: what failed on the way (anymail's first line, then its cause).
-        said = str(exc.__cause__ or "") or str(exc).partition("\n")[0]
-    return header_text(f"{exc.esp_name or 'the provider'}{status}: {said}")
+    return header_text(f"{esp_name or 'the provider'}{status}: {said or otherwise}")
+
+
+def provider_words(exc: AnymailError) -> str:
+    """A provider API's failure in its own words; with no answer, what failed on the way
+    (anymail's first line, then its cause)."""
+    response = exc.response
+    return _answer_words(
+        exc.esp_name,
+        exc.status_code if response is None else response.status_code,
+        response,
+        otherwise=str(exc.__cause__ or "") or str(exc).partition("\n")[0],
+    )
 
 
 def _retry_after(exc: AnymailAPIError) -> float | None:
@@ -354,12 +365,60 @@ def _provider_failure(exc: AnymailError) -> Exception:
     return PermanentError(f"email provider refused the message: {words}")
 
 
-def deliver(message: EmailMultiAlternatives) -> None:
+# anymail's per-recipient statuses: what it is for the address we sent to decides the outcome.
+ACCEPTED = frozenset({"sent", "queued"})
+REFUSED = frozenset({"invalid", "rejected"})
+
+
+def _status_address(address: str) -> str:
+    """The lower-case ``local@domain`` anymail's status is keyed under; a provider's reply can
+    name a recipient with its display name, which anymail keeps whole."""
+    try:
+        return address_spec(address).lower()
+    except ValueError:
+        return address.strip().lower()
+
+
+def _provider_accepted(message: EmailMultiAlternatives) -> str:
+    """After a provider's API took the request without raising: the provider's message id if it
+    accepted the email for the one address we sent it to, else a failure, never a success.
+    anymail raises only when every recipient it could name was refused; a reply naming the
+    address otherwise (Postmark's 422 quotes ``Name <address>`` whole) leaves ours ``unknown``
+    and ``send()`` returning 1. So: ``sent`` or ``queued`` for our address is sent; ``invalid``
+    or ``rejected`` is ``RecipientRejected``; anything else (``unknown``, no status, a status
+    for another address) is ``PermanentError`` in the provider's words: retrying a send that
+    may have gone out could send it twice, so an operator decides."""
+    status = message.anymail_status  # type: ignore[attr-defined]
+    (to,) = message.to
+    ours = _status_address(to)
+    statuses = {_status_address(a): s for a, s in (status.recipients or {}).items()}
+    response = status.esp_response
+    said = _answer_words(
+        getattr(message.connection, "esp_name", None),
+        response.status_code if response is not None else None,
+        response,
+        otherwise="no answer recorded",
+    )
+    mine = statuses.get(ours)
+    if mine is not None and mine.status in REFUSED:
+        raise RecipientRejected(f"recipient refused: {said}")
+    if mine is None or mine.status not in ACCEPTED:
+        raise PermanentError(
+            "email provider did not accept the message for its recipient (status "
+            f"{mine.status if mine is not None else 'none'} for {ours}): {said}"
+        )
+    return str(mine.message_id or "")
+
+
+def deliver(message: EmailMultiAlternatives) -> str:
     """Send over this thread's kept connection (``EMAIL_TIMEOUT`` on every socket operation, and
-    as a provider API's request timeout); raise ``TransientError``, ``Unreachable`` or
+    as a provider API's request timeout); return the provider's message id (``""`` over SMTP,
+    whose 250 is the acceptance); raise ``TransientError``, ``Unreachable`` or
     ``PermanentError`` in words an operator can act on, the backend's exception chained."""
     try:
         _send(message)
+        if isinstance(message.connection, AnymailBaseBackend):
+            return _provider_accepted(message)
     except AnymailError as exc:  # before OSError: anymail's API errors are requests' HTTPError
         raise _provider_failure(exc) from exc
     except smtplib.SMTPRecipientsRefused as exc:
@@ -385,6 +444,7 @@ def deliver(message: EmailMultiAlternatives) -> None:
         raise PermanentError(f"malformed message: {exc}") from exc
     except OSError as exc:  # unreachable network, DNS failure
         raise Unreachable(f"SMTP unreachable: {_words(exc)}") from exc
+    return ""
 
 
 def address_spec(address: str) -> str:

@@ -68,6 +68,9 @@ class EmailDelivery(models.Model):
     recipient = models.CharField(
         max_length=320, blank=True, help_text="The address its last attempt was for."
     )
+    # The provider's id of the message last sent (anymail's message_id; none over SMTP): a
+    # bounce naming another message is not this one's.
+    provider_message_id = models.CharField(max_length=255, blank=True)
     bounced_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     requested_by = models.CharField(max_length=150, blank=True)

@@ -131,9 +131,9 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
 _CLAIM_SQL = f"""
 INSERT INTO {EmailDelivery._meta.db_table} AS d
     (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
-     recipient, last_error, requested_by, created_at, updated_at)
+     provider_message_id, recipient, last_error, requested_by, created_at, updated_at)
 VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
-        now() + make_interval(secs => %(lease)s), %(message_id)s, '', '', '', now(), now())
+        now() + make_interval(secs => %(lease)s), %(message_id)s, '', '', '', '', now(), now())
 ON CONFLICT (key) DO UPDATE
     SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
         lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
@@ -218,7 +218,7 @@ def _claim_release(claim: Claim, *, error: str, recipient: str) -> None:
     )
 
 
-def _claim_mark_sent(claim: Claim, *, recipient: str) -> bool:
+def _claim_mark_sent(claim: Claim, *, recipient: str, provider_message_id: str) -> bool:
     """Mark the key sent if this claim is still the row's (also after a rescue released it:
     it was sent); False if taken over. The message is already accepted, so a database blip is
     waited out (about 6 s), not turned into a retry that would send a duplicate."""
@@ -233,6 +233,7 @@ def _claim_mark_sent(claim: Claim, *, recipient: str) -> bool:
                     lease_expires_at=None,
                     last_error="",
                     recipient=recipient[:320],
+                    provider_message_id=provider_message_id[:255],
                     bounced_at=None,
                 )
             )
@@ -271,13 +272,14 @@ def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
     )
 
 
-def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> None:
-    """``mail.deliver``, its outcome told to the breaker. Only ``Unreachable`` (refused,
-    reset, timed out, 421) counts against it; any reply about the message (451 or 5xx) proves
-    the provider up. A failed probe is deferred, not retried: it tested the provider for all,
-    and charging its attempt would let a long outage exhaust the jobs that draw probes."""
+def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> str:
+    """``mail.deliver`` (the provider's message id, or ""), its outcome told to the breaker.
+    Only ``Unreachable`` (refused, reset, timed out, 421) counts against it; any reply about
+    the message (451 or 5xx) proves the provider up. A failed probe is deferred, not retried:
+    it tested the provider for all, and charging its attempt would let a long outage exhaust
+    the jobs that draw probes."""
     try:
-        mail.deliver(message)
+        return mail.deliver(message)
     except Unreachable as exc:
         breaker.record_failure()
         if decision.probe:
@@ -376,13 +378,15 @@ def _invoice_email_send_claimed(
     try:
         invoice_recipient_fetch(invoice)
         built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id, key=key)
-        _deliver(built, breaker=breaker, decision=decision)
+        provider_message_id = _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release whatever failed, so a retry or replay can claim again.
         words = isinstance(exc, (PermanentError, TransientError))
         _claim_release(claim, error=str(exc) if words else repr(exc), recipient=invoice.recipient)
         raise
-    marked = _claim_mark_sent(claim, recipient=invoice.recipient)
+    marked = _claim_mark_sent(
+        claim, recipient=invoice.recipient, provider_message_id=provider_message_id
+    )
     breaker.record_success()
     sent = {
         "invoice_id": invoice_id,

@@ -3,7 +3,10 @@ backend (``ANYMAIL["POSTMARK_API_URL"]`` pointed at it): an HTTP server on a thr
 caller's process, on a free loopback port, answering ``POST /email`` with
 ``X-Postmark-Server-Token`` (401, ``ErrorCode`` 10, otherwise):
 
-* a message to an address in ``invalid``: 422, ``ErrorCode`` 300, "Invalid 'To' address";
+* a message to an address in ``invalid``: 422, ``ErrorCode`` 300, "Invalid 'To' address:
+  '<address>'." quoting the To field as sent, a display name included, or with
+  ``quotes_address`` its address alone (the form anymail's parser expects); or naming
+  ``misnamed`` instead, when that is set (a reply about an address we did not send to);
 * to an address in ``inactive`` (one that bounced or complained before): 422, ``ErrorCode``
   406, "You tried to send to a recipient that has been marked as inactive";
 * any other: 200, ``ErrorCode`` 0, "OK", a new ``MessageID``; the message is kept in ``sent``.
@@ -80,6 +83,8 @@ class PostmarkApi(StandIn):
         self.token = token or str(uuid.uuid4())
         self.retry_after = 1
         self.invalid: set[str] = set()
+        self.quotes_address = False
+        self.misnamed: str | None = None
         self.inactive: set[str] = set()
         self.sent: list[dict[str, Any]] = []  # each message taken, with its MessageID
         self.requests = 0
@@ -110,10 +115,11 @@ class PostmarkApi(StandIn):
             }
         to = str(message.get("To", ""))
         address = to.rpartition("<")[2].rstrip(">").strip().lower()
+        quoted = address if self.quotes_address else to
         if address in self.invalid:
             return 422, {
                 "ErrorCode": INVALID_EMAIL_REQUEST,
-                "Message": f"Invalid 'To' address: '{address}'.",
+                "Message": f"Invalid 'To' address: '{self.misnamed or quoted}'.",
             }
         if address in self.inactive:
             return 422, {

@@ -38,6 +38,7 @@ AFTER = {
     ("asyncwork", "0007_idempotencyrecord_response"),
     ("invoicing", "0006_invoice_provider_customer_id"),
     ("invoicing", "0007_email_delivery_recipient_and_bounce"),
+    ("invoicing", "0008_email_delivery_provider_message_id"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),
 }

@@ -202,10 +202,10 @@ def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
 
     assert not old.held().filter(state=EmailDelivery.State.SENDING).exists()
     _claim_release(old, error="late failure", recipient="late@example.com")
-    assert not _claim_mark_sent(old, recipient="late@example.com")
+    assert not _claim_mark_sent(old, recipient="late@example.com", provider_message_id="late")
     assert EmailDelivery.objects.values().get(key=key) == before
 
-    assert _claim_mark_sent(new, recipient="new@example.com")
+    assert _claim_mark_sent(new, recipient="new@example.com", provider_message_id="")
     assert EmailDelivery.objects.get(key=key).state == EmailDelivery.State.SENT
 
 

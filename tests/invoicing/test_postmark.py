@@ -93,9 +93,11 @@ def test_each_postmark_answer_is_sorted_as_the_task_takes_it(postmark: PostmarkA
     assert [m["To"] for m in postmark.sent] == [invoice.recipient]
 
     postmark.invalid.add(invoice.recipient)
-    with pytest.raises(RecipientRejected, match="Invalid 'To' address") as refused:
-        _deliver(invoice)
-    assert str(refused.value).startswith("recipient refused: Postmark 422: ")
+    for quotes_address in (True, False):
+        postmark.quotes_address = quotes_address
+        with pytest.raises(RecipientRejected, match="Invalid 'To' address") as refused:
+            _deliver(invoice)
+        assert str(refused.value).startswith("recipient refused: Postmark 422: ")
     postmark.invalid.clear()
 
     postmark.inactive.add(invoice.recipient)
@@ -136,25 +138,60 @@ def test_the_delivery_key_travels_as_postmark_metadata_with_our_message_id(
     assert message["Metadata"] == {"delivery_key": delivery.key}
     assert {"Name": "Message-ID", "Value": delivery.message_id} in message["Headers"]
     assert delivery.recipient == invoice.recipient
+    # Postmark's own id for it, which its bounce will name.
+    assert delivery.provider_message_id == message["MessageID"]
 
 
 # --- end to end, through a real worker --------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("name", "quotes_address", "quoted"),
+    [
+        ("", False, "{address}"),
+        ("Ada Lovelace", True, "{address}"),
+        # anymail reads the quoted To whole as one address: ours is left "unknown" and no
+        # exception raised, so send() returns 1 for a message Postmark refused.
+        ("Ada Lovelace", False, "Ada Lovelace <{address}>"),
+    ],
+)
 def test_an_invalid_recipient_is_dead_lettered_at_once_in_postmarks_words(
-    postmark: PostmarkApi,
+    postmark: PostmarkApi, name: str, quotes_address: bool, quoted: str
 ) -> None:
-    invoice = paid_invoice()
+    invoice = paid_invoice(customer_name=name)
     postmark.invalid.add(invoice.recipient)
+    postmark.quotes_address = quotes_address
     _run(invoice, until=lambda: DeadLetter.objects.exists())
     letter = _letter(invoice)
     assert (letter.reason, letter.attempts) == ("permanent", 1)
     assert letter.exception_class == "invoicing.mail.RecipientRejected"
     assert letter.exception_message == (
-        f"recipient refused: Postmark 422: Invalid 'To' address: '{invoice.recipient}'."
+        "recipient refused: Postmark 422: Invalid 'To' address: "
+        f"'{quoted.format(address=invoice.recipient)}'."
     )
     assert postmark.requests == 1
+    assert postmark.sent == []
     assert email_breaker().state()["failures"] == 0
+    delivery = _sent(invoice)
+    assert (delivery.state, delivery.sent_at) == ("failed", None)
+
+
+def test_an_answer_about_another_address_is_never_counted_sent(postmark: PostmarkApi) -> None:
+    """The provider refused the request but named an address we did not send to: ours has no
+    status of its own, so nothing says it was sent; a dead letter in the provider's words, not
+    retried (a send that may have gone out is not repeated blindly)."""
+    invoice = paid_invoice(customer_name="Ada Lovelace")
+    postmark.invalid.add(invoice.recipient)
+    postmark.misnamed = "someone-else@example.com"
+    _run(invoice, until=lambda: DeadLetter.objects.exists())
+    letter = _letter(invoice)
+    assert (letter.reason, letter.attempts) == ("permanent", 1)
+    assert letter.exception_class == "asyncwork.errors.PermanentError"
+    assert letter.exception_message == (
+        "email provider did not accept the message for its recipient (status unknown for "
+        f"{invoice.recipient}): Postmark 422: Invalid 'To' address: 'someone-else@example.com'."
+    )
+    assert postmark.requests == 1
     assert _sent(invoice).state == "failed"
 
 
@@ -264,6 +301,29 @@ def test_a_bounce_marks_the_delivery_and_the_operator_fixes_it_like_any_dead_let
     assert delivery.state == "sent"
     assert DeadLetter.objects.count() == 1
     assert len(postmark.sent) == 2
+
+
+def test_a_bounce_must_name_the_address_and_the_message_last_sent(
+    postmark: PostmarkApi, client: Client
+) -> None:
+    """The delivery key counts up, so whoever holds the webhook's one secret could guess it: a
+    bounce counts only if it also names the address and Postmark's id of the email last sent."""
+    invoice = paid_invoice()
+    _run(invoice, until=lambda: _state(invoice) == "sent")
+    (message,) = postmark.sent
+    bounce = postmark.bounce_event(message)
+    for forged in (
+        {**bounce, "Email": ""},
+        {**bounce, "Email": "someone-else@example.com"},
+        {**bounce, "MessageID": "00000000-0000-0000-0000-000000000000"},
+    ):
+        assert _post(client, forged) == 200  # taken, so Postmark does not post it again
+    assert not DeadLetter.objects.exists()
+    assert _state(invoice) == "sent"
+
+    assert _post(client, bounce) == 200
+    assert _letter(invoice).exception_message.startswith("bounced: ")
+    assert _state(invoice) == "bounced"
 
 
 def test_a_complaint_is_a_dead_letter_in_the_providers_words(
