@@ -641,8 +641,10 @@ LOGGING = {
         # Replaces Django's handlers, whose mail_admins would mail ADMINS every ERROR from the
         # web worker through the invoices' SMTP account; ADMINS get the dead-letter alert only.
         "django": {"handlers": []},
-        # A Host not in ALLOWED_HOSTS: one WARNING line and a count, not an ERROR traceback.
+        # A Host not in ALLOWED_HOSTS, an email tracking webhook failing its provider's
+        # verification: one WARNING line and a count, not an ERROR traceback.
         "django.security.DisallowedHost": {"filters": ["suspicious"]},
+        "django.security.AnymailWebhookValidationFailure": {"filters": ["suspicious"]},
         "django.db.backends": {"level": "INFO"},
     },
 }

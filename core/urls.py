@@ -5,7 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from asyncwork.api import DeadLetterViewSet
 from invoicing.api import InvoiceViewSet
-from invoicing.bounces import email_tracking_urlpatterns
+from invoicing.bounces import email_tracking
 
 api = DefaultRouter()
 api.register("invoices", InvoiceViewSet, basename="invoice")
@@ -16,9 +16,8 @@ urlpatterns = [
     path("", include("asyncwork.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhooks.urls")),
-    # The email provider's tracking webhooks (bounces, complaints), verified by django-anymail:
-    # webhooks/email/<provider>/tracking/ (invoicing.bounces).
-    path("webhooks/email/", include((email_tracking_urlpatterns(), "anymail"))),
+    # The email provider's tracking webhook (bounces, complaints), verified by django-anymail.
+    path("webhooks/email/<str:provider>/tracking/", email_tracking, name="email-tracking"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/", include(api.urls)),
 ]

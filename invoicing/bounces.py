@@ -1,7 +1,7 @@
 """Bounces close the loop: an email the provider accepted and later could not deliver.
 
-The provider's tracking webhook reaches ``webhooks/email/<provider>/tracking/``, where
-django-anymail verifies it as that provider signs it (Postmark: HTTP basic auth with
+The configured provider's tracking webhook reaches ``webhooks/email/<provider>/tracking/``,
+where django-anymail verifies it as that provider signs it (Postmark: HTTP basic auth with
 ``ANYMAIL_WEBHOOK_SECRET``; with none set, the webhook is off) and sends the ``tracking``
 signal. A bounce, rejection or complaint
 of one of our emails (found by the delivery key the send put in the message's metadata) marks
@@ -9,8 +9,10 @@ its delivery ``bounced`` and raises a dead letter of the email's job, "bounced: 
 reason>", which an operator handles like any other: correct the recipient, then replay.
 
 Every webhook can arrive twice, late or out of order. The dead letter's task id is the
-provider's event, so a repeat records nothing more; a bounce for an address the delivery no
-longer sends to (the recipient was corrected and the email sent again since) changes nothing.
+provider's event, so a repeat records nothing more; a bounce must name the address and the
+provider's message id of the email last sent under its key, so one for an address or a message
+since replaced (the recipient corrected and the email sent again) changes nothing, and so does
+one forged from the key alone.
 """
 
 from __future__ import annotations
@@ -68,21 +70,28 @@ def bounce_reason(event: AnymailTrackingEvent, *, kind: str) -> str:
 
 
 def email_undelivered_record(
-    *, key: str, kind: str, reason: str, recipient: str, event_id: str
+    *, key: str, kind: str, reason: str, recipient: str, message_id: str, event_id: str
 ) -> DeadLetter | None:
     """Mark the delivery under ``key`` undelivered and dead-letter its email's job, in one
-    transaction; None when there is nothing to do (no such delivery, a repeat of this event, or
-    a bounce for an address the delivery no longer sends to)."""
+    transaction; None when there is nothing to do: no such delivery, a repeat of this event, or
+    an event that is not about the email last sent under the key. The key alone is guessable (it
+    counts up), so the event must also name the address that email went to and, when the
+    provider gives one, the message id it answered the send with."""
     with transaction.atomic():
         delivery = EmailDelivery.objects.select_for_update().filter(key=key).first()
         if delivery is None:
             logger.warning("email %s for an unknown delivery key", kind, extra={"key": key})
             return None
-        if recipient and delivery.recipient and not _same_address(recipient, delivery.recipient):
+        about = {"invoice_id": delivery.invoice_id, "key": key}
+        if not recipient:
+            logger.warning("email %s naming no recipient; ignored", kind, extra=about)
+            return None
+        if not delivery.recipient or not _same_address(recipient, delivery.recipient):
+            logger.info("email %s for an address no longer sent to; ignored", kind, extra=about)
+            return None
+        if message_id and message_id != delivery.provider_message_id:
             logger.info(
-                "email %s for an address no longer sent to; ignored",
-                kind,
-                extra={"invoice_id": delivery.invoice_id, "key": key},
+                "email %s for a message no longer the last sent; ignored", kind, extra=about
             )
             return None
         if delivery.key.startswith(EMAIL_KEY_PREFIX):
@@ -102,7 +111,7 @@ def email_undelivered_record(
         )
         if letter is None:
             return None  # this event was recorded before
-        # Sending: the bounce outran the worker marking it sent, which then finds it bounced.
+        # Sending: sent again since (a replay); that send's mark then finds it bounced.
         if delivery.state in (
             EmailDelivery.State.SENDING,
             EmailDelivery.State.SENT,
@@ -115,30 +124,44 @@ def email_undelivered_record(
     return letter
 
 
-def _secret_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """anymail takes a tracking webhook from anyone while ``ANYMAIL["WEBHOOK_SECRET"]`` is unset
-    (it only warns): here such a webhook is off, answering 404 with the reason."""
-
-    @functools.wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not getattr(settings, "ANYMAIL", {}).get("WEBHOOK_SECRET"):
-            return JsonResponse(
-                {"error": "email tracking webhooks are off: ANYMAIL_WEBHOOK_SECRET is not set"},
-                status=404,
-            )
-        return view(request, *args, **kwargs)
-
-    return csrf_exempt(guarded)
+def tracking_provider() -> str:
+    """The provider whose tracking webhook is served: ``EMAIL_BACKEND``'s when it is one of
+    anymail's (``anymail.backends.<provider>.EmailBackend``), else none."""
+    module, _, _ = settings.EMAIL_BACKEND.rpartition(".")
+    package, _, provider = module.rpartition(".")
+    return provider if package == "anymail.backends" else ""
 
 
-def email_tracking_urlpatterns() -> list[URLPattern]:
-    """anymail's tracking webhook URLs (``<provider>/tracking/``), each off while no webhook
-    secret is set; its inbound ones are left out (this app receives no mail)."""
-    return [
-        URLPattern(p.pattern, _secret_required(p.callback), p.default_args, p.name)
+@functools.cache
+def _tracking_views() -> dict[str, Callable[..., HttpResponse]]:
+    """anymail's tracking webhook views by provider (``<provider>/tracking/``)."""
+    return {
+        str(p.pattern).partition("/")[0]: p.callback
         for p in anymail_urls.urlpatterns
         if isinstance(p, URLPattern) and (p.name or "").endswith("_tracking_webhook")
-    ]
+    }
+
+
+@csrf_exempt
+def email_tracking(request: HttpRequest, provider: str) -> HttpResponse:
+    """``webhooks/email/<provider>/tracking/``: the configured provider's tracking webhook,
+    verified by anymail as that provider signs it; every other provider's is 404, and so is the
+    configured one while ``ANYMAIL_WEBHOOK_SECRET`` is unset (anymail alone would take anyone's
+    post, only warning). A failed verification is anymail's ``AnymailWebhookValidationFailure``,
+    a ``SuspiciousOperation``: Django answers 400, and the logging settings make it one WARNING
+    line and a count (``SuspiciousRequestFilter``)."""
+    view = _tracking_views().get(provider) if provider == tracking_provider() else None
+    if view is None:
+        return JsonResponse(
+            {"error": "no email tracking webhook here for this provider (EMAIL_BACKEND)"},
+            status=404,
+        )
+    if not getattr(settings, "ANYMAIL", {}).get("WEBHOOK_SECRET"):
+        return JsonResponse(
+            {"error": "email tracking webhooks are off: ANYMAIL_WEBHOOK_SECRET is not set"},
+            status=404,
+        )
+    return view(request)
 
 
 @receiver(tracking, dispatch_uid="invoicing.bounces")
@@ -161,5 +184,6 @@ def email_tracking_receive(
         kind=kind,
         reason=bounce_reason(event, kind=kind),
         recipient=event.recipient or "",
+        message_id=event.message_id or "",
         event_id=event_id.lower(),
     )

@@ -75,8 +75,8 @@ def task_attempts() -> Counter:
 def suspicious_requests() -> Counter:
     return Counter(
         metric_name("http_suspicious_requests"),
-        "Requests Django answered 400 as suspicious, by kind (the SuspiciousOperation): "
-        "DisallowedHost, a Host header not in ALLOWED_HOSTS.",
+        "Requests Django answered 400 as suspicious, by kind (the SuspiciousOperation's "
+        "class, e.g. DisallowedHost, a Host header not in ALLOWED_HOSTS).",
         ["kind"],
     )
 
