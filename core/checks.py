@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Info, Tags, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
+
+from core.providers import ALLOWED_ORIGINS, provider_bases
 
 
 @register(Tags.security, deploy=True)
@@ -25,6 +27,40 @@ def https_opt_out_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             id="core.I001",
         )
     ]
+
+
+@register(Tags.security, deploy=True)
+def provider_bases_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``check --deploy``: names each provider API base that is not the provider's own (https on
+    its domain), whose answers are taken as the provider's: an INFO for an https origin listed
+    in ``PROVIDER_API_ALLOWED_ORIGINS``, a WARNING for plain HTTP or an origin not listed (taken
+    only while DEBUG is on: start-up refuses it otherwise)."""
+    messages: list[CheckMessage] = []
+    bases = provider_bases(stripe_base=settings.STRIPE_API_BASE, anymail=settings.ANYMAIL)
+    for base in bases:
+        if base.providers_own:
+            continue
+        origin = base.origin
+        which = (
+            f"not {base.provider}'s own API"
+            if base.domains
+            else f"a host not known as {base.provider}'s"
+        )
+        said = (
+            f"{base.setting} points at {origin or repr(base.url)}, {which}: what it answers is "
+            f"taken as {base.provider}'s"
+        )
+        hint = f"Unset {base.setting} to reach {base.provider} itself." if base.domains else None
+        if origin is None or origin not in settings.PROVIDER_API_ALLOWED_ORIGINS:
+            why = f"{ALLOWED_ORIGINS} does not list it (refused at start-up with DEBUG off)"
+            messages.append(Warning(f"{said}; {why}.", hint=hint, id="core.W001"))
+        elif origin.startswith("http://"):
+            why = f"over plain HTTP ({ALLOWED_ORIGINS} lists it)"
+            messages.append(Warning(f"{said}, {why}.", hint=hint, id="core.W001"))
+        else:
+            why = f"{ALLOWED_ORIGINS} lists it"
+            messages.append(Info(f"{said} ({why}).", hint=hint, id="core.I002"))
+    return messages
 
 
 @register()

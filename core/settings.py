@@ -15,6 +15,8 @@ from typing import Any
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from core.providers import base_refusal, origin_listed, provider_bases
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -288,7 +290,8 @@ STRIPE_API_BASE = (
     setting(
         "STRIPE_API_BASE",
         "https://api.stripe.com",
-        "where the Stripe API answers (a stand-in's URL)",
+        "where the Stripe API answers; with DJANGO_DEBUG off, https on stripe.com unless "
+        "PROVIDER_API_ALLOWED_ORIGINS lists another",
     )
     .strip()
     .rstrip("/")
@@ -339,6 +342,20 @@ def anymail_from_environment(environ: dict[str, str]) -> dict[str, Any]:
 
 # Documented in docs/configuration.md and docs/operations.md ("Sending through a provider").
 ANYMAIL = anymail_from_environment(dict(os.environ))
+# The tracking webhooks' basic auth (invoicing/bounces.py): "user:password", or a list of them
+# while one is rolled. The password is all a forger of bounces has to guess.
+_WEBHOOK_PASSWORD_MIN = 24
+_webhook_auth = ANYMAIL.get("WEBHOOK_SECRET") or []
+_webhook_auths = [_webhook_auth] if isinstance(_webhook_auth, str) else _webhook_auth
+if not isinstance(_webhook_auths, list) or not all(
+    isinstance(a, str) and len(a.partition(":")[2]) >= _WEBHOOK_PASSWORD_MIN for a in _webhook_auths
+):
+    # Never the value itself: it is a secret, and this line goes to the logs.
+    raise ImproperlyConfigured(
+        "ANYMAIL_WEBHOOK_SECRET must be user:password with a password of at least "
+        f"{_WEBHOOK_PASSWORD_MIN} characters; make one with "
+        "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'."
+    )
 ADMINS = [
     ("Operator", a)
     for a in setting("DJANGO_ADMINS", [], "addresses that get the dead-letter alert mail")
@@ -360,6 +377,34 @@ for _host in INVOICE_URL_ALLOWED_HOSTS:
             f"INVOICE_URL_ALLOWED_HOSTS: {_host!r} is not a host name like invoice.stripe.com "
             "(no scheme, port, path or wildcard)."
         )
+
+# --- Provider APIs (core/providers.py) --------------------------------------------------------
+# What STRIPE_API_BASE and ANYMAIL_<ESP>_API_URL answer is taken as the provider's word: with
+# DEBUG off each is https on the provider's own domain, or an origin listed here.
+_allowed_origins = [
+    entry.strip()
+    for entry in setting(
+        "PROVIDER_API_ALLOWED_ORIGINS",
+        [],
+        "origins (scheme://host:port) besides the providers' own that STRIPE_API_BASE and "
+        "ANYMAIL_*_API_URL may name with DJANGO_DEBUG off, trusted as the provider: a stand-in, "
+        "an egress proxy",
+    )
+    if entry.strip()
+]
+PROVIDER_API_ALLOWED_ORIGINS: list[str] = []
+for _entry in _allowed_origins:
+    try:
+        PROVIDER_API_ALLOWED_ORIGINS.append(origin_listed(_entry))
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"PROVIDER_API_ALLOWED_ORIGINS: {_entry!r} is not an origin like "
+            "https://proxy.example.com:8443 (a scheme, a host, a port; no path)."
+        ) from exc
+if not DEBUG:
+    for _base in provider_bases(stripe_base=STRIPE_API_BASE, anymail=ANYMAIL):
+        if _refusal := base_refusal(_base, allowed=PROVIDER_API_ALLOWED_ORIGINS):
+            raise ImproperlyConfigured(_refusal)
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = setting(

@@ -30,9 +30,16 @@ LIBRARY = {
     "ANYMAIL_<NAME>": (
         "unset",
         'each becomes ANYMAIL["<NAME>"] for django-anymail (core/settings.py '
-        "anymail_from_environment), e.g. ANYMAIL_POSTMARK_SERVER_TOKEN, ANYMAIL_POSTMARK_API_URL "
-        "and ANYMAIL_WEBHOOK_SECRET (user:password, the tracking webhook's basic auth); a JSON "
-        "value (a number, true or false, a list) is read as JSON, any other as text",
+        "anymail_from_environment), e.g. ANYMAIL_POSTMARK_SERVER_TOKEN; a JSON value (a "
+        "number, true or false, a list) is read as JSON, any other as text. An "
+        "ANYMAIL_<ESP>_API_URL, with DJANGO_DEBUG off, is https on the provider's own domain "
+        "(core/providers.py) unless PROVIDER_API_ALLOWED_ORIGINS lists its origin",
+    ),
+    "ANYMAIL_WEBHOOK_SECRET": (
+        "unset: the tracking webhooks are off (404)",
+        "user:password, the tracking webhooks' basic auth (a JSON list of them while one is "
+        "rolled); a password shorter than 24 characters stops start-up: make one with "
+        "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'",
     ),
     "PROMETHEUS_MULTIPROC_DIR": (
         "unset",

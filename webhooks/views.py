@@ -17,7 +17,7 @@ from asyncwork.backpressure import backpressure_shed
 from asyncwork.db import text_storable
 from asyncwork.logging import log_context
 from webhooks.events import Event, WebhookRejected
-from webhooks.metrics import WEBHOOK_OTHER_API_VERSION, webhook_delivery_count
+from webhooks.metrics import other_api_version_count, webhook_delivery_count
 from webhooks.services import KEPT_HEADERS, webhook_event_record
 from webhooks.stripe import event_parse, signature_verify
 
@@ -104,8 +104,9 @@ class StripeWebhookView(View):
             )
             return _retry_later("temporarily unavailable")
         webhook_delivery_count("duplicate" if recorded.duplicate else "accepted")
-        if not recorded.duplicate and event.api_version not in ("", settings.STRIPE_API_VERSION):
-            WEBHOOK_OTHER_API_VERSION.labels(api_version=event.api_version).inc()
+        if not recorded.duplicate and event.handled:
+            # Only an event acted on: an ignored one, whatever it says, changes no series.
+            other_api_version_count(event.api_version)
         return JsonResponse(
             {
                 "received": True,

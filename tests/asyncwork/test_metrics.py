@@ -33,10 +33,17 @@ from core.celery import app
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
 from stack import launch
-from stack.launch import GunicornConfig
-from stack.net import HOST, free_port, wait_until
+from stack.net import free_port, wait_until
 from stack.smtp import SmtpServer
-from tests.helpers.metrics import METRICS_URL, Samples, delta, parse, scrape, value
+from tests.helpers.metrics import (
+    METRICS_URL,
+    Samples,
+    delta,
+    multiprocess_gunicorn,
+    parse,
+    scrape,
+    value,
+)
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
 from webhooks import testing as stripe_testing
@@ -417,15 +424,8 @@ def gunicorn(transactional_db: None, tmp_path: Path) -> Iterator[tuple[str, Path
     directory = tmp_path / "metrics-web"
     directory.mkdir()
     (directory / "counter_1.db").write_bytes(b"")  # left by an earlier run: must be cleared
-    with launch.gunicorn(
-        worker_env(0, PROMETHEUS_MULTIPROC_DIR=str(directory)),
-        args=("-c", "python:core.gunicorn_conf", "core.wsgi"),
-        config=GunicornConfig(workers=2),
-        ready_path=METRICS_URL,
-        ready_status=None,  # Django's answer, whatever it is: the application is loaded
-        log=tmp_path / "gunicorn.log",
-    ) as server:
-        yield f"http://{HOST}:{server.port}", directory
+    with multiprocess_gunicorn(directory, log=tmp_path / "gunicorn.log") as url:
+        yield url, directory
 
 
 @pytest.mark.slow

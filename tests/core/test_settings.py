@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,20 +20,10 @@ from django.db import connection
 from core.celery import app
 from stack import launch
 from stack.net import HOST
-from tests.helpers.environment import PRODUCTION, clean_env, manage
+from tests.helpers.environment import PRODUCTION, clean_env, manage, settings_read
 from tests.helpers.http import Answer, send
 
 pytestmark = pytest.mark.slow  # each test reads the settings in a process of its own
-
-
-def settings_read(*names: str, env: dict[str, str]) -> list[str]:
-    """The repr of each setting in ``names`` as ``manage.py`` sees it with ``env``."""
-    code = "from django.conf import settings as s; " + "; ".join(
-        f"print(repr(s.{name}))" for name in names
-    )
-    result = manage("shell", "--no-imports", "-c", code, env=env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
 
 
 def test_debug_is_off_unless_asked_for() -> None:
@@ -458,13 +449,56 @@ def test_a_default_token_lifetime_above_the_maximum_stops_start_up_naming_both()
     assert allowed.stdout.split() == ["2160", "2160"], allowed.stderr
 
 
+# As docs/operations.md says to make one: secrets.token_urlsafe(32), 43 characters.
+WEBHOOK_PASSWORD = "Vr0oCJgk2xWbq9d4n7Y1sT6uEa3LhZ8mPfKw5XcQyBN"
+WEBHOOK_SECRET_REFUSED = (
+    "Configuration error: ANYMAIL_WEBHOOK_SECRET must be user:password with a password of at "
+    "least 24 characters; make one with "
+    "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'."
+)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "postmark:s3cret",
+        "postmark:" + "p" * 23,
+        "a-password-but-no-user-and-no-colon",
+        # While a secret is rolled, a list: every entry is held to it.
+        f'["postmark:{WEBHOOK_PASSWORD}", "old:short"]',
+        "12345",  # read as JSON: a number
+    ],
+)
+def test_a_short_tracking_webhook_password_stops_start_up_in_one_line(secret: str) -> None:
+    result = manage("check", env={**PRODUCTION, "ANYMAIL_WEBHOOK_SECRET": secret})
+    assert result.returncode == 1
+    # Exactly this line: the value, a secret, is never echoed.
+    assert result.stderr.splitlines() == [WEBHOOK_SECRET_REFUSED]
+
+
+def test_a_tracking_webhook_password_of_24_characters_or_more_is_taken() -> None:
+    made = secrets.token_urlsafe(32)
+    for secret, read in [
+        (f"postmark:{made}", f"postmark:{made}"),
+        ("postmark:" + "p" * 24, "postmark:" + "p" * 24),
+        (
+            f'["postmark:{made}", "old:{WEBHOOK_PASSWORD}"]',
+            [f"postmark:{made}", f"old:{WEBHOOK_PASSWORD}"],
+        ),
+        ("", ""),  # set empty, as compose.yaml passes it unset: the tracking webhooks are off
+    ]:
+        env = {**PRODUCTION, "ANYMAIL_WEBHOOK_SECRET": secret}
+        assert settings_read("ANYMAIL['WEBHOOK_SECRET']", env=env) == [repr(read)]
+
+
 def test_the_email_backend_and_every_anymail_variable_come_from_the_environment() -> None:
     env = {
         **PRODUCTION,
         "EMAIL_BACKEND": "anymail.backends.postmark.EmailBackend",
         "ANYMAIL_POSTMARK_SERVER_TOKEN": "b3f1c2d4-0000-4000-8000-000000000000",
         "ANYMAIL_POSTMARK_API_URL": "http://127.0.0.1:9/",
-        "ANYMAIL_WEBHOOK_SECRET": "postmark:s3cret",
+        "PROVIDER_API_ALLOWED_ORIGINS": "http://127.0.0.1:9",  # a stand-in's (core.providers)
+        "ANYMAIL_WEBHOOK_SECRET": f"postmark:{WEBHOOK_PASSWORD}",
         "ANYMAIL_IGNORE_RECIPIENT_STATUS": "false",
         "ANYMAIL_REQUESTS_TIMEOUT": "[3, 7]",
         "ANYMAIL_SEND_DEFAULTS": '{"tags": ["invoice"]}',
@@ -474,7 +508,7 @@ def test_the_email_backend_and_every_anymail_variable_come_from_the_environment(
     assert ast.literal_eval(anymail) == {
         "POSTMARK_SERVER_TOKEN": "b3f1c2d4-0000-4000-8000-000000000000",
         "POSTMARK_API_URL": "http://127.0.0.1:9/",
-        "WEBHOOK_SECRET": "postmark:s3cret",
+        "WEBHOOK_SECRET": f"postmark:{WEBHOOK_PASSWORD}",
         "IGNORE_RECIPIENT_STATUS": False,
         "REQUESTS_TIMEOUT": [3, 7],
         "SEND_DEFAULTS": {"tags": ["invoice"]},

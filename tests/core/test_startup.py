@@ -81,12 +81,29 @@ def test_nothing_set_names_every_missing_secret(entry_point: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("refused", "says"),
+    [
+        ({"STRIPE_LIVEMODE": "production"}, "STRIPE_LIVEMODE must be live, test or any"),
+        # A provider's API elsewhere than its own host (core.providers).
+        (
+            {"STRIPE_API_BASE": "http://127.0.0.1:12111"},
+            "STRIPE_API_BASE points at http://127.0.0.1:12111, not Stripe's own API",
+        ),
+        (
+            {"ANYMAIL_WEBHOOK_SECRET": "postmark:s3cret"},
+            "ANYMAIL_WEBHOOK_SECRET must be user:password with a password of at least 24",
+        ),
+    ],
+)
 @pytest.mark.parametrize("entry_point", ["gunicorn core.wsgi", "celery -A core worker"])
-def test_any_refused_setting_is_one_line_too(entry_point: str) -> None:
-    result = start(ENTRY_POINTS[entry_point], {**PRODUCTION, "STRIPE_LIVEMODE": "production"})
+def test_any_refused_setting_is_one_line_too(
+    entry_point: str, refused: dict[str, str], says: str
+) -> None:
+    result = start(ENTRY_POINTS[entry_point], {**PRODUCTION, **refused})
     assert result.returncode != 0
     [line] = result.stderr.splitlines()
-    assert line.startswith("Configuration error: STRIPE_LIVEMODE must be live, test or any"), line
+    assert line.startswith(f"Configuration error: {says}"), line
 
 
 def test_gunicorn_started_elsewhere_stops_without_a_traceback(tmp_path: Path) -> None:

@@ -43,3 +43,13 @@ def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+def settings_read(*names: str, env: dict[str, str]) -> list[str]:
+    """The repr of each setting in ``names`` as ``manage.py`` sees it with ``env``."""
+    code = "from django.conf import settings as s; " + "; ".join(
+        f"print(repr(s.{name}))" for name in names
+    )
+    result = manage("shell", "--no-imports", "-c", code, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()

@@ -1,15 +1,20 @@
 """The Stripe API version of each event: stored on its row (a thin event has none), shown in the
 admin, and an event of another version than ``STRIPE_API_VERSION`` taken all the same and
-counted, in /metrics and in /health/'s details, which it never degrades. Against the real
-PostgreSQL; the health checks run on connections of their own."""
+counted, in /metrics and in /health/'s details, which it never degrades. /metrics counts only
+events a handler applied, under a version label only when it reads as Stripe's (else
+``other``): however many versions signed events carry, the series stay few, scraped from a
+real gunicorn after real signed deliveries. Against the real PostgreSQL; the health checks run
+on connections of their own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from django.conf import settings
 from django.test import Client
 from django.utils import timezone
@@ -18,8 +23,15 @@ from asyncwork import health
 from invoicing.models import Invoice
 from tests.helpers.admin import admin_as, rows
 from tests.helpers.factories import staff_user
-from tests.helpers.metrics import delta, scrape
-from tests.helpers.stripe import paid_event, post_event
+from tests.helpers.metrics import (
+    METRICS_URL,
+    delta,
+    multiprocess_gunicorn,
+    parse,
+    scrape,
+    series,
+)
+from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
@@ -65,17 +77,81 @@ def test_each_event_s_version_is_stored_and_another_version_is_still_applied(
     assert Invoice.objects.filter(customer_email="older@example.com").exists()
 
 
-def test_events_of_another_version_are_counted_once_by_version(client: Client) -> None:
+def ignored_event(api_version: str, *, livemode: bool = False) -> dict[str, Any]:
+    """An event this endpoint stores and does not act on: a type with no handler, or (live)
+    a payment of the mode it does not act on."""
+    if livemode:
+        event = paid_event()
+        event["livemode"] = True
+    else:
+        event = stripe_testing.event("customer.created", stripe_testing.customer_object())
+    event["api_version"] = api_version
+    return event
+
+
+def test_events_acted_on_in_another_version_are_counted_once_by_version(client: Client) -> None:
     before = scrape(client)
     send(client, stripe_testing.API_VERSION)
     older = send(client, OLDER)
     assert post_event(client, stripe_testing.encode(older)).json()["duplicate"] is True
     send(client, "2024-04-10.charon")
+    send(client, "2024-04-10.Charon")  # not how Stripe writes a version
+    for ignored in (ignored_event("2023-10-16"), ignored_event("2023-08-16", livemode=True)):
+        assert post_event(client, stripe_testing.encode(ignored)).status_code == 200
     after = scrape(client)
 
     assert delta(before, after, COUNTER, api_version=OLDER) == 1
     assert delta(before, after, COUNTER, api_version="2024-04-10.charon") == 1
+    assert delta(before, after, COUNTER, api_version="other") == 1
+    assert delta(before, after, COUNTER, api_version="2024-04-10.Charon") == 0
     assert delta(before, after, COUNTER, api_version=stripe_testing.API_VERSION) == 0
+    assert delta(before, after, COUNTER, api_version="2023-10-16") == 0
+    assert delta(before, after, COUNTER, api_version="2023-08-16") == 0
+
+
+# Versions a signed event may carry that do not read as Stripe's: each distinct, each stored.
+JUNK_FORMS = [
+    "junk-{i}",
+    "2025-09-30.clover-{i}",
+    "2025-09-30.Clover{i:c}",
+    "2025-9-{i}",
+    "v2025-09-{i:02d}",
+    "2025-09-{i:02d}.clover.x",
+    "\u0662\u0660\u0662\u0665-\u0660\u0669-{i:02d}",  # Arabic-Indic digits: not [0-9]
+    "{i:010d}" + "x" * 54,
+]
+
+
+@pytest.mark.slow
+def test_signed_events_cannot_grow_the_version_series(
+    transactional_db: None, tmp_path: Path
+) -> None:
+    directory = tmp_path / "metrics-web"
+    directory.mkdir()
+    junk = [form.format(i=i) for form in JUNK_FORMS for i in range(65, 75)]
+    # Well-formed versions on events nothing acts on: a type without a handler, the other mode.
+    ignored = [ignored_event(f"2023-01-{day:02d}") for day in range(1, 21)]
+    ignored += [ignored_event(f"2022-01-{day:02d}.acacia", livemode=True) for day in range(1, 21)]
+    acted = [paid_event() for _ in junk]
+    for event, version in zip(acted, junk, strict=True):
+        event["api_version"] = version
+    older = paid_event()
+    older["api_version"] = OLDER
+    with multiprocess_gunicorn(directory, log=tmp_path / "gunicorn.log") as url:
+        for event in [*acted, *ignored, older, older]:
+            response = post_signed(f"{url}{WEBHOOK_URL}", stripe_testing.encode(event))
+            assert response.status_code == 200, response.text
+        samples = parse(requests.get(f"{url}{METRICS_URL}", timeout=10).text)
+
+    assert len(set(junk)) == len(junk) == 80
+    # Every event taken and stored with the version it carried; two series in all.
+    stored = dict(WebhookEvent.objects.values_list("event_id", "api_version"))
+    assert {stored[event["id"]] for event in acted} == set(junk)
+    assert len(stored) == len(acted) + len(ignored) + 1
+    assert series(samples, COUNTER) == {
+        (("api_version", "other"),): len(junk),
+        (("api_version", OLDER),): 1,
+    }
 
 
 @pytest.fixture
