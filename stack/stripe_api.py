@@ -7,6 +7,8 @@ HTTP server on a thread of the caller's process, on a free loopback port, answer
 * ``GET /v1/events``: a list object (``object: "list"``, ``data``, ``has_more``, ``url``),
   newest first, filtered by ``types[]``, ``created[gte]`` and ``delivery_success``, paged by
   ``limit`` (1 to 100, default 10) and ``starting_after``;
+* of the events added, only those created in the last ``EVENTS_KEPT_SECONDS`` (30 days), listed
+  or by id, as Stripe "only returns events created in the last 30 days";
 
 only to ``Authorization: Bearer <key>`` (401 otherwise). Every error is Stripe's shape,
 ``{"error": {"type", "code", "message"}}``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -32,6 +35,8 @@ ERROR = "error"
 RATE_LIMITED = "rate_limited"
 HANG = "hang"
 MALFORMED = "malformed"
+
+EVENTS_KEPT_SECONDS = 30 * 86400
 
 _OBJECT = re.compile(r"/v1/(customers|invoices|events)/([^/]+)")
 _TYPES = re.compile(r"types\[\d*\]")
@@ -126,7 +131,7 @@ class StripeApi(StandIn):
             objects = {
                 "customers": self.customers,
                 "invoices": self.invoices,
-                "events": {event["id"]: event for event in self.events},
+                "events": {event["id"]: event for event in self._events_kept()},
             }[kind]
             obj = objects.get(object_id)
         if obj is None:
@@ -148,7 +153,9 @@ class StripeApi(StandIn):
             # Newest first; of one second, the last added first.
             listed = [
                 event
-                for event in sorted(reversed(self.events), key=lambda e: e["created"], reverse=True)
+                for event in sorted(
+                    reversed(self._events_kept()), key=lambda e: e["created"], reverse=True
+                )
                 if (not types or event["type"] in types)
                 and event["created"] >= created_gte
                 and (delivered is None or (event["id"] not in self.undelivered) == delivered)
@@ -165,6 +172,11 @@ class StripeApi(StandIn):
             "has_more": len(listed) > limit,
             "url": "/v1/events",
         }
+
+    def _events_kept(self) -> list[dict[str, Any]]:
+        """The events Stripe still has (the lock held)."""
+        oldest = time.time() - EVENTS_KEPT_SECONDS
+        return [event for event in self.events if event["created"] >= oldest]
 
     def fault_take(self, path: str, version: str | None) -> str | None:
         """Record a request to ``path`` in ``version``; the fault it gets, if one is scripted."""

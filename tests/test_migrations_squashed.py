@@ -40,6 +40,7 @@ AFTER = {
     ("invoicing", "0007_email_delivery_recipient_and_bounce"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),
+    ("webhooks", "0008_events_cursor_span"),
 }
 
 # Migrates the database through the replaced files, as every deployment did before the
