@@ -259,6 +259,25 @@ def test_since_moves_a_walk_under_way_further_back_and_the_job_finishes_it(
     assert WebhookEvent.objects.count() == 2 * Invoice.objects.count() == 10
 
 
+def test_after_longer_off_than_stripe_keeps_the_span_covered_starts_again(
+    stripe_api: StripeApi,
+) -> None:
+    paid_ago(stripe_api, 1, 29 * DAY, "kept")
+    long_ago = timezone.now() - timedelta(days=40)
+    EventsCursor.objects.create(
+        name=reconcile.JOB, covered_from=long_ago - timedelta(days=3), covered_until=long_ago
+    )
+    said = run().splitlines()
+    assert said[0].startswith("2 event(s) listed in 1 call(s); 2 recovered")
+    cursor = EventsCursor.objects.get()
+    assert cursor.covered_from is not None
+    assert cursor.covered_until is not None
+    # Listed from what Stripe still has; the days before it, gone, are not claimed as covered.
+    assert cursor.covered_until - cursor.covered_from == reconcile.EVENTS_KEPT
+    (query,) = listings(stripe_api)
+    assert int(query["created[gte]"][0]) == int(cursor.covered_from.timestamp())
+
+
 def test_three_pages_are_walked_and_a_walk_longer_than_a_run_goes_on_at_the_next(
     stripe_api: StripeApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
