@@ -1,12 +1,15 @@
 """A stand-in of the Stripe API as Stripe documents it, for the real stripe-python client: an
 HTTP server on a thread of the caller's process, on a free loopback port, answering
 
-* ``GET /v1/customers/{id}``, ``GET /v1/invoices/{id}`` and ``GET /v1/events/{id}``: the
-  object put in ``customers``, ``invoices`` or by ``event_add``; an unknown id is 404
+* ``GET /v1/customers/{id}``, ``GET /v1/invoices/{id}``, ``GET /v1/billing/meters/{id}`` and
+  ``GET /v1/events/{id}``: the object put in ``customers``, ``invoices``, ``meters`` or by
+  ``event_add``; an unknown id is 404
   (``resource_missing``);
 * ``GET /v1/events``: a list object (``object: "list"``, ``data``, ``has_more``, ``url``),
   newest first, filtered by ``types[]``, ``created[gte]`` and ``delivery_success``, paged by
   ``limit`` (1 to 100, default 10) and ``starting_after``;
+* of the events added, only those created in the last ``EVENTS_KEPT_SECONDS`` (30 days), listed
+  or by id, as Stripe "only returns events created in the last 30 days";
 
 only to ``Authorization: Bearer <key>`` (401 otherwise). Every error is Stripe's shape,
 ``{"error": {"type", "code", "message"}}``.
@@ -15,7 +18,8 @@ The faults, one per request for the next requests (``fail_next``), before anythi
 ``ERROR`` (500), ``RATE_LIMITED`` (429 with ``Retry-After``), ``HANG`` (no answer for
 ``hang_seconds``, then the connection closed: longer than the client's timeout) and
 ``MALFORMED`` (200 with a body that is not JSON). ``requests`` records each path asked, faults
-included, for a test that counts calls, and ``versions`` the ``Stripe-Version`` each asked for.
+included, for a test that counts calls, ``versions`` the ``Stripe-Version`` each asked for and
+``contexts`` its ``Stripe-Context`` (the connected account it acts as; None: the platform).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -33,7 +38,9 @@ RATE_LIMITED = "rate_limited"
 HANG = "hang"
 MALFORMED = "malformed"
 
-_OBJECT = re.compile(r"/v1/(customers|invoices|events)/([^/]+)")
+EVENTS_KEPT_SECONDS = 30 * 86400
+
+_OBJECT = re.compile(r"/v1/(customers|invoices|billing/meters|events)/([^/]+)")
 _TYPES = re.compile(r"types\[\d*\]")
 
 
@@ -51,7 +58,9 @@ class ApiError(Exception):
 class _Handler(JsonHandler):
     def do_GET(self) -> None:
         api: StripeApi = cast(StandInServer, self.server).api
-        fault = api.fault_take(self.path, self.headers.get("Stripe-Version"))
+        fault = api.fault_take(
+            self.path, self.headers.get("Stripe-Version"), self.headers.get("Stripe-Context")
+        )
         if fault == HANG:
             api.hang()
             return
@@ -86,11 +95,13 @@ class StripeApi(StandIn):
         self.key = key or f"rk_test_{secrets.token_hex(12)}"
         self.retry_after = 1
         self.customers: dict[str, dict[str, Any]] = {}
+        self.meters: dict[str, dict[str, Any]] = {}
         self.invoices: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []  # in the order they were added
         self.undelivered: set[str] = set()  # event ids whose webhooks all failed
         self.requests: list[str] = []
         self.versions: list[str | None] = []  # each request's Stripe-Version header
+        self.contexts: list[str | None] = []  # and its Stripe-Context header
         self._faults: list[str] = []
 
     @property
@@ -125,12 +136,14 @@ class StripeApi(StandIn):
         with self.lock:
             objects = {
                 "customers": self.customers,
+                "billing/meters": self.meters,
                 "invoices": self.invoices,
-                "events": {event["id"]: event for event in self.events},
+                "events": {event["id"]: event for event in self._events_kept()},
             }[kind]
             obj = objects.get(object_id)
         if obj is None:
-            raise ApiError(404, f"No such {kind[:-1]}: '{object_id}'", code="resource_missing")
+            what = kind.rpartition("/")[2][:-1]  # "customer", "meter"
+            raise ApiError(404, f"No such {what}: '{object_id}'", code="resource_missing")
         return 200, obj
 
     def _events_list(self, pairs: list[tuple[str, str]]) -> dict[str, Any]:
@@ -148,7 +161,9 @@ class StripeApi(StandIn):
             # Newest first; of one second, the last added first.
             listed = [
                 event
-                for event in sorted(reversed(self.events), key=lambda e: e["created"], reverse=True)
+                for event in sorted(
+                    reversed(self._events_kept()), key=lambda e: e["created"], reverse=True
+                )
                 if (not types or event["type"] in types)
                 and event["created"] >= created_gte
                 and (delivered is None or (event["id"] not in self.undelivered) == delivered)
@@ -166,9 +181,15 @@ class StripeApi(StandIn):
             "url": "/v1/events",
         }
 
-    def fault_take(self, path: str, version: str | None) -> str | None:
+    def _events_kept(self) -> list[dict[str, Any]]:
+        """The events Stripe still has (the lock held)."""
+        oldest = time.time() - EVENTS_KEPT_SECONDS
+        return [event for event in self.events if event["created"] >= oldest]
+
+    def fault_take(self, path: str, version: str | None, context: str | None) -> str | None:
         """Record a request to ``path`` in ``version``; the fault it gets, if one is scripted."""
         with self.lock:
             self.requests.append(path)
             self.versions.append(version)
+            self.contexts.append(context)
             return self._faults.pop(0) if self._faults else None

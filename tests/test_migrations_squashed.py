@@ -41,6 +41,7 @@ AFTER = {
     ("invoicing", "0008_email_delivery_provider_message_id"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),
+    ("webhooks", "0008_events_cursor_span"),
 }
 
 # Migrates the database through the replaced files, as every deployment did before the

@@ -52,8 +52,9 @@ def webhook_handler(*event_types: str, parse: Callable[[Any], Any]) -> Callable[
     """Act on events of ``event_types`` (replacing any handler they had).
 
     ``parse(data.object)`` runs before anything is stored; ``WebhookRejected`` there is a 400.
-    A thin event has no ``data``: ``parse`` gets the event itself, whose ``related_object``
-    (``id``, ``type``, ``url``) and ``context`` name what its handler fetches through the API.
+    A thin event has no ``data``: ``parse`` gets stripe-python's ``EventNotification`` of it
+    (``webhooks.stripe.event_notification``), whose ``related_object`` and ``context`` name what
+    a task fetches through the API (the notification itself calls nothing in the request).
     The decorated ``apply(parsed, event)`` runs in the transaction that stores the event, and
     must be idempotent (a reprocess applies it again) and never move state backwards."""
 

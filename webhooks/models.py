@@ -46,13 +46,17 @@ class WebhookEvent(models.Model):
 
 class EventsCursor(models.Model):
     """How far ``stripe-events-reconcile`` has read Stripe's Events API: one row, named by the
-    job. Every event created before ``covered_until`` was recorded by the walk that set it (the
-    next walk starts an overlap earlier). A walk spans runs when it is long: it pages from the
-    newest event down, and ``walk_after`` is the last event it recorded. When each run started
-    and what it did is its job's ``ScheduledJob`` row."""
+    job. Every event created from ``covered_from`` to ``covered_until`` was recorded by the walks
+    that set them (each walk starts an overlap before the last one ended, or further back). A
+    walk lists the events created since ``walk_since``, from the newest down; it spans runs when
+    it is long, and ``walk_after`` is the last event it recorded. When each run started and what
+    it did is its job's ``ScheduledJob`` row."""
 
     name = models.CharField(max_length=100, primary_key=True)
+    covered_from = models.DateTimeField(null=True, blank=True)
     covered_until = models.DateTimeField(null=True, blank=True)
+    # Set while a walk is under way: the oldest creation time it lists.
+    walk_since = models.DateTimeField(null=True, blank=True)
     walk_started_at = models.DateTimeField(null=True, blank=True)
     walk_after = models.CharField(max_length=255, blank=True)
     # Stripe answered 429 with Retry-After: no call before then.

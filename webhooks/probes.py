@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from asyncwork.models import ScheduledJob
 from asyncwork.probes import CheckResult, Figure, Probe, probe_declare
 from webhooks.models import EventsCursor, WebhookEvent
-from webhooks.reconcile import JOB
+from webhooks.reconcile import JOB, TIME
 from webhooks.stripe_api import API_OFF
 
 WINDOW = timedelta(hours=24)
@@ -95,7 +95,10 @@ def reconcile_check(probe: ReconcileProbe | None) -> CheckResult:
         "status": "degraded" if probe.cursor.last_error else "ok",
         "last_run": probe.job.last_started_at,
         "last_run_did": probe.job.last_result or None,
+        # Every event created in between is recorded; a walk under way lists back to its since.
+        "covered_from": probe.cursor.covered_from,
         "covered_until": probe.cursor.covered_until,
+        "walk_since": probe.cursor.walk_since,
         "recovered_last_run": probe.cursor.last_recovered,
         "recovered_total": probe.cursor.recovered_total,
     }
@@ -106,14 +109,17 @@ def reconcile_figures(probe: ReconcileProbe | None) -> list[Figure]:
         return [Figure("Events API", "off: STRIPE_API_KEY is not set")]
     recovered = reverse("admin:webhooks_webhookevent_changelist")
     recovered += "?" + urlencode({"source__exact": WebhookEvent.Source.EVENTS_API})
-    covered = probe.cursor.covered_until
+    cursor = probe.cursor
+    covered = "-"
+    if cursor.covered_from and cursor.covered_until:
+        covered = f"{cursor.covered_from:{TIME}} to {cursor.covered_until:{TIME}} UTC"
+    walk = f"back to {cursor.walk_since:{TIME}} UTC" if cursor.walk_since else "-"
     return [
-        Figure("last run", probe.last_run, status="degraded" if probe.cursor.last_error else "ok"),
-        Figure(
-            "every event recorded up to", f"{covered:%Y-%m-%d %H:%M:%S} UTC" if covered else "-"
-        ),
-        Figure("recovered in the last run", str(probe.cursor.last_recovered), recovered),
-        Figure("recovered in all", str(probe.cursor.recovered_total), recovered),
+        Figure("last run", probe.last_run, status="degraded" if cursor.last_error else "ok"),
+        Figure("every event recorded", covered),
+        Figure("walk under way", walk),
+        Figure("recovered in the last run", str(cursor.last_recovered), recovered),
+        Figure("recovered in all", str(cursor.recovered_total), recovered),
     ]
 
 

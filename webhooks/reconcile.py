@@ -1,20 +1,26 @@
 """Events Stripe never delivered, recorded from its Events API: the job
 ``stripe-events-reconcile`` (every 10 minutes, under its lock) and ``manage.py stripe_reconcile``
-(one run, now).
+(one run, now; ``--since`` reaches further back).
 
 A webhook is a hint: Stripe retries a failing endpoint for three days and does not send the
-events of a disabled one; its Events API keeps every event for 30 days. A run lists the events
-of the handled types created since the cursor, less ``OVERLAP`` (an event is listed a little
-after it is created), newest first, page after page (``has_more``, ``starting_after``), and
-records each through the webhook's own path (``webhook_event_record``): one row per event id,
-so an event listed here and delivered too, before or after, is one row and one email. It does
-not ask for ``delivery_success=false``: every event is listed, the row says whether we have it.
+events of a disabled one; its Events API keeps every event for 30 days. A walk lists the events
+of the handled types created since its start time, newest first, page after page (``has_more``,
+``starting_after``), and records each through the webhook's own path
+(``webhook_event_record``): one row per event id, so an event listed here and delivered too,
+before or after, is one row and one email. It does not ask for ``delivery_success=false``: every
+event is listed, the row says whether we have it.
+
+The first walk lists back ``RETRY_WINDOW``, the three days in which Stripe may still be retrying
+(or have given up on) an event this application never took; each later walk from where the last
+ended, less ``OVERLAP`` (an event is listed a little after it is created). ``--since`` moves a
+walk's start further back, as far as the ``EVENTS_KEPT`` days the API lists; the walk under way
+goes on past where it would have stopped. When a walk ends, every event created from
+``covered_from`` to ``covered_until`` (the time the walk started) is recorded.
 
 A run makes at most ``CALLS_PER_RUN`` calls; a longer walk goes on at the next run from the last
-event it recorded. When a walk reaches its end the cursor moves to the time the walk started.
-A failed call ends the run with one log line and moves nothing past what was recorded; the
-next run tries again, not before the time a 429's ``Retry-After`` gave. An answer that is not
-Stripe's list of events, or an event that does not parse, is such a failure.
+event it recorded. A failed call ends the run with one log line and moves nothing past what was
+recorded; the next run tries again, not before the time a 429's ``Retry-After`` gave. An answer
+that is not Stripe's list of events, or an event that does not parse, is such a failure.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import stripe
@@ -42,6 +48,11 @@ logger = logging.getLogger(__name__)
 
 JOB = "stripe-events-reconcile"
 OVERLAP = timedelta(minutes=10)
+# "Stripe automatically resends the undelivered events to your endpoint for up to three days"
+# and "only returns events created in the last 30 days"
+# (docs.stripe.com/webhooks/process-undelivered-events).
+RETRY_WINDOW = timedelta(days=3)
+EVENTS_KEPT = timedelta(days=30)
 PAGE_SIZE = 100  # the most Stripe lists at once
 CALLS_PER_RUN = 10
 # A 429 without Retry-After: wait this long.
@@ -52,6 +63,9 @@ class NotStripesList(Exception):
     """An answer that is not the list of events Stripe documents."""
 
 
+TIME = "%Y-%m-%d %H:%M:%S"  # and " UTC": the times here are the database's, in UTC
+
+
 @dataclass(frozen=True)
 class Reconciled:
     """What one run did."""
@@ -60,8 +74,18 @@ class Reconciled:
     listed: int = 0
     recovered: int = 0  # listed, and not stored before: recorded by this run
     walk_ended: bool = False  # the cursor moved
+    walk_since: datetime | None = None  # the oldest creation time the walk lists
+    covered_from: datetime | None = None
     covered_until: datetime | None = None
     failure: str = ""  # why the run stopped before the walk's end, or why it did not run
+
+    @property
+    def covered(self) -> str:
+        """The span every walk so far covers, in words (once a walk has ended)."""
+        return (
+            f"every event created from {self.covered_from:{TIME}} "
+            f"to {self.covered_until:{TIME}} UTC is recorded"
+        )
 
     def __str__(self) -> str:
         if not self.calls:
@@ -70,9 +94,21 @@ class Reconciled:
         if self.failure:
             return f"{done}; stopped: {self.failure}"
         if not self.walk_ended:
-            return f"{done}; the walk goes on at the next run"
-        until = f"{self.covered_until:%Y-%m-%d %H:%M:%S} UTC"
-        return f"{done}; every event created before {until} is recorded"
+            return f"{done}; the walk back to {self.walk_since:{TIME}} UTC goes on at the next run"
+        return f"{done}; {self.covered}"
+
+
+def since_refusal(since: datetime, *, now: datetime) -> str:
+    """Why no walk can list back to ``since``, or "" if one can."""
+    oldest, since = now - EVENTS_KEPT, since.astimezone(UTC)
+    if since < oldest:
+        return (
+            f"{since:{TIME}} UTC is more than {EVENTS_KEPT.days} days ago: Stripe's Events API "
+            f"no longer has the events created then (it keeps them back to {oldest:{TIME}} UTC)"
+        )
+    if since > now:
+        return f"{since:{TIME}} UTC is in the future"
+    return ""
 
 
 def _page(
@@ -107,10 +143,19 @@ def _record(obj: dict[str, Any]) -> bool:
     return not recorded.duplicate
 
 
+def _walk_start(cursor: EventsCursor, now: datetime) -> datetime:
+    """Where a new walk starts: the retry window if none ended before, else an overlap before the
+    last one's end, never before what the API still lists."""
+    if cursor.covered_until is None:
+        return now - RETRY_WINDOW
+    return max(cursor.covered_until - OVERLAP, now - EVENTS_KEPT)
+
+
 @job(JOB, every=timedelta(minutes=10))
-def stripe_events_reconcile() -> Reconciled:
-    """One run (its job's lock held): walk on, record what is missing, keep how far it got.
-    What it did (``str`` of the result) is its ``ScheduledJob`` row's ``last_result``."""
+def stripe_events_reconcile(since: datetime | None = None) -> Reconciled:
+    """One run (its job's lock held): walk on, record what is missing, keep how far it got;
+    ``since`` (checked by ``since_refusal``): the walk lists back to then at least. What it did
+    (``str`` of the result) is its ``ScheduledJob`` row's ``last_result``."""
     client = stripe_client()
     if client is None:  # said once as a worker starts (``webhooks.stripe_api``)
         return Reconciled(failure="off")
@@ -120,12 +165,16 @@ def stripe_events_reconcile() -> Reconciled:
         return Reconciled(
             failure=f"Stripe asked to wait (429) until {cursor.not_before:%H:%M:%S} UTC"
         )
-    if cursor.walk_started_at is None:
+    if cursor.walk_since is None:
         cursor.walk_started_at, cursor.walk_after = now, ""
-    since = (cursor.covered_until or cursor.walk_started_at) - OVERLAP
+        cursor.walk_since = _walk_start(cursor, now)
+    if since is not None and since < cursor.walk_since:
+        # Newest first: the pages after ``walk_after`` now go on further back.
+        cursor.walk_since = since
+    walk_since = cursor.walk_since
     params: EventListParams = {
         "types": handled_types(),
-        "created": {"gte": int(since.timestamp())},
+        "created": {"gte": int(walk_since.timestamp())},
         "limit": PAGE_SIZE,
     }
     calls = listed = recovered = 0
@@ -154,10 +203,24 @@ def stripe_events_reconcile() -> Reconciled:
             break
         if not has_more:
             walk_ended = True
+            covered_from, covered_until = cursor.covered_from, cursor.covered_until
+            if covered_from and covered_until and walk_since <= covered_until:
+                cursor.covered_from = min(covered_from, walk_since)
+            else:  # the first walk, or one that does not reach the last (off over 30 days)
+                cursor.covered_from = walk_since
             cursor.covered_until, cursor.walk_started_at = cursor.walk_started_at, None
-            cursor.walk_after = ""
+            cursor.walk_since, cursor.walk_after = None, ""
 
-    result = Reconciled(calls, listed, recovered, walk_ended, cursor.covered_until, failure)
+    result = Reconciled(
+        calls=calls,
+        listed=listed,
+        recovered=recovered,
+        walk_ended=walk_ended,
+        walk_since=walk_since,
+        covered_from=cursor.covered_from,
+        covered_until=cursor.covered_until,
+        failure=failure,
+    )
     if failure:
         logger.error("stripe events reconcile stopped: %s", result, extra={"job": JOB})
     cursor.not_before, cursor.last_error = not_before, failure

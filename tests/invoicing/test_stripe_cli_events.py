@@ -2,7 +2,8 @@
 .cli_invoice_paid_events``), signed as Stripe signs them, posted in the CLI's order and
 shuffled, with a real worker, the kit's SMTP server and its stand-in of the Stripe API:
 
-* every event is answered 200;
+* every event is answered 200, and the thin events ``stripe listen`` forwards to the same URL
+  (``--forward-thin-to``, or from v1.51.0 a second ``--forward-to``) are stored, ignored;
 * the invoice carries no customer email: with a key, its recipient is read from the customer
   (one API call, kept on the invoice through its later events: a resend calls no more) and
   exactly one email goes out;
@@ -30,6 +31,7 @@ from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import cli_invoice_paid_events, post_event
 from webhooks import testing as stripe_testing
+from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,6 +93,28 @@ def test_without_a_key_the_dead_letter_says_what_to_do(client: Client, smtp: Smt
     assert "set STRIPE_API_KEY" in letter.exception_message
     assert "--override customer:email=you@example.com" in letter.exception_message
     assert smtp.handler.attempts == 0
+
+
+def test_thin_events_forwarded_to_the_same_url_are_taken_beside_the_snapshot_ones(
+    client: Client, smtp: SmtpServer
+) -> None:
+    snapshot = cli_invoice_paid_events(customer_email="you@example.com")
+    thin = [
+        stripe_testing.trigger_event(event_type)
+        for event_type in (
+            "v1.billing.meter.error_report_triggered",
+            "v1.billing.meter.no_meter_found",
+        )
+    ]
+    with worker_thread():
+        deliver(client, snapshot[:6] + thin + snapshot[6:])
+        pipeline_quiet()
+    [message] = smtp.messages
+    assert message["To"] == "you@example.com"
+    thin_ids = {event["id"] for event in thin}
+    stored = dict(WebhookEvent.objects.values_list("event_id", "state"))
+    assert len(stored) == len(snapshot) + len(thin)
+    assert {stored[event_id] for event_id in thin_ids} == {WebhookEvent.State.IGNORED}
 
 
 def test_with_the_override_the_email_goes_out_without_the_api(
