@@ -1,6 +1,7 @@
 """``manage.py stripe_reconcile``: one run of the job ``stripe-events-reconcile`` now, under its
 lock (``webhooks.reconcile``), and what it found. Exits 1 when it could not run or stopped on a
-failure; a walk that goes on at the next run is not a failure."""
+failure; a walk that goes on at the next run is not a failure. A failure's words (Stripe's, or
+its network's) are printed through ``printable``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from asyncwork.jobs import job_run
+from asyncwork.terminal import printable
 from webhooks import reconcile
 from webhooks.stripe_api import API_OFF
 
@@ -27,14 +29,15 @@ class Command(BaseCommand):
             )
         result = outcome.result
         if not result.calls:
-            raise CommandError(result.failure)
+            raise CommandError(printable(result.failure))
         self.stdout.write(
             f"{result.listed} event(s) listed in {result.calls} call(s); "
             f"{result.recovered} recovered (not stored before), "
             f"{result.listed - result.recovered} already stored"
         )
         if result.failure:
-            raise CommandError(f"stopped: {result.failure}; the next run goes on from there")
+            failure = printable(result.failure)
+            raise CommandError(f"stopped: {failure}; the next run goes on from there")
         if result.walk_ended:
             self.stdout.write(
                 f"cursor: every event created before {result.covered_until:%Y-%m-%d %H:%M:%S} "

@@ -6,14 +6,13 @@ plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay and 
 the dead letters given by id, or on those still waiting that the filters select
 (``dead_letters_select``), and ``--dry-run`` shows which without acting. They are the admin's
 and the API's services; every action is recorded as an operator action of
-``cli:<--actor or login name>``.
+``cli:<--actor or login name>``. Every stored text printed passes through ``printable``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -41,6 +40,7 @@ from asyncwork.deadletters import (
     duration_short,
 )
 from asyncwork.models import DeadLetter
+from asyncwork.terminal import printable
 
 WIDTH = 100  # the whole line, in characters
 
@@ -61,12 +61,9 @@ Add --dry-run to see which first."""
 FILTERS = ("reason", "task", "since", "until")
 SAMPLE = 10  # dead letters a dry run shows
 
-# Stored text may hold anything: no terminal control sequences.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
-
 
 def _cell(value: str, width: int) -> str:
-    text = " ".join(_CONTROLS.sub(" ", value).split()) or "-"
+    text = printable(" ".join(value.split())) or "-"
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
@@ -251,7 +248,7 @@ class Command(BaseCommand):
         try:
             return list(dead_letters_select(**filters).values_list("pk", flat=True))
         except SelectionInvalid as exc:
-            raise CommandError(f"--{exc.field}: {exc.message}") from None
+            raise CommandError(printable(f"--{exc.field}: {exc.message}")) from None
 
     def _filtered(self, options: dict[str, Any]) -> bool:
         return any(options[name] is not None for name in FILTERS)
@@ -272,7 +269,7 @@ class Command(BaseCommand):
             would = "would be replayed by force, past" if force else "would be refused"
             waiting = letters.filter(WAITING).order_by("pk")
             for pk, why in sorted(dead_letter_refusals(waiting).items()):
-                self.stdout.write(f"dead letter {pk} {would}: {why}")
+                self.stdout.write(f"dead letter {pk} {would}: {printable(why)}")
 
     def _replay(self, options: dict[str, Any]) -> None:
         if not (options["ids"] or options["all"] or self._filtered(options)):
@@ -286,7 +283,8 @@ class Command(BaseCommand):
         )
         for pk in result.replayed:
             if pk in result.forced:
-                self.stdout.write(f"replayed dead letter {pk}, forced past: {result.forced[pk]}")
+                forced = printable(result.forced[pk])
+                self.stdout.write(f"replayed dead letter {pk}, forced past: {forced}")
             else:
                 self.stdout.write(f"replayed dead letter {pk}")
         for pk in result.skipped:
@@ -294,7 +292,7 @@ class Command(BaseCommand):
         for pk in result.resolved:
             self.stdout.write(f"dead letter {pk} is resolved; unresolve it to replay it")
         for pk, why in result.refused.items():
-            self.stdout.write(f"dead letter {pk} not replayed: {why}")
+            self.stdout.write(f"dead letter {pk} not replayed: {printable(why)}")
         skipped = len(result.skipped) + len(result.resolved)
         summary = f"{len(result.replayed)} replayed, {skipped} skipped"
         if not result.refused:
