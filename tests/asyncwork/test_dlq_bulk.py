@@ -586,6 +586,7 @@ def test_the_outcome_column_costs_the_same_queries_however_many_replays(
         (["--reason", "lost"], "--reason: 'lost' is not one of permanent, exhausted"),
         (["1", "--task", DIVIDE], "give dead letter IDs or --task, not both"),
         (["--since", "2026-12-03", "--until", "2026-12-01"], "--until: must be later than since"),
+        (["--until", "9999-12-31"], "--until: '9999-12-31' is out of range: its end is past"),
     ],
 )
 def test_dlq_bad_filters_exit_non_zero_with_the_reason(args: list[str], error: str) -> None:
@@ -600,7 +601,26 @@ def test_dlq_bad_filters_exit_non_zero_with_the_reason(args: list[str], error: s
         env=worker_env(0),
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert error in done.stderr
-    assert "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()  # one line
+    assert error in line
+    assert done.stdout == ""
     waiting.refresh_from_db()
     assert waiting.replayed_at is None
+
+
+def test_an_until_past_the_last_day_is_a_400_with_the_reason() -> None:
+    """The end of 9999-12-31 is no date: a viewer's dry run says so, as any other bad filter."""
+    viewer = api_as(staff_user("watcher", groups=["viewers"]))
+    far = bulk(viewer, {"action": "replay", "until": "9999-12-31", "dry_run": True}, key=None)
+    assert (far.status_code, far.json()) == (
+        400,
+        {
+            "until": [
+                "'9999-12-31' is out of range: its end is past the year 9999 (leave until out "
+                "for no end)"
+            ]
+        },
+    )
+    # Its start is a date: nothing was made then.
+    since = bulk(viewer, {"action": "replay", "since": "9999-12-31", "dry_run": True}, key=None)
+    assert (since.status_code, since.json()["selected"]) == (200, 0)

@@ -279,7 +279,14 @@ def _moment(name: str, value: datetime | str, *, end: bool) -> datetime:
         except ValueError:  # well formed but no such day or time: 2026-02-30
             pass
         if day is not None:
-            moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min)
+            try:
+                moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min)
+            except OverflowError:  # the end of 9999-12-31, the next day's start, is no date
+                raise SelectionInvalid(
+                    name,
+                    f"{value!r} is out of range: its end is past the year 9999 (leave "
+                    f"{name} out for no end)",
+                ) from None
         if moment is None:
             raise SelectionInvalid(name, f"{value!r} is not {TIME_FORMS}")
     return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
