@@ -833,20 +833,29 @@ def test_the_command_commits_a_batch_at_a_time_and_a_run_cut_short_goes_on() -> 
     assert OperatorAction.objects.filter(detail__startswith="replayed: ").count() == len(ids)
 
 
+@pytest.mark.slow  # a measurement: what the bounds above cost
 @pytest.mark.django_db(transaction=True)  # each commit publishes its jobs, as in production
 def test_what_a_replay_costs_a_letter_at_the_limit_and_in_the_commands_batches(
     operator: APIClient,
 ) -> None:
     """Three statements a letter (its outbox row, its operator action, its publish's mark),
-    whether a request replays BULK_LIMIT or the command three batches."""
+    whether a request replays BULK_LIMIT or the command three batches; a request refused for
+    its size costs a few, however many it chose."""
     ids = waiting_letters(BULK_LIMIT + BATCH * 3)
+    with CaptureQueriesContext(connection) as refused:
+        too_many = bulk(operator, {"action": "replay", "all": True}, key="all")
+    assert too_many.status_code == 413
     with CaptureQueriesContext(connection) as api:
         answer = bulk(operator, {"action": "replay", "ids": ids[:BULK_LIMIT]})
     assert len(answer.json()["replayed"]) == BULK_LIMIT
     with CaptureQueriesContext(connection) as command:
         call_command("dlq", "replay", "--all", "--actor", "op", stdout=StringIO())
     assert not dead_letters_select().exists()
-    print(f"\nqueries: API {BULK_LIMIT}: {len(api)}; command {BATCH * 3}: {len(command)}")
+    print(
+        f"\nqueries: API refusing {len(ids)}: {len(refused)}; API replaying {BULK_LIMIT}: "
+        f"{len(api)}; command replaying {BATCH * 3}: {len(command)}"
+    )
+    assert len(refused) <= 15  # the user and their permissions, the selection cut at the limit
     assert len(api) <= 3 * BULK_LIMIT + 20
     assert len(command) <= 3 * BATCH * 3 + 3 * 10
 
