@@ -434,7 +434,8 @@ def test_dlq_list_prints_the_reason_in_words_and_the_invoice_within_100_columns(
     failure = refused["failure"]
     assert failure.endswith("\u2026")  # cut to what the line leaves, and says so
     assert REFUSAL.startswith(failure[:-1])
-    assert failure.startswith("recipient refused: 550 5.1.1 mail")
+    # As much as the line leaves: the wider the ids (the run's earlier tests), the less.
+    assert failure.startswith("recipient refused: 550 5.1.1")
     assert len(by_id[str(letter.pk)]) == 100
     cut = re.fullmatch(
         rf" *{other.pk} \d+ s +permanent +INV-9{{7}}\u2026 +a{{15}}\u2026 +1 waiting +x+\u2026",

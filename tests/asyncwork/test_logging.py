@@ -284,6 +284,38 @@ def test_a_long_message_and_traceback_keep_their_ends_and_no_part_of_an_address(
     assert record.getMessage() == message
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_line_holds_no_control_character_whatever_its_message_and_traceback(
+    log_format: str,
+) -> None:
+    """A provider's words in a message, an exception's in a traceback: ESC, BEL, a one-byte CSI
+    (C1) and a line break are escaped, so the line neither drives the terminal nor forges the
+    next line; a traceback's lines are escaped each."""
+    stream = io.StringIO()
+    handler = console_handler(log_format, stream)
+    hostile = "HTTP 400, \x1b]0;pwned\x07\x9b2J\r\n2026-12-06 ERROR forged"
+    try:
+        raise RuntimeError(hostile)
+    except RuntimeError:
+        record = logging.LogRecord(
+            "webhooks.reconcile", logging.ERROR, __file__, 1, "stopped: %s", (hostile,), None
+        )
+        record.exc_info = sys.exc_info()
+    handler.handle(record)
+    text = stream.getvalue()
+    controls = {c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F}
+    assert not controls
+    first, *trace = text.splitlines()
+    if log_format == "json":  # escaped on the wire, the text itself to a reader
+        assert json.loads(text)["message"] == f"stopped: {hostile}"
+        return
+    escaped = "\\x1b]0;pwned\\x07\\x9b2J\\r\\n2026-12-06 ERROR forged"
+    assert first.endswith(f" 'stopped: HTTP 400, {escaped}'")
+    assert trace[0] == "Traceback (most recent call last):"
+    # A traceback's lines are its own: each is escaped, as Python breaks the message.
+    assert "'RuntimeError: HTTP 400, \\x1b]0;pwned\\x07\\x9b2J\\r'" in trace
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("log_format", "log_pii"), [("text", "0"), ("json", "0"), ("text", "1")])

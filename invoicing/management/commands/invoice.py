@@ -5,7 +5,7 @@ invoice, or more than one, is refused with the candidates. ``show`` prints where
 emails go and each email's and dead letter's state. ``recipient`` corrects where they go through
 the admin's and the API's service (the send's own rules, a reason, recorded as an operator
 action of ``cli:<--actor or login name>``); the same correction again changes nothing and
-exits 0.
+exits 0. Whatever it prints that was stored or given passes through ``printable``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.deadletters import dead_letter_failure, dead_letter_replay_state
+from asyncwork.terminal import printable
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters
@@ -45,11 +46,9 @@ def invoice_named(name: str) -> Invoice:
 
 
 def _shown(value: str) -> str:
-    """Stored text as it can be read on a terminal: quoted with escapes if it holds a control
-    character (a provider's address may hold a line break), ``-`` if empty."""
-    if not value:
-        return "-"
-    return value if value.isprintable() else repr(value)
+    """Stored text as it can be read on a terminal (``printable``: a provider's address may hold
+    a line break or an escape sequence), ``-`` if empty."""
+    return printable(value) if value else "-"
 
 
 def _when(moment: Any) -> str:
@@ -57,7 +56,7 @@ def _when(moment: Any) -> str:
 
 
 def email_line(delivery: EmailDelivery) -> str:
-    parts = [f"{delivery.pk}", delivery.state]
+    parts = [f"{delivery.pk}", _shown(delivery.state)]
     if delivery.sent_at is not None:
         parts.append(f"at {_when(delivery.sent_at)}")
     parts.append(f"{delivery.attempts} attempt(s)")
@@ -112,7 +111,7 @@ class Command(BaseCommand):
             f"provider's id {_shown(invoice.provider_invoice_id)})"
         )
         for label, value in (
-            ("Status", status),
+            ("Status", _shown(status)),
             ("Provider's address", _shown(invoice.customer_email)),
             ("Correction", _shown(invoice.recipient_override)),
             ("Emails go to", _shown(invoice.recipient)),
@@ -126,7 +125,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Dead letters: {len(letters)}" if letters else "Dead letters: none")
         for letter in letters:
             self.stdout.write(
-                f"  {letter.pk}, {dead_letter_replay_state(letter)}: "
+                f"  {letter.pk}, {_shown(dead_letter_replay_state(letter))}: "
                 f"{_shown(dead_letter_failure(letter))}"
             )
 
@@ -143,10 +142,11 @@ class Command(BaseCommand):
                 actor=cli_actor(options["actor"]),
             )
         except RecipientUnchanged as exc:  # a repeat of a correction that was done
-            self.stdout.write(f"Invoice {_shown(str(invoice))}: nothing changed: {exc}")
+            unchanged = printable(str(exc))
+            self.stdout.write(f"Invoice {_shown(str(invoice))}: nothing changed: {unchanged}")
             return
         except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(printable(str(exc))) from exc
         now = _shown(recipient_now(invoice))
         self.stdout.write(self.style.SUCCESS(f"Invoice {_shown(str(invoice))}: {now}."))
         waiting = [

@@ -3,7 +3,8 @@
 ``create`` prints the token alone on standard output (``TOKEN=$(manage.py api_token create
 ops)``) and when it expires on standard error; it is not stored, so it cannot be shown again.
 ``--hours`` may not exceed ``API_TOKEN_MAX_HOURS``. Both actions are recorded as operator
-actions of ``cli:<--actor, else the login name>``.
+actions of ``cli:<--actor, else the login name>``. A stored username is printed through
+``printable``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from asyncwork.audit import cli_actor, cli_actor_argument
+from asyncwork.terminal import printable
 from operators.tokens import TokenRefused, api_token_create, api_token_revoke
 
 
@@ -42,7 +44,7 @@ class Command(BaseCommand):
         try:
             getattr(self, f"_{options['action']}")(options)
         except TokenRefused as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(printable(str(exc))) from exc
 
     def _create(self, options: dict[str, Any]) -> None:
         hours = options["hours"]
@@ -55,7 +57,7 @@ class Command(BaseCommand):
         )
         self.stdout.write(issued.token)
         self.stderr.write(
-            f"token for {issued.user.get_username()} expires at "
+            f"token for {printable(issued.user.get_username())} expires at "
             f"{issued.expiry:%Y-%m-%d %H:%M:%S %Z}; it is shown only now"
         )
 

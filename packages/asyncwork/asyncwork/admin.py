@@ -6,6 +6,8 @@ admin builds on are here too: ``ReadOnlyAdmin``, ``has_power`` and ``admin_actor
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -13,6 +15,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import OperationalError
 from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -23,7 +26,9 @@ from django.views.decorators.http import require_POST
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
+from asyncwork.db import bounded, statement_timed_out
 from asyncwork.deadletters import (
+    BULK_LIMIT,
     OUTCOME_DEAD_LETTERED,
     WAITING,
     ReplayOutcome,
@@ -43,6 +48,7 @@ from asyncwork.deadletters import (
 from asyncwork.locks import lock_holder
 from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob, job_arguments
 from asyncwork.outbox import outbox_republish
+from asyncwork.settings import asyncwork_settings
 
 
 def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
@@ -126,6 +132,51 @@ def _outcome(letter: DeadLetter) -> ReplayOutcome | None:
 
 
 CONFIRMATION = "admin/asyncwork/deadletter/action_confirmation.html"
+
+# An action of DeadLetterAdmin on the dead letters ticked, or with "select all" every one the
+# list's filters show, on every page.
+DeadLetterAction = Callable[[Any, HttpRequest, QuerySet[DeadLetter]], TemplateResponse | None]
+
+
+def bulk_action(command: str) -> Callable[[DeadLetterAction], DeadLetterAction]:
+    """The action acts on at most ``BULK_LIMIT`` dead letters, in one transaction whose statements
+    give up after ``BULK_STATEMENT_TIMEOUT_SECONDS`` (``asyncwork.deadletters.BULK_LIMIT`` says
+    why): a larger selection is a message pointing to ``command``, a statement that waits too long
+    one saying nothing was done."""
+
+    def decorate(act: DeadLetterAction) -> DeadLetterAction:
+        @functools.wraps(act)
+        def bounded_act(
+            model_admin: Any, request: HttpRequest, queryset: QuerySet[DeadLetter]
+        ) -> TemplateResponse | None:
+            seconds = asyncwork_settings.BULK_STATEMENT_TIMEOUT_SECONDS
+            try:
+                with bounded(seconds):
+                    selected = queryset.count()
+                    if selected > BULK_LIMIT:
+                        model_admin.message_user(
+                            request,
+                            f"Nothing done: {selected} dead letters selected, and the admin acts "
+                            f"on at most {BULK_LIMIT} at once. Narrow the list with its filters, "
+                            f"or from a terminal, for any number a batch at a time: {command}",
+                            messages.ERROR,
+                        )
+                        return None
+                    return act(model_admin, request, queryset)
+            except OperationalError as exc:
+                if not statement_timed_out(exc):
+                    raise
+                model_admin.message_user(
+                    request,
+                    f"Nothing done: a database statement took longer than {seconds:g} s (dead "
+                    "letters another action holds, or a slow database). Try again.",
+                    messages.ERROR,
+                )
+                return None
+
+        return bounded_act
+
+    return decorate
 
 
 @admin.display(description="State", ordering="replayed_at")
@@ -364,6 +415,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         )
 
     @admin.action(description="Replay selected dead letters…", permissions=["replay"])
+    @bulk_action("manage.py dlq replay --reason R --task T --since S --until U (or --all)")
     def replay_selected(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter]
     ) -> TemplateResponse | None:
@@ -410,6 +462,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return has_power(request, DeadLetter, "resolve_deadletter")
 
     @admin.action(description="Resolve selected dead letters…", permissions=["resolve"])
+    @bulk_action("manage.py dlq resolve --reason R --task T --since S --until U --why TEXT")
     def resolve_selected(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter]
     ) -> TemplateResponse | None:
@@ -432,6 +485,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return None
 
     @admin.action(description="Unresolve selected dead letters…", permissions=["resolve"])
+    @bulk_action("manage.py dlq unresolve ID [ID ...]")
     def unresolve_selected(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter]
     ) -> TemplateResponse | None:

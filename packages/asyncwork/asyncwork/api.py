@@ -3,15 +3,20 @@ power), resolve and unresolve (``asyncwork.resolve_deadletter``), each the admin
 powers are checked by ``asyncwork.permissions``, for staff only, whatever the project's default
 permissions. ``bulk`` replays or resolves many at once, chosen by id or by the filters of
 ``dead_letters_select``, once per ``Idempotency-Key``; its dry run needs the view permission only.
-Each dead letter says what it was about (``subject``, null when its app does not say) and why it
-failed (``failure``). A replay its task's replay check refuses is a 409 unless forced.
+A bulk request acts on at most ``BULK_LIMIT`` dead letters, in one transaction whose statements
+give up after ``BULK_STATEMENT_TIMEOUT_SECONDS``: more is a 413 naming the ``manage.py dlq``
+command that does it, a statement that waits too long a 503, and either does nothing. Each dead
+letter says what it was about (``subject``, null when its app does not say) and why it failed
+(``failure``). A replay its task's replay check refuses is a 409 unless forced.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any
 
+from django.db import OperationalError
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -29,7 +34,9 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from asyncwork.db import bounded, statement_timed_out
 from asyncwork.deadletters import (
+    BULK_LIMIT,
     WAITING,
     SelectionInvalid,
     dead_letter_failure,
@@ -49,6 +56,7 @@ from asyncwork.idempotency import (
 )
 from asyncwork.models import DeadLetter
 from asyncwork.permissions import ModelPermissionsWithPowers
+from asyncwork.settings import asyncwork_settings
 
 SubjectSchema = inline_serializer(
     "Subject",
@@ -252,6 +260,39 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     "request is refused with 422.",
 )
 DETAIL = inline_serializer("BulkDetail", {"detail": serializers.CharField()})
+TOO_MANY = inline_serializer(
+    "BulkTooMany",
+    {
+        "detail": serializers.CharField(),
+        "selected": serializers.IntegerField(help_text="How many dead letters were chosen."),
+        "limit": serializers.IntegerField(help_text="The most one request acts on."),
+        "command": serializers.CharField(
+            help_text="The manage.py command that does the same for any number, a batch at a time."
+        ),
+    },
+)
+
+
+class TooMany(Exception):
+    """The request chose more dead letters than ``BULK_LIMIT``."""
+
+    def __init__(self, selected: int) -> None:
+        super().__init__(f"{selected} dead letters selected")
+        self.selected = selected
+
+
+def bulk_command(wanted: dict[str, Any]) -> str:
+    """The ``manage.py dlq`` command line that does what a bulk request asked, for any number."""
+    words = ["manage.py dlq", wanted["action"]]
+    if "ids" in wanted:
+        words.append("ID [ID ...]")
+    elif wanted["all"]:
+        words.append("--all")
+    words += [f"--{name} {shlex.quote(str(wanted[name]))}" for name in FILTERS if name in wanted]
+    if wanted.get("why", "").strip():
+        words.append(f"--why {shlex.quote(wanted['why'].strip())}")
+    words += [f"--{flag.replace('_', '-')}" for flag in ("force", "dry_run") if wanted[flag]]
+    return " ".join(words)
 
 
 ResolveResponse = inline_serializer(
@@ -363,8 +404,18 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
                 "Idempotency-Key missing, too long or not printable."
             ),
             403: OpenApiResponse(DETAIL, description="No permission for the action."),
+            413: OpenApiResponse(
+                TOO_MANY,
+                description=f"More than {BULK_LIMIT} dead letters chosen; nothing done. Choose "
+                "fewer, or run the command given, which takes any number.",
+            ),
             422: OpenApiResponse(
                 DETAIL, description="This Idempotency-Key was used for a different request."
+            ),
+            503: OpenApiResponse(
+                DETAIL,
+                description="A statement waited past BULK_STATEMENT_TIMEOUT_SECONDS (rows held "
+                "by another action); nothing done, the key unused: try again.",
             ),
         },
     )
@@ -376,32 +427,66 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         body.is_valid(raise_exception=True)
         wanted = body.validated_data
         verb: str = wanted["action"]
-        if wanted["dry_run"]:
-            return Response(self._bulk_dry_run(verb, wanted))
-        power = BULK_POWERS[verb]
-        if not request.user.has_perm(power):
-            self.permission_denied(request, message=f"{verb} needs the {power} permission")
-        key = idempotency_key_from(request)
+        key = ""
+        if not wanted["dry_run"]:
+            power = BULK_POWERS[verb]
+            if not request.user.has_perm(power):
+                self.permission_denied(request, message=f"{verb} needs the {power} permission")
+            key = idempotency_key_from(request)
+        seconds = asyncwork_settings.BULK_STATEMENT_TIMEOUT_SECONDS
         try:
-            done = idempotent_respond(
-                user=request.user,
-                key=key,
-                fingerprint=request_fingerprint(request),
-                request=f"{request.method} {request.path} ({verb})",
-                perform=lambda: self._bulk_perform(verb, wanted),
+            with bounded(seconds):
+                if wanted["dry_run"]:
+                    return Response(self._bulk_dry_run(verb, wanted))
+                done = idempotent_respond(
+                    user=request.user,
+                    key=key,
+                    fingerprint=request_fingerprint(request),
+                    request=f"{request.method} {request.path} ({verb})",
+                    perform=lambda: self._bulk_perform(verb, wanted),
+                )
+        except TooMany as exc:
+            command = bulk_command(wanted)
+            detail = (
+                f"{exc.selected} dead letters selected: a request acts on at most {BULK_LIMIT}. "
+                "Choose fewer (ids, or narrower reason, task, since, until), or run the command, "
+                f"which takes any number a batch at a time: {command}"
+            )
+            answer = {"detail": detail, "selected": exc.selected, "limit": BULK_LIMIT}
+            return Response(
+                {**answer, "command": command}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
             )
         except IdempotencyKeyReused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+        except OperationalError as exc:
+            if not statement_timed_out(exc):
+                raise
+            detail = (
+                f"a database statement took longer than {seconds:g} s (dead letters another "
+                "action holds, or a slow database); nothing was done: try again"
+            )
+            return Response(
+                {"detail": detail},
+                status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                headers={"Retry-After": str(max(1, round(seconds)))},
+            )
         response = Response(done.response)
         if done.replayed:
             response["Idempotent-Replayed"] = "true"
         return response
 
     def _bulk_ids(self, wanted: dict[str, Any]) -> list[int]:
-        """The ids given (each must exist), or those the filters select."""
+        """The ids given (each must exist), or those the filters select; ``TooMany`` past
+        ``BULK_LIMIT``."""
         if "ids" not in wanted:
-            return list(wanted["selection"].values_list("pk", flat=True))
-        ids: list[int] = sorted(set(wanted["ids"]))
+            selection = wanted["selection"]
+            ids: list[int] = list(selection.values_list("pk", flat=True)[: BULK_LIMIT + 1])
+            if len(ids) > BULK_LIMIT:
+                raise TooMany(selection.count())
+            return ids
+        ids = sorted(set(wanted["ids"]))
+        if len(ids) > BULK_LIMIT:
+            raise TooMany(len(ids))
         known = set(DeadLetter.objects.filter(pk__in=ids).values_list("pk", flat=True))
         unknown = [pk for pk in ids if pk not in known]
         if unknown:

@@ -1,6 +1,6 @@
 """Database helpers: an insert guarded by a constraint, text PostgreSQL can always store, a
-transaction whose statements give up in time (``bounded``, where every probe runs), and a
-worker's connections kept across tasks.
+transaction whose statements give up in time (``bounded``, where every probe and every bulk
+dead-letter request runs), and a worker's connections kept across tasks.
 
 With ``CELERY_DB_REUSE_MAX`` set (core/settings.py) Celery's Django fixup keeps connections, and
 each task is bracketed by Django's per-request rule (``close_old_connections``: ``CONN_MAX_AGE``,
@@ -19,9 +19,17 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from celery.signals import task_postrun, task_prerun
-from django.db import close_old_connections, connection, connections, models, transaction
+from django.db import (
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+    models,
+    transaction,
+)
 from django.db.models import Field
 from django.db.models.options import Options
+from psycopg.errors import QueryCanceled
 
 from asyncwork.settings import asyncwork_settings
 
@@ -77,13 +85,23 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
 
 
 @contextlib.contextmanager
-def bounded() -> Iterator[None]:
-    """A transaction whose statements time out after ``PROBE_TIMEOUT_SECONDS``."""
-    ms = max(1, int(asyncwork_settings.PROBE_TIMEOUT_SECONDS * 1000))
+def bounded(seconds: float | None = None) -> Iterator[None]:
+    """A transaction whose statements time out after ``seconds`` (``PROBE_TIMEOUT_SECONDS``
+    unless given): PostgreSQL's ``SET LOCAL statement_timeout``, which a lock wait counts
+    toward too. A statement cancelled so raises an ``OperationalError`` that
+    ``statement_timed_out`` recognises."""
+    if seconds is None:
+        seconds = asyncwork_settings.PROBE_TIMEOUT_SECONDS
+    ms = max(1, int(seconds * 1000))
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
         yield
+
+
+def statement_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL cancelling a statement (at its ``statement_timeout``)."""
+    return isinstance(exc, OperationalError) and isinstance(exc.__cause__, QueryCanceled)
 
 
 def _connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:

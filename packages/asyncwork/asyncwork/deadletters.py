@@ -114,6 +114,15 @@ class ReplayResult:
 
 WAITING = Q(replayed_at__isnull=True, resolved_at__isnull=True)
 
+# The most dead letters one request replays or resolves (the API's bulk action, the admin's
+# actions): in one transaction with its Idempotency-Key, so that a request retried after a
+# failure acts once, and answered well inside a web server's request timeout (gunicorn's 30 s
+# kills the worker, rolling the work back). A larger selection is refused with a pointer to
+# ``manage.py dlq``, which has no such deadline and commits a batch at a time: the recovery
+# after an outage (thousands waiting) is one command that cannot time out, and a run cut short
+# goes on where it stopped.
+BULK_LIMIT = 1000
+
 
 def dead_letter_replay(
     *, ids: list[int] | None = None, actor: str, force: bool = False
@@ -121,8 +130,9 @@ def dead_letter_replay(
     """Re-enqueue the jobs of the given dead letters (all waiting if ``ids`` is None), each at most
     once (one replayed before is skipped, as is one resolved), recording each as an operator
     action of ``actor``. One its task's replay check refuses is not replayed unless ``force``;
-    a forced replay records the refusal it overrode."""
-    replayed: list[int] = []
+    a forced replay records the refusal it overrode. One transaction, holding the letters' rows
+    until it commits: give it a batch at a time (``manage.py dlq`` gives 500), a request at
+    most ``BULK_LIMIT``."""
     refused: dict[int, str] = {}
     forced: dict[int, str] = {}
     with transaction.atomic():
@@ -137,6 +147,9 @@ def dead_letter_replay(
         refusals = dead_letter_refusals(
             letter for letter in found if letter.replayed_at is None and letter.resolved_at is None
         )
+        now = timezone.now()
+        replaying: list[DeadLetter] = []
+        details: list[str] = []
         for letter in found:
             refusal = refusals.get(letter.pk)
             if letter.replayed_at is not None:
@@ -150,17 +163,21 @@ def dead_letter_replay(
                 letter.replay_outbox = outbox_enqueue(
                     task=letter.task, args=letter.args, kwargs=letter.kwargs
                 )
-                letter.replayed_at = timezone.now()
+                letter.replayed_at = now
                 letter.replayed_by = actor[:150]
-                letter.save(update_fields=["replay_outbox", "replayed_at", "replayed_by"])
-                replayed.append(letter.pk)
+                replaying.append(letter)
                 detail = f"replayed: the job is outbox message {letter.replay_outbox.pk}"
                 if refusal is not None:
                     forced[letter.pk] = refusal
                     detail += f"; forced past its check, which said: {refusal}"
+            details.append(detail)
+        # One statement for all of them, not one each.
+        DeadLetter.objects.bulk_update(replaying, ["replay_outbox", "replayed_at", "replayed_by"])
+        for letter, detail in zip(found, details, strict=True):
             operator_action_record(
                 action="dead_letter.replay", actor=actor, target=letter, detail=detail[:500]
             )
+    replayed = [letter.pk for letter in replaying]
     if replayed:
         logger.info(
             "replayed %d dead letter(s)",
@@ -181,27 +198,30 @@ class ResolveResult:
 def dead_letter_resolve(*, ids: list[int], actor: str, why: str) -> ResolveResult:
     """Mark the given dead letters resolved by ``actor`` because ``why``: they no longer wait (no
     alert, no degraded health, not in ``replay --all``). One replayed or resolved before is
-    skipped. Each is recorded as an operator action."""
+    skipped. Each is recorded as an operator action. One transaction, as a replay's."""
     why = why.strip()
     if not why:
         raise ValueError("say why the dead letter is resolved")
-    changed: list[int] = []
+    changed: list[DeadLetter] = []
     skipped: list[int] = []
     with transaction.atomic():
         found = DeadLetter.objects.select_for_update().filter(pk__in=ids).order_by("pk")
+        now = timezone.now()
         for letter in found:
             if letter.replayed_at is not None or letter.resolved_at is not None:
                 skipped.append(letter.pk)
                 continue
-            letter.resolved_at = timezone.now()
+            letter.resolved_at = now
             letter.resolved_by = actor[:150]
             letter.resolved_why = why[:500]
-            letter.save(update_fields=["resolved_at", "resolved_by", "resolved_why"])
-            changed.append(letter.pk)
+            changed.append(letter)
+        # One statement for all of them, not one each.
+        DeadLetter.objects.bulk_update(changed, ["resolved_at", "resolved_by", "resolved_why"])
+        for letter in changed:
             operator_action_record(
                 action="dead_letter.resolve", actor=actor, target=letter, detail=f"resolved: {why}"
             )
-    return ResolveResult(changed=changed, skipped=skipped)
+    return ResolveResult(changed=[letter.pk for letter in changed], skipped=skipped)
 
 
 def dead_letter_unresolve(*, ids: list[int], actor: str) -> ResolveResult:
@@ -279,7 +299,14 @@ def _moment(name: str, value: datetime | str, *, end: bool) -> datetime:
         except ValueError:  # well formed but no such day or time: 2026-02-30
             pass
         if day is not None:
-            moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min)
+            try:
+                moment = datetime.combine(day + timedelta(days=1 if end else 0), time.min)
+            except OverflowError:  # the end of 9999-12-31, the next day's start, is no date
+                raise SelectionInvalid(
+                    name,
+                    f"{value!r} is out of range: its end is past the year 9999 (leave "
+                    f"{name} out for no end)",
+                ) from None
         if moment is None:
             raise SelectionInvalid(name, f"{value!r} is not {TIME_FORMS}")
     return timezone.make_aware(moment) if timezone.is_naive(moment) else moment

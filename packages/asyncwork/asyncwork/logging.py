@@ -11,7 +11,10 @@ Celery configures no logging of its own (``celery_logging_keep``).
 
 Unless ``LOG_PII=1`` both formatters mask every email address in the finished line, traceback
 included (``j***@example.com``: the domain tells a provider's trouble from one mailbox's), in
-linear time, and keep at most ``TEXT_MAX`` of a message and of a traceback.
+linear time, and keep at most ``TEXT_MAX`` of a message and of a traceback. A text line is one
+line, whatever a client or a provider put in it: its message, each line of its traceback and
+each field's value pass through ``printable``, so no control character reaches the terminal
+or the log file (JSON escapes them itself).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
 from asyncwork.metrics import suspicious_requests
 from asyncwork.settings import asyncwork_settings
+from asyncwork.terminal import printable
 
 
 @cache
@@ -172,6 +176,20 @@ def record_bounded(record: logging.LogRecord, formatter: logging.Formatter) -> l
     return bounded
 
 
+def record_printable(record: logging.LogRecord) -> logging.LogRecord:
+    """``record``, or a copy with its message and each line of its traceback ``printable``."""
+    message, trace = record.getMessage(), record.exc_text or ""
+    shown = printable(message)
+    shown_trace = "\n".join(printable(line) for line in trace.split("\n"))
+    if shown == message and shown_trace == trace:
+        return record
+    escaped = logging.makeLogRecord(record.__dict__)
+    escaped.msg, escaped.args = shown, None
+    if trace:
+        escaped.exc_info, escaped.exc_text = None, shown_trace
+    return escaped
+
+
 class TextFormatter(logging.Formatter):
     """The standard format plus `` name=value`` per context field present."""
 
@@ -180,10 +198,10 @@ class TextFormatter(logging.Formatter):
         self.mask_pii = mask_pii
 
     def format(self, record: logging.LogRecord) -> str:
-        record = record_bounded(record, self)
+        record = record_printable(record_bounded(record, self))
         line = super().format(record)
         suffix = " ".join(
-            f"{name}={value}"
+            f"{name}={printable(str(value))}"
             for name in line_fields()
             if (value := getattr(record, name, None)) is not None
         )

@@ -39,6 +39,12 @@ SETTINGS: dict[str, Setting] = {
     "BROKER_IS_RABBITMQ": Setting(
         False, "flag", "True when the Celery app's broker is RabbitMQ (quorum queues, the DLQ)"
     ),
+    "BULK_STATEMENT_TIMEOUT_SECONDS": Setting(
+        10.0,
+        "positive",
+        "seconds one SQL statement of a bulk dead-letter request (API, admin) may take; keep "
+        "it well under the web server's request timeout",
+    ),
     "DLQ_ALERT_THRESHOLD": Setting(
         1, "count", "waiting dead letters that raise the alert (ERROR line, mail_admins)"
     ),

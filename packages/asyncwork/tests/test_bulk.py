@@ -148,6 +148,7 @@ class TestSelect:
             ({"until": "2026-02-30"}, "until", "'2026-02-30' is not an ISO date"),
             ({"until": "2026-12-03T25:00"}, "until", "is not an ISO date"),
             ({"since": "2026-12-03", "until": "2026-12-02"}, "until", "later than since"),
+            ({"until": "9999-12-31"}, "until", "'9999-12-31' is out of range: its end is past"),
         ],
     )
     def test_a_filter_it_cannot_read_is_named(
@@ -305,6 +306,7 @@ class TestCommand:
             (["replay", "--reason", "lost"], "--reason: 'lost' is not one of permanent, "),
             (["replay", "--since", "soon"], "--since: 'soon' is not an ISO date or date and"),
             (["resolve", "--until", "2026-13-01", "--why", "x"], "--until: '2026-13-01' is not"),
+            (["replay", "--until", "9999-12-31"], "--until: '9999-12-31' is out of range"),
             (["resolve", "--task", GREET], "say why with --why"),
             (["resolve", "--dry-run"], "say which dead letters to resolve"),
             (["replay", "--dry-run"], "say which dead letters to replay"),

@@ -1,7 +1,8 @@
 """``manage.py stripe_reconcile [--since WHEN]``: one run of the job ``stripe-events-reconcile``
 now, under its lock (``webhooks.reconcile``), and what it found; ``--since`` has the walk list
 back to WHEN, within the 30 days Stripe's Events API keeps. Exits 1 when it could not run or
-stopped on a failure; a walk that goes on at the next run is not a failure."""
+stopped on a failure; a walk that goes on at the next run is not a failure. A failure's words
+(Stripe's, or its network's) are printed through ``printable``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from asyncwork.deadletters import TIME_FORMS
 from asyncwork.jobs import job_run
+from asyncwork.terminal import printable
 from webhooks import reconcile
 from webhooks.stripe_api import API_OFF
 
@@ -61,14 +63,15 @@ class Command(BaseCommand):
             )
         result = outcome.result
         if not result.calls:
-            raise CommandError(result.failure)
+            raise CommandError(printable(result.failure))
         self.stdout.write(
             f"{result.listed} event(s) listed in {result.calls} call(s); "
             f"{result.recovered} recovered (not stored before), "
             f"{result.listed - result.recovered} already stored"
         )
         if result.failure:
-            raise CommandError(f"stopped: {result.failure}; the next run goes on from there")
+            failure = printable(result.failure)
+            raise CommandError(f"stopped: {failure}; the next run goes on from there")
         if result.walk_ended:
             self.stdout.write(f"cursor: {result.covered}")
         else:

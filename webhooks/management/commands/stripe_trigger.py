@@ -3,7 +3,8 @@
 Builds a realistic Stripe event of any type the CLI triggers (``webhooks.testing``
 ``TRIGGER_OBJECTS``; the v1.* ones thin), signs it with ``STRIPE_WEBHOOK_SECRET`` as Stripe does
 and POSTs it to the receiver. ``--repeat`` redelivers it freshly signed, as Stripe's retries
-are; ``--stale`` signs it older than the tolerance.
+are; ``--stale`` signs it older than the tolerance. The receiver's answers are printed through
+``printable``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from asyncwork.terminal import printable
 from webhooks import testing
 
 
@@ -83,7 +85,7 @@ class Command(BaseCommand):
                 timestamp -= settings.STRIPE_WEBHOOK_TOLERANCE + 60
             header = testing.signature_header(body, secret, timestamp=timestamp, with_v0=True)
             status, answer = self.post(options["url"], body, header, options["timeout"])
-            self.stdout.write(f"delivery {attempt}: {status} {answer}")
+            self.stdout.write(f"delivery {attempt}: {status} {printable(answer)}")
             failures += status != 200
         if failures:
             raise CommandError(f"{failures} of {options['repeat']} deliveries were not accepted")

@@ -5,16 +5,17 @@ line.
 plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay and resolve act on
 the dead letters given by id, or on those still waiting that the filters select
 (``dead_letters_select``), and ``--dry-run`` shows which without acting. They are the admin's
-and the API's services; every action is recorded as an operator action of
-``cli:<--actor or login name>``.
+and the API's services, called for ``BATCH`` dead letters at a time, each batch committed with
+its operator actions (of ``cli:<--actor or login name>``) before the next: any number can be
+replayed, which the admin and the API, bounded by a request's time, refuse beyond
+``BULK_LIMIT`` with a pointer here. Every stored text printed passes through ``printable``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.deadletters import (
     TIME_FORMS,
     WAITING,
+    ReplayResult,
     SelectionInvalid,
     Subject,
     dead_letter_age,
@@ -41,6 +43,7 @@ from asyncwork.deadletters import (
     duration_short,
 )
 from asyncwork.models import DeadLetter
+from asyncwork.terminal import printable
 
 WIDTH = 100  # the whole line, in characters
 
@@ -60,13 +63,26 @@ Add --dry-run to see which first."""
 
 FILTERS = ("reason", "task", "since", "until")
 SAMPLE = 10  # dead letters a dry run shows
+# Dead letters per transaction of a replay or resolve. Each batch commits, with its operator
+# actions and its jobs' outbox rows, before the next begins: a run of any size holds its row
+# locks for one batch at a time, and a run cut short keeps what it committed (run it again:
+# the rest still wait, and none is replayed twice).
+BATCH = 500
 
-# Stored text may hold anything: no terminal control sequences.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+def _batches(ids: list[int]) -> Iterator[list[int]]:
+    for start in range(0, len(ids), BATCH):
+        yield ids[start : start + BATCH]
+
+
+def _some(ids: Sequence[int]) -> str:
+    """``3, 5, 8``, or the first ``SAMPLE`` and how many more."""
+    shown = ", ".join(map(str, ids[:SAMPLE]))
+    return shown if len(ids) <= SAMPLE else f"{shown} and {len(ids) - SAMPLE} more"
 
 
 def _cell(value: str, width: int) -> str:
-    text = " ".join(_CONTROLS.sub(" ", value).split()) or "-"
+    text = printable(" ".join(value.split())) or "-"
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
@@ -236,9 +252,9 @@ class Command(BaseCommand):
             self.stdout.write(line)
 
     def _chosen(self, options: dict[str, Any], *, every: bool) -> list[int]:
-        """The ids to act on: those given (checked to exist), or those still waiting that the
-        filters select (with ``every``, ``--all``: every one still waiting)."""
-        ids: list[int] = options["ids"]
+        """The ids to act on, in order: those given (checked to exist), or those still waiting
+        that the filters select (with ``every``, ``--all``: every one still waiting)."""
+        ids: list[int] = sorted(set(options["ids"]))
         filters = {name: options[name] for name in FILTERS if options[name] is not None}
         if ids and (filters or every):
             given = ", ".join(f"--{name}" for name in filters) or "--all"
@@ -251,28 +267,27 @@ class Command(BaseCommand):
         try:
             return list(dead_letters_select(**filters).values_list("pk", flat=True))
         except SelectionInvalid as exc:
-            raise CommandError(f"--{exc.field}: {exc.message}") from None
+            raise CommandError(printable(f"--{exc.field}: {exc.message}")) from None
 
     def _filtered(self, options: dict[str, Any]) -> bool:
         return any(options[name] is not None for name in FILTERS)
 
     def _dry_run(self, ids: list[int], *, replay: bool, force: bool = False) -> None:
         """How many ``ids`` there are, and the first ``SAMPLE`` as ``list`` prints them; for a
-        ``replay``, why replaying some would only fail again."""
-        letters = DeadLetter.objects.filter(pk__in=ids)
-        count = letters.count()
-        self.stdout.write(f"{count} dead letter(s) selected; nothing done (--dry-run)")
-        if count:
-            shown = list(letters.order_by("pk")[:SAMPLE])
+        ``replay``, why replaying some would only fail again (asked a batch at a time)."""
+        self.stdout.write(f"{len(ids)} dead letter(s) selected; nothing done (--dry-run)")
+        if ids:
+            shown = list(DeadLetter.objects.filter(pk__in=ids[:SAMPLE]).order_by("pk"))
             for line in dead_letters_table(shown, dead_letter_subjects(shown)):
                 self.stdout.write(line)
-            if count > SAMPLE:
-                self.stdout.write(f"... and {count - SAMPLE} more")
+            if len(ids) > SAMPLE:
+                self.stdout.write(f"... and {len(ids) - SAMPLE} more")
         if replay:
             would = "would be replayed by force, past" if force else "would be refused"
-            waiting = letters.filter(WAITING).order_by("pk")
-            for pk, why in sorted(dead_letter_refusals(waiting).items()):
-                self.stdout.write(f"dead letter {pk} {would}: {why}")
+            for batch in _batches(ids):
+                waiting = DeadLetter.objects.filter(WAITING, pk__in=batch).order_by("pk")
+                for pk, why in sorted(dead_letter_refusals(waiting).items()):
+                    self.stdout.write(f"dead letter {pk} {would}: {printable(why)}")
 
     def _replay(self, options: dict[str, Any]) -> None:
         if not (options["ids"] or options["all"] or self._filtered(options)):
@@ -281,12 +296,30 @@ class Command(BaseCommand):
         if options["dry_run"]:
             self._dry_run(ids, replay=True, force=options["force"])
             return
-        result = dead_letter_replay(
-            ids=ids, actor=cli_actor(options["actor"]), force=options["force"]
+        actor = cli_actor(options["actor"])
+        replayed, skipped, refused = 0, 0, []
+        for batch in _batches(ids):
+            result = dead_letter_replay(ids=batch, actor=actor, force=options["force"])
+            self._replay_reported(result)
+            replayed += len(result.replayed)
+            skipped += len(result.skipped) + len(result.resolved)
+            refused += list(result.refused)
+        summary = f"{replayed} replayed, {skipped} skipped"
+        if not refused:
+            self.stdout.write(self.style.SUCCESS(summary))
+            return
+        raise CommandError(
+            f"{summary}, {len(refused)} refused (dead letter {_some(refused)}): their replay "
+            "check says they would only fail again. Fix what it names, or replay them anyway "
+            "with --force."
         )
+
+    def _replay_reported(self, result: ReplayResult) -> None:
+        """One line per dead letter of a committed batch."""
         for pk in result.replayed:
             if pk in result.forced:
-                self.stdout.write(f"replayed dead letter {pk}, forced past: {result.forced[pk]}")
+                forced = printable(result.forced[pk])
+                self.stdout.write(f"replayed dead letter {pk}, forced past: {forced}")
             else:
                 self.stdout.write(f"replayed dead letter {pk}")
         for pk in result.skipped:
@@ -294,18 +327,7 @@ class Command(BaseCommand):
         for pk in result.resolved:
             self.stdout.write(f"dead letter {pk} is resolved; unresolve it to replay it")
         for pk, why in result.refused.items():
-            self.stdout.write(f"dead letter {pk} not replayed: {why}")
-        skipped = len(result.skipped) + len(result.resolved)
-        summary = f"{len(result.replayed)} replayed, {skipped} skipped"
-        if not result.refused:
-            self.stdout.write(self.style.SUCCESS(summary))
-            return
-        refused = ", ".join(map(str, result.refused))
-        raise CommandError(
-            f"{summary}, {len(result.refused)} refused (dead letter {refused}): their replay "
-            "check says they would only fail again. Fix what it names, or replay them anyway "
-            "with --force."
-        )
+            self.stdout.write(f"dead letter {pk} not replayed: {printable(why)}")
 
     def _ids_known(self, ids: list[int]) -> None:
         known = set(DeadLetter.objects.filter(pk__in=ids).values_list("pk", flat=True))
@@ -322,14 +344,17 @@ class Command(BaseCommand):
             return
         if not (options["why"] or "").strip():
             raise CommandError("say why with --why: the operators after you will read it")
-        result = dead_letter_resolve(ids=ids, actor=cli_actor(options["actor"]), why=options["why"])
-        for pk in result.changed:
-            self.stdout.write(f"resolved dead letter {pk}")
-        for pk in result.skipped:
-            self.stdout.write(f"dead letter {pk} was replayed or resolved before; skipped")
-        self.stdout.write(
-            self.style.SUCCESS(f"{len(result.changed)} resolved, {len(result.skipped)} skipped")
-        )
+        actor = cli_actor(options["actor"])
+        resolved, skipped = 0, 0
+        for batch in _batches(ids):
+            result = dead_letter_resolve(ids=batch, actor=actor, why=options["why"])
+            for pk in result.changed:
+                self.stdout.write(f"resolved dead letter {pk}")
+            for pk in result.skipped:
+                self.stdout.write(f"dead letter {pk} was replayed or resolved before; skipped")
+            resolved += len(result.changed)
+            skipped += len(result.skipped)
+        self.stdout.write(self.style.SUCCESS(f"{resolved} resolved, {skipped} skipped"))
 
     def _unresolve(self, options: dict[str, Any]) -> None:
         self._ids_known(options["ids"])

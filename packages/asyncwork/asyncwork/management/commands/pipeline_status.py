@@ -1,6 +1,6 @@
 """``manage.py pipeline_status``: the pipeline on one screen: the checks of ``GET /health/``, every
 queue's depth, each scheduled job's last run, skip and lock holder. Exits 1 when a critical check
-fails.
+fails. What was stored (a job's last error, a lock holder's host) passes through ``printable``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from asyncwork.jobs import jobs_declared
 from asyncwork.locks import Holder, lock_holder
 from asyncwork.models import ScheduledJob
 from asyncwork.probes import BrokerUnreadable, queues_probe
+from asyncwork.terminal import printable
 
 
 def _queue_depths() -> dict[str, int | str]:
@@ -54,17 +55,19 @@ def _when(value: Any) -> str:
 
 def _process(holder: dict[str, Any] | None) -> str:
     """``{"host": h, "pid": n}`` as the operator reads it: the process to look at."""
-    return str(Holder(**holder)) if holder else "-"
+    return printable(str(Holder(**holder))) if holder else "-"
 
 
 def _figures(name: str, check: dict[str, Any]) -> str:
     if name == "beat" and "active" in check:
         active = check["active"]
         return f"dispatching, {_process(active)}" if active else "no beat is dispatching"
-    return ", ".join(
-        f"{k}={v}"
-        for k, v in check.items()
-        if k not in {"status", "critical", "ms"} and v is not None
+    return printable(
+        ", ".join(
+            f"{k}={v}"
+            for k, v in check.items()
+            if k not in {"status", "critical", "ms"} and v is not None
+        )
     )
 
 
@@ -102,5 +105,5 @@ class Command(BaseCommand):
             out(
                 f"{job['job']:<{jobs}} {_when(job['last_run']):<20} {_when(job['last_skip']):<20} "
                 f"{job['runs']:>5} {job['skips']:>5}  {_process(job['running_now'])}"
-                + (f"  error: {job['last_error']}" if job["last_error"] else "")
+                + (f"  error: {printable(job['last_error'])}" if job["last_error"] else "")
             )
