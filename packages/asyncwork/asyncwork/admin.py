@@ -20,7 +20,6 @@ from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
@@ -34,20 +33,20 @@ from asyncwork.deadletters import (
     ReplayOutcome,
     ReplayResult,
     Subject,
-    dead_letter_age,
-    dead_letter_failure,
-    dead_letter_refusals,
-    dead_letter_replay,
-    dead_letter_replay_outcomes,
-    dead_letter_replay_state,
-    dead_letter_resolve,
-    dead_letter_subjects,
-    dead_letter_unresolve,
-    dead_letters_select,
+    age,
+    failure,
+    refusals,
+    replay,
+    replay_outcomes,
+    replay_state,
+    resolve,
+    selection,
+    subjects,
+    unresolve,
 )
 from asyncwork.locks import lock_holder
-from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob, job_arguments
-from asyncwork.outbox import outbox_republish
+from asyncwork.models import DeadLetter, Job, ScheduledJob, job_arguments
+from asyncwork.outbox import republish
 from asyncwork.settings import asyncwork_settings
 
 
@@ -110,23 +109,23 @@ class DeadLetterChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        subjects = dead_letter_subjects(self.result_list)
-        outcomes = dead_letter_replay_outcomes(self.result_list)
+        described = subjects(self.result_list)
+        outcomes = replay_outcomes(self.result_list)
         for letter in self.result_list:
-            setattr(letter, _SUBJECT, subjects.get(letter.pk))
+            setattr(letter, _SUBJECT, described.get(letter.pk))
             setattr(letter, _OUTCOME, outcomes.get(letter.pk))
 
 
 def _subject(letter: DeadLetter) -> Subject | None:
     if not hasattr(letter, _SUBJECT):  # a single dead letter's page
-        setattr(letter, _SUBJECT, dead_letter_subjects([letter]).get(letter.pk))
+        setattr(letter, _SUBJECT, subjects([letter]).get(letter.pk))
     subject: Subject | None = getattr(letter, _SUBJECT)
     return subject
 
 
 def _outcome(letter: DeadLetter) -> ReplayOutcome | None:
     if not hasattr(letter, _OUTCOME):  # a single dead letter's page
-        setattr(letter, _OUTCOME, dead_letter_replay_outcomes([letter]).get(letter.pk))
+        setattr(letter, _OUTCOME, replay_outcomes([letter]).get(letter.pk))
     outcome: ReplayOutcome | None = getattr(letter, _OUTCOME)
     return outcome
 
@@ -183,7 +182,7 @@ def bulk_action(command: str) -> Callable[[DeadLetterAction], DeadLetterAction]:
 def replayed_at(letter: DeadLetter) -> str:
     """The state column in words: waiting, replayed or resolved. A function, not a method, so
     its column keeps the class ``field-replayed_at`` (a method would lose to the model's field)."""
-    return dead_letter_replay_state(letter)
+    return replay_state(letter)
 
 
 @admin.register(DeadLetter)
@@ -203,7 +202,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "outcome",
     )
     list_display_links = ("id",)
-    list_select_related = ("replay_outbox",)  # what became of a replay, read with the page
+    list_select_related = ("replay_job",)  # what became of a replay, read with the page
     list_filter = ("reason", ReplayStateFilter, "task")
     search_fields = ("task_id", "exception_message", "replayed_by", "resolved_by", "resolved_why")
     date_hierarchy = "created_at"
@@ -236,7 +235,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     "first_failed_at",
                     "last_failed_at",
                     "created_at",
-                    "replay_outbox",
+                    "replay_job",
                 )
             },
         ),
@@ -265,15 +264,15 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Failure")
     def failure(self, obj: DeadLetter) -> str:
-        return dead_letter_failure(obj)
+        return failure(obj)
 
     @admin.display(description="Age", ordering="created_at")
     def age(self, obj: DeadLetter) -> str:
-        return dead_letter_age(obj)
+        return age(obj)
 
     @admin.display(description="Replay")
     def replay_state(self, obj: DeadLetter) -> str:
-        return dead_letter_replay_state(obj)
+        return replay_state(obj)
 
     @admin.display(description="Outcome")
     def outcome(self, obj: DeadLetter) -> str:
@@ -337,14 +336,14 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if letter is None:
             raise Http404(f"no dead letter with id {object_id}")
         force = "force" in request.POST
-        if not force and dead_letter_refusals(dead_letters_select().filter(pk=letter.pk)):
+        if not force and refusals(selection().filter(pk=letter.pk)):
             return self._confirmation(
                 request,
                 "replay_selected",
                 [letter],
                 form_url=reverse("admin:asyncwork_deadletter_replay", args=[letter.pk]),
             )
-        result = dead_letter_replay(ids=[letter.pk], actor=admin_actor(request), force=force)
+        result = replay(ids=[letter.pk], actor=admin_actor(request), force=force)
         if letter.pk in result.forced:
             self.message_user(
                 request,
@@ -368,8 +367,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             letter.refresh_from_db()
             self.message_user(
                 request,
-                f"Dead letter {letter.pk} was already {dead_letter_replay_state(letter)}; "
-                "nothing done.",
+                f"Dead letter {letter.pk} was already {replay_state(letter)}; nothing done.",
                 messages.WARNING,
             )
         return HttpResponseRedirect(reverse("admin:asyncwork_deadletter_change", args=[letter.pk]))
@@ -385,9 +383,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         """The page an action shows first: how many, which, and what will happen to them (a
         replay's refusals, each with why); the action runs when it is submitted. ``form_url``:
         where it is submitted, if not to the list."""
-        waiting = list(dead_letters_select().filter(pk__in=[letter.pk for letter in letters]))
+        waiting = list(selection().filter(pk__in=[letter.pk for letter in letters]))
         verb = {"replay_selected": "Replay", "resolve_selected": "Resolve"}.get(action, "Unresolve")
-        refusals = dead_letter_refusals(waiting) if action == "replay_selected" else {}
+        refused = refusals(waiting) if action == "replay_selected" else {}
         resolved = sum(1 for letter in letters if letter.resolved_at is not None)
         return TemplateResponse(
             request,
@@ -403,11 +401,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 # What acting changes: the waiting ones, or for unresolve the resolved ones.
                 "acted_on": resolved if action == "unresolve_selected" else len(waiting),
                 "refused": [
-                    {"letter": letter, "why": refusals[letter.pk]}
+                    {"letter": letter, "why": refused[letter.pk]}
                     for letter in waiting
-                    if letter.pk in refusals
+                    if letter.pk in refused
                 ],
-                "unrefused": len(waiting) - len(refusals),
+                "unrefused": len(waiting) - len(refused),
                 "form_url": form_url,
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
                 "media": self.media,
@@ -424,7 +422,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         force = "force" in request.POST
         if "confirm" not in request.POST and not force:
             return self._confirmation(request, "replay_selected", list(queryset.order_by("pk")))
-        result = dead_letter_replay(
+        result = replay(
             ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request), force=force
         )
         self._replay_reported(request, result)
@@ -470,7 +468,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         why = request.POST.get("why", "").strip()
         if "confirm" not in request.POST or not why:
             return self._confirmation(request, "resolve_selected", list(queryset.order_by("pk")))
-        result = dead_letter_resolve(
+        result = resolve(
             ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request), why=why
         )
         self.message_user(
@@ -492,7 +490,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         """A page first, with the count; unresolving on its submit."""
         if "confirm" not in request.POST:
             return self._confirmation(request, "unresolve_selected", list(queryset.order_by("pk")))
-        result = dead_letter_unresolve(
+        result = unresolve(
             ids=list(queryset.values_list("pk", flat=True)), actor=admin_actor(request)
         )
         self.message_user(
@@ -510,79 +508,47 @@ def _listed(whys: dict[int, str]) -> str:
 
 
 @admin.display(description="Last error")
-def last_error_short(row: OutboxMessage | ScheduledJob) -> str:
+def last_error_short(row: Job | ScheduledJob) -> str:
     return row.last_error[:80]
 
 
-class PublishedFilter(admin.SimpleListFilter):
-    title = "published"
-    parameter_name = "published"
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    """Every enqueued task and what became of it; a job whose message the broker lost can be
+    published again."""
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [
-            ("no", "Unpublished"),
-            ("later", "Scheduled for later (retries)"),
-            ("yes", "Published"),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "no":
-            return queryset.filter(published_at__isnull=True)
-        if self.value() == "later":
-            return queryset.filter(published_at__isnull=True, due_at__gt=timezone.now())
-        if self.value() == "yes":
-            return queryset.filter(published_at__isnull=False)
-        return queryset
-
-
-@admin.register(OutboxMessage)
-class OutboxMessageAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "task",
         "args",
         "queue",
+        "status",
+        "attempts",
         "created_at",
         "due_at",
-        "published",
         "published_at",
-        "publish_attempts",
+        "finished_at",
         last_error_short,
     )
-    list_filter = (PublishedFilter, "queue", "task")
+    list_filter = ("status", "queue", "task")
     search_fields = ("task",)
+    date_hierarchy = "created_at"
     actions = ["republish_selected"]
-    readonly_fields = (
-        "task",
-        "args",
-        "kwargs",
-        "queue",
-        "created_at",
-        "due_at",
-        "task_id",
-        "headers",
-        "published_at",
-        "publish_attempts",
-        "last_error",
-    )
-
-    @admin.display(description="Published", boolean=True, ordering="published_at")
-    def published(self, obj: OutboxMessage) -> bool:
-        return obj.published_at is not None
+    readonly_fields = [f.name for f in Job._meta.fields]
 
     def has_republish_permission(self, request: HttpRequest) -> bool:
-        return has_power(request, OutboxMessage, "republish_outboxmessage")
+        return has_power(request, Job, "republish_job")
 
-    @admin.action(description="Republish selected outbox messages", permissions=["republish"])
-    def republish_selected(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+    @admin.action(description="Publish selected jobs again", permissions=["republish"])
+    def republish_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        count = outbox_republish(ids=ids, actor=admin_actor(request))
-        self.message_user(request, f"Republished {count} outbox message(s).", messages.SUCCESS)
+        count = republish(ids=ids, actor=admin_actor(request))
+        self.message_user(request, f"Published {count} job(s) again.", messages.SUCCESS)
         if count < len(ids):
             self.message_user(
                 request,
-                f"Not republished: {len(ids) - count} (another publisher holds them, or the "
-                "broker failed; see Last error: the relay publishes those).",
+                f"Not published: {len(ids) - count} (started or done, held by another "
+                "publisher, or the broker failed: see Last error; the relay publishes those).",
                 messages.WARNING,
             )
 

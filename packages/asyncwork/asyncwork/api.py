@@ -2,7 +2,7 @@
 power), resolve and unresolve (``asyncwork.resolve_deadletter``), each the admin's service; the
 powers are checked by ``asyncwork.permissions``, for staff only, whatever the project's default
 permissions. ``bulk`` replays or resolves many at once, chosen by id or by the filters of
-``dead_letters_select``, once per ``Idempotency-Key``; its dry run needs the view permission only.
+``selection``, once per ``Idempotency-Key``; its dry run needs the view permission only.
 A bulk request acts on at most ``BULK_LIMIT`` dead letters, in one transaction whose statements
 give up after ``BULK_STATEMENT_TIMEOUT_SECONDS``: more is a 413 naming the ``manage.py dlq``
 command that does it, a statement that waits too long a 503, and either does nothing. Each dead
@@ -39,13 +39,13 @@ from asyncwork.deadletters import (
     BULK_LIMIT,
     WAITING,
     SelectionInvalid,
-    dead_letter_failure,
-    dead_letter_refusals,
-    dead_letter_replay,
-    dead_letter_resolve,
-    dead_letter_subjects,
-    dead_letter_unresolve,
-    dead_letters_select,
+    failure,
+    refusals,
+    replay,
+    resolve,
+    selection,
+    subjects,
+    unresolve,
 )
 from asyncwork.idempotency import (
     HEADER,
@@ -79,15 +79,15 @@ class DeadLetterSerializer(serializers.ModelSerializer[DeadLetter]):
 
     @extend_schema_field(SubjectSchema)
     def get_subject(self, letter: DeadLetter) -> dict[str, Any] | None:
-        subjects = self.context.get("subjects")
-        if subjects is None:  # not given by the view: this one alone
-            subjects = dead_letter_subjects([letter])
-        subject = subjects.get(letter.pk)
+        described = self.context.get("subjects")
+        if described is None:  # not given by the view: this one alone
+            described = subjects([letter])
+        subject = described.get(letter.pk)
         return None if subject is None else dataclasses.asdict(subject)
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_failure(self, letter: DeadLetter) -> str:
-        return dead_letter_failure(letter)
+        return failure(letter)
 
     class Meta:
         model = DeadLetter
@@ -211,7 +211,7 @@ class BulkRequest(serializers.Serializer[None]):
             raise ValidationError({"why": "only with action resolve"})
         try:
             # Built now, evaluated when acting: a filter it cannot read is a 400 here.
-            data["selection"] = dead_letters_select(**filters)
+            data["selection"] = selection(**filters)
         except SelectionInvalid as exc:
             raise ValidationError({exc.field: exc.message}) from None
         return data
@@ -333,7 +333,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
             letters = list(args[0]) if kwargs.get("many") else [args[0]]
             kwargs["context"] = {
                 **self.get_serializer_context(),
-                "subjects": dead_letter_subjects(letters),
+                "subjects": subjects(letters),
             }
         return super().get_serializer(*args, **kwargs)
 
@@ -373,7 +373,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         letter = self.get_object()
         body = ReplayRequest(data=request.data)
         body.is_valid(raise_exception=True)
-        result = dead_letter_replay(
+        result = replay(
             ids=[letter.pk],
             actor=f"api:{request.user.get_username()}",
             force=body.validated_data["force"],
@@ -501,10 +501,8 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         answer: dict[str, Any] = {"action": verb, "dry_run": True, "selected": len(ids), "ids": ids}
         if verb == "replay":
             waiting = DeadLetter.objects.filter(WAITING, pk__in=ids).order_by("pk")
-            refusals = [
-                {"id": pk, "detail": why} for pk, why in dead_letter_refusals(waiting).items()
-            ]
-            answer["forced" if wanted["force"] else "refused"] = refusals
+            refused = [{"id": pk, "detail": why} for pk, why in refusals(waiting).items()]
+            answer["forced" if wanted["force"] else "refused"] = refused
         return answer
 
     def _bulk_perform(self, verb: str, wanted: dict[str, Any]) -> dict[str, Any]:
@@ -512,12 +510,12 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         actor = f"api:{self.request.user.get_username()}"
         answer: dict[str, Any] = {"action": verb, "dry_run": False, "selected": len(ids)}
         if verb == "resolve":
-            resolved = dead_letter_resolve(ids=ids, actor=actor, why=wanted["why"])
+            resolved = resolve(ids=ids, actor=actor, why=wanted["why"])
             skipped = [
                 {"id": pk, "detail": "replayed or resolved before"} for pk in resolved.skipped
             ]
             return {**answer, "resolved": resolved.changed, "skipped": skipped}
-        result = dead_letter_replay(ids=ids, actor=actor, force=wanted["force"])
+        result = replay(ids=ids, actor=actor, force=wanted["force"])
         skipped = [{"id": pk, "detail": "already replayed"} for pk in result.skipped] + [
             {"id": pk, "detail": "resolved; unresolve it to replay it"} for pk in result.resolved
         ]
@@ -539,9 +537,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         why = request.data.get("why") if hasattr(request.data, "get") else None
         if not isinstance(why, str) or not why.strip():
             raise ValidationError({"why": "say why the job will not be run"})
-        result = dead_letter_resolve(
-            ids=[letter.pk], actor=f"api:{request.user.get_username()}", why=why
-        )
+        result = resolve(ids=[letter.pk], actor=f"api:{request.user.get_username()}", why=why)
         changed = letter.pk in result.changed
         detail = "resolved" if changed else "replayed or resolved before; nothing done"
         return Response({"id": letter.pk, "changed": changed, "detail": detail})
@@ -550,7 +546,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
     @action(detail=True, methods=["post"])
     def unresolve(self, request: Request, pk: str | None = None) -> Response:
         letter = self.get_object()
-        result = dead_letter_unresolve(ids=[letter.pk], actor=f"api:{request.user.get_username()}")
+        result = unresolve(ids=[letter.pk], actor=f"api:{request.user.get_username()}")
         changed = letter.pk in result.changed
         detail = "waits again" if changed else "was not resolved; nothing done"
         return Response({"id": letter.pk, "changed": changed, "detail": detail})

@@ -64,7 +64,7 @@ def pressure_measure() -> Pressure:
         outbox = outbox_backlog(now=timezone.now(), cap=asyncwork_settings.BACKPRESSURE_HARD_MARK)
     except DatabaseError as exc:
         logger.warning("backpressure: cannot measure the outbox backlog: %r", exc)
-    names = queues.pressure_queues()
+    names = queues.pressure()
     if names:
         try:
             depth = sum(queues_probe(names).depths.values())

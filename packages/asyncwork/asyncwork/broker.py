@@ -4,7 +4,7 @@ kombu's ``QoS.ack`` removes the message from the unacknowledged index, then rele
 slot; when the removal raises (Redis stalled), kombu swallows it and the slot is never released,
 so a prefetch-1 worker fetches nothing for good. Here the slot is released regardless; the
 message stays in the index and comes back after the visibility timeout, to find its work done.
-Used for ``redis://`` brokers (``CELERY_BROKER_TRANSPORT``, ``core.settings``).
+Used for ``redis://`` brokers (``broker_transport``, set by ``asyncwork.install``).
 
 Also the broker as the probes read it: a Redis client with short timeouts, and the keys of a
 queue.
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 
 import redis as redis_py
-from django.conf import settings
+from celery import current_app
 from kombu.transport import redis, virtual
 from kombu.transport.redis import PRIORITY_STEPS
 from redis.backoff import NoBackoff
@@ -72,7 +72,7 @@ _brokers_lock = threading.Lock()
 
 def broker_redis() -> redis_py.Redis | None:
     """The broker's Redis client, ``PROBE_TIMEOUT_SECONDS`` socket timeouts; None if not Redis."""
-    url = settings.CELERY_BROKER_URL
+    url = str(current_app.conf.broker_url or "")
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
     timeout = asyncwork_settings.PROBE_TIMEOUT_SECONDS
@@ -91,7 +91,7 @@ def broker_redis() -> redis_py.Redis | None:
 
 def queue_keys(queue: str) -> list[str]:
     """The Redis lists kombu keeps ``queue`` in, one per priority, under ``global_keyprefix``."""
-    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    options = current_app.conf.broker_transport_options or {}
     prefix = options.get("global_keyprefix", "")
     steps = options.get("priority_steps", PRIORITY_STEPS)
     # As kombu's Channel._q_for_pri: priority 0 is the bare name.

@@ -2,13 +2,13 @@
 
 A dead letter is a ``DeadLetter`` row, written once per task id before the job's message is
 acknowledged; operators read, replay, resolve and purge it, one by one or as a selection of those
-still waiting (``dead_letters_select``). Replay re-enqueues the original job through the outbox;
+still waiting (``selection``). Replay re-enqueues the original job through the outbox;
 jobs are idempotent, so replaying one that has since succeeded does nothing.
 
 What a dead letter is about belongs to the app owning its job: it declares
-``@dead_letter_describer(task)`` to turn that task's dead letters into ``Subject``s (a label, a
+``@describer(task)`` to turn that task's dead letters into ``Subject``s (a label, a
 recipient, an admin page, what became of the work), one query per kind of job on a page; and
-``@dead_letter_replay_check(task)`` to say which would only fail again if replayed as they stand
+``@replay_check(task)`` to say which would only fail again if replayed as they stand
 (their cause unchanged): those are not replayed unless forced.
 """
 
@@ -31,10 +31,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from asyncwork.audit import operator_action_record
+from asyncwork.backend import Task, task_for
 from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.jobs import job
-from asyncwork.models import DeadLetter, OutboxMessage
-from asyncwork.outbox import outbox_enqueue, outbox_task_id
+from asyncwork.models import DeadLetter, Job
+from asyncwork.outbox import job_create, message_id
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 ALERT_PERIOD_SECONDS = 3600  # the alert repeats at most hourly while letters wait
 
 
-def dead_letter_record(
+def record(
     *,
     task: str,
     task_id: str,
@@ -124,9 +125,7 @@ WAITING = Q(replayed_at__isnull=True, resolved_at__isnull=True)
 BULK_LIMIT = 1000
 
 
-def dead_letter_replay(
-    *, ids: list[int] | None = None, actor: str, force: bool = False
-) -> ReplayResult:
+def replay(*, ids: list[int] | None = None, actor: str, force: bool = False) -> ReplayResult:
     """Re-enqueue the jobs of the given dead letters (all waiting if ``ids`` is None), each at most
     once (one replayed before is skipped, as is one resolved), recording each as an operator
     action of ``actor``. One its task's replay check refuses is not replayed unless ``force``;
@@ -144,14 +143,14 @@ def dead_letter_replay(
             for letter in found
             if letter.replayed_at is None and letter.resolved_at is not None
         ]
-        refusals = dead_letter_refusals(
+        why_not = refusals(
             letter for letter in found if letter.replayed_at is None and letter.resolved_at is None
         )
         now = timezone.now()
         replaying: list[DeadLetter] = []
         details: list[str] = []
         for letter in found:
-            refusal = refusals.get(letter.pk)
+            refusal = why_not.get(letter.pk)
             if letter.replayed_at is not None:
                 detail = f"skipped: already replayed by {letter.replayed_by or '?'}"
             elif letter.resolved_at is not None:
@@ -160,19 +159,19 @@ def dead_letter_replay(
                 refused[letter.pk] = refusal
                 detail = f"refused: {refusal}"
             else:
-                letter.replay_outbox = outbox_enqueue(
-                    task=letter.task, args=letter.args, kwargs=letter.kwargs
+                letter.replay_job = job_create(
+                    task=letter.task, args=letter.args, kwargs=letter.kwargs, queue=letter.queue
                 )
                 letter.replayed_at = now
                 letter.replayed_by = actor[:150]
                 replaying.append(letter)
-                detail = f"replayed: the job is outbox message {letter.replay_outbox.pk}"
+                detail = f"replayed: the job is job {letter.replay_job.pk}"
                 if refusal is not None:
                     forced[letter.pk] = refusal
                     detail += f"; forced past its check, which said: {refusal}"
             details.append(detail)
         # One statement for all of them, not one each.
-        DeadLetter.objects.bulk_update(replaying, ["replay_outbox", "replayed_at", "replayed_by"])
+        DeadLetter.objects.bulk_update(replaying, ["replay_job", "replayed_at", "replayed_by"])
         for letter, detail in zip(found, details, strict=True):
             operator_action_record(
                 action="dead_letter.replay", actor=actor, target=letter, detail=detail[:500]
@@ -195,7 +194,7 @@ class ResolveResult:
     skipped: list[int]  # replayed, or already in the state asked for
 
 
-def dead_letter_resolve(*, ids: list[int], actor: str, why: str) -> ResolveResult:
+def resolve(*, ids: list[int], actor: str, why: str) -> ResolveResult:
     """Mark the given dead letters resolved by ``actor`` because ``why``: they no longer wait (no
     alert, no degraded health, not in ``replay --all``). One replayed or resolved before is
     skipped. Each is recorded as an operator action. One transaction, as a replay's."""
@@ -224,8 +223,8 @@ def dead_letter_resolve(*, ids: list[int], actor: str, why: str) -> ResolveResul
     return ResolveResult(changed=[letter.pk for letter in changed], skipped=skipped)
 
 
-def dead_letter_unresolve(*, ids: list[int], actor: str) -> ResolveResult:
-    """Undo ``dead_letter_resolve``: the given resolved dead letters wait again. Each is recorded
+def unresolve(*, ids: list[int], actor: str) -> ResolveResult:
+    """Undo ``resolve``: the given resolved dead letters wait again. Each is recorded
     as an operator action, with the resolution it undid."""
     changed: list[int] = []
     skipped: list[int] = []
@@ -247,7 +246,7 @@ def dead_letter_unresolve(*, ids: list[int], actor: str) -> ResolveResult:
     return ResolveResult(changed=changed, skipped=skipped)
 
 
-def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
+def purge(*, older_than: timedelta, actor: str) -> int:
     """Delete dead letters created before ``now - older_than``; returns how many. Each is recorded
     as an operator action of ``actor`` in the deleting transaction."""
     cutoff = timezone.now() - older_than
@@ -267,13 +266,13 @@ def dead_letter_purge(*, older_than: timedelta, actor: str) -> int:
     return len(doomed)
 
 
-def dead_letters_waiting() -> QuerySet[DeadLetter]:
+def waiting() -> QuerySet[DeadLetter]:
     """Neither replayed nor resolved: what the alert, health and ``replay --all`` count."""
     return DeadLetter.objects.filter(WAITING)
 
 
 class SelectionInvalid(ValueError):
-    """A filter of ``dead_letters_select`` that cannot be read; ``field`` names it."""
+    """A filter of ``selection`` that cannot be read; ``field`` names it."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -312,7 +311,7 @@ def _moment(name: str, value: datetime | str, *, end: bool) -> datetime:
     return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
 
 
-def dead_letters_select(
+def selection(
     *,
     reason: str | None = None,
     task: str | None = None,
@@ -325,7 +324,7 @@ def dead_letters_select(
     its end for ``until``; without an offset, the current time zone). What a bulk replay or
     resolve acts on, from the command line, the API and the admin alike. Raises
     ``SelectionInvalid`` naming a filter it cannot read."""
-    letters = dead_letters_waiting()
+    letters = waiting()
     if reason is not None:
         if reason not in DeadLetter.Reason.values:
             choices = ", ".join(DeadLetter.Reason.values)
@@ -350,7 +349,7 @@ def dead_letters_select(
 def dlq_alert() -> int:
     """Alert (ERROR line and mail to ADMINS) when waiting dead letters reach the threshold, at most
     once per period. Returns the depth."""
-    depth = dead_letters_waiting().count()
+    depth = waiting().count()
     if depth >= asyncwork_settings.DLQ_ALERT_THRESHOLD and cache.add(
         "dlq-alert-sent", depth, timeout=ALERT_PERIOD_SECONDS
     ):
@@ -411,12 +410,17 @@ SubjectsFn = Callable[[Sequence[DeadLetter]], Mapping[int, Subject]]
 _describers: dict[str, SubjectsFn] = {}
 
 
-def dead_letter_describer(task: str) -> Callable[[SubjectsFn], SubjectsFn]:
-    """Declare the decorated function the describer of ``task``'s dead letters: given all those
-    shown at once, it returns what each is about, by pk."""
+def _path(task: Task[Any, Any] | str) -> str:
+    return task if isinstance(task, str) else task.module_path
+
+
+def describer(*tasks: Task[Any, Any] | str) -> Callable[[SubjectsFn], SubjectsFn]:
+    """Declare the decorated function the describer of the dead letters of ``tasks`` (tasks, or
+    the names of Celery tasks): given all those shown at once, it returns what each is about, by
+    pk."""
 
     def declare(subjects: SubjectsFn) -> SubjectsFn:
-        _describers[task] = subjects
+        _describers.update(dict.fromkeys(map(_path, tasks), subjects))
         return subjects
 
     return declare
@@ -429,19 +433,19 @@ def _by_task(letters: Iterable[DeadLetter]) -> dict[str, list[DeadLetter]]:
     return by_task
 
 
-def dead_letter_subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
+def subjects(letters: Iterable[DeadLetter]) -> dict[int, Subject]:
     """What each of ``letters`` is about, by pk, asking each describer once. A failing describer is
     logged and leaves its letters undescribed, so dead letters stay readable."""
-    subjects: dict[int, Subject] = {}
+    described: dict[int, Subject] = {}
     for task, group in _by_task(letters).items():
-        describer = _describers.get(task)
-        if describer is None:
+        describe = _describers.get(task)
+        if describe is None:
             continue
         try:
-            subjects.update(describer(group))
+            described.update(describe(group))
         except Exception:
             logger.exception("describing the dead letters of %s failed", task)
-    return subjects
+    return described
 
 
 # The dead letters of one task about to be replayed -> why replaying each as it stands would only
@@ -451,25 +455,31 @@ ReplayCheckFn = Callable[[Sequence[DeadLetter]], Mapping[int, str]]
 _replay_checks: dict[str, ReplayCheckFn] = {}
 
 
-def dead_letter_replay_check(task: str) -> Callable[[ReplayCheckFn], ReplayCheckFn]:
-    """Declare the decorated function the replay check of ``task``'s dead letters: given all those
-    about to be replayed at once, it returns, by pk, why replaying one as it stands would only
-    fail again (what it failed on is unchanged), in words saying what to do first. A refused
-    letter is not replayed unless forced."""
+def replay_check(*tasks: Task[Any, Any] | str) -> Callable[[ReplayCheckFn], ReplayCheckFn]:
+    """Declare the decorated function the replay check of the dead letters of ``tasks``: given
+    all those about to be replayed at once, it returns, by pk, why replaying one as it stands
+    would only fail again (what it failed on is unchanged), in words saying what to do first. A
+    refused letter is not replayed unless forced."""
 
     def declare(check: ReplayCheckFn) -> ReplayCheckFn:
-        _replay_checks[task] = check
+        _replay_checks.update(dict.fromkeys(map(_path, tasks), check))
         return check
 
     return declare
 
 
-def dead_letter_refusals(letters: Iterable[DeadLetter]) -> dict[int, str]:
+def refusals(letters: Iterable[DeadLetter]) -> dict[int, str]:
     """Why each of ``letters`` would only fail again if replayed now, by pk (none: replay it),
-    asking each replay check once. A check that fails is logged and refuses its letters, saying
-    so: nothing is replayed unchecked unless forced."""
-    refusals: dict[int, str] = {}
+    asking each replay check once. A letter whose task is not in this code is refused, saying so;
+    a check that fails is logged and refuses its letters, saying so: nothing is replayed
+    unchecked unless forced."""
+    refused: dict[int, str] = {}
     for task, group in _by_task(letters).items():
+        try:
+            task_for(task)
+        except LookupError as exc:  # it would only fail again, saying this
+            refused.update(dict.fromkeys((letter.pk for letter in group), str(exc)))
+            continue
         check = _replay_checks.get(task)
         if check is None:
             continue
@@ -479,8 +489,8 @@ def dead_letter_refusals(letters: Iterable[DeadLetter]) -> dict[int, str]:
             logger.exception("the replay check of %s failed", task)
             failed = f"its replay check failed ({type(exc).__name__}: {exc}), so it is unchecked"
             said = {letter.pk: failed for letter in group}
-        refusals.update({pk: why for pk, why in said.items() if why})
-    return refusals
+        refused.update({pk: why for pk, why in said.items() if why})
+    return refused
 
 
 @dataclass(frozen=True)
@@ -492,69 +502,61 @@ class ReplayOutcome:
     again: DeadLetter | None = None  # the dead letter the replay became, if it did
 
 
-OUTCOME_UNPUBLISHED = "unpublished"  # its outbox message waits to be published
-OUTCOME_PUBLISHED = "published"  # the job was queued: it ran, runs, or waits its turn
+OUTCOME_UNPUBLISHED = "unpublished"  # its job waits to be published
+OUTCOME_PUBLISHED = "published"  # the job was queued: it waits its turn
+OUTCOME_RUNNING = "running"  # the job runs now
+OUTCOME_SUCCEEDED = "succeeded"  # the job ran to its end
 OUTCOME_RETRYING = "retrying"  # the job failed again and waits out a retry's backoff
 OUTCOME_DEAD_LETTERED = "dead-lettered"  # it failed for good again: ``again``
-OUTCOME_CLEARED = "cleared"  # its outbox message was purged, long published
+OUTCOME_CLEARED = "cleared"  # its job was purged, long finished
 
 
 def _when(moment: datetime) -> str:
     return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M %Z")
 
 
-def dead_letter_replay_outcomes(letters: Iterable[DeadLetter]) -> dict[int, ReplayOutcome]:
-    """What became of the job of each replayed one of ``letters``, by pk: its outbox message not
-    yet published, published, waiting out a retry, or dead-lettered again (the dead letter with
-    the replay's task id). Reads the replay outbox messages (with ``select_related`` on
-    ``replay_outbox``, none) and two queries more, however many letters."""
+def replay_outcomes(letters: Iterable[DeadLetter]) -> dict[int, ReplayOutcome]:
+    """What became of the job of each replayed one of ``letters``, by pk, read from the replay's
+    job (``select_related("replay_job")``: no query) and, for those that failed again, their
+    dead letters (one query, however many letters)."""
     replayed = [letter for letter in letters if letter.replayed_at is not None]
-    task_ids = {
-        letter.pk: letter.replay_outbox.task_id or outbox_task_id(letter.replay_outbox.pk)
+    failed = [
+        message_id(letter.replay_job.pk)
         for letter in replayed
-        if letter.replay_outbox is not None and letter.replay_outbox.published_at is not None
-    }
-    again: dict[str, DeadLetter] = {}
-    retrying: dict[str, datetime | None] = {}
-    if task_ids:
-        wanted = set(task_ids.values())
-        again = {x.task_id: x for x in DeadLetter.objects.filter(task_id__in=wanted)}
-        for task_id, due_at in (
-            OutboxMessage.objects.filter(task_id__in=wanted, published_at__isnull=True)
-            .order_by("due_at")
-            .values_list("task_id", "due_at")
-        ):
-            retrying.setdefault(task_id, due_at)
+        if letter.replay_job is not None and letter.replay_job.status == Job.Status.FAILED
+    ]
+    again = {x.task_id: x for x in DeadLetter.objects.filter(task_id__in=failed)} if failed else {}
     outcomes: dict[int, ReplayOutcome] = {}
     for letter in replayed:
-        message = letter.replay_outbox
-        if message is None:
-            outcomes[letter.pk] = ReplayOutcome(
-                OUTCOME_CLEARED, "published; its outbox message has since been purged"
+        job = letter.replay_job
+        if job is None:
+            outcome = ReplayOutcome(OUTCOME_CLEARED, "replayed; its job has since been purged")
+        elif job.status == Job.Status.FAILED:
+            found = again.get(message_id(job.pk))
+            outcome = ReplayOutcome(
+                OUTCOME_DEAD_LETTERED,
+                f"dead-lettered again as dead letter #{found.pk}" if found else "failed again",
+                found,
             )
-        elif message.published_at is None:
-            outcomes[letter.pk] = ReplayOutcome(
-                OUTCOME_UNPUBLISHED, f"outbox message {message.pk} not yet published"
-            )
-        elif (found := again.get(task_ids[letter.pk])) is not None:
-            outcomes[letter.pk] = ReplayOutcome(
-                OUTCOME_DEAD_LETTERED, f"dead-lettered again as dead letter #{found.pk}", found
-            )
-        elif task_ids[letter.pk] in retrying:
-            due_at = retrying[task_ids[letter.pk]]
-            outcomes[letter.pk] = ReplayOutcome(
-                OUTCOME_RETRYING,
-                f"failed again; a retry is due {_when(due_at)}" if due_at else "failed again",
-            )
+        elif job.status == Job.Status.SUCCESSFUL:
+            when = _when(job.finished_at) if job.finished_at else "?"
+            outcome = ReplayOutcome(OUTCOME_SUCCEEDED, f"job {job.pk} succeeded {when}")
+        elif job.status == Job.Status.RUNNING:
+            outcome = ReplayOutcome(OUTCOME_RUNNING, f"job {job.pk} is running")
+        elif job.errors:
+            due = f"; a retry is due {_when(job.due_at)}" if job.due_at else ""
+            outcome = ReplayOutcome(OUTCOME_RETRYING, f"job {job.pk} failed again{due}")
+        elif job.published_at is None:
+            outcome = ReplayOutcome(OUTCOME_UNPUBLISHED, f"job {job.pk} not yet published")
         else:
-            outcomes[letter.pk] = ReplayOutcome(
-                OUTCOME_PUBLISHED,
-                f"published {_when(message.published_at)}: the job was queued (run or waiting)",
+            outcome = ReplayOutcome(
+                OUTCOME_PUBLISHED, f"job {job.pk} published {_when(job.published_at)}: waiting"
             )
+        outcomes[letter.pk] = outcome
     return outcomes
 
 
-def dead_letter_failure(letter: DeadLetter) -> str:
+def failure(letter: DeadLetter) -> str:
     """Why the job failed, on one line: its stored message, or the exception's class."""
     words = " ".join(letter.exception_message.split())
     return words or letter.exception_class.rpartition(".")[2] or letter.get_reason_display()
@@ -569,12 +571,12 @@ def duration_short(seconds: float) -> str:
     return f"{seconds // 86400} d"
 
 
-def dead_letter_age(letter: DeadLetter, *, now: datetime | None = None) -> str:
+def age(letter: DeadLetter, *, now: datetime | None = None) -> str:
     """How long ago the job was dead-lettered, e.g. ``3 h``."""
     return duration_short(((now or timezone.now()) - letter.created_at).total_seconds())
 
 
-def dead_letter_replay_state(letter: DeadLetter) -> str:
+def replay_state(letter: DeadLetter) -> str:
     """``waiting``, ``replayed by <actor> at <time>``, or ``resolved by <actor> at <time>: <why>``
     (the operator's own words)."""
     if letter.replayed_at is not None:

@@ -59,7 +59,7 @@ def _database_ping() -> CheckResult:
 
 def _broker_ping() -> CheckResult:
     """Raises when the broker does not answer in time."""
-    if asyncwork_settings.BROKER_IS_RABBITMQ:
+    if queues.rabbitmq():
         rabbitmq.queue_depths((queues.DLQ,))
     elif (client := broker_redis()) is not None:
         client.ping()
@@ -176,7 +176,7 @@ def backpressure_check(pressure: backpressure.Pressure) -> CheckResult:
         "outbox_backlog": pressure.outbox_backlog,
         "soft_mark": asyncwork_settings.BACKPRESSURE_SOFT_MARK,
         "hard_mark": asyncwork_settings.BACKPRESSURE_HARD_MARK,
-        "queues": list(queues.pressure_queues()),
+        "queues": list(queues.pressure()),
     }
 
 
@@ -200,7 +200,7 @@ probe_declare(
 
 def pressure_queues_probe() -> QueuesProbe:
     """The pressure queues only (none declared: none read)."""
-    names = queues.pressure_queues()
+    names = queues.pressure()
     return queues_probe(names) if names else QueuesProbe(depths={})
 
 

@@ -9,7 +9,7 @@ database outage makes live owners look dead. What a gone owner's claims become i
 (``asyncwork.rescue``).
 
 The consumer process beats too, listing the jobs it holds (``held_jobs``), which the rescue
-re-enqueues once it lapsed. ``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off.
+publishes again once it lapsed. ``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from celery import bootsteps
 from celery.signals import worker_process_init, worker_process_shutdown
 from django.db import DatabaseError, connection
 
-from asyncwork import queues
+from asyncwork.backend import RUN
 from asyncwork.periodic import PeriodicThread
 from asyncwork.settings import asyncwork_settings
 
@@ -69,11 +69,9 @@ ON CONFLICT (owner) DO UPDATE SET beat_at = now(), holding = EXCLUDED.holding
 """
 
 
-def held_jobs() -> list[dict[str, Any]]:
-    """The ``ReliableTask`` jobs this consumer received and has not finished, for the rescue."""
+def held_jobs() -> list[int]:
+    """The ids of the jobs this consumer received and has not finished, for the rescue."""
     from celery.worker import state
-
-    from asyncwork.tasks import ReliableTask  # the models are loaded by the first beat
 
     for _ in range(3):  # the consumer's thread changes the dict while this one copies it
         try:
@@ -83,18 +81,7 @@ def held_jobs() -> list[dict[str, Any]]:
             continue
     else:
         return []
-    return [
-        {
-            "task": request.name,
-            "id": request.id,
-            "args": list(request.args or ()),
-            "kwargs": dict(request.kwargs or {}),
-            "queue": queues.queue_delivered(request.delivery_info, request.name),
-            "retries": int(getattr(request, "retries", 0) or 0),
-        }
-        for request in requests
-        if isinstance(request.task, ReliableTask)
-    ]
+    return [int(request.args[0]) for request in requests if request.name == RUN and request.args]
 
 
 _DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
@@ -104,9 +91,7 @@ class Heartbeat(PeriodicThread):
     """One process's heartbeat thread: beats at once, then every ``interval`` seconds, on a
     connection of its own; deletes its row when stopped."""
 
-    def __init__(
-        self, *, interval: float, holding: Callable[[], list[dict[str, Any]]] | None = None
-    ) -> None:
+    def __init__(self, *, interval: float, holding: Callable[[], list[int]] | None = None) -> None:
         self.holding = holding
         self.owner = heartbeat_owner()
         super().__init__(
@@ -144,7 +129,7 @@ class Heartbeat(PeriodicThread):
 _running: Heartbeat | None = None
 
 
-def heartbeat_start(*, holding: Callable[[], list[dict[str, Any]]] | None = None, **_: Any) -> None:
+def heartbeat_start(*, holding: Callable[[], list[int]] | None = None, **_: Any) -> None:
     """Start this process's heartbeat thread once; ``holding``: its held jobs (the consumer's)."""
     global _running
     if _running is not None and _running.owner == heartbeat_owner():

@@ -1,31 +1,102 @@
-"""``celery_install(app)``: the machinery in a Celery app, in one call. It routes tasks to the
-queues the apps declare (``asyncwork.queues``), adds the worker's bootsteps (the heartbeat, the
-poll that publishes retries come due, RabbitMQ's dead-letter queue declared before any worker
-consumes) and connects the signal receivers (log context across the broker, task metrics, the
-heartbeat of each prefork child, the kept database connection, a late soft time limit kept off
-the pool). Idempotent: each receiver has a ``dispatch_uid``, a bootstep is added once."""
+"""``asyncwork.install(app)``: the machinery in a Celery app, in one call, beside
+``TASKS = {"default": {"BACKEND": "asyncwork.backend.OutboxBackend"}}``.
+
+It registers the task that runs jobs (``run``, ``asyncwork.runner``), adds the worker's bootsteps (the
+heartbeat, the poll that relays, publishes what came due and rescues dead workers' jobs,
+RabbitMQ's dead-letter queue declared before any worker consumes), connects the signal receivers
+(log context across the broker, task metrics, the heartbeat of each prefork child, the kept
+database connection, a late soft time limit kept off the pool), and, once Celery reads its
+configuration, sets what the guarantees need where the project left Celery's default
+(``REQUIRED``; ``manage.py check`` names a project value that weakens one, ``asyncwork.checks``).
+Celery's logging is left as Celery sets it. Idempotent: each receiver has a ``dispatch_uid``, a
+bootstep is added once.
+"""
 
 from __future__ import annotations
 
-from celery import Celery
+from typing import Any
+
+from celery import Celery, shared_task
+from celery import Task as CeleryTask
 
 from asyncwork import db, heartbeat, metrics, queues, timelimits
 from asyncwork import logging as log_context
+from asyncwork.backend import RUN
 from asyncwork.heartbeat import WorkerHeartbeatStep
+from asyncwork.poll import PollStep
 from asyncwork.rabbitmq import DeadLetterQueueDeclare
-from asyncwork.scheduled import OutboxDuePoll
+
+# Celery settings the guarantees rely on, set unless the project set its own.
+REQUIRED: dict[str, Any] = {
+    # At-least-once: acknowledged after the task ran, and requeued if its process was killed
+    # (asyncwork.runner sets both on the job runner itself; here for the periodic jobs too).
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    # A worker reserves one message at a time: a dying worker strands at most one.
+    "worker_prefetch_multiplier": 1,
+    "task_default_queue": queues.DEFAULT,
+}
+# On Redis: kombu's transport with an acknowledgement that never loses its slot
+# (asyncwork.broker), and each queue read after the one ahead of it (asyncwork.queues).
+REDIS_TRANSPORT = "asyncwork.broker:Transport"
+REDIS_TRANSPORT_OPTIONS: dict[str, Any] = {
+    "queue_order_strategy": "priority",
+    # A job's redelivery after this is harmless (its claim), so it needs only to outlive most
+    # runs; a dead worker's jobs are rescued by heartbeat long before.
+    "visibility_timeout": 3600,
+}
+# On RabbitMQ: a job is marked published once the broker confirmed it.
+RABBITMQ_TRANSPORT_OPTIONS: dict[str, Any] = {"confirm_publish": True}
 
 
-def celery_install(app: Celery) -> None:
-    app.conf.task_default_queue = queues.DEFAULT
-    # The queues a worker consumes are known once every app declared its own: the project sets
-    # ``app.conf.task_queues = queues.consumed()`` in the ``ready()`` of its last app.
-    app.conf.task_routes = (queues.task_route,)
+def install(app: Celery) -> None:
+    app.on_after_configure.connect(_configure, weak=False, dispatch_uid="asyncwork.install")
     app.steps["worker"].add(WorkerHeartbeatStep)
-    app.steps["worker"].add(OutboxDuePoll)
+    app.steps["worker"].add(PollStep)
     app.steps["consumer"].add(DeadLetterQueueDeclare)
     log_context.celery_signals_connect()
     metrics.celery_signals_connect()
     heartbeat.celery_signals_connect()
     db.celery_signals_connect()
     timelimits.celery_signals_connect()
+
+
+def _configure(sender: Celery, **_: Any) -> None:
+    conf = sender.conf
+    for key, value in REQUIRED.items():
+        if key not in conf.changes:
+            conf[key] = value
+    if "task_queues" not in conf.changes:
+        conf.task_queues = queues.consumed()
+    url = str(conf.broker_url or "")
+    options = dict(conf.broker_transport_options or {})
+    if url.startswith("redis://"):  # rediss:// keeps kombu's own: its TLS set-up keys on it
+        if "broker_transport" not in conf.changes:
+            conf.broker_transport = REDIS_TRANSPORT
+        conf.broker_transport_options = {**REDIS_TRANSPORT_OPTIONS, **options}
+    elif queues.rabbitmq():
+        conf.broker_transport_options = {**RABBITMQ_TRANSPORT_OPTIONS, **options}
+
+
+# A job with no time limit (none on its task, none in Celery's configuration) is taken back only
+# when its worker's heartbeat lapses, or after this long.
+UNLIMITED_LEASE_SECONDS = 3600.0
+
+
+class Runner(CeleryTask):
+    """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
+    it is killed; it raises nothing, every outcome being on the job's row."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    ignore_result = True
+
+
+@shared_task(name=RUN, bind=True, base=Runner)
+def run(self: Runner, job_id: int) -> str:
+    """Run job ``job_id`` (``asyncwork.runner``), its lease to the message's hard time limit."""
+    from asyncwork.runner import job_run  # the models load with Django's apps, after this module
+
+    limits = self.request.timelimit or (None, None)
+    hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
+    return job_run(job_id, lease_seconds=float(hard))

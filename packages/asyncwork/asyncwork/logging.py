@@ -7,7 +7,6 @@ and ``attempt``. A context crosses the broker in a ``log_context`` header, so an
 the work came in reaches the worker that does it, and every retry. Leaving a context restores
 the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
 (``settings.LOGGING``); JSON lines have them as keys, ``TextFormatter`` appends ``name=value``.
-Celery configures no logging of its own (``celery_logging_keep``).
 
 Unless ``LOG_PII=1`` both formatters mask every email address in the finished line, traceback
 included (``j***@example.com``: the domain tells a provider's trouble from one mailbox's), in
@@ -29,7 +28,7 @@ from functools import cache
 from typing import Any
 
 from celery import current_task
-from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
+from celery.signals import before_task_publish, task_postrun, task_prerun
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
 from asyncwork.metrics import suspicious_requests
@@ -253,18 +252,8 @@ def _context_task_end(task_id: str | None = None, **_: Any) -> None:
         _context.set(None)
 
 
-def celery_logging_keep(loglevel: int | str | None = None, **_: Any) -> None:
-    """``setup_logging``: having a receiver stops Celery configuring logging. A ``--loglevel`` more
-    verbose than ``LOG_LEVEL`` still applies (the demo waits for a worker's INFO "ready.")."""
-    level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
-    root = logging.getLogger()
-    if isinstance(level, int) and level and level < root.getEffectiveLevel():
-        root.setLevel(level)
-
-
 def celery_signals_connect() -> None:
     """Connect the receivers above; idempotent (``dispatch_uid``)."""
-    setup_logging.connect(celery_logging_keep, weak=False, dispatch_uid="asyncwork.logging.keep")
     before_task_publish.connect(
         _context_publish, weak=False, dispatch_uid="asyncwork.logging.publish"
     )

@@ -31,6 +31,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Histogram,
     generate_latest,
     multiprocess,
     start_http_server,
@@ -68,6 +69,35 @@ def task_attempts() -> Counter:
         "failure, retried), deferred (dependency down; no attempt spent), failure "
         "(dead-lettered), rejected (requeued).",
         ["task", "outcome"],
+    )
+
+
+@cache
+def outbox_publish_latency() -> Histogram:
+    return Histogram(
+        metric_name("outbox_publish_latency_seconds"),
+        "Seconds from a job's row's creation to its first publish to the broker.",
+        ["queue"],
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
+    )
+
+
+@cache
+def outbox_publish_failures() -> Counter:
+    return Counter(
+        metric_name("outbox_publish_failures"),
+        "Job publishes that failed (broker down or stalled); the relay retries the row.",
+        ["queue"],
+    )
+
+
+@cache
+def worker_rescues() -> Counter:
+    return Counter(
+        metric_name("worker_rescues"),
+        "Jobs and claims of worker processes that are gone, released and re-enqueued by a "
+        "rescue, by rescue: jobs, or the name an app declared.",
+        ["rescue"],
     )
 
 

@@ -20,69 +20,90 @@ def job_arguments(args: list[Any]) -> str:
     return ", ".join(json.dumps(arg) for arg in args)
 
 
-class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
-    def waiting(self, now: datetime) -> OutboxQuerySet:
-        """Rows due for publishing by ``now``: unpublished and not scheduled for later."""
-        return self.filter(published_at__isnull=True).filter(
+class JobQuerySet(models.QuerySet["Job"]):
+    def waiting(self, now: datetime) -> JobQuerySet:
+        """Jobs due for publishing by ``now``: unpublished and not scheduled for later."""
+        return self.filter(published_at__isnull=True, status=Job.Status.READY).filter(
             Q(due_at__isnull=True) | Q(due_at__lte=now)
         )
 
-    def scheduled(self, now: datetime) -> OutboxQuerySet:
-        """Rows scheduled for after ``now``: retries and deferrals waiting out their wait."""
-        return self.filter(published_at__isnull=True, due_at__gt=now)
+    def scheduled(self, now: datetime) -> JobQuerySet:
+        """Jobs waiting for a time after ``now``: ``run_after``, a retry's backoff, a deferral."""
+        return self.filter(published_at__isnull=True, status=Job.Status.READY, due_at__gt=now)
 
 
-class OutboxMessage(models.Model):
-    """An intent to publish one Celery task, committed with the state change that caused it."""
+class Job(models.Model):
+    """One enqueued task, from the transaction that enqueued it to its result: the outbox row that
+    is published to the broker once that transaction commits, and the task's result
+    (``django.tasks``' ``TaskResult``, ``asyncwork.backend``). The message carries only its id."""
 
-    task = models.CharField(max_length=200)
+    class Status(models.TextChoices):
+        # django.tasks' TaskResultStatus, by value.
+        READY = "READY", "Ready"
+        RUNNING = "RUNNING", "Running"
+        SUCCESSFUL = "SUCCESSFUL", "Successful"
+        FAILED = "FAILED", "Failed"
+
+    task = models.CharField(max_length=200, help_text="The task's module path.")
     args = models.JSONField(default=list, help_text="Ids only, never a snapshot of state.")
     kwargs = models.JSONField(default=dict)
     queue = models.CharField(max_length=100)
+    backend = models.CharField(max_length=100, default="default")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.READY)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    published_at = models.DateTimeField(null=True, blank=True)
-    publish_attempts = models.PositiveIntegerField(default=0)
-    last_error = models.TextField(blank=True)
     due_at = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="Not published before this time (a retry's backoff, a deferral's "
+        help_text="Not published before this time (run_after, a retry's backoff, a deferral's "
         "cool-down); empty: at once.",
     )
-    task_id = models.CharField(
-        max_length=255,
-        blank=True,
-        help_text="The Celery task id a retry keeps; empty: outbox-<id>.",
+    published_at = models.DateTimeField(null=True, blank=True)
+    publish_attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, help_text="Why the last publish failed.")
+    # The run in progress: the process (asyncwork.heartbeat's owner) and when it is surely over.
+    owner = models.CharField(max_length=255, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Runs that spent an attempt.")
+    worker_ids = models.JSONField(default=list, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    deferred_since = models.DateTimeField(null=True, blank=True)
+    errors = models.JSONField(
+        default=list, blank=True, help_text="Each failed run's exception class and traceback."
     )
-    headers = models.JSONField(
-        default=dict,
-        blank=True,
-        help_text="Message headers a retry carries on (its retry count, when it first failed).",
-    )
+    return_value = models.JSONField(null=True, blank=True)
 
-    objects = OutboxQuerySet.as_manager()
+    objects = JobQuerySet.as_manager()
 
     class Meta:
         indexes = [
-            # "Is a job for this invoice pending?" (the reconcile job) without a scan.
-            models.Index(fields=["task", "args"], name="outbox_task_args_idx"),
+            # "Is a job for this invoice pending?" without a scan.
+            models.Index(fields=["task", "args"], name="job_task_args_idx"),
             # The relay's scan and the backlog gauge read only unpublished rows.
             models.Index(
                 fields=["created_at"],
-                name="outbox_unpublished_idx",
+                name="job_unpublished_idx",
                 condition=Q(published_at__isnull=True),
             ),
-            # The workers' poll for retries come due (asyncwork.scheduled), once a second each.
+            # The workers' poll for jobs come due, once a second each.
             models.Index(
                 fields=["due_at"],
-                name="outbox_due_idx",
+                name="job_due_idx",
                 condition=Q(published_at__isnull=True, due_at__isnull=False),
             ),
+            # The rescue's scan of runs in progress: a few rows.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="job_running_idx",
+                condition=Q(status="RUNNING"),
+            ),
         ]
-        permissions = [("republish_outboxmessage", "Can republish outbox message")]
+        permissions = [("republish_job", "Can republish job")]
 
     def __str__(self) -> str:
-        return f"outbox #{self.pk} {self.task}({job_arguments(self.args)})"
+        return f"job #{self.pk} {self.task}({job_arguments(self.args)})"
 
 
 class DeadLetter(models.Model):
@@ -111,8 +132,8 @@ class DeadLetter(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     replayed_at = models.DateTimeField(null=True, blank=True)
     replayed_by = models.CharField(max_length=150, blank=True)
-    replay_outbox = models.ForeignKey(
-        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    replay_job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     # Resolved: an operator decided the job will not run (the customer paid another way, the
     # address cannot be fixed), and why. No longer waiting; reversible until replayed.

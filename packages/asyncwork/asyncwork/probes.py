@@ -27,9 +27,9 @@ from asyncwork import queues, rabbitmq
 from asyncwork.breaker import Breaker
 from asyncwork.broker import broker_redis, queue_keys
 from asyncwork.db import bounded
-from asyncwork.deadletters import dead_letters_waiting
+from asyncwork.deadletters import waiting
 from asyncwork.jobs import jobs_declared
-from asyncwork.models import OutboxMessage, ScheduledJob
+from asyncwork.models import Job, ScheduledJob
 from asyncwork.rabbitmq import BrokerUnreadable
 from asyncwork.settings import asyncwork_settings
 
@@ -68,7 +68,7 @@ class OutboxProbe:
 def outbox_backlog(*, now: datetime, cap: int) -> int:
     """Outbox rows waiting at ``now`` (a row scheduled for later is no backlog until due), counted
     up to ``cap``, where the index scan stops: backpressure reads it each second per process."""
-    return OutboxMessage.objects.waiting(now)[:cap].count()
+    return Job.objects.waiting(now)[:cap].count()
 
 
 def outbox_probe() -> OutboxProbe:
@@ -76,7 +76,7 @@ def outbox_probe() -> OutboxProbe:
     now = timezone.now()
     # A due row has waited since its due time.
     oldest = (
-        OutboxMessage.objects.waiting(now)
+        Job.objects.waiting(now)
         .annotate(since=Coalesce("due_at", "created_at"))
         .order_by("since")
         .values_list("since", flat=True)
@@ -113,7 +113,7 @@ class DlqProbe:
 def dlq_probe() -> DlqProbe:
     """One grouped query over the waiting dead letters."""
     rows = list(
-        dead_letters_waiting()
+        waiting()
         .order_by("reason")
         .values("reason")
         .annotate(n=Count("pk"), oldest=Min("created_at"))
@@ -146,7 +146,7 @@ def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
     Redis; one passive declaration per queue on RabbitMQ (``asyncwork.rabbitmq``). Raises
     ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
     names = names or queues.watched()
-    if asyncwork_settings.BROKER_IS_RABBITMQ:
+    if queues.rabbitmq():
         read = rabbitmq.queue_depths(names)
         return QueuesProbe(
             depths={name: ready for name, (ready, _) in read.items()},

@@ -10,8 +10,7 @@ import os
 import threading
 from typing import Any
 
-from celery import bootsteps
-from django.conf import settings
+from celery import bootsteps, current_app
 from kombu import Connection
 
 from asyncwork import queues
@@ -24,7 +23,7 @@ class DeadLetterQueueDeclare(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.connection:Connection",)
 
     def include_if(self, parent: Any) -> bool:
-        return bool(asyncwork_settings.BROKER_IS_RABBITMQ)
+        return queues.rabbitmq()
 
     def start(self, parent: Any) -> None:
         channel = parent.connection.channel()
@@ -81,7 +80,7 @@ class _Reader:
         try:
             found: dict[str, tuple[int, int]] = {}
             for name in names:
-                channel = self._channel(settings.CELERY_BROKER_URL, timeout)
+                channel = self._channel(str(current_app.conf.broker_url), timeout)
                 try:
                     ok = channel.queue_declare(name, passive=True)
                 except self.connection.channel_errors:  # type: ignore[union-attr]

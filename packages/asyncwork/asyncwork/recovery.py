@@ -1,12 +1,13 @@
-"""Recovery at once after a restart, detected by the beat leader on its tick: it dispatches the jobs
-declared ``on_recovery`` (``jobs_recover``) when
+"""Jobs the broker lost, published again: every worker's poll (``asyncwork.poll``) watches the
+broker, and when
 
-* the broker's ``run_id`` changed (a new Redis process: its queues started empty);
+* the broker's ``run_id`` changed (a new Redis process: its queues started empty), or
 * a marker key it keeps in the broker's database is gone (``FLUSHALL``, a failover to a replica
-  behind).
+  behind),
 
-Only the leader checks, so once per restart; a new leader only records the run id, leaving a
-restart it did not see to the periodic jobs.
+every job published and not started is published again (``jobs_republish_lost``). A message that
+survived finds its job claimed or done, and does nothing. Nothing here runs on RabbitMQ, whose
+quorum queues keep their messages.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import logging
 import secrets
 
 import redis as redis_py
-from django.conf import settings
+from celery import current_app
+from django.db.models.functions import Now
 
 from asyncwork.broker import broker_redis
+from asyncwork.models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,8 @@ class BrokerWatch:
         client = broker_redis()
         if client is None:
             return False
-        key = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "") + MARKER_KEY
+        options = current_app.conf.broker_transport_options or {}
+        key = options.get("global_keyprefix", "") + MARKER_KEY
         try:
             run_id = str(client.info("server")["run_id"])
             stored = client.get(key)
@@ -58,3 +62,16 @@ class BrokerWatch:
         if lost and not restarted:
             logger.warning("the broker lost its data without restarting (its marker is gone)")
         return restarted or lost
+
+
+def jobs_republish_lost() -> int:
+    """Publish again every job published and not started: the broker lost its messages."""
+    lost = Job.objects.filter(status=Job.Status.READY, published_at__isnull=False).update(
+        published_at=None, due_at=Now()
+    )
+    logger.warning(
+        "the broker lost its messages: %d job(s) published and not started are published again",
+        lost,
+        extra={"republished": lost},
+    )
+    return lost

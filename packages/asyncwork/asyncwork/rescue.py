@@ -1,16 +1,22 @@
-"""The rescue of a dead worker process's claims once its heartbeat lapsed (``asyncwork.heartbeat``),
-and the dashboard's view of the workers.
+"""The rescue of what a dead worker process held, once its heartbeat lapsed (``asyncwork.heartbeat``),
+run by every worker's poll (``asyncwork.poll``) every ``RESCUE_EVERY``; and the dashboard's view
+of the workers.
 
-An app declares what rescuing its claims means with ``@rescue(name)``. The machinery's own,
-``held-jobs``, re-enqueues the jobs a dead consumer held, which the broker would give back only
-after its visibility or heartbeat timeout. The ``workers-rescue`` job runs every rescue every
-``RESCUE_EVERY``, counts what each rescued (``asyncwork_worker_rescues``) and deletes heartbeat
-rows older than ``DEAD_HEARTBEAT_KEPT``.
+* ``jobs_rescue``: a job RUNNING under an owner whose heartbeat lapsed, or whose lease expired
+  (its run outlived its hard time limit: the process was killed), is READY again and published at
+  once; its lost run counts as an attempt (``asyncwork.runner``: a job that kills its worker each
+  time fails once its attempts are spent). A job a dead consumer had received and not started
+  (listed in its heartbeat) is published again: the broker would give it back only after its
+  visibility or heartbeat timeout. A message the broker brings back later finds the job claimed
+  or done, and does nothing.
+* An app declares what rescuing its own claims means with ``@rescue(name)``.
+
+Each is safe to run in every worker at once. Heartbeat rows older than ``DEAD_HEARTBEAT_KEPT`` are
+deleted.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,13 +26,10 @@ from typing import TypeVar
 from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
-from prometheus_client import Counter
 
-from asyncwork import queues
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
-from asyncwork.jobs import job
-from asyncwork.models import WorkerHeartbeat
-from asyncwork.outbox import outbox_schedule
+from asyncwork.metrics import worker_rescues
+from asyncwork.models import Job, WorkerHeartbeat
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
@@ -35,13 +38,6 @@ RESCUE_EVERY = timedelta(seconds=2)
 # A dead process's row stays this long (shown as lapsed); after that its claims are judged by their
 # own age.
 DEAD_HEARTBEAT_KEPT = timedelta(hours=1)
-
-RESCUES = Counter(
-    "asyncwork_worker_rescues",
-    "Claims of a worker process whose heartbeat lapsed that a rescue released and re-enqueued, "
-    "by rescue (the name its app declared).",
-    ["rescue"],
-)
 
 Rescue = Callable[[], int]
 _rescues: dict[str, Rescue] = {}
@@ -59,64 +55,59 @@ def rescue(name: str) -> Callable[[R], R]:
     return declare
 
 
-HELD_JOBS = "held-jobs"
+JOBS = "jobs"
+
+_RUNNING_SQL = f"""
+UPDATE {Job._meta.db_table} AS j
+SET status = 'READY', due_at = now(), published_at = NULL, owner = '', lease_expires_at = NULL
+WHERE j.status = 'RUNNING'
+  AND (j.lease_expires_at < now() OR {owner_lapsed_sql(owner="j.owner", since="j.last_attempted_at")})
+"""  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
 _HELD_SQL = f"""
-SELECT w.id, w.holding FROM asyncwork_workerheartbeat w
+SELECT w.id, w.holding FROM {WorkerHeartbeat._meta.db_table} w
 WHERE w.holding <> '[]'::jsonb
   AND {owner_lapsed_sql(owner="w.owner", since="w.started_at")}
 ORDER BY w.id
 FOR UPDATE SKIP LOCKED
-"""  # noqa: S608 - no input: the heartbeat predicate is fixed SQL
+"""  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
 
-def held_jobs_rescue() -> int:
-    """Re-enqueue the jobs held by processes whose heartbeat lapsed, onto the queue ahead of each
-    one's own, and clear their lists, in one transaction; returns how many. A job the broker also
-    brings back later runs again as a no-op."""
-    rescued = 0
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(_HELD_SQL, {"heartbeat_lapse": lapse_seconds()})
-            rows = cursor.fetchall()
-        for pk, holding in rows:
-            for job in json.loads(holding) if isinstance(holding, str) else holding:
-                queue = job.get("queue") or queues.queue_for(job["task"])
-                # The same job again, as a redelivery would bring it: its id, its arguments
-                # and its retry count; published by the workers' next poll.
-                outbox_schedule(
-                    task=job["task"],
-                    args=list(job.get("args") or ()),
-                    kwargs=dict(job.get("kwargs") or {}),
-                    queue=queues.queue_ahead(queue),
-                    due_in=0,
-                    task_id=job["id"],
-                    headers={"retries": int(job.get("retries") or 0)},
-                )
-                rescued += 1
-            WorkerHeartbeat.objects.filter(pk=pk).update(holding=[])
+def jobs_rescue() -> int:
+    """Give back the jobs of processes whose heartbeat lapsed (above), in one transaction; returns
+    how many."""
+    lapse = {"heartbeat_lapse": lapse_seconds()}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_RUNNING_SQL, lapse)
+        rescued = cursor.rowcount
+        cursor.execute(_HELD_SQL, lapse)
+        rows = cursor.fetchall()
+        held = [job_id for _, holding in rows for job_id in holding]
+        if held:
+            rescued += Job.objects.filter(
+                pk__in=held, status=Job.Status.READY, published_at__isnull=False
+            ).update(published_at=None, due_at=Now())
+            WorkerHeartbeat.objects.filter(pk__in=[pk for pk, _ in rows]).update(holding=[])
     return rescued
 
 
-@job("workers-rescue", every=RESCUE_EVERY)
 def workers_rescue() -> dict[str, int]:
-    """Every declared rescue and the held jobs (none while rescue by heartbeat is off), then the
-    long-dead rows. Returns how many each rescued or deleted."""
+    """Every declared rescue and the jobs' own (none while rescue by heartbeat is off, but runs
+    past their lease), then the long-dead heartbeat rows. Returns how many each rescued or
+    deleted."""
     counts: dict[str, int] = {}
-    if lapse_seconds() > 0:
-        for name, fn in {**_rescues, HELD_JOBS: held_jobs_rescue}.items():
-            counts[name] = rescued = fn()
-            if rescued:
-                RESCUES.labels(rescue=name).inc(rescued)
-                what = "job(s) held by" if name == HELD_JOBS else "claim(s) of"
-                logger.warning(
-                    "rescue %s: %d %s worker processes whose heartbeat lapsed "
-                    "released and re-enqueued",
-                    name,
-                    rescued,
-                    what,
-                    extra={"rescue": name, "rescued": rescued},
-                )
+    rescues = {**(_rescues if lapse_seconds() > 0 else {}), JOBS: jobs_rescue}
+    for name, fn in rescues.items():
+        counts[name] = rescued = fn()
+        if rescued:
+            worker_rescues().labels(rescue=name).inc(rescued)
+            logger.warning(
+                "rescue %s: %d %s of worker processes that are gone released and re-enqueued",
+                name,
+                rescued,
+                "job(s)" if name == JOBS else "claim(s)",
+                extra={"rescue": name, "rescued": rescued},
+            )
     deleted, _ = WorkerHeartbeat.objects.filter(beat_at__lt=Now() - DEAD_HEARTBEAT_KEPT).delete()
     counts["heartbeats_deleted"] = deleted
     return counts

@@ -14,11 +14,11 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.jobs import job
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 
 logger = logging.getLogger(__name__)
 
-OUTBOX_RETENTION_DAYS = 7  # long enough to trace a recent email's publish
+JOB_RETENTION_DAYS = 7  # long enough to trace a recent job: when it ran, how often, what it gave
 
 # now, batch size -> rows purged
 Rule = Callable[[datetime, int], int]
@@ -62,9 +62,11 @@ def retention_purge(*, batch: int = 5000) -> dict[str, int]:
     return {name: rule(now, batch) for name, rule in _rules.items()}
 
 
-@retention_rule("outbox_messages")
-def outbox_messages_purge(now: datetime, batch: int) -> int:
-    published = OutboxMessage.objects.filter(
-        published_at__lt=now - timedelta(days=OUTBOX_RETENTION_DAYS)
+@retention_rule("jobs")
+def jobs_purge(now: datetime, batch: int) -> int:
+    """Jobs finished (successful, or failed with their dead letter kept) long ago."""
+    finished = Job.objects.filter(
+        status__in=[Job.Status.SUCCESSFUL, Job.Status.FAILED],
+        finished_at__lt=now - timedelta(days=JOB_RETENTION_DAYS),
     )
-    return batched_delete(published, batch=batch)
+    return batched_delete(finished, batch=batch)

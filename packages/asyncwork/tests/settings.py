@@ -8,7 +8,8 @@ the run ends. Nothing is flushed."""
 import os
 import uuid
 
-_RUN = uuid.uuid4().hex[:10]
+# A worker process a test starts is of the same run: it inherits these.
+_RUN = os.environ.setdefault("ASYNCWORK_TESTS_RUN", uuid.uuid4().hex[:10])
 
 SECRET_KEY = "asyncwork-tests-only"
 DEBUG = False
@@ -27,7 +28,8 @@ INSTALLED_APPS = [
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": "asyncwork",
+        # A worker process a test starts connects to the run's test database.
+        "NAME": os.environ.get("ASYNCWORK_TESTS_DATABASE", "asyncwork"),
         "USER": "postgres",
         "HOST": os.environ.get("PGHOST", "127.0.0.1"),
         "PORT": os.environ.get("PGPORT", "5432"),
@@ -36,9 +38,10 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ROOT_URLCONF = "shop.urls"
-CELERY_BROKER_URL = os.environ.get("ASYNCWORK_TESTS_REDIS", "redis://127.0.0.1:6379/12")
+CELERY_BROKER_URL = os.environ.get("ASYNCWORK_TESTS_BROKER", "redis://127.0.0.1:6379/12")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"asyncwork-tests-{_RUN}:"}
-ASYNCWORK = {"REDIS_URL": CELERY_BROKER_URL, "OUTBOX_RELAY_GRACE_SECONDS": 0}
+ASYNCWORK = {"REDIS_URL": CELERY_BROKER_URL}
+TASKS = {"default": {"BACKEND": "asyncwork.backend.OutboxBackend"}}
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

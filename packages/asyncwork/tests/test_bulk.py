@@ -1,4 +1,4 @@
-"""Dead letters chosen in bulk and replays checked first: ``dead_letters_select`` narrows those
+"""Dead letters chosen in bulk and replays checked first: ``selection`` narrows those
 still waiting by reason, task and creation time; ``dlq replay`` and ``dlq resolve`` act on that
 selection or show it with ``--dry-run``; a task's replay check (declared here, for the shop's
 greeting: a guest still missing) keeps a replay that would only fail again from running unless
@@ -26,11 +26,11 @@ from asyncwork.deadletters import (
     OUTCOME_RETRYING,
     OUTCOME_UNPUBLISHED,
     SelectionInvalid,
-    dead_letter_refusals,
-    dead_letter_replay,
-    dead_letter_replay_check,
-    dead_letter_replay_outcomes,
-    dead_letters_select,
+    refusals,
+    replay,
+    replay_check,
+    replay_outcomes,
+    selection,
 )
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.outbox import outbox_enqueue, outbox_task_id
@@ -63,7 +63,7 @@ def letter(
 def guests_checked() -> Iterator[None]:
     """The greeting's replay check: a guest that is still missing would fail the same way."""
 
-    @dead_letter_replay_check(GREET)
+    @replay_check(GREET)
     def guests_missing(letters: Sequence[DeadLetter]) -> dict[int, str]:
         names = {letter.args[0] for letter in letters}
         here = set(Guest.objects.filter(name__in=names).values_list("name", flat=True))
@@ -116,7 +116,7 @@ class TestSelect:
         DeadLetter.objects.filter(pk=done.pk).update(resolved_at=timezone.now())
 
         def chosen(**filters: Any) -> list[int]:
-            return list(dead_letters_select(**filters).values_list("pk", flat=True))
+            return list(selection(**filters).values_list("pk", flat=True))
 
         assert chosen() == [early.pk, late.pk, other.pk]  # not the resolved one
         assert chosen(reason="exhausted") == [late.pk]
@@ -155,7 +155,7 @@ class TestSelect:
         self, filters: dict[str, str], field: str, words: str
     ) -> None:
         with pytest.raises(SelectionInvalid) as refused:
-            dead_letters_select(**filters)
+            selection(**filters)
         assert refused.value.field == field
         assert words in refused.value.message
 
@@ -168,7 +168,7 @@ class TestReplayCheck:
         Guest.objects.create(name="ada")
         here, missing = letter("ada"), letter("bob")
 
-        result = dead_letter_replay(ids=[here.pk, missing.pk], actor="cli:op")
+        result = replay(ids=[here.pk, missing.pk], actor="cli:op")
 
         why = "no guest named bob yet: invite the guest first"
         assert (result.replayed, result.refused, result.forced) == (
@@ -186,7 +186,7 @@ class TestReplayCheck:
     ) -> None:
         missing = letter("bob")
 
-        result = dead_letter_replay(ids=[missing.pk], actor="cli:op", force=True)
+        result = replay(ids=[missing.pk], actor="cli:op", force=True)
 
         why = "no guest named bob yet: invite the guest first"
         assert (result.replayed, result.refused, result.forced) == (
@@ -211,13 +211,11 @@ class TestReplayCheck:
         deadletters._replay_checks[OTHER] = broken
         try:
             unchecked, free = letter("ada", task=OTHER), letter("bob")
-            assert dead_letter_refusals([unchecked, free]) == {
+            assert refusals([unchecked, free]) == {
                 unchecked.pk: "its replay check failed (RuntimeError: the guest list is "
                 "unreadable), so it is unchecked"
             }
-            assert dead_letter_replay(ids=[unchecked.pk, free.pk], actor="cli:op").replayed == [
-                free.pk
-            ]
+            assert replay(ids=[unchecked.pk, free.pk], actor="cli:op").replayed == [free.pk]
         finally:
             deadletters._replay_checks.pop(OTHER)
         assert f"the replay check of {OTHER} failed" in caplog.text
@@ -289,7 +287,7 @@ class TestCommand:
             "says they would only fail again. Fix what it names, or replay them anyway with "
             "--force."
         )
-        assert list(dead_letters_select()) == [missing]
+        assert list(selection()) == [missing]
         forced = dlq("replay", str(missing.pk), "--force", "--actor", "op").splitlines()
         assert forced == [
             f"replayed dead letter {missing.pk}, forced past: no guest named bob yet: invite "
@@ -354,7 +352,7 @@ def test_what_became_of_a_replay_unpublished_published_retrying_dead_lettered() 
     )
 
     rows = list(DeadLetter.objects.select_related("replay_outbox").filter(pk__lte=failed.pk))
-    outcomes = dead_letter_replay_outcomes(rows)
+    outcomes = replay_outcomes(rows)
 
     assert waiting.pk not in outcomes
     assert outcomes[pending.pk].state == OUTCOME_UNPUBLISHED
@@ -381,17 +379,17 @@ def test_through_the_pipeline_refused_then_forced_dead_letters_again_then_fixed_
     assert wait_until(DeadLetter.objects.exists)
     first = DeadLetter.objects.get()
 
-    assert dead_letter_replay(ids=[first.pk], actor="cli:op").refused
-    forced = dead_letter_replay(ids=[first.pk], actor="cli:op", force=True)
+    assert replay(ids=[first.pk], actor="cli:op").refused
+    forced = replay(ids=[first.pk], actor="cli:op", force=True)
     assert forced.replayed == [first.pk]
     assert wait_until(lambda: DeadLetter.objects.count() == 2)
     first = DeadLetter.objects.select_related("replay_outbox").get(pk=first.pk)
-    outcome = dead_letter_replay_outcomes([first])[first.pk]
+    outcome = replay_outcomes([first])[first.pk]
     second = DeadLetter.objects.exclude(pk=first.pk).get()
     assert (outcome.state, outcome.again) == (OUTCOME_DEAD_LETTERED, second)
 
     Guest.objects.create(name="eve")
-    assert dead_letter_replay(ids=[second.pk], actor="cli:op").replayed == [second.pk]
+    assert replay(ids=[second.pk], actor="cli:op").replayed == [second.pk]
     assert wait_until(lambda: Guest.objects.get(name="eve").greeted == 1)
     second = DeadLetter.objects.select_related("replay_outbox").get(pk=second.pk)
-    assert dead_letter_replay_outcomes([second])[second.pk].state == OUTCOME_PUBLISHED
+    assert replay_outcomes([second])[second.pk].state == OUTCOME_PUBLISHED

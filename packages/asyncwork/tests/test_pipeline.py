@@ -11,7 +11,7 @@ from django.db import transaction
 from shop.models import Guest
 from shop.tasks import GREET
 
-from asyncwork.deadletters import dead_letter_replay
+from asyncwork.deadletters import replay
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.outbox import outbox_enqueue
 
@@ -85,9 +85,9 @@ def test_a_permanent_failure_dead_letters_and_a_replay_after_the_fix_succeeds_on
     )
     Guest.objects.create(name="dan")
     with transaction.atomic():
-        result = dead_letter_replay(ids=[letter.pk], actor="cli:test")
+        result = replay(ids=[letter.pk], actor="cli:test")
     assert result.replayed == [letter.pk]
     assert wait_until(lambda: Guest.objects.get(name="dan").greeted == 1)
     with transaction.atomic():
-        again = dead_letter_replay(ids=[letter.pk], actor="cli:test")
+        again = replay(ids=[letter.pk], actor="cli:test")
     assert (again.replayed, again.skipped) == ([], [letter.pk])

@@ -13,12 +13,12 @@ from django.utils import timezone
 
 from asyncwork.audit import operator_acted
 from asyncwork.deadletters import (
-    dead_letter_replay,
-    dead_letter_replay_state,
-    dead_letter_resolve,
-    dead_letter_unresolve,
-    dead_letters_waiting,
     dlq_alert,
+    replay,
+    replay_state,
+    resolve,
+    unresolve,
+    waiting,
 )
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.probes import dlq_probe
@@ -63,17 +63,17 @@ def test_a_resolved_letter_no_longer_waits_and_replay_all_leaves_it(announced: A
     kept, dropped = letter("ada"), letter("bob")
     assert dlq_probe().waiting == 2
 
-    result = dead_letter_resolve(ids=[dropped.pk], actor="cli:op", why="bob left the party")
+    result = resolve(ids=[dropped.pk], actor="cli:op", why="bob left the party")
     assert (result.changed, result.skipped) == ([dropped.pk], [])
-    assert list(dead_letters_waiting()) == [kept]
+    assert list(waiting()) == [kept]
     assert dlq_probe().waiting == 1  # what /health/ and the metrics read
     assert dlq_alert() == 1  # the depth the alert compares with its threshold
     dropped.refresh_from_db()
     assert (dropped.resolved_by, dropped.resolved_why) == ("cli:op", "bob left the party")
-    assert dead_letter_replay_state(dropped).startswith("resolved by cli:op at ")
-    assert dead_letter_replay_state(dropped).endswith(": bob left the party")
+    assert replay_state(dropped).startswith("resolved by cli:op at ")
+    assert replay_state(dropped).endswith(": bob left the party")
 
-    replayed = dead_letter_replay(actor="cli:op")  # --all
+    replayed = replay(actor="cli:op")  # --all
     assert replayed.replayed == [kept.pk]
     assert announced == [
         ("dead_letter.resolve", "cli:op", "resolved: bob left the party"),
@@ -88,25 +88,23 @@ def replayed_detail(letter: DeadLetter) -> str:
 
 def test_a_resolved_letter_is_not_replayed_even_by_id_until_unresolved() -> None:
     dropped = letter("bob")
-    dead_letter_resolve(ids=[dropped.pk], actor="admin:op", why="refunded")
-    refused = dead_letter_replay(ids=[dropped.pk], actor="admin:op")
+    resolve(ids=[dropped.pk], actor="admin:op", why="refunded")
+    refused = replay(ids=[dropped.pk], actor="admin:op")
     assert (refused.replayed, refused.resolved) == ([], [dropped.pk])
     assert not OutboxMessage.objects.exists()
 
-    undone = dead_letter_unresolve(ids=[dropped.pk], actor="admin:op")
+    undone = unresolve(ids=[dropped.pk], actor="admin:op")
     assert undone.changed == [dropped.pk]
-    assert list(dead_letters_waiting()) == [dropped]
-    assert dead_letter_replay(ids=[dropped.pk], actor="admin:op").replayed == [dropped.pk]
+    assert list(waiting()) == [dropped]
+    assert replay(ids=[dropped.pk], actor="admin:op").replayed == [dropped.pk]
     # Replayed, it cannot be resolved any more.
-    assert dead_letter_resolve(ids=[dropped.pk], actor="admin:op", why="late").skipped == [
-        dropped.pk
-    ]
+    assert resolve(ids=[dropped.pk], actor="admin:op", why="late").skipped == [dropped.pk]
 
 
 def test_resolving_needs_a_reason_and_a_failing_record_undoes_it() -> None:
     dropped = letter("bob")
     with pytest.raises(ValueError, match="say why"):
-        dead_letter_resolve(ids=[dropped.pk], actor="cli:op", why="  ")
+        resolve(ids=[dropped.pk], actor="cli:op", why="  ")
 
     def refuse(**_: Any) -> None:
         raise RuntimeError("the audit trail is down")
@@ -114,7 +112,7 @@ def test_resolving_needs_a_reason_and_a_failing_record_undoes_it() -> None:
     operator_acted.connect(refuse, dispatch_uid="test.refuse")
     try:
         with pytest.raises(RuntimeError):
-            dead_letter_resolve(ids=[dropped.pk], actor="cli:op", why="refunded")
+            resolve(ids=[dropped.pk], actor="cli:op", why="refunded")
     finally:
         operator_acted.disconnect(dispatch_uid="test.refuse")
     dropped.refresh_from_db()
@@ -159,7 +157,7 @@ def test_the_command_line_refuses_with_a_clear_error(args: list[str], error: str
 
 def test_resolving_twice_keeps_the_first_decision() -> None:
     dropped = letter("bob")
-    first = dead_letter_resolve(ids=[dropped.pk], actor="admin:a", why="refunded")
-    second = dead_letter_resolve(ids=[dropped.pk], actor="admin:b", why="paid by hand")
+    first = resolve(ids=[dropped.pk], actor="admin:a", why="refunded")
+    second = resolve(ids=[dropped.pk], actor="admin:b", why="paid by hand")
     assert (first.changed, second.skipped) == ([dropped.pk], [dropped.pk])
     assert DeadLetter.objects.get(pk=dropped.pk).resolved_by == "admin:a"

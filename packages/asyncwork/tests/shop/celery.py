@@ -1,8 +1,8 @@
 from celery import Celery
 
-from asyncwork.install import celery_install
+import asyncwork
 
 app = Celery("shop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-celery_install(app)
+asyncwork.install(app)
 app.autodiscover_tasks(["shop"])

@@ -4,7 +4,7 @@ line.
 ``list`` prints one line per dead letter within 100 columns; ``--json`` prints every stored field
 plus ``subject``, ``failure``, ``age_seconds`` and ``replay_state``. Replay and resolve act on
 the dead letters given by id, or on those still waiting that the filters select
-(``dead_letters_select``), and ``--dry-run`` shows which without acting. They are the admin's
+(``selection``), and ``--dry-run`` shows which without acting. They are the admin's
 and the API's services, called for ``BATCH`` dead letters at a time, each batch committed with
 its operator actions (of ``cli:<--actor or login name>``) before the next: any number can be
 replayed, which the admin and the API, bounded by a request's time, refuse beyond
@@ -29,18 +29,18 @@ from asyncwork.deadletters import (
     ReplayResult,
     SelectionInvalid,
     Subject,
-    dead_letter_age,
-    dead_letter_failure,
-    dead_letter_purge,
-    dead_letter_refusals,
-    dead_letter_replay,
-    dead_letter_replay_state,
-    dead_letter_resolve,
-    dead_letter_subjects,
-    dead_letter_unresolve,
-    dead_letters_select,
-    dead_letters_waiting,
+    age,
     duration_short,
+    failure,
+    purge,
+    refusals,
+    replay,
+    replay_state,
+    resolve,
+    selection,
+    subjects,
+    unresolve,
+    waiting,
 )
 from asyncwork.models import DeadLetter
 from asyncwork.terminal import printable
@@ -102,10 +102,10 @@ def dead_letter_json(letter: DeadLetter, subject: Subject | None) -> dict[str, A
         "created_at": letter.created_at.isoformat(),
         "replayed_at": letter.replayed_at.isoformat() if letter.replayed_at else None,
         "replayed_by": letter.replayed_by,
-        "replay_state": dead_letter_replay_state(letter),
+        "replay_state": replay_state(letter),
         "age_seconds": round((timezone.now() - letter.created_at).total_seconds(), 1),
         "subject": None if subject is None else dataclasses.asdict(subject),
-        "failure": dead_letter_failure(letter),
+        "failure": failure(letter),
     }
 
 
@@ -143,13 +143,13 @@ def dead_letters_table(letters: Sequence[DeadLetter], subjects: dict[int, Subjec
             line(
                 [
                     str(letter.pk),
-                    dead_letter_age(letter, now=now),
+                    age(letter, now=now),
                     letter.reason.partition("_")[0],  # the stored value's first word
                     subject.label if subject else f"{letter.task}{letter.args}",
                     subject.recipient if subject else "",
                     str(letter.attempts),
                     replayed,
-                    dead_letter_failure(letter),
+                    failure(letter),
                 ]
             )
         )
@@ -238,11 +238,11 @@ class Command(BaseCommand):
         getattr(self, f"_{options['action']}")(options)
 
     def _list(self, options: dict[str, Any]) -> None:
-        letters = dead_letters_waiting() if options["waiting"] else DeadLetter.objects.all()
+        letters = waiting() if options["waiting"] else DeadLetter.objects.all()
         rows = list(letters.order_by("-created_at", "-pk"))
-        subjects = dead_letter_subjects(rows)
+        described = subjects(rows)
         if options["json"]:
-            listed = [dead_letter_json(x, subjects.get(x.pk)) for x in rows]
+            listed = [dead_letter_json(x, described.get(x.pk)) for x in rows]
             self.stdout.write(json.dumps(listed, indent=2))
             return
         if not rows:
@@ -265,7 +265,7 @@ class Command(BaseCommand):
         if every and filters:
             raise CommandError("--all is every dead letter still waiting: drop it to filter")
         try:
-            return list(dead_letters_select(**filters).values_list("pk", flat=True))
+            return list(selection(**filters).values_list("pk", flat=True))
         except SelectionInvalid as exc:
             raise CommandError(printable(f"--{exc.field}: {exc.message}")) from None
 
@@ -278,7 +278,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{len(ids)} dead letter(s) selected; nothing done (--dry-run)")
         if ids:
             shown = list(DeadLetter.objects.filter(pk__in=ids[:SAMPLE]).order_by("pk"))
-            for line in dead_letters_table(shown, dead_letter_subjects(shown)):
+            for line in dead_letters_table(shown, subjects(shown)):
                 self.stdout.write(line)
             if len(ids) > SAMPLE:
                 self.stdout.write(f"... and {len(ids) - SAMPLE} more")
@@ -286,7 +286,7 @@ class Command(BaseCommand):
             would = "would be replayed by force, past" if force else "would be refused"
             for batch in _batches(ids):
                 waiting = DeadLetter.objects.filter(WAITING, pk__in=batch).order_by("pk")
-                for pk, why in sorted(dead_letter_refusals(waiting).items()):
+                for pk, why in sorted(refusals(waiting).items()):
                     self.stdout.write(f"dead letter {pk} {would}: {printable(why)}")
 
     def _replay(self, options: dict[str, Any]) -> None:
@@ -299,7 +299,7 @@ class Command(BaseCommand):
         actor = cli_actor(options["actor"])
         replayed, skipped, refused = 0, 0, []
         for batch in _batches(ids):
-            result = dead_letter_replay(ids=batch, actor=actor, force=options["force"])
+            result = replay(ids=batch, actor=actor, force=options["force"])
             self._replay_reported(result)
             replayed += len(result.replayed)
             skipped += len(result.skipped) + len(result.resolved)
@@ -347,7 +347,7 @@ class Command(BaseCommand):
         actor = cli_actor(options["actor"])
         resolved, skipped = 0, 0
         for batch in _batches(ids):
-            result = dead_letter_resolve(ids=batch, actor=actor, why=options["why"])
+            result = resolve(ids=batch, actor=actor, why=options["why"])
             for pk in result.changed:
                 self.stdout.write(f"resolved dead letter {pk}")
             for pk in result.skipped:
@@ -358,7 +358,7 @@ class Command(BaseCommand):
 
     def _unresolve(self, options: dict[str, Any]) -> None:
         self._ids_known(options["ids"])
-        result = dead_letter_unresolve(ids=options["ids"], actor=cli_actor(options["actor"]))
+        result = unresolve(ids=options["ids"], actor=cli_actor(options["actor"]))
         for pk in result.changed:
             self.stdout.write(f"dead letter {pk} waits again")
         for pk in result.skipped:
@@ -371,7 +371,5 @@ class Command(BaseCommand):
         days = options["older_than"]
         if days < 0:
             raise CommandError("--older-than must be zero or more days")
-        deleted = dead_letter_purge(
-            older_than=timedelta(days=days), actor=cli_actor(options["actor"])
-        )
+        deleted = purge(older_than=timedelta(days=days), actor=cli_actor(options["actor"]))
         self.stdout.write(self.style.SUCCESS(f"purged {deleted} dead letter(s)"))
