@@ -177,7 +177,7 @@ def fill(invoices: int) -> dict[str, int]:
         "email_deliveries": EmailDelivery.objects.count(),
         "outbox_messages": OutboxMessage.objects.count(),
         "dead_letters": DeadLetter.objects.count(),
-        "dead_letters_waiting": DeadLetter.objects.filter(replayed_at__isnull=True).count(),
+        "waiting": DeadLetter.objects.filter(replayed_at__isnull=True).count(),
     }
 
 

@@ -80,6 +80,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "axes",
     "django_celery_beat",
+    "django_tasks",
     # Email providers' APIs as backends, and their tracking webhooks (invoicing.bounces).
     "anymail",
     # Before the domain apps, which fill asyncwork's registries in their ready().
@@ -412,10 +413,6 @@ CELERY_BROKER_URL = setting(
     "redis://127.0.0.1:6379/0",
     "the broker: redis:// or, for RabbitMQ, amqp:// (docs/explanation/choosing-a-broker.md)",
 )
-# kombu's, but an unanswered acknowledgement still frees the prefetch slot (asyncwork.broker).
-# rediss:// keeps kombu's own: its TLS set-up keys on the scheme.
-if CELERY_BROKER_URL.startswith("redis://"):
-    CELERY_BROKER_TRANSPORT = "asyncwork.broker:Transport"
 # Messages carry ids and intent; JSON keeps them readable and refuses pickled code.
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
@@ -423,13 +420,10 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 # Nothing reads task results: the database holds every outcome.
 CELERY_TASK_IGNORE_RESULT = True
-# At-least-once: acknowledge after the task ran, not when it was received...
-CELERY_TASK_ACKS_LATE = True
-# ...and requeue, rather than acknowledge, a task whose pool process was killed.
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# A worker reserves one message at a time, so a dying worker strands at most one.
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# A default time budget for every task; the email task sets a tighter one of its own.
+# Late acknowledgement, requeue on a killed worker, one message reserved at a time, Redis's
+# transport and queue order, RabbitMQ's publisher confirms and quorum queues: set by
+# asyncwork.install (core/celery.py). A default time budget for every task; the email tasks
+# set a tighter one of their own.
 CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_TASK_TIME_LIMIT = 120
 # Cancelling an email task between the SMTP 250 and marking the key sent would make a
@@ -442,11 +436,10 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = 256_000  # KiB
 # A task keeps the process's database connection, as a request does (asyncwork.db).
 CELERY_DB_REUSE_MAX = 1000
 
-# Redis: an unacknowledged message is redelivered after this; it must outlive every task's
-# time limit, or a running task is delivered again. Retries wait as outbox rows, not here.
-CELERY_VISIBILITY_TIMEOUT = 180
+# Redis: an unacknowledged message is redelivered after this: a job's redelivery finds it
+# claimed or done, and a dead worker's jobs are rescued by heartbeat long before.
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
-    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    "visibility_timeout": 180,
     "unacked_restore_interval": 10,
     "unacked_restore_throttle": 1,
     # A restore that died holding the mutex blocks others for this long, not 5 minutes.
@@ -457,17 +450,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "global_keyprefix": setting(
         "CELERY_BROKER_KEY_PREFIX", "", "prefix of every broker key: runs sharing a Redis"
     ),
-    # Queues in declared order (asyncwork.queues), not round robin: re-enqueued work first.
-    "queue_order_strategy": "priority",
 }
-# RabbitMQ: quorum queues with a delivery limit (asyncwork.queues) and publisher confirms (a
-# row is published once the broker took it); a dead worker's message returns as it disconnects.
-_broker_is_rabbitmq = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
-if _broker_is_rabbitmq:
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "confirm_publish": True,
-        "connect_timeout": 1.0,
-    }
+# RabbitMQ: a dead worker's message returns as it disconnects.
+if CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"connect_timeout": 1.0}
     # Celery's delay queues as quorum queues can lose a message on RabbitMQ 3.10.
     CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "classic"
     # After a partition the node may still hold a cut worker's connection; an exclusive
@@ -475,6 +461,15 @@ if _broker_is_rabbitmq:
     CELERY_CONTROL_QUEUE_EXCLUSIVE = False
 # django-celery-beat's DatabaseScheduler, dispatching only while it holds the leader lock.
 CELERY_BEAT_SCHEDULER = "asyncwork.beat:LeaderDatabaseScheduler"
+
+# --- Tasks (Django's task API on the machinery's backend, asyncwork.backend) ----------------
+# The email tasks have a queue of their own: other work never delays an email.
+TASKS = {
+    "default": {
+        "BACKEND": "asyncwork.backend.OutboxBackend",
+        "QUEUES": ["default", "email"],
+    }
+}
 
 # --- The invoice email task -------------------------------------------------------------------
 EMAIL_MAX_ATTEMPTS = 5
@@ -554,7 +549,6 @@ ASYNCWORK: dict[str, Any] = {
     "BACKPRESSURE_HARD_MARK": setting(
         "BACKPRESSURE_HARD_MARK", 50000, "backlog at which every webhook event gets 503"
     ),
-    "BROKER_IS_RABBITMQ": _broker_is_rabbitmq,
     "DLQ_ALERT_THRESHOLD": setting(
         "DLQ_ALERT_THRESHOLD", 1, "waiting dead letters that raise the alert (ERROR line, mail)"
     ),

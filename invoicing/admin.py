@@ -22,8 +22,8 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
+from asyncwork import deadletters
 from asyncwork.admin import ReadOnlyAdmin, admin_actor, has_power
-from asyncwork.deadletters import dead_letter_age, dead_letter_failure, dead_letter_replay_state
 from asyncwork.idempotency import IdempotencyKeyReused
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
@@ -290,9 +290,9 @@ class InvoiceAdmin(ReadOnlyAdmin):
                 (
                     reverse("admin:asyncwork_deadletter_change", args=[letter.pk]),
                     letter.pk,
-                    dead_letter_replay_state(letter),
-                    dead_letter_age(letter),
-                    dead_letter_failure(letter),
+                    deadletters.replay_state(letter),
+                    deadletters.age(letter),
+                    deadletters.failure(letter),
                 )
                 for letter in letters
             ),

@@ -32,16 +32,12 @@ from django.urls import URLPattern
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from asyncwork.deadletters import dead_letter_record
+from asyncwork import deadletters
 from asyncwork.models import DeadLetter
+from invoicing.delivery import EMAIL_KEY_PREFIX
 from invoicing.mail import DELIVERY_KEY_METADATA, RecipientRejected, address_spec, header_text
 from invoicing.models import EmailDelivery
-from invoicing.services import (
-    EMAIL_KEY_PREFIX,
-    EMAIL_QUEUE,
-    RESEND_INVOICE_EMAIL_TASK,
-    SEND_INVOICE_EMAIL_TASK,
-)
+from invoicing.tasks import resend_invoice_email, send_invoice_email
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +91,15 @@ def email_undelivered_record(
             )
             return None
         if delivery.key.startswith(EMAIL_KEY_PREFIX):
-            task, args = SEND_INVOICE_EMAIL_TASK, [delivery.invoice_id]
+            task, args = send_invoice_email.module_path, [delivery.invoice_id]
         else:
-            task, args = RESEND_INVOICE_EMAIL_TASK, [delivery.pk]
-        letter = dead_letter_record(
+            task, args = resend_invoice_email.module_path, [delivery.pk]
+        letter = deadletters.record(
             task=task,
             task_id=f"{kind}:{event_id}"[:255],
             args=args,
             kwargs={},
-            queue=EMAIL_QUEUE,
+            queue=send_invoice_email.queue_name,
             reason=DeadLetter.Reason.PERMANENT,
             exc=RecipientRejected(reason),
             traceback="",

@@ -1,6 +1,6 @@
 """This app's dead letters to the machinery: the invoice each is about and what became of its
-email (``dead_letter_describer``), read in one query per page, one whose invoice is gone left
-undescribed; and the replay check (``dead_letter_replay_check``): a letter that failed on its
+email (``describer``), read in one query per page, one whose invoice is gone left
+undescribed; and the replay check (``replay_check``): a letter that failed on its
 recipient's address is refused a replay while the address is the one that failed."""
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from django.db.models import CharField, OuterRef, Subquery, Value
 from django.db.models.functions import Cast, Concat
 from django.urls import reverse
 
-from asyncwork.deadletters import Subject, dead_letter_describer, dead_letter_replay_check
+from asyncwork import deadletters
+from asyncwork.deadletters import Subject
 from asyncwork.models import DeadLetter
+from invoicing.delivery import EMAIL_KEY_PREFIX
 from invoicing.mail import RecipientRejected
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import EMAIL_KEY_PREFIX, RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
+from invoicing.tasks import resend_invoice_email, send_invoice_email
 
 _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")
 _SEND_FIELDS = ("state", "recipient", "sent_at", "bounced_at")
@@ -95,7 +97,7 @@ def _letters_deliveries(
     return found
 
 
-@dead_letter_describer(SEND_INVOICE_EMAIL_TASK)
+@deadletters.describer(send_invoice_email)
 def send_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
     """Dead letters of the payment email (``send_invoice_email(invoice_id)``)."""
     return {
@@ -104,7 +106,7 @@ def send_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subjec
     }
 
 
-@dead_letter_describer(RESEND_INVOICE_EMAIL_TASK)
+@deadletters.describer(resend_invoice_email)
 def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
     """Dead letters of a resend (``resend_invoice_email(delivery_id)``)."""
     return {
@@ -128,11 +130,11 @@ def _address_unchanged(letters: Sequence[DeadLetter], *, resend: bool) -> dict[i
     return refusals
 
 
-@dead_letter_replay_check(SEND_INVOICE_EMAIL_TASK)
+@deadletters.replay_check(send_invoice_email)
 def send_replay_refusals(letters: Sequence[DeadLetter]) -> dict[int, str]:
     return _address_unchanged(letters, resend=False)
 
 
-@dead_letter_replay_check(RESEND_INVOICE_EMAIL_TASK)
+@deadletters.replay_check(resend_invoice_email)
 def resend_replay_refusals(letters: Sequence[DeadLetter]) -> dict[int, str]:
     return _address_unchanged(letters, resend=True)

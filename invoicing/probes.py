@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from asyncwork.gauges import breaker_check, breaker_figures, breaker_metrics
 from asyncwork.probes import Figure, Probe, breaker_probe, probe_declare
 from invoicing.models import EmailDelivery
-from invoicing.services import email_breaker
+from invoicing.delivery import email_breaker
 
 
 @dataclass(frozen=True)

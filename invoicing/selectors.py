@@ -17,8 +17,9 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat, JSONArray
 
 from asyncwork.models import DeadLetter
+from invoicing.delivery import EMAIL_KEY_PREFIX
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import EMAIL_KEY_PREFIX, RESEND_INVOICE_EMAIL_TASK, SEND_INVOICE_EMAIL_TASK
+from invoicing.tasks import resend_invoice_email, send_invoice_email
 
 EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
 
@@ -37,7 +38,7 @@ def invoices_with_email_status() -> QuerySet[Invoice]:
         email_sent_at=Subquery(delivery.values("sent_at")[:1]),
         email_dead_lettered=Exists(
             DeadLetter.objects.filter(
-                task=SEND_INVOICE_EMAIL_TASK,
+                task=send_invoice_email.module_path,
                 args=JSONArray(OuterRef("pk")),
                 replayed_at__isnull=True,
             )
@@ -83,7 +84,7 @@ def email_delivery_outcome(delivery: EmailDelivery) -> str:
     if delivery.state == EmailDelivery.State.SENT:
         return "sent"
     dead = DeadLetter.objects.filter(
-        task=RESEND_INVOICE_EMAIL_TASK, args=[delivery.pk], replayed_at__isnull=True
+        task=resend_invoice_email.module_path, args=[delivery.pk], replayed_at__isnull=True
     ).exists()
     return "failed" if dead else "queued"
 
@@ -92,6 +93,6 @@ def invoice_dead_letters(invoice: Invoice) -> QuerySet[DeadLetter]:
     """The dead letters of the invoice's payment email and resends, newest first."""
     resends = [[pk] for pk in invoice.emails.values_list("pk", flat=True)]
     return DeadLetter.objects.filter(
-        Q(task=SEND_INVOICE_EMAIL_TASK, args=[invoice.pk])
-        | Q(task=RESEND_INVOICE_EMAIL_TASK, args__in=resends)
+        Q(task=send_invoice_email.module_path, args=[invoice.pk])
+        | Q(task=resend_invoice_email.module_path, args__in=resends)
     ).order_by("-created_at", "-pk")

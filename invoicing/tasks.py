@@ -1,57 +1,56 @@
-"""Celery tasks of the invoicing app: thin, load by id, call one service."""
+"""The invoicing app's tasks: Django's ``@task`` on asyncwork's backend, on a queue of their own
+(other work never delays an email). Thin: each loads by id and calls one service. What they may
+raise decides what follows (``asyncwork.runner``): a transient failure is retried on the policy
+below, ``ProviderUnavailable`` (the breaker open) runs again later without spending an attempt,
+anything else fails the task and dead-letters it."""
 
 from __future__ import annotations
 
 from django.conf import settings
+from django_tasks import task
 from prometheus_client import Counter
 
-from asyncwork.errors import Deferred, PermanentError
+from asyncwork.errors import PermanentError
 from asyncwork.heartbeat import heartbeat_owner
-from asyncwork.tasks import ReliableTask, RetryPolicy, reliable_task
-from invoicing import services
+from invoicing import delivery
 from invoicing.models import EmailDelivery
 
 WORKER_EMAILS_SENT = Counter(
     "invoicing_worker_emails_sent",
-    "Emails this worker handed to the SMTP server (task runs that returned 'sent').",
+    "Emails this worker handed to the SMTP server or provider (runs that returned 'sent').",
     ["task"],
 )
 
-
-def _send(task: ReliableTask, *, invoice_id: int, key: str | None = None) -> str:
-    try:
-        result = services.invoice_email_send(
-            invoice_id=invoice_id, owner=heartbeat_owner(), key=key
-        )
-    except Deferred as exc:
-        # The provider's breaker is open: run again after its cool-down, no attempt spent.
-        raise task.defer(exc) from exc
-    if result == "sent":
-        WORKER_EMAILS_SENT.labels(task=task.name).inc()
-    return result
-
-
-EMAIL_RETRY = RetryPolicy(
-    attempts=settings.EMAIL_MAX_ATTEMPTS,
-    backoff=settings.EMAIL_RETRY_BACKOFF_BASE,
-    backoff_max=settings.EMAIL_RETRY_BACKOFF_MAX,
-)
-_EMAIL_TIME_LIMITS = {
-    "soft_time_limit": settings.EMAIL_TASK_SOFT_TIME_LIMIT,
-    "time_limit": settings.EMAIL_TASK_TIME_LIMIT,
+EMAIL_QUEUE = "email"
+_EMAIL = {
+    "queue_name": EMAIL_QUEUE,
+    "max_attempts": settings.EMAIL_MAX_ATTEMPTS,
+    "backoff": settings.EMAIL_RETRY_BACKOFF_BASE,
+    "backoff_max": settings.EMAIL_RETRY_BACKOFF_MAX,
+    "time_limit": settings.EMAIL_TASK_SOFT_TIME_LIMIT,
 }
 
 
-@reliable_task(name=services.SEND_INVOICE_EMAIL_TASK, retry=EMAIL_RETRY, **_EMAIL_TIME_LIMITS)
-def send_invoice_email(self: ReliableTask, invoice_id: int) -> str:
+def _sent(task_name: str, result: str) -> str:
+    if result == "sent":
+        WORKER_EMAILS_SENT.labels(task=task_name).inc()
+    return result
+
+
+@task(**_EMAIL)
+def send_invoice_email(invoice_id: int) -> str:
     """Email a paid invoice once."""
-    return _send(self, invoice_id=invoice_id)
+    result = delivery.invoice_email_send(invoice_id=invoice_id, owner=heartbeat_owner())
+    return _sent(send_invoice_email.module_path, result)
 
 
-@reliable_task(name=services.RESEND_INVOICE_EMAIL_TASK, retry=EMAIL_RETRY, **_EMAIL_TIME_LIMITS)
-def resend_invoice_email(self: ReliableTask, delivery_id: int) -> str:
+@task(**_EMAIL)
+def resend_invoice_email(delivery_id: int) -> str:
     """Send a deliberate resend, once, under the key its request created."""
-    delivery = EmailDelivery.objects.filter(pk=delivery_id).first()
-    if delivery is None:
+    requested = EmailDelivery.objects.filter(pk=delivery_id).first()
+    if requested is None:
         raise PermanentError(f"email delivery {delivery_id} does not exist")
-    return _send(self, invoice_id=delivery.invoice_id, key=delivery.key)
+    result = delivery.invoice_email_send(
+        invoice_id=requested.invoice_id, owner=heartbeat_owner(), key=requested.key
+    )
+    return _sent(resend_invoice_email.module_path, result)

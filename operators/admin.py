@@ -1,5 +1,5 @@
 """The audit trail and API tokens in the admin, and the operator actions shown on the pages of
-the rows they acted on (the machinery's dead letters and outbox messages included). Rows that
+the rows they acted on (the machinery's dead letters and jobs included). Rows that
 record what happened are read-only everywhere: only the acting services write them."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from knox.models import AuthToken
 
 from asyncwork.admin import (
     DeadLetterAdmin,
-    OutboxMessageAdmin,
+    JobAdmin,
     ReadOnly,
     ReadOnlyAdmin,
     admin_actor,
 )
-from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, Job
 from operators.models import OperatorAction
 from operators.tokens import api_tokens_revoke
 
@@ -140,7 +140,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 # The machinery's pages, with the operator actions taken on each row (Django's way to extend an
 # installed app's admin: register a subclass in its place).
 admin.site.unregister(DeadLetter)
-admin.site.unregister(OutboxMessage)
+admin.site.unregister(Job)
 
 
 @admin.register(DeadLetter)
@@ -148,6 +148,6 @@ class AuditedDeadLetterAdmin(DeadLetterAdmin):
     inlines = [OperatorActionInline]
 
 
-@admin.register(OutboxMessage)
-class AuditedOutboxMessageAdmin(OutboxMessageAdmin):
+@admin.register(Job)
+class AuditedJobAdmin(JobAdmin):
     inlines = [OperatorActionInline]

@@ -87,13 +87,14 @@ from core.settings import *  # noqa: E402, F403
 from core.settings import (  # noqa: E402
     ASYNCWORK,
     CELERY_BROKER_TRANSPORT_OPTIONS,
-    CELERY_VISIBILITY_TIMEOUT,
     DATABASES,
     STORAGES,
 )
 
 # A poison message is dead-lettered after three deliveries, not ten.
 ASYNCWORK = {**ASYNCWORK, "BROKER_DELIVERY_LIMIT": 3, "OUTBOX_RELAY_GRACE_SECONDS": 0}
+# Redis's visibility timeout, which a test's processes may scale down (TEST_SETTINGS).
+CELERY_VISIBILITY_TIMEOUT = CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
 # A process a test starts may take settings of its own that production reads from no
 # variable (timing scaled down, a URLconf): tests/helpers/processes.py worker_env(settings=...).
 globals().update(json.loads(os.environ.get("TEST_SETTINGS", "{}")))

@@ -32,7 +32,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork.deadletters import dead_letter_record
+from asyncwork.deadletters import record
 from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage
 from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK
@@ -346,7 +346,7 @@ def test_prometheus_evaluates_every_rule_on_what_the_application_serves(
     """Debian's Prometheus scraping a real gunicorn's /metrics with this configuration's web job
     and the rules: every rule evaluates without error; a waiting dead letter, and neither a beat
     nor a worker running, make their alerts pending; the others stay quiet."""
-    dead_letter_record(
+    record(
         task=SEND_INVOICE_EMAIL_TASK,
         task_id="alert-rules-1",
         args=[1],

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from asyncwork import jobs, probes, queues
-from asyncwork.deadletters import dead_letter_record, dead_letter_replay
+from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError, TransientError
 from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat
 from invoicing.models import EmailDelivery
@@ -41,7 +41,7 @@ def viewer() -> Client:
 
 def letter(n: int, *, reason: str, replayed: bool = False) -> DeadLetter:
     exc = TransientError("SMTP unavailable") if reason == "exhausted" else PermanentError("no")
-    stored = dead_letter_record(
+    stored = record(
         task=SEND_INVOICE_EMAIL_TASK,
         task_id=f"dashboard-{n}",
         args=[n],
@@ -54,7 +54,7 @@ def letter(n: int, *, reason: str, replayed: bool = False) -> DeadLetter:
     )
     assert stored is not None
     if replayed:
-        assert dead_letter_replay(ids=[stored.pk], actor="test").replayed == [stored.pk]
+        assert replay(ids=[stored.pk], actor="test").replayed == [stored.pk]
     return stored
 
 

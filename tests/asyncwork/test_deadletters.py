@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.audit import cli_actor
-from asyncwork.deadletters import dead_letter_purge, dead_letter_record, dlq_alert
+from asyncwork.deadletters import purge, record, dlq_alert
 from asyncwork.errors import PermanentError
 from asyncwork.models import DeadLetter, OutboxMessage
 from core.celery import app
@@ -149,7 +149,7 @@ def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
 
 
 def record(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
-    return dead_letter_record(
+    return record(
         task="invoicing.send_invoice_email",
         task_id=task_id,
         args=[1],
@@ -199,7 +199,7 @@ def test_a_purge_that_cannot_be_recorded_deletes_nothing() -> None:
     record("old")
     DeadLetter.objects.update(created_at=timezone.now() - timedelta(days=40))
     with pytest.raises(ValueError, match="needs an actor"):
-        dead_letter_purge(older_than=timedelta(days=30), actor="")
+        purge(older_than=timedelta(days=30), actor="")
     assert DeadLetter.objects.count() == 1
     assert not OperatorAction.objects.exists()
 

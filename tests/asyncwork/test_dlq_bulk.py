@@ -36,9 +36,9 @@ from asyncwork.audit import operator_acted
 from asyncwork.deadletters import (
     BULK_LIMIT,
     Subject,
-    dead_letter_describer,
-    dead_letter_replay_check,
-    dead_letters_select,
+    describer,
+    replay_check,
+    selection,
 )
 from asyncwork.management.commands.dlq import BATCH
 from asyncwork.models import DeadLetter, IdempotencyRecord, OutboxMessage
@@ -79,7 +79,7 @@ def letter(task_id: str, *, args: list[Any] | None = None, **fields: Any) -> Dea
 def checked() -> Iterator[None]:
     """The division's replay check: a zero denominator fails again, whatever is fixed."""
 
-    @dead_letter_replay_check(DIVIDE)
+    @replay_check(DIVIDE)
     def by_zero(letters: Sequence[DeadLetter]) -> dict[int, str]:
         return {letter.pk: BY_ZERO for letter in letters if letter.args[1] == 0}
 
@@ -517,7 +517,7 @@ def test_resolve_and_unresolve_ask_first_with_the_count(staff: Client) -> None:
 def described() -> Iterator[None]:
     """The division's describer: what it computes, and what became of that (its app's words)."""
 
-    @dead_letter_describer(DIVIDE)
+    @describer(DIVIDE)
     def divisions(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
         return {
             letter.pk: Subject(
@@ -703,14 +703,14 @@ def test_a_bulk_request_past_the_limit_is_a_413_naming_the_command(operator: API
         413,
         "manage.py dlq resolve ID [ID ...] --why 'paid by cheque'",
     )
-    assert dead_letters_select().count() == BULK_LIMIT + 1  # nothing done
+    assert selection().count() == BULK_LIMIT + 1  # nothing done
     assert not IdempotencyRecord.objects.exists()  # the keys are unused
     assert not OperatorAction.objects.exists()
 
     # At the limit: done, in one request.
     done = bulk(operator, {"action": "replay", "ids": ids[:BULK_LIMIT]}, key="c")
     assert (done.status_code, len(done.json()["replayed"])) == (200, BULK_LIMIT)
-    assert list(dead_letters_select().values_list("pk", flat=True)) == ids[BULK_LIMIT:]
+    assert list(selection().values_list("pk", flat=True)) == ids[BULK_LIMIT:]
 
 
 def test_the_admins_select_all_past_the_limit_is_refused_with_the_command(staff: Client) -> None:
@@ -728,7 +728,7 @@ def test_the_admins_select_all_past_the_limit_is_refused_with_the_command(staff:
             f"most {BULK_LIMIT} at once. Narrow the list with its filters, or from a terminal, "
             "for any number a batch at a time: manage.py dlq "
         ), text
-    assert dead_letters_select().count() == BULK_LIMIT + 1
+    assert selection().count() == BULK_LIMIT + 1
     assert not OperatorAction.objects.exists()
 
 
@@ -790,7 +790,7 @@ def test_a_bulk_statement_that_waits_too_long_is_a_503_and_does_nothing(settings
             "action holds, or a slow database). Try again.",
         )
     ]
-    assert dead_letters_select().count() == 1
+    assert selection().count() == 1
     assert not IdempotencyRecord.objects.exists()
     assert not OperatorAction.objects.exists()
     # Retried under its key once the rows are free: done, once.
@@ -827,7 +827,7 @@ def test_the_command_commits_a_batch_at_a_time_and_a_run_cut_short_goes_on() -> 
     call_command("dlq", "replay", "--all", "--actor", "op", stdout=out)
 
     assert out.getvalue().splitlines()[-1] == f"{len(ids) - BATCH} replayed, 0 skipped"
-    assert not dead_letters_select().exists()
+    assert not selection().exists()
     assert OutboxMessage.objects.count() == len(ids)
     assert DeadLetter.objects.values("replay_outbox").distinct().count() == len(ids)
     assert OperatorAction.objects.filter(detail__startswith="replayed: ").count() == len(ids)
@@ -850,7 +850,7 @@ def test_what_a_replay_costs_a_letter_at_the_limit_and_in_the_commands_batches(
     assert len(answer.json()["replayed"]) == BULK_LIMIT
     with CaptureQueriesContext(connection) as command:
         call_command("dlq", "replay", "--all", "--actor", "op", stdout=StringIO())
-    assert not dead_letters_select().exists()
+    assert not selection().exists()
     print(
         f"\nqueries: API refusing {len(ids)}: {len(refused)}; API replaying {BULK_LIMIT}: "
         f"{len(api)}; command replaying {BATCH * 3}: {len(command)}"
@@ -921,7 +921,7 @@ def test_20000_after_an_outage_through_gunicorn_and_the_command_each_replayed_on
     assert command.returncode == 0, command.stderr[-2000:]
     assert command.stdout.splitlines()[-1] == f"{OUTAGE - BULK_LIMIT} replayed, 0 skipped"
 
-    assert not dead_letters_select().exists()
+    assert not selection().exists()
     assert OutboxMessage.objects.count() == OUTAGE
     assert DeadLetter.objects.values("replay_outbox").distinct().count() == OUTAGE
     by = dict(DeadLetter.objects.values_list("replayed_by").annotate(n=Count("pk")).order_by())

@@ -24,7 +24,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from asyncwork import jobs, metrics, queues
-from asyncwork.deadletters import dead_letter_record, dead_letter_replay
+from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage
 from asyncwork.outbox import outbox_republish
@@ -140,7 +140,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     )
     # Two dead letters, one replayed: its job goes back on the email queue.
     letters = [
-        dead_letter_record(
+        record(
             task=SEND_INVOICE_EMAIL_TASK,
             task_id=f"metrics-{n}",
             args=[n],
@@ -155,7 +155,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     ]
     assert letters[0] is not None
     assert letters[1] is not None
-    assert dead_letter_replay(ids=[letters[0].pk], actor="test").replayed == [letters[0].pk]
+    assert replay(ids=[letters[0].pk], actor="test").replayed == [letters[0].pk]
     # The email provider's breaker, opened by consecutive failures.
     breaker = email_breaker()
     for _ in range(breaker.threshold):

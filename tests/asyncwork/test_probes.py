@@ -13,7 +13,7 @@ from django.db.utils import OperationalError
 from django.utils import timezone
 
 from asyncwork import jobs, probes, queues
-from asyncwork.deadletters import dead_letter_record, dead_letter_replay
+from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage, ScheduledJob
 from asyncwork.probes import (
@@ -73,7 +73,7 @@ def test_the_outbox_probe_counts_up_to_the_hard_mark_and_dates_the_oldest(settin
 
 def test_the_dlq_probe_counts_the_waiting_by_reason() -> None:
     letters = [
-        dead_letter_record(
+        record(
             task="core.nothing",
             task_id=f"probe-{n}",
             args=[n],
@@ -89,7 +89,7 @@ def test_the_dlq_probe_counts_the_waiting_by_reason() -> None:
     assert all(letters)
     first = letters[0]
     assert first is not None
-    assert dead_letter_replay(ids=[first.pk], actor="test").replayed == [first.pk]
+    assert replay(ids=[first.pk], actor="test").replayed == [first.pk]
 
     probe = dlq_probe()
 

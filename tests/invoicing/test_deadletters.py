@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from asyncwork.deadletters import (
     Subject,
-    dead_letter_failure,
-    dead_letter_refusals,
-    dead_letter_subjects,
+    failure,
+    refusals,
+    subjects,
 )
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery
@@ -49,7 +49,7 @@ def letter(task: str, args: Any, message: str = "", exception_class: str = "") -
 def test_a_payment_emails_dead_letter_is_its_invoice_and_where_its_emails_go_now() -> None:
     invoice = paid_invoice(number="INV-7", customer_email="typo@exmaple.com")
     dead = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk])
-    assert dead_letter_subjects([dead]) == {
+    assert subjects([dead]) == {
         dead.pk: Subject(
             kind="invoice",
             label="INV-7",
@@ -60,7 +60,7 @@ def test_a_payment_emails_dead_letter_is_its_invoice_and_where_its_emails_go_now
     }
     invoice.recipient_override = "fixed@example.com"
     invoice.save()
-    assert dead_letter_subjects([dead])[dead.pk].recipient == "fixed@example.com"
+    assert subjects([dead])[dead.pk].recipient == "fixed@example.com"
 
 
 def test_a_resends_dead_letter_is_its_invoice_too() -> None:
@@ -72,7 +72,7 @@ def test_a_resends_dead_letter_is_its_invoice_too() -> None:
         message_id="<x@example.com>",
     )
     dead = letter(RESEND_INVOICE_EMAIL_TASK, [resend.pk])
-    subject = dead_letter_subjects([dead])[dead.pk]
+    subject = subjects([dead])[dead.pk]
     assert (subject.label, subject.recipient) == ("INV-8 (resend)", invoice.customer_email)
     assert subject.url == f"/admin/invoicing/invoice/{invoice.pk}/change/"
 
@@ -80,7 +80,7 @@ def test_a_resends_dead_letter_is_its_invoice_too() -> None:
 def test_a_page_of_dead_letters_is_described_in_one_query_per_kind_of_job() -> None:
     def queries(letters: list[DeadLetter]) -> int:
         with CaptureQueriesContext(connection) as captured:
-            subjects = dead_letter_subjects(letters)
+            subjects = subjects(letters)
         assert set(subjects) == {x.pk for x in letters}
         return len(captured)
 
@@ -103,7 +103,7 @@ def test_what_cannot_be_described_is_left_to_its_task_and_arguments() -> None:
     gone = letter(SEND_INVOICE_EMAIL_TASK, [987654])
     odd = [letter(SEND_INVOICE_EMAIL_TASK, args) for args in ([], ["12"], [True], {"a": 1})]
     other = letter("core.nothing", [1])
-    assert dead_letter_subjects([gone, *odd, other]) == {}
+    assert subjects([gone, *odd, other]) == {}
 
 
 @pytest.mark.parametrize(
@@ -118,12 +118,12 @@ def test_what_cannot_be_described_is_left_to_its_task_and_arguments() -> None:
     ],
 )
 def test_the_failure_is_the_stored_message_on_one_line(stored: str, words: str) -> None:
-    assert dead_letter_failure(letter(SEND_INVOICE_EMAIL_TASK, [1], stored)) == words
+    assert failure(letter(SEND_INVOICE_EMAIL_TASK, [1], stored)) == words
 
 
 def test_a_failure_with_no_message_is_named_by_its_class() -> None:
     dead = letter("core.nothing", [1], "", exception_class="celery.exceptions.Reject")
-    assert dead_letter_failure(dead) == "Reject"
+    assert failure(dead) == "Reject"
 
 
 def test_what_became_of_the_email_is_read_with_the_invoice() -> None:
@@ -136,12 +136,12 @@ def test_what_became_of_the_email_is_read_with_the_invoice() -> None:
         recipient=invoice.recipient,
         message_id="<x@example.com>",
     )
-    assert dead_letter_subjects([dead])[dead.pk].outcome == (
+    assert subjects([dead])[dead.pk].outcome == (
         f"email not sent to {invoice.recipient}: its last attempt failed"
     )
     sent_at = timezone.now()
     EmailDelivery.objects.filter(pk=delivery.pk).update(state="sent", sent_at=sent_at)
-    assert dead_letter_subjects([dead])[dead.pk].outcome == (
+    assert subjects([dead])[dead.pk].outcome == (
         f"email sent {sent_at:%Y-%m-%d %H:%M} UTC to {invoice.recipient}"
     )
 
@@ -161,16 +161,16 @@ def test_a_replay_of_an_address_failure_is_refused_until_the_address_changes() -
         exception_class="invoicing.mail.RecipientRejected",
     )
     elsewhere = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk], "SMTP 554 5.7.1 message rejected")
-    assert dead_letter_refusals([on_address, elsewhere]) == {
+    assert refusals([on_address, elsewhere]) == {
         on_address.pk: "it failed on its recipient address (typo@exmaple.com), which is "
         "unchanged: correct the recipient first"
     }
     invoice_recipient_correct(
         invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="test"
     )
-    assert dead_letter_refusals([on_address, elsewhere]) == {}
+    assert refusals([on_address, elsewhere]) == {}
     # Sent meanwhile (a resend, say), to the same address: a replay would do nothing; let it.
     invoice_recipient_correct(invoice_id=invoice.pk, email="", reason="back", actor="test")
-    assert on_address.pk in dead_letter_refusals([on_address])
+    assert on_address.pk in refusals([on_address])
     EmailDelivery.objects.filter(invoice=invoice).update(state="sent", sent_at=timezone.now())
-    assert dead_letter_refusals([on_address]) == {}
+    assert refusals([on_address]) == {}

@@ -16,7 +16,7 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from asyncwork.deadletters import dead_letter_replay, dead_letter_subjects, dlq_alert
+from asyncwork.deadletters import replay, subjects, dlq_alert
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
@@ -272,26 +272,26 @@ def test_a_bounce_marks_the_delivery_and_the_operator_fixes_it_like_any_dead_let
     assert delivery.bounced_at is not None
 
     # Replayed as it stands, it would only bounce again: refused, saying why.
-    refused = dead_letter_replay(ids=[letter.pk], actor="test")
+    refused = replay(ids=[letter.pk], actor="test")
     assert refused.replayed == []
     assert refused.refused == {
         letter.pk: f"it failed on its recipient address ({invoice.recipient}), which is "
         "unchanged: correct the recipient first"
     }
-    assert dead_letter_subjects([letter])[letter.pk].outcome.startswith("email bounced ")
+    assert subjects([letter])[letter.pk].outcome.startswith("email bounced ")
 
     # The operator corrects the recipient and replays: the email goes out, to the new address.
     invoice_recipient_correct(
         invoice_id=invoice.pk, email="fixed@example.com", reason="typo", actor="test"
     )
-    assert dead_letter_replay(ids=[letter.pk], actor="test").replayed == [letter.pk]
+    assert replay(ids=[letter.pk], actor="test").replayed == [letter.pk]
     with worker_thread():
         assert wait_until(lambda: len(postmark.sent_to("fixed@example.com")) == 1, timeout=30)
         pipeline_quiet()
     delivery.refresh_from_db()
     assert (delivery.state, delivery.recipient) == ("sent", "fixed@example.com")
     letter.refresh_from_db()
-    assert dead_letter_subjects([letter])[letter.pk].outcome == (
+    assert subjects([letter])[letter.pk].outcome == (
         f"email sent {delivery.sent_at:%Y-%m-%d %H:%M} UTC to fixed@example.com"
     )
 

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from asyncwork.audit import cli_actor, operator_acted, operator_action_record
-from asyncwork.deadletters import dead_letter_replay
+from asyncwork.deadletters import replay
 from asyncwork.models import DeadLetter
 from operators.models import OperatorAction
 from operators.tokens import api_token_create
@@ -53,7 +53,7 @@ def test_an_action_rolled_back_leaves_no_record() -> None:
 
     def replay_then_fail() -> None:
         with transaction.atomic():
-            dead_letter_replay(ids=[waiting.pk], actor="admin:op")
+            replay(ids=[waiting.pk], actor="admin:op")
             inside.append(OperatorAction.objects.count())
             raise Abort
 
@@ -89,7 +89,7 @@ def test_a_receiver_that_fails_undoes_the_action() -> None:
     operator_acted.connect(refuse, dispatch_uid="test.refuse")
     try:
         with pytest.raises(Unkept):
-            dead_letter_replay(ids=[waiting.pk], actor="admin:op")
+            replay(ids=[waiting.pk], actor="admin:op")
     finally:
         operator_acted.disconnect(dispatch_uid="test.refuse")
     waiting.refresh_from_db()

@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from asyncwork.audit import cli_actor, cli_actor_argument
-from asyncwork.deadletters import dead_letter_failure, dead_letter_replay_state
+from asyncwork import deadletters
 from asyncwork.terminal import printable
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
@@ -125,8 +125,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Dead letters: {len(letters)}" if letters else "Dead letters: none")
         for letter in letters:
             self.stdout.write(
-                f"  {letter.pk}, {_shown(dead_letter_replay_state(letter))}: "
-                f"{_shown(dead_letter_failure(letter))}"
+                f"  {letter.pk}, {_shown(deadletters.replay_state(letter))}: "
+                f"{_shown(deadletters.failure(letter))}"
             )
 
     def _recipient(self, options: dict[str, Any]) -> None:

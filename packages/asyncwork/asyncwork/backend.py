@@ -26,6 +26,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+from django.dispatch import Signal
 from django.utils.module_loading import import_string
 
 try:  # Django 6: the task framework is Django's own
@@ -56,6 +57,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "job_ran",
     "normalize_json",
     "task_enqueued",
     "task_finished",
@@ -64,6 +66,10 @@ __all__ = [
 
 # The Celery task every job's message names (asyncwork.install): the one name on the wire.
 RUN = "asyncwork.run"
+
+# Sent by the runner after every run of a job, with the job's ``task`` (its path) and what came
+# of the run, ``outcome``: successful, retry, deferred or failed.
+job_ran = Signal()
 
 P = ParamSpec("P")
 T = TypeVar("T")

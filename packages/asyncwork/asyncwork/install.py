@@ -18,6 +18,8 @@ from typing import Any
 
 from celery import Celery, shared_task
 from celery import Task as CeleryTask
+from celery.signals import task_unknown
+from django.db import connection
 
 from asyncwork import db, heartbeat, metrics, queues, timelimits
 from asyncwork import logging as log_context
@@ -34,6 +36,10 @@ REQUIRED: dict[str, Any] = {
     "task_reject_on_worker_lost": True,
     # A worker reserves one message at a time: a dying worker strands at most one.
     "worker_prefetch_multiplier": 1,
+    # A budget for every run: past the soft limit a job's run is retried as transient, past the
+    # hard one its process is killed (a task's own time_limit overrides both).
+    "task_soft_time_limit": 300,
+    "task_time_limit": 315,
     "task_default_queue": queues.DEFAULT,
 }
 # On Redis: kombu's transport with an acknowledgement that never loses its slot
@@ -54,6 +60,7 @@ def install(app: Celery) -> None:
     app.steps["worker"].add(WorkerHeartbeatStep)
     app.steps["worker"].add(PollStep)
     app.steps["consumer"].add(DeadLetterQueueDeclare)
+    task_unknown.connect(_unknown, weak=False, dispatch_uid="asyncwork.install.unknown")
     log_context.celery_signals_connect()
     metrics.celery_signals_connect()
     heartbeat.celery_signals_connect()
@@ -100,3 +107,38 @@ def run(self: Runner, job_id: int) -> str:
     limits = self.request.timelimit or (None, None)
     hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
     return job_run(job_id, lease_seconds=float(hard))
+
+
+class UnknownTask(LookupError):
+    """A message for a Celery task this worker does not have."""
+
+
+def _unknown(name: str = "", id: str = "", message: Any = None, **_: Any) -> None:  # noqa: A002
+    """``task_unknown``: Celery logs such a message and drops it; it is also a dead letter here,
+    so nothing vanishes (a typo, a task renamed while its messages waited, a worker of an older
+    release)."""
+    try:
+        args, kwargs, _embed = message.decode()
+    except Exception:  # noqa: BLE001 - a body it cannot read: the letter still says which task
+        args, kwargs = [], {}
+    try:
+        _unknown_record(name, id, message, args, kwargs)
+    finally:
+        connection.close()  # on the consumer's thread, which keeps no connection of its own
+
+
+def _unknown_record(name: str, id: str, message: Any, args: Any, kwargs: Any) -> None:  # noqa: A002
+    from asyncwork.deadletters import record  # the models load with Django's apps
+    from asyncwork.models import DeadLetter
+
+    record(
+        task=name[:200],
+        task_id=id or f"unknown-{message.delivery_tag}",
+        args=list(args) if isinstance(args, list | tuple) else [],
+        kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+        queue=str((message.delivery_info or {}).get("routing_key") or ""),
+        reason=DeadLetter.Reason.PERMANENT,
+        exc=UnknownTask(f"no Celery task {name!r} in this worker: it received it and dropped it"),
+        traceback="",
+        attempts=0,
+    )

@@ -50,6 +50,19 @@ def line_fields() -> tuple[str, ...]:
 
 HEADER = "log_context"
 
+# The attempt of the job this thread runs (asyncwork.runner), for its log lines.
+_attempt: ContextVar[int | None] = ContextVar("attempt", default=None)
+
+
+@contextmanager
+def attempt(number: int) -> Iterator[None]:
+    """Log lines in the block carry ``attempt=number``."""
+    token = _attempt.set(number)
+    try:
+        yield
+    finally:
+        _attempt.reset(token)
+
 _context: ContextVar[dict[str, Any] | None] = ContextVar("log_context", default=None)
 
 
@@ -85,8 +98,8 @@ class ContextFilter(logging.Filter):
             request = current_task.request
             if getattr(record, "task_id", None) is None and request.id:
                 record.task_id = request.id
-            if getattr(record, "attempt", None) is None:
-                record.attempt = (request.retries or 0) + 1
+        if getattr(record, "attempt", None) is None and (number := _attempt.get()) is not None:
+            record.attempt = number
         return True
 
 

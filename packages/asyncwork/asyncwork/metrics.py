@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import worker_init
 from django.http import HttpRequest, HttpResponse
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_safe
@@ -38,7 +38,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from asyncwork.errors import Deferred
+from asyncwork.backend import job_ran, task_started
 from asyncwork.http import (
     address_parse,
     address_within,
@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 @cache
 def task_starts() -> Counter:
     return Counter(
-        metric_name("task_starts"), "Task runs started by this worker, by task.", ["task"]
+        metric_name("task_starts"), "Job runs started by this worker, by task.", ["task"]
     )
 
 
@@ -65,9 +65,9 @@ def task_starts() -> Counter:
 def task_attempts() -> Counter:
     return Counter(
         metric_name("task_attempts"),
-        "Task runs finished by this worker, by task and outcome: success, retry (a transient "
-        "failure, retried), deferred (dependency down; no attempt spent), failure "
-        "(dead-lettered), rejected (requeued).",
+        "Job runs finished by this worker, by task and outcome: successful, retry (a transient "
+        "failure, retried), deferred (dependency down; no attempt spent), failed "
+        "(dead-lettered).",
         ["task", "outcome"],
     )
 
@@ -193,26 +193,13 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return response
 
 
-_OUTCOMES = ("SUCCESS", "RETRY", "FAILURE", "REJECTED", "IGNORED")
+def _task_started(task_result: Any = None, **_: Any) -> None:
+    """django.tasks' ``task_started``, which the runner sends for each job's run."""
+    task_starts().labels(task=task_result.task.module_path).inc()
 
 
-def _task_name(task: Any) -> str:
-    return str(getattr(task, "name", None) or "unknown")
-
-
-def _task_started(task: Any = None, **_: Any) -> None:
-    task_starts().labels(task=_task_name(task)).inc()
-
-
-def _task_finished(
-    task: Any = None, retval: Any = None, state: str | None = None, **_: Any
-) -> None:
-    """``task_postrun``: every finished run with its final state, a ``Reject`` included (no outcome
-    signal reports it); a retry caused by ``Deferred`` counts as deferred."""
-    outcome = state.lower() if state in _OUTCOMES else "unknown"
-    if outcome == "retry" and isinstance(getattr(retval, "exc", None), Deferred):
-        outcome = "deferred"
-    task_attempts().labels(task=_task_name(task), outcome=outcome).inc()
+def _job_ran(task: str = "", outcome: str = "", **_: Any) -> None:
+    task_attempts().labels(task=task, outcome=outcome).inc()
 
 
 def multiprocess_dir_reset() -> None:
@@ -252,6 +239,6 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
 
 def celery_signals_connect() -> None:
     """Connect the worker-side receivers; idempotent (``dispatch_uid``)."""
-    task_prerun.connect(_task_started, weak=False, dispatch_uid="asyncwork.metrics.started")
-    task_postrun.connect(_task_finished, weak=False, dispatch_uid="asyncwork.metrics.finished")
+    task_started.connect(_task_started, weak=False, dispatch_uid="asyncwork.metrics.started")
+    job_ran.connect(_job_ran, weak=False, dispatch_uid="asyncwork.metrics.ran")
     worker_init.connect(_worker_metrics_serve, weak=False, dispatch_uid="asyncwork.metrics.serve")

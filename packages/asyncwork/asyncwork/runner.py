@@ -30,9 +30,7 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -42,6 +40,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from asyncwork.backend import (
+    job_ran,
     TaskContext,
     TaskResultStatus,
     normalize_json,
@@ -53,6 +52,7 @@ from asyncwork.backend import (
 from asyncwork.deadletters import record
 from asyncwork.errors import Deferred, PermanentError, TransientError
 from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
+from asyncwork.logging import attempt
 from asyncwork.models import DeadLetter, Job
 from asyncwork.outbox import message_id
 
@@ -68,8 +68,6 @@ LEASE_MARGIN_SECONDS = 30.0
 WRITE_INTERVAL = 1.0
 WRITE_WAIT = 10.0
 
-# The attempt of the job this thread runs, for log lines (asyncwork.logging).
-current_attempt: ContextVar[int | None] = ContextVar("current_attempt", default=None)
 
 _CLAIM_SQL = f"""
 UPDATE {Job._meta.db_table} AS j
@@ -281,15 +279,6 @@ def _outcome(run: Run, exc: BaseException, traceback: str) -> str:
     return "failed"
 
 
-@contextmanager
-def _attempt(attempt: int) -> Iterator[None]:
-    token = current_attempt.set(attempt)
-    try:
-        yield
-    finally:
-        current_attempt.reset(token)
-
-
 class RedeliveredTooOften(PermanentError):
     """The job was claimed more often than its attempts allow, its earlier runs ending with no
     outcome (the process running it died each time): a poison job, failed instead of run."""
@@ -305,7 +294,7 @@ def job_run(job_id: int, *, lease_seconds: float) -> str:
         logger.debug("job %d not run: done, not due, or running elsewhere", job_id)
         return "skipped"
     job = run.job
-    with _attempt(job.attempts):
+    with attempt(job.attempts):
         try:
             task = task_for(job.task)
             if job.attempts > task.max_attempts:
@@ -324,10 +313,12 @@ def job_run(job_id: int, *, lease_seconds: float) -> str:
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
                 object.__setattr__(result, "finished_at", timezone.now())
                 task_finished.send(backend, task_result=result)
+            job_ran.send(job_run, task=job.task, outcome=outcome)
             return outcome
     _succeed(run, value)
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
     task_finished.send(backend, task_result=result)
+    job_ran.send(job_run, task=job.task, outcome="successful")
     return "successful"

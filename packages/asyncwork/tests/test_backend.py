@@ -156,6 +156,21 @@ def test_a_job_whose_task_the_worker_does_not_have_is_a_dead_letter_saying_so() 
     assert letter.exception_message.startswith("no task shop.tasks.greeet: ")
 
 
+@in_process_worker
+def test_a_message_for_a_celery_task_the_worker_does_not_have_is_a_dead_letter() -> None:
+    """Celery would log it and drop it; its replay is refused, saying why."""
+    from shop.celery import app
+
+    app.send_task("shop.greet_everyone", args=["ada"], task_id="stray-1")
+    assert wait_until(DeadLetter.objects.exists)
+    letter = DeadLetter.objects.get()
+    assert (letter.task, letter.task_id, letter.args) == ("shop.greet_everyone", "stray-1", ["ada"])
+    assert "no Celery task 'shop.greet_everyone' in this worker" in letter.exception_message
+    refused = replay(ids=[letter.pk], actor="cli:test")
+    assert refused.replayed == []
+    assert refused.refused[letter.pk].startswith("no task shop.greet_everyone: ")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_alone_publishes_what_the_broker_refused_at_commit(tmp_path: Path) -> None:
     """The broker down at commit: the code that committed is not held up, the row waits; once
