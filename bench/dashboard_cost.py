@@ -62,7 +62,7 @@ def fill(invoices: int) -> dict[str, int]:
     from django.db import connection
     from django.utils import timezone
 
-    from asyncwork.jobs import jobs_declared
+    from asyncwork.contrib.periodic.jobs import jobs_declared
     from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
     from invoicing.models import EmailDelivery, Invoice
     from invoicing.services import email_breaker

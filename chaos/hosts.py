@@ -99,7 +99,7 @@ HOLD_SECONDS = 3.0
 HOLD_WAIT = 30.0
 BEFORE_CUT = 5.0  # seconds before a cut in which a message accepted may not have been marked
 FLAP_DOWN, FLAP_UP = 2.0, 3.0
-BEAT_POLL = 5  # asyncwork.beat.STANDBY_POLL_SECONDS
+BEAT_POLL = 5  # asyncwork.contrib.periodic.beat.STANDBY_POLL_SECONDS
 
 
 @contextlib.contextmanager
@@ -449,7 +449,7 @@ def zombie_sends(
 
 
 # Beyond its 5 s poll, the standby waits for PostgreSQL to drop the cut leader's session
-# (asyncwork.beat: keepalives, about 20 s).
+# (asyncwork.contrib.periodic.beat: keepalives, about 20 s).
 TAKEOVER_BOUND = 30.0
 
 

@@ -349,7 +349,8 @@ def worker_outcomes(log_dir: Path) -> dict[str, list[float]]:
     }
 
 
-# What the safety nets log when they act (asyncwork.jobs, asyncwork.rescue, asyncwork.jobs'
+# What the safety nets log when they act (asyncwork.contrib.periodic.jobs, asyncwork.rescue,
+# asyncwork.contrib.periodic.jobs'
 # jobs_recover), in the text format.
 _JOB_RAN = re.compile(r" job (\S+) ran: (\d+)\b")
 _RESCUED = re.compile(r" rescue (\S+): (\d+) ")

@@ -17,7 +17,7 @@ __all__ = ["access_log_format", "child_exit", "on_starting", "secure_scheme_head
 settings_load_or_exit()
 
 # Otherwise gunicorn trusts X-Forwarded-Proto from loopback and Unix-socket peers whatever
-# TRUSTED_PROXIES says; Django alone decides (asyncwork.http.ForwardedProtoMiddleware).
+# TRUSTED_PROXIES says; Django alone decides (asyncwork.contrib.http.ForwardedProtoMiddleware).
 secure_scheme_headers: dict[str, str] = {}
 
 # gunicorn's combined-log shape without query strings or Referer: an admin search's query is
@@ -27,7 +27,7 @@ access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "-"
 
 def on_starting(server: Any) -> None:
     """Before any worker forks: an earlier run's counts must not add to this one's."""
-    from asyncwork.metrics import multiprocess_dir_reset
+    from asyncwork.contrib.monitoring.metrics import multiprocess_dir_reset
 
     multiprocess_dir_reset()
 

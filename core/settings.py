@@ -86,6 +86,8 @@ INSTALLED_APPS = [
     # Before the domain apps, which fill asyncwork's registries in their ready().
     "operators",
     "asyncwork",
+    "asyncwork.contrib.periodic",
+    "asyncwork.contrib.monitoring",
     "invoicing",
     "webhooks",
     # Last, so its ready() sees every app's.
@@ -94,7 +96,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First: drops X-Forwarded-Proto from an untrusted peer before anything reads it.
-    "asyncwork.http.ForwardedProtoMiddleware",
+    "asyncwork.contrib.http.ForwardedProtoMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files are answered before sessions, authentication or the database.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -191,7 +193,7 @@ STORAGES = {
 }
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
-# X-Forwarded-For and -Proto count only from these peers (asyncwork.http); empty: never.
+# X-Forwarded-For and -Proto count only from these peers (asyncwork.contrib.http); empty: never.
 _trusted_proxies = [
     entry.strip()
     for entry in setting(
@@ -213,7 +215,8 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
 if _trusted_proxies:
     # Set by the trusted proxy, replacing the client's (deploy/nginx does), dropped from any other
-    # peer (asyncwork.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on redirects.
+    # peer (asyncwork.contrib.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on
+    # redirects.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision: `check --deploy` reports it as one
 # INFO (core.I001, core/checks.py) instead of the four warnings about what it turned off.
@@ -460,7 +463,7 @@ if CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
     # pidbox queue would refuse the returning worker (RESOURCE_LOCKED) until it noticed.
     CELERY_CONTROL_QUEUE_EXCLUSIVE = False
 # django-celery-beat's DatabaseScheduler, dispatching only while it holds the leader lock.
-CELERY_BEAT_SCHEDULER = "asyncwork.beat:LeaderDatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "asyncwork.contrib.periodic.beat:LeaderDatabaseScheduler"
 
 # --- Tasks (Django's task API on the machinery's backend, asyncwork.backend) ----------------
 # The email tasks have a queue of their own: other work never delays an email.
@@ -488,7 +491,7 @@ EMAIL_CLAIM_LEASE_SECONDS = 90
 if EMAIL_RETRY_BACKOFF_BASE < 1 or EMAIL_RETRY_BACKOFF_MAX < 1:
     raise ImproperlyConfigured("EMAIL_RETRY_BACKOFF_BASE and _MAX must be at least 1 second.")
 
-# --- Circuit breaker on the email provider (asyncwork.breaker) --------------------------------
+# --- Circuit breaker on the email provider (asyncwork.contrib.breaker) ------------------------
 EMAIL_BREAKER_FAILURE_THRESHOLD = setting(
     "EMAIL_BREAKER_FAILURE_THRESHOLD",
     5,
@@ -617,7 +620,7 @@ REST_KNOX = {
 AXES_FAILURE_LIMIT = 5
 AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_CLIENT_IP_CALLABLE = "asyncwork.http.client_address"
+AXES_CLIENT_IP_CALLABLE = "asyncwork.contrib.http.client_address"
 AXES_USERNAME_CALLABLE = "operators.login.login_username"
 AXES_RESET_ON_SUCCESS = True
 # No "AXES: BEGIN ..." line at every process start; lockouts are still logged.
@@ -625,17 +628,17 @@ AXES_VERBOSE = False
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    # DRF's get_ident reads only REMOTE_ADDR; the app's is asyncwork.http.client_address.
+    # DRF's get_ident reads only REMOTE_ADDR; the app's is asyncwork.contrib.http.client_address.
     "NUM_PROXIES": 0,
     # Tokens first: the first class names the 401 challenge; with sessions first it is 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "operators.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # Staff, then what their permissions allow, as in the admin (asyncwork.permissions).
+    # Staff, then what their permissions allow, as in the admin (asyncwork.contrib.permissions).
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAdminUser",
-        "asyncwork.permissions.ModelPermissionsWithPowers",
+        "asyncwork.contrib.permissions.ModelPermissionsWithPowers",
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
@@ -658,12 +661,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "text": {"()": "asyncwork.logging.TextFormatter", **_FORMAT},
-        "json": {"()": "asyncwork.logging.JsonFormatter", **_FORMAT},
+        "text": {"()": "asyncwork.contrib.logging.TextFormatter", **_FORMAT},
+        "json": {"()": "asyncwork.contrib.logging.JsonFormatter", **_FORMAT},
     },
     "filters": {
         "context": {"()": "asyncwork.logging.ContextFilter"},
-        "suspicious": {"()": "asyncwork.logging.SuspiciousRequestFilter"},
+        "suspicious": {"()": "asyncwork.contrib.logging.SuspiciousRequestFilter"},
     },
     "handlers": {
         "console": {

@@ -3,7 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from asyncwork.api import DeadLetterViewSet
+from asyncwork.contrib.api import DeadLetterViewSet
 from invoicing.api import InvoiceViewSet
 from invoicing.bounces import email_tracking
 
@@ -13,7 +13,7 @@ api.register("dead-letters", DeadLetterViewSet, basename="dead-letter")
 
 urlpatterns = [
     # health/, health/live, metrics and admin/dashboard/: before the admin's own URLs.
-    path("", include("asyncwork.urls")),
+    path("", include("asyncwork.contrib.monitoring.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhooks.urls")),
     # The email provider's tracking webhook (bounces, complaints), verified by django-anymail.

@@ -24,7 +24,7 @@ from django.utils.html import format_html, format_html_join
 
 from asyncwork import deadletters
 from asyncwork.admin import ReadOnlyAdmin, admin_actor, has_power
-from asyncwork.idempotency import IdempotencyKeyReused
+from asyncwork.contrib.idempotency import IdempotencyKeyReused
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (

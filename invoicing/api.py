@@ -1,7 +1,7 @@
 """REST API for invoices (staff only): their payment email's status and attempts, a resend, and
 the correction of where their emails go. Reading needs the view permission; a resend needs the
 ``invoicing.resend_invoice_email`` power too, a correction
-``invoicing.correct_invoice_recipient`` (``asyncwork.permissions``)."""
+``invoicing.correct_invoice_recipient`` (``asyncwork.contrib.permissions``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from asyncwork.idempotency import IdempotencyKeyReused, idempotency_key_from, request_fingerprint
+from asyncwork.contrib.idempotency import (
+    IdempotencyKeyReused,
+    idempotency_key_from,
+    request_fingerprint,
+)
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
     EMAIL_STATUSES,

@@ -29,7 +29,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from asyncwork.breaker import Breaker, Decision
+from asyncwork.contrib.breaker import Breaker, Decision
 from asyncwork.db import text_storable
 from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql

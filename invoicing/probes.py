@@ -1,4 +1,5 @@
-"""The invoicing app's probes (``asyncwork.probes``): its emails and its provider's breaker, each
+"""The invoicing app's probes (``asyncwork.contrib.monitoring.probes``): its emails and its
+provider's breaker, each
 declared once with what ``/health/``, ``/metrics`` and the dashboard make of it."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from asyncwork.gauges import breaker_check, breaker_figures, breaker_metrics
-from asyncwork.probes import Figure, Probe, breaker_probe, probe_declare
-from invoicing.models import EmailDelivery
+from asyncwork.contrib.monitoring.gauges import breaker_check, breaker_figures, breaker_metrics
+from asyncwork.contrib.monitoring.probes import Figure, Probe, breaker_probe, probe_declare
 from invoicing.delivery import email_breaker
+from invoicing.models import EmailDelivery
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 
 from asyncwork.audit import operator_action_record
+from asyncwork.contrib.idempotency import Performed, idempotent_perform
 from asyncwork.db import insert_or_skip
 from asyncwork.errors import PermanentError
-from asyncwork.idempotency import Performed, idempotent_perform
 from asyncwork.logging import log_context_bind
 from invoicing import mail
 from invoicing.delivery import invoice_email_message_id
@@ -211,7 +211,8 @@ def invoice_email_resend_request_once(
     request: str,
 ) -> ResendRequest:
     """The API's resend: ``invoice_email_resend_request`` once per (``user``,
-    ``idempotency_key``) (``asyncwork.idempotency``). The same key and request returns the first
+    ``idempotency_key``) (``asyncwork.contrib.idempotency``). The same key and request returns the
+    first
     delivery; the same key for another invoice raises ``IdempotencyKeyReused``. Raises like
     ``invoice_email_resend_request``, leaving the key unused."""
     performed = idempotent_perform(

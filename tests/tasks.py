@@ -9,14 +9,14 @@ import signal
 import time
 from typing import Any
 
+from asyncwork.tasks import ReliableTask, RetryPolicy, reliable_task
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.core.cache import cache
 from django.db import connection
 
+from asyncwork.contrib.periodic.jobs import JobTask, job_run
 from asyncwork.errors import TransientError
-from asyncwork.jobs import JobTask, job_run
-from asyncwork.tasks import ReliableTask, RetryPolicy, reliable_task
 
 DIVIDE = "tests.divide"
 CRASH = "tests.crash"

@@ -33,8 +33,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from asyncwork import jobs
-from asyncwork.beat import active_beat
+from asyncwork.contrib.periodic import jobs
+from asyncwork.contrib.periodic.beat import active_beat
 from asyncwork.models import DeadLetter, ScheduledJob
 from core.celery import app
 from invoicing.models import Invoice

@@ -157,20 +157,20 @@ def test_recovery_over_30_s_names_each_fault_that_took_longer() -> None:
 def test_net_actions_are_summed_from_the_processes_logs(tmp_path: Path) -> None:
     # Lines as the application's text formatter writes them (one worker, the beat).
     (tmp_path / "worker1-1.log").write_text(
-        "2026-12-02 10:00:01,000 INFO asyncwork.jobs job email-claims-recover ran: 2 "
+        "2026-12-02 10:00:01,000 INFO asyncwork.contrib.periodic.jobs job email-claims-recover ran: 2 "
         "job=email-claims-recover outcome=ran result=2\n"
         "2026-12-02 10:00:02,000 WARNING asyncwork.rescue rescue email-claims: 3 claim(s) of "
         "worker processes whose heartbeat lapsed released and re-enqueued\n"
         "2026-12-02 10:00:03,000 WARNING asyncwork.rescue rescue held-jobs: 4 job(s) held by "
         "worker processes whose heartbeat lapsed released and re-enqueued\n"
-        "2026-12-02 10:00:04,000 INFO asyncwork.jobs job email-reconcile ran: skipped: email "
+        "2026-12-02 10:00:04,000 INFO asyncwork.contrib.periodic.jobs job email-reconcile ran: skipped: email "
         "provider breaker open\n"
-        "2026-12-02 10:00:05,000 INFO asyncwork.jobs job email-reconcile ran: 7\n"
+        "2026-12-02 10:00:05,000 INFO asyncwork.contrib.periodic.jobs job email-reconcile ran: 7\n"
     )
     (tmp_path / "beat.log").write_text(
-        "2026-12-02 10:00:07,000 WARNING asyncwork.jobs recovery: broker_restarted; "
+        "2026-12-02 10:00:07,000 WARNING asyncwork.contrib.periodic.jobs recovery: broker_restarted; "
         "dispatched the recovery jobs now: email-reconcile\n"
-        "2026-12-02 10:00:08,000 INFO asyncwork.jobs job email-reconcile ran: 5\n"
+        "2026-12-02 10:00:08,000 INFO asyncwork.contrib.periodic.jobs job email-reconcile ran: 5\n"
     )
     actions = net_actions(tmp_path)
     assert actions.job_results == {"email-claims-recover": 2, "email-reconcile": 12}

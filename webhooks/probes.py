@@ -1,4 +1,5 @@
-"""The webhooks app's probes (``asyncwork.probes``): events of another Stripe API version than
+"""The webhooks app's probes (``asyncwork.contrib.monitoring.probes``): events of another Stripe
+API version than
 ``STRIPE_API_VERSION`` received in the last 24 h, in /health/'s details (an account upgrade made
 visible; never degraded: such an event is taken when its fields parse); and the Events API
 reconcile (``webhooks.reconcile``): its last run, its cursor and what it recovered, on
@@ -16,8 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from asyncwork.contrib.monitoring.probes import CheckResult, Figure, Probe, probe_declare
 from asyncwork.models import ScheduledJob
-from asyncwork.probes import CheckResult, Figure, Probe, probe_declare
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.reconcile import JOB, TIME
 from webhooks.stripe_api import API_OFF

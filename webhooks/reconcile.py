@@ -37,7 +37,7 @@ from django.db.models import F
 from django.utils import timezone
 from stripe.params import EventListParams
 
-from asyncwork.jobs import job
+from asyncwork.contrib.periodic.jobs import job
 from webhooks.events import WebhookRejected, handled_types
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.services import webhook_event_record

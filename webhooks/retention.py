@@ -1,4 +1,4 @@
-"""How long webhook deliveries are kept (``asyncwork.retention``).
+"""How long webhook deliveries are kept (``asyncwork.contrib.periodic.retention``).
 
 Bodies and headers (personal data) go after ``WEBHOOK_BODY_RETENTION_DAYS``; the row still
 deduplicates. Processed or ignored rows go after ``WEBHOOK_RETENTION_DAYS``; failed ones stay.
@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from asyncwork.retention import batched_delete, batched_update, retention_rule
+from asyncwork.contrib.periodic.retention import batched_delete, batched_update, retention_rule
 from webhooks.models import WebhookEvent
 
 

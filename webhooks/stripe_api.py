@@ -16,8 +16,8 @@ import stripe
 from celery.signals import worker_ready
 from django.conf import settings
 
+from asyncwork.contrib.monitoring.probes import CheckResult, Probe, probe_declare
 from asyncwork.errors import PermanentError, TransientError
-from asyncwork.probes import CheckResult, Probe, probe_declare
 
 logger = logging.getLogger(__name__)
 

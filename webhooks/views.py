@@ -13,7 +13,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
-from asyncwork.backpressure import backpressure_shed
+from asyncwork.contrib.backpressure import backpressure_shed
 from asyncwork.db import text_storable
 from asyncwork.logging import log_context
 from webhooks.events import Event, WebhookRejected

@@ -25,7 +25,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from asyncwork import deadletters, jobs, outbox
+from asyncwork import deadletters, outbox
+from asyncwork.contrib.periodic import jobs
 from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
 from asyncwork.outbox import outbox_relay, outbox_task_id
 from core.celery import app
@@ -303,7 +304,8 @@ def test_beats_own_actions_need_the_change_permission(viewer: Client, staff: Cli
 def test_scheduled_jobs_page_renders(staff: Client) -> None:
     jobs.job_task("dlq-alert").apply().get()
     listed = rows(staff.get("/admin/asyncwork/scheduledjob/"))
-    # Every declared job has its row from migrate on (asyncwork.jobs.schedules_sync).
+    # Every declared job has its row from migrate on
+    # (asyncwork.contrib.periodic.jobs.schedules_sync).
     assert sorted((row["name"], row["runs"], row["running_now"]) for row in listed) == sorted(
         (s.name, "1" if s.name == "dlq-alert" else "0", EMPTY) for s in jobs.jobs_declared()
     )

@@ -15,10 +15,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from asyncwork.backpressure import pressure_measure
 from asyncwork.broker import queue_keys
+from asyncwork.contrib.backpressure import pressure_measure
+from asyncwork.contrib.monitoring.probes import queues_probe
 from asyncwork.models import OutboxMessage
-from asyncwork.probes import queues_probe
 from core.celery import app
 from invoicing.models import Invoice
 from invoicing.services import EMAIL_QUEUE

@@ -16,11 +16,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from asyncwork import beat as beat_module
-from asyncwork.beat import STANDBY_POLL_SECONDS, active_beat
-from asyncwork.gauges import beat_check
-from asyncwork.jobs import jobs_declared
-from asyncwork.locks import Holder
+from asyncwork.contrib.monitoring.gauges import beat_check
+from asyncwork.contrib.periodic import beat as beat_module
+from asyncwork.contrib.periodic.beat import STANDBY_POLL_SECONDS, active_beat
+from asyncwork.contrib.periodic.jobs import jobs_declared
+from asyncwork.contrib.periodic.locks import Holder
 from stack import launch
 from stack.net import free_port, wait_until
 from stack.process import Process
@@ -148,7 +148,7 @@ def test_beat_warns_at_start_about_a_declared_job_it_has_no_schedule_for() -> No
     warnings = [line for line in beat.log_text().splitlines() if " WARNING " in line]
     assert len(warnings) == 1, warnings
     assert (
-        " WARNING asyncwork.beat scheduled job dlq-alert (task dlq-alert) has no enabled"
+        " WARNING asyncwork.contrib.periodic.beat scheduled job dlq-alert (task dlq-alert) has no enabled"
         in (warnings[0])
     )
     assert {s.name for s in jobs_declared() if s.name in warnings[0]} == {"dlq-alert"}

@@ -19,7 +19,7 @@ import pytest
 import redis
 from django.test import Client
 
-from asyncwork.breaker import Breaker, Decision, Verdict
+from asyncwork.contrib.breaker import Breaker, Decision, Verdict
 from stack.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_a_success_resets_the_count_so_only_consecutive_failures_open_it(
 def test_the_state_is_shared_by_separate_processes(breaker: Breaker) -> None:
     """Another process (another worker) reporting failures opens the breaker here."""
     code = (
-        "import django; django.setup(); from asyncwork.breaker import Breaker; "
+        "import django; django.setup(); from asyncwork.contrib.breaker import Breaker; "
         f"b = Breaker({breaker.name!r}, threshold=3, reset_seconds=60, probe_ttl_seconds=70); "
         "[b.record_failure() for _ in range(3)]"
     )
@@ -247,7 +247,7 @@ def test_redis_refusing_connections_lets_every_call_through_with_a_warning(
         url=f"redis://127.0.0.1:{free_port()}/0",
     )
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="asyncwork.breaker"):
+    with caplog.at_level(logging.WARNING, logger="asyncwork.contrib.breaker"):
         for _ in range(3):
             b.record_failure()
         decision = b.allow()

@@ -5,7 +5,7 @@ which gives a clear unknown or failing result within the probe timeout, never a 
 
 On Redis the depth is the length of the queue's lists; on RabbitMQ, the messages ready on the
 quorum queue, read by a passive declaration on a kept AMQP connection
-(``asyncwork.rabbitmq.queue_depths``)."""
+(``asyncwork.contrib.monitoring.rabbitmq.queue_depths``)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from asyncwork import backpressure, health, queues
-from asyncwork.gauges import queues_figures
-from asyncwork.probes import BrokerUnreadable, queues_probe
+from asyncwork import queues
+from asyncwork.contrib import backpressure
+from asyncwork.contrib.monitoring import health
+from asyncwork.contrib.monitoring.gauges import queues_figures
+from asyncwork.contrib.monitoring.probes import BrokerUnreadable, queues_probe
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE

@@ -16,7 +16,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from asyncwork import jobs, probes, queues
+from asyncwork import queues
+from asyncwork.contrib.monitoring import probes
+from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError, TransientError
 from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.audit import cli_actor
-from asyncwork.deadletters import purge, record, dlq_alert
+from asyncwork.deadletters import dlq_alert, purge, record
 from asyncwork.errors import PermanentError
 from asyncwork.models import DeadLetter, OutboxMessage
 from core.celery import app

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from asyncwork.beat import LeaderLock
+from asyncwork.contrib.periodic.beat import LeaderLock
 from tests.helpers.metrics import scrape, value
 from tests.helpers.processes import a_lapsed_and_a_live_worker
 

@@ -18,7 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from asyncwork import health, probes
+from asyncwork.contrib.monitoring import health, probes
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.settings import asyncwork_settings
 from invoicing.services import EMAIL_QUEUE

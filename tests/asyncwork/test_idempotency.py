@@ -1,4 +1,5 @@
-"""Idempotency keys (``asyncwork.idempotency``) on PostgreSQL: one run per (user, key) however many
+"""Idempotency keys (``asyncwork.contrib.idempotency``) on PostgreSQL: one run per (user, key)
+however many
 callers race, a different request under a used key refused, keys scoped to their user."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
-from asyncwork.idempotency import (
+from asyncwork.contrib.idempotency import (
     IdempotencyKeyReused,
     idempotency_key_from,
     idempotent_perform,

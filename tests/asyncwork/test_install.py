@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from asyncwork.scheduled import OutboxDuePoll
 from celery import Celery
 from django.utils import timezone
 
@@ -14,8 +15,7 @@ from asyncwork import queues
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.install import celery_install
 from asyncwork.models import OutboxMessage, WorkerHeartbeat
-from asyncwork.rabbitmq import DeadLetterQueueDeclare
-from asyncwork.scheduled import OutboxDuePoll
+from asyncwork.queues import DeadLetterQueueDeclare
 from stack import launch
 from stack.net import wait_until
 

@@ -27,8 +27,9 @@ from django_celery_beat.models import (
     PeriodicTasks,
 )
 
-from asyncwork import jobs, queues
-from asyncwork.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
+from asyncwork import queues
+from asyncwork.contrib.periodic import jobs
+from asyncwork.contrib.periodic.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from asyncwork.models import ScheduledJob
 from stack.process import ROOT
 from tests import tasks as test_tasks
@@ -74,7 +75,7 @@ def test_two_concurrent_runs_one_does_the_work(name: str, caplog: pytest.LogCapt
     thread = threading.Thread(target=first_run)
     thread.start()
     assert inside.wait(10)
-    with caplog.at_level(logging.INFO, logger="asyncwork.jobs"):
+    with caplog.at_level(logging.INFO, logger="asyncwork.contrib.periodic.jobs"):
         second = jobs.job_task(name).apply().get()  # the real task, as a worker runs it
     release.set()
     thread.join(10)
@@ -105,7 +106,7 @@ def test_a_failed_run_is_one_error_line_with_its_traceback(
     assert isinstance(result.result, ZeroDivisionError)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [(r.name, r.getMessage()) for r in errors] == [
-        ("asyncwork.jobs", f"job {test_tasks.FAILING_JOB} failed")
+        ("asyncwork.contrib.periodic.jobs", f"job {test_tasks.FAILING_JOB} failed")
     ]
     assert errors[0].exc_info is not None
     assert errors[0].exc_info[0] is ZeroDivisionError
@@ -117,7 +118,7 @@ def test_a_failed_run_is_one_error_line_with_its_traceback(
 def test_a_run_whose_process_died_releases_the_lock() -> None:
     script = (
         "import time; from django.db import connection;"
-        "from asyncwork.locks import advisory_lock;"
+        "from asyncwork.contrib.periodic.locks import advisory_lock;"
         "cm = advisory_lock('job:outbox-relay'); held = cm.__enter__();"
         "print('held' if held else 'busy', flush=True); time.sleep(60)"
     )

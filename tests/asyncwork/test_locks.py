@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_key
+from asyncwork.contrib.periodic.locks import NAMESPACE, Holder, lock_holder, lock_key
 from asyncwork.models import LockHolder
 from stack.net import wait_until
 from stack.process import ROOT
@@ -28,7 +28,7 @@ NAME = "job:outbox-relay"
 def process_holding(name: str) -> Iterator[subprocess.Popen[str]]:
     """A separate OS process (manage.py shell) holding the lock ``name`` until it is killed."""
     script = (
-        "import time; from asyncwork.locks import advisory_lock;"
+        "import time; from asyncwork.contrib.periodic.locks import advisory_lock;"
         f"cm = advisory_lock({name!r}); held = cm.__enter__();"
         "print('held' if held else 'busy', flush=True); time.sleep(60)"
     )

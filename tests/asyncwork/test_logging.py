@@ -19,7 +19,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from asyncwork.logging import log_context, log_context_bind, pii_mask
+from asyncwork.contrib.logging import pii_mask
+from asyncwork.logging import log_context, log_context_bind
 from asyncwork.models import OutboxMessage
 from invoicing.models import EmailDelivery, Invoice
 from stack import launch

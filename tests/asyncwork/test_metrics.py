@@ -23,7 +23,9 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from asyncwork import jobs, metrics, queues
+from asyncwork import queues
+from asyncwork.contrib.monitoring import metrics
+from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError
 from asyncwork.models import OutboxMessage
@@ -375,7 +377,7 @@ def test_worker_metrics_are_not_served_from_a_prefork_worker_without_a_shared_di
     port = free_port()
     settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_METRICS_PORT": port}
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    with caplog.at_level(logging.ERROR, logger="asyncwork.metrics"):
+    with caplog.at_level(logging.ERROR, logger="asyncwork.contrib.monitoring.metrics"):
         metrics._worker_metrics_serve(sender=SimpleNamespace(pool_cls="prefork"))
     assert "PROMETHEUS_MULTIPROC_DIR is not" in caplog.text
     with pytest.raises(requests.ConnectionError):

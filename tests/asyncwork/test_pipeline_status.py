@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from asyncwork.jobs import job_run, jobs_declared
+from asyncwork.contrib.periodic.jobs import job_run, jobs_declared
 from core.celery import app
 from stack.process import ROOT
 from tests.helpers.processes import worker_env

@@ -12,11 +12,9 @@ from django.db import connection
 from django.db.utils import OperationalError
 from django.utils import timezone
 
-from asyncwork import jobs, probes, queues
-from asyncwork.deadletters import record, replay
-from asyncwork.errors import PermanentError
-from asyncwork.models import OutboxMessage, ScheduledJob
-from asyncwork.probes import (
+from asyncwork import queues
+from asyncwork.contrib.monitoring import probes
+from asyncwork.contrib.monitoring.probes import (
     BreakerProbe,
     Figure,
     Probe,
@@ -29,6 +27,10 @@ from asyncwork.probes import (
     queues_probe,
     scheduled_jobs_probe,
 )
+from asyncwork.contrib.periodic import jobs
+from asyncwork.deadletters import record, replay
+from asyncwork.errors import PermanentError
+from asyncwork.models import OutboxMessage, ScheduledJob
 from core.celery import app
 from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE, email_breaker
 from stack.net import free_port
@@ -108,7 +110,8 @@ def test_the_scheduled_jobs_probe_lists_every_declared_job_and_any_other_that_ra
     assert set(states) == {schedule.name for schedule in jobs.jobs_declared()} | {"retired-job"}
     assert states["dlq-alert"].runs == 1
     assert states["dlq-alert"].last_started_at is not None
-    # Declared, never run: its row exists from migrate on (asyncwork.jobs.schedules_sync).
+    # Declared, never run: its row exists from migrate on
+    # (asyncwork.contrib.periodic.jobs.schedules_sync).
     assert states["outbox-relay"].runs == 0
     assert states["outbox-relay"].last_started_at is None
     assert states["retired-job"].last_error == "boom"

@@ -8,11 +8,11 @@ import os
 from typing import Any
 
 import pytest
+from asyncwork.tasks import ReliableTask, RetryPolicy
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
 from django.core.cache import cache
 
-from asyncwork.tasks import ReliableTask, RetryPolicy
 from invoicing.tasks import EMAIL_RETRY, resend_invoice_email, send_invoice_email
 from tests import tasks as test_tasks
 

@@ -14,8 +14,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from asyncwork.contrib.periodic.retention import retention_purge
 from asyncwork.models import OutboxMessage
-from asyncwork.retention import retention_purge
 from invoicing.models import Invoice
 from stack.process import ROOT
 from tests.helpers.stripe import paid_event, post_event

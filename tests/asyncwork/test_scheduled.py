@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from asyncwork.tasks import RETRY_WRITE_WAIT
 from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
@@ -24,7 +25,6 @@ from psycopg import sql
 from asyncwork import queues
 from asyncwork.models import DeadLetter, OutboxMessage
 from asyncwork.outbox import outbox_publish_due, outbox_relay, outbox_schedule
-from asyncwork.tasks import RETRY_WRITE_WAIT
 from core.celery import app
 from stack import launch
 from stack.net import wait_until

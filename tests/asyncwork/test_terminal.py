@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
+from asyncwork.contrib.periodic.jobs import jobs_declared
 from asyncwork.deadletters import dead_letter_refusals
-from asyncwork.jobs import jobs_declared
 from asyncwork.models import DeadLetter, ScheduledJob
 from invoicing.models import Invoice
 from stack.net import wait_until

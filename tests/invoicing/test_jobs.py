@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
+from invoicing.jobs import email_claims_recover, invoices_reconcile
 
 from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat
 from asyncwork.rescue import RESCUES, workers_rescue
-from invoicing.jobs import email_claims_recover, invoices_reconcile
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import email_claim, invoice_email_key
 from stack.smtp import SmtpServer

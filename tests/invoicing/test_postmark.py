@@ -16,7 +16,7 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from asyncwork.deadletters import replay, subjects, dlq_alert
+from asyncwork.deadletters import dlq_alert, replay, subjects
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 from django.utils import timezone
+from invoicing.jobs import invoices_reconcile
 
 from asyncwork.models import OutboxMessage
 from core.celery import app
-from invoicing.jobs import invoices_reconcile
 from invoicing.models import EmailDelivery
 from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE, SEND_INVOICE_EMAIL_TASK
 from stack import launch

@@ -1,4 +1,5 @@
-"""The client address (``asyncwork.http.client_address``), and the admin login limit that keys on
+"""The client address (``asyncwork.contrib.http.client_address``), and the admin login limit that
+keys on
 it: django-axes through the real admin login form, PostgreSQL holding the attempts. Through real
 gunicorn behind a trusted proxy: a client reaching it around the proxy is one client to the
 login limit and the /metrics allow-list, however it rotates
@@ -19,7 +20,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 from django.test import Client, RequestFactory
 
-from asyncwork.http import client_address
+from asyncwork.contrib.http import client_address
 from stack import launch
 from stack.launch import GunicornConfig
 from stack.net import HOST

@@ -1,4 +1,5 @@
-"""The API's default permission check (``asyncwork.permissions``), on a viewset of its own: reading
+"""The API's default permission check (``asyncwork.contrib.permissions``), on a viewset of its own:
+reading
 needs the view permission, an action needs the power it declares, and an action that declares
 none is refused to every operator (only a superuser passes DRF's ``add_`` rule)."""
 
@@ -14,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 
-from asyncwork.api import DeadLetterSerializer
+from asyncwork.contrib.api import DeadLetterSerializer
 from asyncwork.models import DeadLetter
 from tests.helpers.factories import staff_user
 

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork import health
+from asyncwork.contrib.monitoring import health
 from invoicing.models import Invoice
 from tests.helpers.admin import admin_as, rows
 from tests.helpers.factories import staff_user

@@ -31,7 +31,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork.health import health_report
+from asyncwork.contrib.monitoring.health import health_report
 from invoicing.models import EmailDelivery, Invoice
 from stack.smtp import SmtpServer
 from stack.stripe_api import RATE_LIMITED, StripeApi

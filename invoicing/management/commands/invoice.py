@@ -16,8 +16,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 from django.utils import timezone
 
-from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork import deadletters
+from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.terminal import printable
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice

@@ -16,14 +16,12 @@ from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import OperationalError
-from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
-from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
-from django_celery_beat.models import PeriodicTask
 
 from asyncwork.db import bounded, statement_timed_out
 from asyncwork.deadletters import (
@@ -44,8 +42,7 @@ from asyncwork.deadletters import (
     subjects,
     unresolve,
 )
-from asyncwork.locks import lock_holder
-from asyncwork.models import DeadLetter, Job, ScheduledJob, job_arguments
+from asyncwork.models import DeadLetter, Job, job_arguments
 from asyncwork.outbox import republish
 from asyncwork.settings import asyncwork_settings
 
@@ -77,7 +74,7 @@ class ReadOnlyAdmin(ReadOnly, admin.ModelAdmin):
     ``readonly_fields`` need not list them."""
 
 
-# The admin's index links the operator's dashboard (asyncwork.dashboard).
+# The admin's index links the operator's dashboard (asyncwork.contrib.monitoring.dashboard).
 admin.site.index_template = "admin/asyncwork/site_index.html"
 
 
@@ -508,7 +505,7 @@ def _listed(whys: dict[int, str]) -> str:
 
 
 @admin.display(description="Last error")
-def last_error_short(row: Job | ScheduledJob) -> str:
+def last_error_short(row: Job) -> str:
     return row.last_error[:80]
 
 
@@ -551,92 +548,3 @@ class JobAdmin(ReadOnlyAdmin):
                 "publisher, or the broker failed: see Last error; the relay publishes those).",
                 messages.WARNING,
             )
-
-
-@admin.register(ScheduledJob)
-class ScheduledJobAdmin(ReadOnlyAdmin):
-    """Beside django-celery-beat's "Periodic tasks": what each job did, and who runs it now."""
-
-    list_display = (
-        "name",
-        "last_started_at",
-        "last_finished_at",
-        "last_skipped_at",
-        "runs",
-        "skips",
-        "running_now",
-        "last_holder",
-        last_error_short,
-    )
-    readonly_fields = (
-        "name",
-        "runs",
-        "skips",
-        "last_started_at",
-        "last_finished_at",
-        "last_skipped_at",
-        "last_holder",
-        "running_now",
-        "last_result",
-        "last_error",
-    )
-
-    @admin.display(description="Lock held by")
-    def running_now(self, obj: ScheduledJob) -> str:
-        return str(lock_holder(f"job:{obj.name}") or "-")
-
-
-# django-celery-beat's "Periodic tasks" page also shows what each job last did and who holds its
-# lock.
-admin.site.unregister(PeriodicTask)
-
-
-@admin.register(PeriodicTask)
-class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
-    job_fields = ("job_last_run", "job_last_skip", "job_lock_holder", "job_last_error")
-    list_display = (*BeatPeriodicTaskAdmin.list_display, *job_fields[:3])
-    readonly_fields = (*BeatPeriodicTaskAdmin.readonly_fields, *job_fields)
-    fieldsets = (
-        *BeatPeriodicTaskAdmin.fieldsets,
-        ("Runs (scheduled jobs)", {"fields": job_fields, "classes": ("extrapretty", "wide")}),
-    )
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        job = ScheduledJob.objects.filter(name=OuterRef("name"))
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                job_started_at=Subquery(job.values("last_started_at")[:1]),
-                job_skipped_at=Subquery(job.values("last_skipped_at")[:1]),
-                job_error=Subquery(job.values("last_error")[:1]),
-            )
-        )
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        # django-celery-beat's own actions declare no permission yet change a schedule or start a
-        # job: they need the change permission here.
-        actions = super().get_actions(request)
-        if self.has_change_permission(request):
-            return actions
-        return {
-            name: action
-            for name, action in actions.items()
-            if hasattr(action[0], "allowed_permissions")
-        }
-
-    @admin.display(description="Job last ran", ordering="job_started_at")
-    def job_last_run(self, obj: PeriodicTask) -> Any:
-        return getattr(obj, "job_started_at", None)
-
-    @admin.display(description="Job last skipped", ordering="job_skipped_at")
-    def job_last_skip(self, obj: PeriodicTask) -> Any:
-        return getattr(obj, "job_skipped_at", None)
-
-    @admin.display(description="Lock held by")
-    def job_lock_holder(self, obj: PeriodicTask) -> str:
-        return str(lock_holder(f"job:{obj.name}") or "-")
-
-    @admin.display(description="Job's last error")
-    def job_last_error(self, obj: PeriodicTask) -> str:
-        return getattr(obj, "job_error", None) or "-"

@@ -57,8 +57,11 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "job_publish_failed",
+    "job_published",
     "job_ran",
     "normalize_json",
+    "rescued",
     "task_enqueued",
     "task_finished",
     "task_started",
@@ -67,9 +70,14 @@ __all__ = [
 # The Celery task every job's message names (asyncwork.install): the one name on the wire.
 RUN = "asyncwork.run"
 
-# Sent by the runner after every run of a job, with the job's ``task`` (its path) and what came
-# of the run, ``outcome``: successful, retry, deferred or failed.
+# What the machinery tells whoever counts (asyncwork.contrib.monitoring): after every run of a
+# job, its ``task`` (path) and ``outcome`` (successful, retry, deferred or failed); after a job's
+# first publish, its ``queue`` and the ``seconds`` since its row was written; after a publish
+# the broker refused, its ``queue``; after a rescue gave back work, the ``rescue`` and how many.
 job_ran = Signal()
+job_published = Signal()
+job_publish_failed = Signal()
+rescued = Signal()
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -1,10 +1,11 @@
 """``asyncwork.install(app)``: the machinery in a Celery app, in one call, beside
 ``TASKS = {"default": {"BACKEND": "asyncwork.backend.OutboxBackend"}}``.
 
-It registers the task that runs jobs (``run``, ``asyncwork.runner``), adds the worker's bootsteps (the
+It registers the task that runs jobs (``run``, ``asyncwork.runner``), adds the worker's bootsteps
+(the
 heartbeat, the poll that relays, publishes what came due and rescues dead workers' jobs,
 RabbitMQ's dead-letter queue declared before any worker consumes), connects the signal receivers
-(log context across the broker, task metrics, the heartbeat of each prefork child, the kept
+(log context across the broker, the heartbeat of each prefork child, the kept
 database connection, a late soft time limit kept off the pool), and, once Celery reads its
 configuration, sets what the guarantees need where the project left Celery's default
 (``REQUIRED``; ``manage.py check`` names a project value that weakens one, ``asyncwork.checks``).
@@ -21,12 +22,12 @@ from celery import Task as CeleryTask
 from celery.signals import task_unknown
 from django.db import connection
 
-from asyncwork import db, heartbeat, metrics, queues, timelimits
+from asyncwork import db, heartbeat, queues, timelimits
 from asyncwork import logging as log_context
 from asyncwork.backend import RUN
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.poll import PollStep
-from asyncwork.rabbitmq import DeadLetterQueueDeclare
+from asyncwork.queues import DeadLetterQueueDeclare
 
 # Celery settings the guarantees rely on, set unless the project set its own.
 REQUIRED: dict[str, Any] = {
@@ -62,7 +63,6 @@ def install(app: Celery) -> None:
     app.steps["consumer"].add(DeadLetterQueueDeclare)
     task_unknown.connect(_unknown, weak=False, dispatch_uid="asyncwork.install.unknown")
     log_context.celery_signals_connect()
-    metrics.celery_signals_connect()
     heartbeat.celery_signals_connect()
     db.celery_signals_connect()
     timelimits.celery_signals_connect()
@@ -113,7 +113,7 @@ class UnknownTask(LookupError):
     """A message for a Celery task this worker does not have."""
 
 
-def _unknown(name: str = "", id: str = "", message: Any = None, **_: Any) -> None:  # noqa: A002
+def _unknown(name: str = "", id: str = "", message: Any = None, **_: Any) -> None:
     """``task_unknown``: Celery logs such a message and drops it; it is also a dead letter here,
     so nothing vanishes (a typo, a task renamed while its messages waited, a worker of an older
     release)."""
@@ -127,7 +127,7 @@ def _unknown(name: str = "", id: str = "", message: Any = None, **_: Any) -> Non
         connection.close()  # on the consumer's thread, which keeps no connection of its own
 
 
-def _unknown_record(name: str, id: str, message: Any, args: Any, kwargs: Any) -> None:  # noqa: A002
+def _unknown_record(name: str, id: str, message: Any, args: Any, kwargs: Any) -> None:
     from asyncwork.deadletters import record  # the models load with Django's apps
     from asyncwork.models import DeadLetter
 

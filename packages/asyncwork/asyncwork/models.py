@@ -159,7 +159,8 @@ class DeadLetter(models.Model):
 
 
 class ScheduledJob(models.Model):
-    """What each scheduled job last did, for operators (its lock: ``asyncwork.locks``)."""
+    """What each scheduled job last did, for operators (its lock:
+    ``asyncwork.contrib.periodic.locks``)."""
 
     name = models.CharField(max_length=100, unique=True)
     runs = models.PositiveIntegerField(default=0)
@@ -176,9 +177,9 @@ class ScheduledJob(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """One API request under an ``Idempotency-Key`` (``asyncwork.idempotency``): ``fingerprint``
-    tells a retry from another request; ``target`` is what the request created, or ``response``
-    the answer it got when that is not one row (a bulk action's)."""
+    """One API request under an ``Idempotency-Key`` (``asyncwork.contrib.idempotency``):
+    ``fingerprint`` tells a retry from another request; ``target`` is what the request created,
+    or ``response`` the answer it got when that is not one row (a bulk action's)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255)
@@ -204,7 +205,8 @@ class IdempotencyRecord(models.Model):
 
 
 class LockHolder(models.Model):
-    """The process that last took each named advisory lock, and its session (asyncwork.locks)."""
+    """The process that last took each named advisory lock, and its session
+    (``asyncwork.contrib.periodic.locks``)."""
 
     name = models.CharField(max_length=200, unique=True)
     host = models.CharField(max_length=255)

@@ -34,8 +34,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from asyncwork import queues
 from asyncwork.audit import operator_action_record
-from asyncwork.backend import RUN, TIME_LIMIT_GRACE, task_for
-from asyncwork.metrics import outbox_publish_failures, outbox_publish_latency
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, job_publish_failed, job_published, task_for
 from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 
@@ -81,7 +80,7 @@ _MARK_PUBLISHED = (
 def _published(job: Job) -> None:
     """``job`` was just published: the time since its row was created."""
     age = time.time() - job.created_at.timestamp()
-    outbox_publish_latency().labels(queue=job.queue).observe(max(0.0, age))
+    job_published.send(_published, queue=job.queue, seconds=max(0.0, age))
 
 
 def _publish_committed(job: Job) -> None:
@@ -173,7 +172,7 @@ def _send(job: Job, *, queue: str) -> Exception | None:
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
         _producer_drop()
-        outbox_publish_failures().labels(queue=job.queue).inc()
+        job_publish_failed.send(_send, queue=job.queue)
         # For a broker's nack kombu's own error says nothing; its cause does.
         error = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
         logger.warning(

@@ -14,6 +14,9 @@ a message onto ``dlq``, which nobody consumes: it waits there for an operator.
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery import bootsteps
 from django.conf import settings
 from kombu import Exchange, Queue
 
@@ -95,3 +98,19 @@ def pressure() -> tuple[str, ...]:
     """The queues whose depth is accepted work not yet done (backpressure, ``/metrics``): every
     declared queue and the one read ahead of it."""
     return tuple(dict.fromkeys(n for name in declared() for n in (ahead(name), name)))
+
+
+class DeadLetterQueueDeclare(bootsteps.StartStopStep):
+    """A consumer step: declare ``dlq`` when connected, before consuming, and on reconnecting."""
+
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def include_if(self, parent: Any) -> bool:
+        return rabbitmq()
+
+    def start(self, parent: Any) -> None:
+        channel = parent.connection.channel()
+        try:
+            dlq_declaration()(channel).declare()
+        finally:
+            channel.close()

@@ -1,4 +1,5 @@
-"""The rescue of what a dead worker process held, once its heartbeat lapsed (``asyncwork.heartbeat``),
+"""The rescue of what a dead worker process held, once its heartbeat lapsed
+(``asyncwork.heartbeat``),
 run by every worker's poll (``asyncwork.poll``) every ``RESCUE_EVERY``; and the dashboard's view
 of the workers.
 
@@ -19,18 +20,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
 from django.db import connection, transaction
-from django.db.models import Count, Q
 from django.db.models.functions import Now
 
+from asyncwork.backend import rescued as rescued_signal
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
-from asyncwork.metrics import worker_rescues
 from asyncwork.models import Job, WorkerHeartbeat
-from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +59,9 @@ _RUNNING_SQL = f"""
 UPDATE {Job._meta.db_table} AS j
 SET status = 'READY', due_at = now(), published_at = NULL, owner = '', lease_expires_at = NULL
 WHERE j.status = 'RUNNING'
-  AND (j.lease_expires_at < now() OR {owner_lapsed_sql(owner="j.owner", since="j.last_attempted_at")})
+  AND (j.lease_expires_at < now() OR {
+    owner_lapsed_sql(owner="j.owner", since="j.last_attempted_at")
+})
 """  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
 _HELD_SQL = f"""
@@ -100,7 +100,7 @@ def workers_rescue() -> dict[str, int]:
     for name, fn in rescues.items():
         counts[name] = rescued = fn()
         if rescued:
-            worker_rescues().labels(rescue=name).inc(rescued)
+            rescued_signal.send(workers_rescue, rescue=name, count=rescued)
             logger.warning(
                 "rescue %s: %d %s of worker processes that are gone released and re-enqueued",
                 name,
@@ -111,32 +111,3 @@ def workers_rescue() -> dict[str, int]:
     deleted, _ = WorkerHeartbeat.objects.filter(beat_at__lt=Now() - DEAD_HEARTBEAT_KEPT).delete()
     counts["heartbeats_deleted"] = deleted
     return counts
-
-
-@dataclass(frozen=True)
-class WorkersProbe:
-    """Live worker processes per host, and the lapsed ones still kept."""
-
-    live_by_host: dict[str, int]
-    lapsed: int
-    lapse_seconds: float
-
-    @property
-    def live(self) -> int:
-        return sum(self.live_by_host.values())
-
-
-def workers_probe() -> WorkersProbe:
-    """One query, on the database's clock. With rescue off, live means within three heartbeats."""
-    lapse = lapse_seconds() or 3 * float(asyncwork_settings.WORKER_HEARTBEAT_SECONDS)
-    fresh = Q(beat_at__gte=Now() - timedelta(seconds=lapse))
-    rows = (
-        WorkerHeartbeat.objects.values("hostname")
-        .annotate(live=Count("pk", filter=fresh), lapsed=Count("pk", filter=~fresh))
-        .order_by("hostname")
-    )
-    return WorkersProbe(
-        live_by_host={row["hostname"]: row["live"] for row in rows if row["live"]},
-        lapsed=sum(row["lapsed"] for row in rows),
-        lapse_seconds=lapse,
-    )

@@ -40,9 +40,9 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from asyncwork.backend import (
-    job_ran,
     TaskContext,
     TaskResultStatus,
+    job_ran,
     normalize_json,
     task_finished,
     task_for,

@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from asyncwork.audit import operator_acted
+from asyncwork.contrib.monitoring.probes import dlq_probe
 from asyncwork.deadletters import (
     dlq_alert,
     replay,
@@ -21,7 +22,6 @@ from asyncwork.deadletters import (
     waiting,
 )
 from asyncwork.models import DeadLetter, OutboxMessage
-from asyncwork.probes import dlq_probe
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from asyncwork.contrib.periodic.jobs import job_run
 from asyncwork.deadletters import TIME_FORMS
-from asyncwork.jobs import job_run
 from asyncwork.terminal import printable
 from webhooks import reconcile
 from webhooks.stripe_api import API_OFF

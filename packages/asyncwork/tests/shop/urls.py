@@ -1,4 +1,4 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import path
 
-urlpatterns = [path("", include("asyncwork.urls")), path("admin/", admin.site.urls)]
+urlpatterns = [path("admin/", admin.site.urls)]

@@ -1,5 +1,6 @@
 """The operator's dashboard, ``/admin/dashboard/``: the figures of every probe that has them
-(``asyncwork.probes``), each linking to the list it counts. Read-only, for staff who may view the
+(``asyncwork.contrib.monitoring.probes``), each linking to the list it counts. Read-only, for staff
+who may view the
 machinery's lists.
 """
 
@@ -14,7 +15,7 @@ from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from asyncwork.probes import probes_read
+from asyncwork.contrib.monitoring.probes import probes_read
 
 # What a staff user needs to see the dashboard: the lists it summarises.
 VIEW_PERMISSIONS = (

@@ -1,7 +1,6 @@
-"""RabbitMQ as the broker, beside the queues' declarations (``asyncwork.queues``): every worker
-declares ``dlq`` as it starts (RabbitMQ drops a dead-lettered message no queue is bound to take),
-and ``queue_depths`` reads the queues for the probes. Nothing here runs on Redis.
-"""
+"""RabbitMQ's queues as the probes read them: each queue's ready messages and consumers, by
+passive declaration, on one connection per process kept between reads. Nothing here runs on
+Redis (``asyncwork.broker`` reads its lists)."""
 
 from __future__ import annotations
 
@@ -10,27 +9,10 @@ import os
 import threading
 from typing import Any
 
-from celery import bootsteps, current_app
+from celery import current_app
 from kombu import Connection
 
-from asyncwork import queues
 from asyncwork.settings import asyncwork_settings
-
-
-class DeadLetterQueueDeclare(bootsteps.StartStopStep):
-    """A consumer step: declare ``dlq`` when connected, before consuming, and on reconnecting."""
-
-    requires = ("celery.worker.consumer.connection:Connection",)
-
-    def include_if(self, parent: Any) -> bool:
-        return queues.rabbitmq()
-
-    def start(self, parent: Any) -> None:
-        channel = parent.connection.channel()
-        try:
-            queues.dlq_declaration()(channel).declare()
-        finally:
-            channel.close()
 
 
 class BrokerUnreadable(ConnectionError):

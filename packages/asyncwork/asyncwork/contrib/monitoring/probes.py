@@ -3,7 +3,8 @@ what ``/health/``, ``/metrics`` and the dashboard make of a reading), and read o
 ``probe_read``. Backpressure reads the outbox and the queues through the same functions.
 
 A read function measures now and returns what it read (a frozen dataclass, or rows); it decides
-nothing, a probe's parts do. The machinery's probes are declared in ``asyncwork.gauges``, an
+nothing, a probe's parts do. The machinery's probes are declared in
+``asyncwork.contrib.monitoring.gauges``, an
 app's beside its own state.
 """
 
@@ -23,14 +24,15 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from prometheus_client.core import Metric
 
-from asyncwork import queues, rabbitmq
-from asyncwork.breaker import Breaker
+from asyncwork import queues
 from asyncwork.broker import broker_redis, queue_keys
+from asyncwork.contrib.breaker import Breaker
+from asyncwork.contrib.monitoring import rabbitmq
+from asyncwork.contrib.monitoring.rabbitmq import BrokerUnreadable
+from asyncwork.contrib.periodic.jobs import jobs_declared
 from asyncwork.db import bounded
 from asyncwork.deadletters import waiting
-from asyncwork.jobs import jobs_declared
 from asyncwork.models import Job, ScheduledJob
-from asyncwork.rabbitmq import BrokerUnreadable
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)

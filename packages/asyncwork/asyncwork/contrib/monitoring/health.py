@@ -1,7 +1,8 @@
 """GET /health/: can this deployment take work in and get it done, now? GET /health/live: is this
 process serving HTTP?
 
-``/health/`` reads every probe with a ``check`` (``asyncwork.probes``) and answers 200 when every
+``/health/`` reads every probe with a ``check`` (``asyncwork.contrib.monitoring.probes``) and
+answers 200 when every
 critical one passes, 503 otherwise, never 500. Anyone gets ``{"status": ...}`` only, from a report
 each process computes at most once per ``HEALTH_CACHE_SECONDS`` (single flight); a staff session
 or the ``METRICS_TOKEN`` bearer gets the whole report, computed for the request. The checks run in
@@ -24,8 +25,14 @@ from django.db import DatabaseError, connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
-from asyncwork.metrics import metrics_token_presented
-from asyncwork.probes import CheckResult, Probe, Reading, probe_read, probes_declared
+from asyncwork.contrib.monitoring.metrics import metrics_token_presented
+from asyncwork.contrib.monitoring.probes import (
+    CheckResult,
+    Probe,
+    Reading,
+    probe_read,
+    probes_declared,
+)
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)

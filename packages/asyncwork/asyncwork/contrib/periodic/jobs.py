@@ -27,8 +27,8 @@ from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 from prometheus_client import Counter
 
+from asyncwork.contrib.periodic.locks import Holder, advisory_lock, advisory_xact_lock
 from asyncwork.db import insert_or_skip
-from asyncwork.locks import Holder, advisory_lock, advisory_xact_lock
 from asyncwork.models import ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
                 extra={"job": name, "outcome": "skipped"},
             )
             return JobOutcome(ran=False)
-        # Worded as asyncwork.locks.Holder, so both columns read alike.
+        # Worded as asyncwork.contrib.periodic.locks.Holder, so both columns read alike.
         holder = str(Holder(host=socket.gethostname(), pid=os.getpid()))
         jobs.update(runs=F("runs") + 1, last_started_at=timezone.now(), last_holder=holder)
         try:

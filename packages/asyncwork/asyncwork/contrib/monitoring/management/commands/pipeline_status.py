@@ -13,11 +13,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from asyncwork import queues
-from asyncwork.health import health_report
-from asyncwork.jobs import jobs_declared
-from asyncwork.locks import Holder, lock_holder
+from asyncwork.contrib.monitoring.health import health_report
+from asyncwork.contrib.monitoring.probes import BrokerUnreadable, queues_probe
+from asyncwork.contrib.periodic.jobs import jobs_declared
+from asyncwork.contrib.periodic.locks import Holder, lock_holder
 from asyncwork.models import ScheduledJob
-from asyncwork.probes import BrokerUnreadable, queues_probe
 from asyncwork.terminal import printable
 
 

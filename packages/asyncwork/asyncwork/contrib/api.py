@@ -1,6 +1,7 @@
 """REST API for dead letters, staff only: list, read, replay (the ``asyncwork.replay_deadletter``
 power), resolve and unresolve (``asyncwork.resolve_deadletter``), each the admin's service; the
-powers are checked by ``asyncwork.permissions``, for staff only, whatever the project's default
+powers are checked by ``asyncwork.contrib.permissions``, for staff only, whatever the project's
+default
 permissions. ``bulk`` replays or resolves many at once, chosen by id or by the filters of
 ``selection``, once per ``Idempotency-Key``; its dry run needs the view permission only.
 A bulk request acts on at most ``BULK_LIMIT`` dead letters, in one transaction whose statements
@@ -34,6 +35,14 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from asyncwork.contrib.idempotency import (
+    HEADER,
+    IdempotencyKeyReused,
+    idempotency_key_from,
+    idempotent_respond,
+    request_fingerprint,
+)
+from asyncwork.contrib.permissions import ModelPermissionsWithPowers
 from asyncwork.db import bounded, statement_timed_out
 from asyncwork.deadletters import (
     BULK_LIMIT,
@@ -47,15 +56,7 @@ from asyncwork.deadletters import (
     subjects,
     unresolve,
 )
-from asyncwork.idempotency import (
-    HEADER,
-    IdempotencyKeyReused,
-    idempotency_key_from,
-    idempotent_respond,
-    request_fingerprint,
-)
 from asyncwork.models import DeadLetter
-from asyncwork.permissions import ModelPermissionsWithPowers
 from asyncwork.settings import asyncwork_settings
 
 SubjectSchema = inline_serializer(

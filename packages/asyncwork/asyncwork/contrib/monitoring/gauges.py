@@ -1,4 +1,5 @@
-"""The machinery's probes (``asyncwork.probes``), each declared once with what ``/health/``,
+"""The machinery's probes (``asyncwork.contrib.monitoring.probes``), each declared once with what
+``/health/``,
 ``/metrics`` and the dashboard make of it, in the order they show it. ``breaker_check``,
 ``breaker_metrics`` and ``breaker_figures`` are for an app's circuit breaker.
 
@@ -9,21 +10,22 @@ pull healthy web processes out of a load balancer.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from datetime import timedelta
 from urllib.parse import urlencode
 
 from django.db import connection
+from django.db.models import Count, Q
+from django.db.models.functions import Now
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from asyncwork import backpressure, queues, rabbitmq
-from asyncwork.beat import active_beat
+from asyncwork import queues
 from asyncwork.broker import broker_redis
-from asyncwork.deadletters import duration_short
-from asyncwork.locks import Holder
-from asyncwork.models import DeadLetter, ScheduledJob
-from asyncwork.probes import (
+from asyncwork.contrib import backpressure
+from asyncwork.contrib.monitoring import rabbitmq
+from asyncwork.contrib.monitoring.probes import (
     BreakerProbe,
     CheckResult,
     DlqProbe,
@@ -37,7 +39,11 @@ from asyncwork.probes import (
     queues_probe,
     scheduled_jobs_probe,
 )
-from asyncwork.rescue import WorkersProbe, workers_probe
+from asyncwork.contrib.periodic.beat import active_beat
+from asyncwork.contrib.periodic.locks import Holder
+from asyncwork.deadletters import duration_short
+from asyncwork.heartbeat import lapse_seconds
+from asyncwork.models import DeadLetter, ScheduledJob, WorkerHeartbeat
 from asyncwork.settings import asyncwork_settings, metric_name
 
 
@@ -256,6 +262,35 @@ probe_declare(
         figures=beat_figures,
     )
 )
+
+
+@dataclass(frozen=True)
+class WorkersProbe:
+    """Live worker processes per host, and the lapsed ones still kept."""
+
+    live_by_host: dict[str, int]
+    lapsed: int
+    lapse_seconds: float
+
+    @property
+    def live(self) -> int:
+        return sum(self.live_by_host.values())
+
+
+def workers_probe() -> WorkersProbe:
+    """One query, on the database's clock. With rescue off, live means within three heartbeats."""
+    lapse = lapse_seconds() or 3 * float(asyncwork_settings.WORKER_HEARTBEAT_SECONDS)
+    fresh = Q(beat_at__gte=Now() - timedelta(seconds=lapse))
+    rows = (
+        WorkerHeartbeat.objects.values("hostname")
+        .annotate(live=Count("pk", filter=fresh), lapsed=Count("pk", filter=~fresh))
+        .order_by("hostname")
+    )
+    return WorkersProbe(
+        live_by_host={row["hostname"]: row["live"] for row in rows if row["live"]},
+        lapsed=sum(row["lapsed"] for row in rows),
+        lapse_seconds=lapse,
+    )
 
 
 def workers_figures(probe: WorkersProbe) -> list[Figure]:

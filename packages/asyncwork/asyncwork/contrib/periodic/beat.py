@@ -6,7 +6,8 @@ held on a connection of its own with TCP keepalives, so a standby takes over wit
 ``STANDBY_POLL_SECONDS`` of the leader's death, or about 20 s more if its host vanished. A leader
 that loses its connection stops dispatching at its next tick. The new leader re-reads every
 entry's last run (saved after each dispatch, ``CELERY_BEAT_SYNC_EVERY=1``), so a takeover replays
-nothing; each job's own lock (``asyncwork.jobs``) makes even a split brain run it once at a time.
+nothing; each job's own lock (``asyncwork.contrib.periodic.jobs``) makes even a split brain run it
+once at a time.
 
 ``active_beat`` names the leader by host and pid. At start every beat warns about each declared
 job with no enabled schedule: it never runs.
@@ -24,8 +25,14 @@ from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError
 
-from asyncwork.jobs import jobs_recover, schedules_missing
-from asyncwork.locks import NAMESPACE, Holder, lock_holder, lock_holder_record, lock_key
+from asyncwork.contrib.periodic.jobs import jobs_recover, schedules_missing
+from asyncwork.contrib.periodic.locks import (
+    NAMESPACE,
+    Holder,
+    lock_holder,
+    lock_holder_record,
+    lock_key,
+)
 from asyncwork.recovery import BrokerWatch
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from asyncwork.jobs import schedules_sync, schedules_sync_summary
+from asyncwork.contrib.periodic.jobs import schedules_sync, schedules_sync_summary
 
 
 class Command(BaseCommand):

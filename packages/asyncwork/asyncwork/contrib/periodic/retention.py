@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from asyncwork.jobs import job
+from asyncwork.contrib.periodic.jobs import job
 from asyncwork.models import Job
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from asyncwork import queues
-from asyncwork.probes import BrokerUnreadable, outbox_backlog, queues_probe
+from asyncwork.contrib.monitoring.probes import BrokerUnreadable, outbox_backlog, queues_probe
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,8 @@
 
 State (``StateCollector``, ``GET /metrics`` of the web process) is read from PostgreSQL and the
 brokers when Prometheus asks: exact, whichever process did the work. Its sources are the probes
-with ``metrics`` (``asyncwork.probes``); one that fails is left out and reported as
+with ``metrics`` (``asyncwork.contrib.monitoring.probes``); one that fails is left out and reported
+as
 ``<prefix>metrics_source_up{source} 0``, after a database error the other database sources are
 skipped, and ``/metrics`` never answers 500.
 
@@ -38,8 +39,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from asyncwork.backend import job_ran, task_started
-from asyncwork.http import (
+from asyncwork.backend import job_publish_failed, job_published, job_ran, rescued, task_started
+from asyncwork.contrib.http import (
     address_parse,
     address_within,
     client_address,
@@ -115,7 +116,7 @@ class StateCollector:
     def collect(self) -> Iterable[Metric]:
         # Imported here: this module loads with Celery's app (asyncwork.logging), before Django's
         # apps, and the probes import the models.
-        from asyncwork.probes import probes_read
+        from asyncwork.contrib.monitoring.probes import probes_read
 
         started = time.perf_counter()
         up = GaugeMetricFamily(
@@ -237,8 +238,26 @@ def _worker_metrics_serve(sender: Any = None, **_: Any) -> None:
     logger.info("worker metrics served on port %d of %s", port, address, extra={"port": port})
 
 
-def celery_signals_connect() -> None:
-    """Connect the worker-side receivers; idempotent (``dispatch_uid``)."""
+def _published(queue: str = "", seconds: float = 0.0, **_: Any) -> None:
+    outbox_publish_latency().labels(queue=queue).observe(seconds)
+
+
+def _publish_failed(queue: str = "", **_: Any) -> None:
+    outbox_publish_failures().labels(queue=queue).inc()
+
+
+def _rescued(rescue: str = "", count: int = 0, **_: Any) -> None:
+    worker_rescues().labels(rescue=rescue).inc(count)
+
+
+def receivers_connect() -> None:
+    """Count what the machinery tells (``asyncwork.backend``'s signals), and serve a worker's
+    counts; idempotent (``dispatch_uid``)."""
+    job_published.connect(_published, weak=False, dispatch_uid="asyncwork.metrics.published")
+    job_publish_failed.connect(
+        _publish_failed, weak=False, dispatch_uid="asyncwork.metrics.publish_failed"
+    )
+    rescued.connect(_rescued, weak=False, dispatch_uid="asyncwork.metrics.rescued")
     task_started.connect(_task_started, weak=False, dispatch_uid="asyncwork.metrics.started")
     job_ran.connect(_job_ran, weak=False, dispatch_uid="asyncwork.metrics.ran")
     worker_init.connect(_worker_metrics_serve, weak=False, dispatch_uid="asyncwork.metrics.serve")
