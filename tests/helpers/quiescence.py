@@ -4,14 +4,13 @@ A test that asserts one email, one row or one dead letter must first give a dupl
 chance to arrive, and a fixed sleep only guesses how long that takes. ``pipeline_quiet`` waits
 until no job is on its way anywhere:
 
-* the outbox: no unpublished row due now (``OutboxMessage.objects.waiting``);
+* the jobs: none unpublished and due now (``Job.objects.waiting``), none running;
 * the broker (``tests.helpers.broker.jobs_in_broker``): no message waiting on a queue the
   workers consume, and none delivered to a worker and not yet acknowledged (the tasks
   acknowledge late, so a job that is running counts);
 * the claims: no ``EmailDelivery`` in its ``sending`` state.
 
-A retry scheduled for later (an outbox row due later; on RabbitMQ, a message in Celery's delay
-queues) is not on its way yet, and is not waited for.
+A retry scheduled for later (a job due later) is not on its way yet, and is not waited for.
 
 Call it while the worker still runs, then assert::
 
@@ -28,19 +27,22 @@ import time
 import pytest
 from django.utils import timezone
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from invoicing.models import EmailDelivery
 from tests.helpers import broker
 
 
 def pipeline_busy() -> list[str]:
     """What is still on its way, in words; empty when nothing is. Read in the order a job
-    travels (outbox, broker, claim), so that a job moving on while it is read is found in the
+    travels (job row, broker, claim), so that a job moving on while it is read is found in the
     place it moved to; a job leaves the broker only once acknowledged, after its work."""
     busy = []
-    due = list(OutboxMessage.objects.waiting(timezone.now()).values_list("pk", "task"))
+    due = list(Job.objects.waiting(timezone.now()).values_list("pk", "task"))
     if due:
-        busy.append(f"{len(due)} outbox row(s) due and unpublished {due[:5]}")
+        busy.append(f"{len(due)} job(s) due and unpublished {due[:5]}")
+    running = list(Job.objects.filter(status=Job.Status.RUNNING).values_list("pk", "task"))
+    if running:
+        busy.append(f"{len(running)} job(s) running {running[:5]}")
     busy.extend(f"{n} message(s) in {name}" for name, n in broker.jobs_in_broker().items())
     sending = list(
         EmailDelivery.objects.filter(state=EmailDelivery.State.SENDING).values_list(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, Job
 from invoicing.models import EmailDelivery, Invoice
 from stack.net import wait_until
 from stack.smtp import SmtpServer
@@ -48,7 +48,7 @@ def test_one_paid_event_sends_one_email(client: Client, smtp: SmtpServer) -> Non
         assert "1,234.56 EUR" in part
         assert "INV-42" in part
         assert "https://invoice.stripe.com/i/acct_test/in_one" in part
-    assert OutboxMessage.objects.get().published_at is not None
+    assert Job.objects.get().published_at is not None
 
 
 def test_paid_and_payment_succeeded_each_delivered_twice_send_one_email(

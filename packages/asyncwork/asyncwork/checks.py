@@ -1,16 +1,19 @@
-"""System checks of the ``ASYNCWORK`` setting (registered by ``AsyncWorkConfig.ready``): each
-message names the key, what it holds and what it must hold."""
+"""System checks (registered by ``AsyncWorkConfig.ready``, run by ``manage.py check`` and
+``migrate``): the ``ASYNCWORK`` setting, each message naming the key, what it holds and what it
+must hold; and any project setting that would weaken a guarantee, each with its own id."""
 
 from __future__ import annotations
 
 import difflib
 import ipaddress
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
-from asyncwork.settings import SETTINGS
+from asyncwork.queues import BACKEND, rabbitmq
+from asyncwork.settings import SETTINGS, asyncwork_settings
 
 _MUST = {
     "positive": "a number greater than 0",
@@ -94,3 +97,100 @@ def asyncwork_settings_check(app_configs: Any = None, **kwargs: Any) -> list[Che
             )
         )
     return errors
+
+
+# Project settings that would weaken a guarantee, each with its own id: (setting, a test of the
+# value the project gave, what it weakens).
+WEAKENING: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "asyncwork.W001": (
+        "CELERY_WORKER_PREFETCH_MULTIPLIER",
+        lambda value: value != 1,
+        "a worker reserves more than one message at a time: a worker that dies strands them "
+        "until its heartbeat lapses",
+    ),
+    "asyncwork.W002": (
+        "CELERY_TASK_ACKS_LATE",
+        lambda value: value is False,
+        "periodic jobs are acknowledged before they run: one cut short is lost",
+    ),
+    "asyncwork.W003": (
+        "CELERY_TASK_REJECT_ON_WORKER_LOST",
+        lambda value: value is False,
+        "a periodic job whose worker was killed is acknowledged, not run again",
+    ),
+}
+
+
+@register()
+def guarantees_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn about a project setting that weakens a guarantee; fail without PostgreSQL."""
+    messages: list[CheckMessage] = []
+    for check_id, (name, weakens, why) in WEAKENING.items():
+        if hasattr(settings, name) and weakens(getattr(settings, name)):
+            messages.append(Warning(f"{name} = {getattr(settings, name)!r}: {why}.", id=check_id))
+    if float(asyncwork_settings.WORKER_HEARTBEAT_LAPSE_SECONDS) == 0:
+        messages.append(
+            Warning(
+                "ASYNCWORK['WORKER_HEARTBEAT_LAPSE_SECONDS'] is 0: the job of a worker that died "
+                "runs again only once its hard time limit has passed, not within seconds.",
+                id="asyncwork.W004",
+            )
+        )
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
+    if rabbitmq() and options.get("confirm_publish") is False:
+        messages.append(
+            Warning(
+                "CELERY_BROKER_TRANSPORT_OPTIONS['confirm_publish'] is False: a job is marked "
+                "published before RabbitMQ took it, so one it drops is never published again.",
+                id="asyncwork.W005",
+            )
+        )
+    if options.get("queue_order_strategy", "priority") != "priority" and not rabbitmq():
+        messages.append(
+            Warning(
+                "CELERY_BROKER_TRANSPORT_OPTIONS['queue_order_strategy'] is not 'priority': a "
+                "job published again (a retry, a rescue) waits behind the backlog.",
+                id="asyncwork.W006",
+            )
+        )
+    engine = settings.DATABASES.get("default", {}).get("ENGINE", "")
+    if "postgresql" not in engine:
+        messages.append(
+            Error(
+                f"DATABASES['default'] is {engine or 'not set'}: asyncwork needs PostgreSQL "
+                "(its claims, relay and rescue rely on SKIP LOCKED, JSONB and advisory locks).",
+                id="asyncwork.E005",
+            )
+        )
+    return messages
+
+
+def backend_check(backend: Any) -> list[CheckMessage]:
+    """``OutboxBackend.check``, run by Django's task framework: a ``TASKS`` entry without
+    ``QUEUES`` means every task uses ``default``, which is what a worker reads."""
+    if not getattr(settings, "CELERY_BROKER_URL", None):
+        return [
+            Error(
+                f"TASKS[{backend.alias!r}] is asyncwork's backend but CELERY_BROKER_URL is not "
+                "set: nothing would publish its jobs.",
+                id="asyncwork.E006",
+            )
+        ]
+    return []
+
+
+@register()
+def tasks_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Without asyncwork's backend in ``TASKS``, django.tasks runs each task inline, in the
+    request that enqueued it (its default, ``ImmediateBackend``)."""
+    tasks = getattr(settings, "TASKS", None) or {}
+    if BACKEND in [params.get("BACKEND") for params in tasks.values()]:
+        return []
+    return [
+        Warning(
+            "asyncwork is installed but no TASKS backend is asyncwork.backend.OutboxBackend: "
+            "django.tasks runs every task inline, in the request, with none of its guarantees.",
+            hint=f'TASKS = {{"default": {{"BACKEND": "{BACKEND}"}}}}',
+            id="asyncwork.W007",
+        )
+    ]
