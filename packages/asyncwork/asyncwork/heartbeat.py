@@ -26,9 +26,9 @@ from celery import bootsteps
 from celery.signals import worker_process_init, worker_process_shutdown
 from django.db import DatabaseError, connection
 
-from asyncwork.backend import RUN
 from asyncwork.periodic import PeriodicThread
 from asyncwork.settings import asyncwork_settings
+from asyncwork.tasks import RUN
 
 logger = logging.getLogger(__name__)
 

@@ -19,15 +19,16 @@ from typing import Any
 
 from celery import Celery, shared_task
 from celery import Task as CeleryTask
+from celery.app.defaults import DEFAULTS
 from celery.signals import task_unknown
 from django.db import connection
 
 from asyncwork import db, heartbeat, queues, timelimits
 from asyncwork import logging as log_context
-from asyncwork.backend import RUN
 from asyncwork.heartbeat import WorkerHeartbeatStep
 from asyncwork.poll import PollStep
 from asyncwork.queues import DeadLetterQueueDeclare
+from asyncwork.tasks import RUN
 
 # Celery settings the guarantees rely on, set unless the project set its own.
 REQUIRED: dict[str, Any] = {
@@ -69,16 +70,16 @@ def install(app: Celery) -> None:
 
 
 def _configure(sender: Celery, **_: Any) -> None:
+    """Once Celery has read its configuration: each setting the guarantees need, where the project
+    left Celery's default."""
     conf = sender.conf
-    for key, value in REQUIRED.items():
-        if key not in conf.changes:
+    for key, value in {**REQUIRED, "task_queues": queues.consumed()}.items():
+        if conf[key] == DEFAULTS.get(key):
             conf[key] = value
-    if "task_queues" not in conf.changes:
-        conf.task_queues = queues.consumed()
     url = str(conf.broker_url or "")
     options = dict(conf.broker_transport_options or {})
     if url.startswith("redis://"):  # rediss:// keeps kombu's own: its TLS set-up keys on it
-        if "broker_transport" not in conf.changes:
+        if conf.broker_transport is None:
             conf.broker_transport = REDIS_TRANSPORT
         conf.broker_transport_options = {**REDIS_TRANSPORT_OPTIONS, **options}
     elif queues.rabbitmq():

@@ -34,9 +34,9 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from asyncwork import queues
 from asyncwork.audit import operator_action_record
-from asyncwork.backend import RUN, TIME_LIMIT_GRACE, job_publish_failed, job_published, task_for
 from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
+from asyncwork.tasks import RUN, TIME_LIMIT_GRACE, job_publish_failed, job_published, task_for
 
 logger = logging.getLogger(__name__)
 
@@ -136,22 +136,22 @@ def _producer_drop() -> None:
             producer.connection.collect()
 
 
-def _time_limits(path: str) -> dict[str, float]:
-    """The task's own time limits for its message (soft, and hard ``TIME_LIMIT_GRACE`` later);
-    none for a task the code does not have (the worker dead-letters its job)."""
+def _time_limits(path: str) -> tuple[int | None, int | None]:
+    """The task's own soft and hard time limits for its message (hard ``TIME_LIMIT_GRACE`` after
+    soft); none for a task without one, or one the code does not have (the worker fails its
+    job, saying so)."""
     try:
         limit = task_for(path).time_limit
     except LookupError:
-        return {}
-    return (
-        {} if limit is None else {"soft_time_limit": limit, "time_limit": limit + TIME_LIMIT_GRACE}
-    )
+        return None, None
+    return (None, None) if limit is None else (limit, limit + TIME_LIMIT_GRACE)
 
 
 def _send(job: Job, *, queue: str) -> Exception | None:
     """Publish one job to ``queue`` on this thread's producer. Returns the error instead of
     raising it, and drops the producer, whose connection may be half-broken."""
     timeout = asyncwork_settings.OUTBOX_PUBLISH_TIMEOUT
+    soft, hard = _time_limits(job.task)
     try:
         current_app.send_task(
             RUN,
@@ -168,7 +168,8 @@ def _send(job: Job, *, queue: str) -> Exception | None:
             timeout=timeout,
             confirm_timeout=timeout,
             add_to_parent=False,
-            **_time_limits(job.task),
+            soft_time_limit=soft,
+            time_limit=hard,
         )
     except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row for the relay
         _producer_drop()

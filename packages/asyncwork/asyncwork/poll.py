@@ -49,7 +49,7 @@ class Poll(PeriodicThread):
         self.guarded(relay, 0)
         if time.monotonic() - self.rescued_at >= RESCUE_EVERY.total_seconds():
             self.rescued_at = time.monotonic()
-            self.guarded(workers_rescue, {})
+            self.guarded(workers_rescue, dict[str, int]())
 
 
 class PollStep(bootsteps.StartStopStep):

@@ -26,9 +26,9 @@ from typing import TypeVar
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from asyncwork.backend import rescued as rescued_signal
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.models import Job, WorkerHeartbeat
+from asyncwork.tasks import rescued as rescued_signal
 
 logger = logging.getLogger(__name__)
 

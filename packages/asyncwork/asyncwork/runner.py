@@ -39,7 +39,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from asyncwork.backend import (
+from asyncwork.deadletters import record
+from asyncwork.errors import Deferred, PermanentError, TransientError
+from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
+from asyncwork.logging import attempt
+from asyncwork.models import DeadLetter, Job
+from asyncwork.outbox import message_id
+from asyncwork.tasks import (
     TaskContext,
     TaskResultStatus,
     job_ran,
@@ -49,12 +55,6 @@ from asyncwork.backend import (
     task_result,
     task_started,
 )
-from asyncwork.deadletters import record
-from asyncwork.errors import Deferred, PermanentError, TransientError
-from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
-from asyncwork.logging import attempt
-from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import message_id
 
 logger = logging.getLogger(__name__)
 

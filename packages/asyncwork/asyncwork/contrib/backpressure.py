@@ -24,7 +24,14 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from asyncwork import queues
-from asyncwork.contrib.monitoring.probes import BrokerUnreadable, outbox_backlog, queues_probe
+from asyncwork.contrib.monitoring.probes import (
+    BrokerUnreadable,
+    CheckResult,
+    Probe,
+    outbox_backlog,
+    probe_declare,
+    queues_probe,
+)
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
@@ -99,3 +106,22 @@ def backpressure_shed(*, essential: bool) -> Level | None:
     if level is Level.HARD or (level is Level.SOFT and not essential):
         return level
     return None
+
+
+def backpressure_check(pressure: Pressure) -> CheckResult:
+    level = pressure.level()
+    status = {"normal": "ok", "soft": "degraded", "hard": "failing"}[level]
+    if pressure.queue_depth is None and pressure.outbox_backlog is None:
+        status = "unknown"
+    return {
+        "status": status,
+        "level": str(level),
+        "queue_depth": pressure.queue_depth,
+        "outbox_backlog": pressure.outbox_backlog,
+        "soft_mark": asyncwork_settings.BACKPRESSURE_SOFT_MARK,
+        "hard_mark": asyncwork_settings.BACKPRESSURE_HARD_MARK,
+        "queues": list(queues.pressure()),
+    }
+
+
+probe_declare(Probe("backpressure", pressure_measure, database=False, check=backpressure_check))

@@ -23,7 +23,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from asyncwork import queues
 from asyncwork.broker import broker_redis
-from asyncwork.contrib import backpressure
 from asyncwork.contrib.monitoring import rabbitmq
 from asyncwork.contrib.monitoring.probes import (
     BreakerProbe,
@@ -167,27 +166,6 @@ probe_declare(
         title="Outbox backlog",
         figures=outbox_figures,
     )
-)
-
-
-def backpressure_check(pressure: backpressure.Pressure) -> CheckResult:
-    level = pressure.level()
-    status = {"normal": "ok", "soft": "degraded", "hard": "failing"}[level]
-    if pressure.queue_depth is None and pressure.outbox_backlog is None:
-        status = "unknown"
-    return {
-        "status": status,
-        "level": str(level),
-        "queue_depth": pressure.queue_depth,
-        "outbox_backlog": pressure.outbox_backlog,
-        "soft_mark": asyncwork_settings.BACKPRESSURE_SOFT_MARK,
-        "hard_mark": asyncwork_settings.BACKPRESSURE_HARD_MARK,
-        "queues": list(queues.pressure()),
-    }
-
-
-probe_declare(
-    Probe("backpressure", backpressure.pressure_measure, database=False, check=backpressure_check)
 )
 
 

@@ -39,7 +39,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from asyncwork.backend import job_publish_failed, job_published, job_ran, rescued, task_started
 from asyncwork.contrib.http import (
     address_parse,
     address_within,
@@ -48,6 +47,7 @@ from asyncwork.contrib.http import (
     peer_is_trusted_proxy,
 )
 from asyncwork.settings import asyncwork_settings, metric_name
+from asyncwork.tasks import job_publish_failed, job_published, job_ran, rescued, task_started
 
 logger = logging.getLogger(__name__)
 

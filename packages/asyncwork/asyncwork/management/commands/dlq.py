@@ -248,7 +248,7 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("No dead letters.")
             return
-        for line in dead_letters_table(rows, subjects):
+        for line in dead_letters_table(rows, described):
             self.stdout.write(line)
 
     def _chosen(self, options: dict[str, Any], *, every: bool) -> list[int]:
