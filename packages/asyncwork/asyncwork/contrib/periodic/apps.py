@@ -10,12 +10,17 @@ class PeriodicConfig(AppConfig):
     verbose_name = "Async machinery: scheduled jobs"
 
     def ready(self) -> None:
+        from django.apps import apps
         from django.db.models.signals import post_migrate
 
         from asyncwork.contrib.periodic import alert, retention  # noqa: F401  (their jobs)
         from asyncwork.contrib.periodic.jobs import schedules_sync_after_migrate
 
-        # Scheduled jobs work after migrate alone; sender=self: once per migrate, not per app.
+        # Scheduled jobs work after migrate alone: once per migrate, not per app. Sent by
+        # asyncwork's app, whose models they use: Django sends post_migrate only for an app with
+        # a models module, which this one has not.
         post_migrate.connect(
-            schedules_sync_after_migrate, sender=self, dispatch_uid="asyncwork.schedules_sync"
+            schedules_sync_after_migrate,
+            sender=apps.get_app_config("asyncwork"),
+            dispatch_uid="asyncwork.schedules_sync",
         )
