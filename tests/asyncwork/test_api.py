@@ -17,6 +17,7 @@ from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from asyncwork.models import DeadLetter
+from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
 from tests.helpers.factories import paid_invoice, staff_user
 
@@ -36,7 +37,7 @@ def staff() -> APIClient:
 
 def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
     values: dict[str, Any] = {
-        "task": "invoicing.send_invoice_email",
+        "task": send_invoice_email.module_path,
         "args": [1],
         "queue": "email",
         "reason": "permanent",
@@ -82,7 +83,7 @@ def test_a_viewer_reads_and_gets_403_on_replay() -> None:
     assert refused.status_code == 403
     assert "permission" in refused.json()["detail"]
     waiting.refresh_from_db()
-    assert (waiting.replayed_at, waiting.replay_outbox) == (None, None)
+    assert (waiting.replayed_at, waiting.replay_job) == (None, None)
     assert not OperatorAction.objects.exists()
 
 
