@@ -1,4 +1,4 @@
-"""Backpressure on POST /webhooks/stripe/ with a real backlog: unpublished outbox rows in
+"""Backpressure on POST /webhooks/stripe/ with a real backlog: jobs waiting to be published in
 PostgreSQL and real Celery messages waiting on the broker's ``email`` queue in Redis."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,14 +15,16 @@ from django.conf import settings as django_settings
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from asyncwork.broker import queue_keys
 from asyncwork.contrib.backpressure import pressure_measure
 from asyncwork.contrib.monitoring.probes import queues_probe
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
+from asyncwork.tasks import RUN
 from core.celery import app
 from invoicing.models import Invoice
-from invoicing.services import EMAIL_QUEUE
+from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
 from stack.net import free_port
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
@@ -59,10 +62,11 @@ def quiet_email_queue(settings: Any) -> None:
     assert queue_depth(EMAIL_QUEUE) == 0
 
 
-def backlog(count: int) -> None:
-    """Unpublished outbox rows, as a broker outage leaves them (no on-commit publish)."""
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="invoicing.send_invoice_email", args=[n], queue=EMAIL_QUEUE)
+def backlog(count: int, *, due_at: Any = None) -> None:
+    """Unpublished jobs, as a broker outage leaves them (no on-commit publish); with
+    ``due_at``, jobs waiting for that time (``run_after``, a retry's backoff)."""
+    Job.objects.bulk_create(
+        Job(task=send_invoice_email.module_path, args=[n], queue=EMAIL_QUEUE, due_at=due_at)
         for n in range(count)
     )
 
@@ -83,6 +87,8 @@ def test_below_the_soft_mark_everything_is_taken(
     client: Client, marks: Any, quiet_email_queue: None
 ) -> None:
     backlog(4)
+    # Waiting for their time, not for the broker: no backlog until due.
+    backlog(30, due_at=timezone.now() + timedelta(hours=1))
     event = ignored_event()
     assert deliver(client, event).status_code == 200
     assert stored(event)
@@ -101,11 +107,11 @@ def test_at_the_soft_mark_ignored_types_are_shed_and_payments_taken(
     assert shed.json() == {"error": "overloaded"}
     assert int(shed["Retry-After"]) > 0
     assert not stored(ignored)
-    # The payment is stored durably, with its invoice and its outbox row, before the 200.
+    # The payment is stored durably, with its invoice and its job, before the 200.
     assert taken.status_code == 200
     assert stored(payment)
     assert Invoice.objects.filter(provider_invoice_id="in_bp_soft").exists()
-    assert OutboxMessage.objects.filter(published_at__isnull=True).count() == 6
+    assert Job.objects.filter(published_at__isnull=True).count() == 6
 
 
 def test_at_the_hard_mark_everything_is_shed(
@@ -120,7 +126,7 @@ def test_at_the_hard_mark_everything_is_shed(
     assert all(int(r["Retry-After"]) > 0 for r in responses)
     assert not WebhookEvent.objects.exists()
     assert not Invoice.objects.exists()
-    assert OutboxMessage.objects.count() == 20
+    assert Job.objects.count() == 20
 
 
 def test_a_duplicate_of_a_stored_payment_is_shed_at_the_hard_mark_without_harm(
@@ -158,14 +164,18 @@ def broker() -> redis.Redis:
 
 @pytest.fixture
 def email_messages() -> Iterator[Callable[..., None]]:
-    """Publish real Celery messages to the ``email`` queue (under this run's key prefix, and
-    at several priorities); remove exactly those afterwards."""
+    """Publish real Celery messages to the ``email`` queue, as the outbox publishes a job (under
+    this run's key prefix, and at several priorities); remove exactly those afterwards."""
     task_ids: set[str] = set()
 
     def publish(count: int, *, priority: int | None = None) -> None:
         for _ in range(count):
             result = app.send_task(
-                "invoicing.send_invoice_email", args=[0], queue=EMAIL_QUEUE, priority=priority
+                RUN,
+                args=[0],
+                queue=EMAIL_QUEUE,
+                priority=priority,
+                shadow=send_invoice_email.module_path,
             )
             task_ids.add(result.id)
 
@@ -229,7 +239,7 @@ def test_the_outbox_backlog_is_one_count_stopped_at_the_hard_mark(marks: Any) ->
     with CaptureQueriesContext(connection) as queries:
         pressure = pressure_measure()
     assert pressure.outbox_backlog == 20
-    outbox = [q["sql"] for q in queries if OutboxMessage._meta.db_table in q["sql"]]
+    outbox = [q["sql"] for q in queries if Job._meta.db_table in q["sql"]]
     assert len(outbox) == 1, outbox
     assert "LIMIT 20" in outbox[0]
     assert "ORDER BY" not in outbox[0]
