@@ -133,7 +133,8 @@ def test_the_leader_is_named_by_its_own_host_and_pid() -> None:
     assert reported["active"] == expected
     assert f"dispatching, pid {beat.pid} on host {socket.gethostname()}" in screen
     [line] = [line for line in beat.log_text().splitlines() if "took the leader lock" in line]
-    assert re.search(r" INFO asyncwork\.beat beat took the leader lock: dispatching$", line), line
+    logger = r"asyncwork\.contrib\.periodic\.beat"
+    assert re.search(rf" INFO {logger} beat took the leader lock: dispatching$", line), line
     assert active_beat() is None  # killed: its session, and the lock with it, are gone
 
 
@@ -148,8 +149,8 @@ def test_beat_warns_at_start_about_a_declared_job_it_has_no_schedule_for() -> No
     warnings = [line for line in beat.log_text().splitlines() if " WARNING " in line]
     assert len(warnings) == 1, warnings
     assert (
-        " WARNING asyncwork.contrib.periodic.beat scheduled job dlq-alert (task dlq-alert) has no enabled"
-        in (warnings[0])
+        " WARNING asyncwork.contrib.periodic.beat scheduled job dlq-alert (task dlq-alert) "
+        "has no enabled" in warnings[0]
     )
     assert {s.name for s in jobs_declared() if s.name in warnings[0]} == {"dlq-alert"}
 
