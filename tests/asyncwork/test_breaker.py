@@ -20,6 +20,7 @@ import redis
 from django.test import Client
 
 from asyncwork.contrib.breaker import Breaker, Decision, Verdict
+from invoicing.delivery import email_breaker
 from stack.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,8 +281,6 @@ def test_a_redis_that_accepts_but_never_answers_costs_a_caller_about_a_second() 
 
 @pytest.mark.django_db(transaction=True)
 def test_health_shows_the_email_breaker_degraded_while_open(settings: Any) -> None:
-    from invoicing.services import email_breaker
-
     # The whole report, not the status alone.
     settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKEN": "breaker-test-token"}
     client = Client(HTTP_AUTHORIZATION="Bearer breaker-test-token")
