@@ -25,7 +25,7 @@ from asyncwork.contrib.monitoring.gauges import queues_figures
 from asyncwork.contrib.monitoring.probes import BrokerUnreadable, queues_probe
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
-from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE
+from invoicing.tasks import EMAIL_QUEUE
 from stack.net import wait_until
 from tests.helpers import broker
 from tests.helpers.broker import rabbitmq_only
@@ -59,8 +59,8 @@ def silent_broker() -> Iterator[int]:
     server.close()
 
 
-def unreachable_url(settings: Any, port: int) -> str:
-    if asyncwork_settings.BROKER_IS_RABBITMQ:
+def unreachable_url(port: int) -> str:
+    if queues.rabbitmq():
         return f"amqp://guest:guest@127.0.0.1:{port}/nowhere"
     return f"redis://127.0.0.1:{port}/0"
 
@@ -77,13 +77,18 @@ def test_the_queues_probe_counts_messages_waiting_on_each_queue() -> None:
     app.send_task("core.nothing", queue=queues.DEFAULT, priority=9)
 
     assert wait_until(lambda: broker.queue_depth(EMAIL_QUEUE) == 3, timeout=5)
-    # On RabbitMQ the recovery queue is folded into the email queue (asyncwork.queues).
-    # And dlq is RabbitMQ's alone, where it holds what went past a delivery limit.
-    recovery = {} if broker.RABBITMQ else {EMAIL_RECOVERY_QUEUE: 0}
-    dlq = {queues.DLQ: 0} if broker.RABBITMQ else {}
+    # On RabbitMQ a job published again goes to its own queue; on Redis to the queue read
+    # ahead of it (asyncwork.queues). And dlq is RabbitMQ's alone, where it holds what went
+    # past a delivery limit.
+    if broker.RABBITMQ:
+        ahead: dict[str, int] = {}
+        dlq = {queues.DLQ: 0}
+    else:
+        ahead = {f"{queues.DEFAULT}-recovery": 0, f"{EMAIL_QUEUE}-recovery": 0}
+        dlq = {}
     assert queues_probe().depths == {
         queues.DEFAULT: 1,
-        **recovery,
+        **ahead,
         EMAIL_QUEUE: 3,
         **dlq,
     }
@@ -143,11 +148,13 @@ def test_the_health_report_reads_the_broker(monitor: Client) -> None:
 
 @pytest.mark.parametrize("kind", ["refused", "silent"])
 def test_a_broker_that_does_not_answer_is_unknown_or_failing_fast(
-    monitor: Client, settings: Any, silent_broker: int, kind: str
+    monitor: Client, monkeypatch: pytest.MonkeyPatch, silent_broker: int, kind: str
 ) -> None:
     port = silent_broker if kind == "silent" else refused_port()
-    working = settings.CELERY_BROKER_URL
-    settings.CELERY_BROKER_URL = unreachable_url(settings, port)
+    # The probes read the Celery app's broker, whose URL Celery takes from CELERY_BROKER_URL in
+    # the environment (which this run sets, tests/settings.py) before its configuration.
+    monkeypatch.setenv("CELERY_BROKER_URL", unreachable_url(port))
+    assert app.conf.broker_url == unreachable_url(port)
     limit = asyncwork_settings.PROBE_TIMEOUT_SECONDS * 2 + 1
 
     started = time.monotonic()
@@ -169,5 +176,5 @@ def test_a_broker_that_does_not_answer_is_unknown_or_failing_fast(
     assert body["checks"]["backpressure"]["queue_depth"] is None
 
     # The answer is a clear one, and the broker back is read again (a new connection).
-    settings.CELERY_BROKER_URL = working
+    monkeypatch.undo()
     assert queues_probe((EMAIL_QUEUE,)).depths == {EMAIL_QUEUE: 0}
