@@ -21,9 +21,10 @@ from asyncwork.contrib.monitoring import probes
 from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError, TransientError
-from asyncwork.models import DeadLetter, OutboxMessage, WorkerHeartbeat
+from asyncwork.models import DeadLetter, Job, WorkerHeartbeat
+from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery
-from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
+from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
 from tests.helpers.admin import rows
 from tests.helpers.dashboard import DASHBOARD, dashboard
 from tests.helpers.factories import paid_invoice, staff_user
@@ -44,7 +45,7 @@ def viewer() -> Client:
 def letter(n: int, *, reason: str, replayed: bool = False) -> DeadLetter:
     exc = TransientError("SMTP unavailable") if reason == "exhausted" else PermanentError("no")
     stored = record(
-        task=SEND_INVOICE_EMAIL_TASK,
+        task=send_invoice_email.module_path,
         task_id=f"dashboard-{n}",
         args=[n],
         kwargs={},
@@ -86,12 +87,10 @@ def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and
     permanent = [letter(1, reason="permanent"), letter(2, reason="permanent")]
     exhausted = letter(3, reason="exhausted")
     letter(4, reason="permanent", replayed=True)
-    stuck = OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(3)
+    stuck = Job.objects.bulk_create(
+        Job(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(3)
     )
-    OutboxMessage.objects.filter(pk=stuck[0].pk).update(
-        created_at=timezone.now() - timedelta(minutes=10)
-    )
+    Job.objects.filter(pk=stuck[0].pk).update(created_at=timezone.now() - timedelta(minutes=10))
     breaker = email_breaker()
     for _ in range(breaker.threshold):
         breaker.record_failure()
@@ -161,7 +160,7 @@ def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and
     }
     scheduled = page.figures["scheduled_jobs"]
     assert scheduled["dlq-alert"]["value"] == "last ran 0 s ago"
-    assert scheduled["outbox-relay"]["value"] == "never ran"
+    assert scheduled["retention-purge"]["value"] == "never ran"
     assert viewer.get(scheduled["dlq-alert"]["href"]).status_code == 200
 
     # /health/ and /metrics read the same probes: the same figures.
@@ -204,8 +203,8 @@ def test_the_outbox_backlog_is_counted_up_to_the_hard_mark_everywhere(
         "METRICS_TOKEN": "dashboard-test-token",
     }
     monitor = Client(HTTP_AUTHORIZATION="Bearer dashboard-test-token")
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(7)
+    Job.objects.bulk_create(
+        Job(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(7)
     )
 
     assert dashboard(viewer).figures["outbox"]["unpublished"]["value"] == "5+"
