@@ -9,8 +9,8 @@ import uuid
 import pytest
 from django.core.cache import cache
 from django.db import connection
+from django_tasks import TaskResult
 
-from core.celery import app
 from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def _backend_pid(timeout: float = 20) -> int:
     """The backend a task of the worker ran on (``tests.backend_pid``)."""
     key = f"pid-{uuid.uuid4().hex}"
-    app.send_task(test_tasks.BACKEND_PID, args=[key])
+    test_tasks.backend_pid.enqueue(key)
     assert wait_until(lambda: cache.get(key) is not None, timeout=timeout)
     pid = cache.get(key)
     assert isinstance(pid, int)
@@ -45,17 +45,39 @@ def test_a_worker_runs_its_tasks_on_one_connection_and_replaces_one_the_server_e
         assert len(set(after)) == 1, after
 
 
+# Seconds the cut task's query would take: its soft time limit (1 s) interrupts it.
+CUT_QUERY_SECONDS = 4
+
+
 def test_a_task_cut_short_in_a_query_leaves_the_next_task_a_new_connection() -> None:
     """The soft time limit interrupts a task in the middle of its query, whose result the
     server has not sent yet: the socket looks idle, but the connection is busy. The next task
-    runs at once, first time, on another backend."""
+    runs on another backend, first time, before the cut query would have ended."""
     env = worker_env(0)
     worker = launch.celery_worker(env, name="db-cut", concurrency=1, include=["tests.tasks"])
     with worker:
         before = _backend_pid()
-        cut = app.send_task(test_tasks.BACKEND_PID, args=[f"cut-{uuid.uuid4().hex}", 4]).id
-        # Retried (a soft time limit is transient), its retry due minutes later.
-        assert wait_until(lambda: f"[{cut}] retry" in worker.log_text(), timeout=20)
-        # Before the cut query would have ended (4 s): no retry's wait in between.
-        after = _backend_pid(timeout=2.5)
+        cut = test_tasks.backend_pid.enqueue(f"cut-{uuid.uuid4().hex}", CUT_QUERY_SECONDS)
+        assert wait_until(lambda: _status(cut) == "RUNNING", timeout=20)
+        # Waiting on the broker while the cut task runs: the worker's next task.
+        key = f"pid-{uuid.uuid4().hex}"
+        following = test_tasks.backend_pid.enqueue(key)
+        assert wait_until(lambda: cache.get(key) is not None, timeout=20), worker.log_text()
+        after = cache.get(key)
+    cut.refresh()
+    following.refresh()
+    # Cut, and retried: a soft time limit is transient.
+    assert cut.errors[0].exception_class_path.endswith(".SoftTimeLimitExceeded")
+    assert (following.status, following.attempts) == ("SUCCESSFUL", 1)
     assert after != before
+    # A connection that waited for the cut query's end would have started it no sooner.
+    assert following.started_at is not None
+    assert cut.started_at is not None
+    waited = (following.started_at - cut.started_at).total_seconds()
+    print(f"\nthe next task started {waited:.1f} s after the cut one")
+    assert waited < CUT_QUERY_SECONDS
+
+
+def _status(result: TaskResult[None]) -> str:
+    result.refresh()
+    return str(result.status)
