@@ -688,5 +688,11 @@ LOGGING = {
         "django.security.DisallowedHost": {"filters": ["suspicious"]},
         "django.security.AnymailWebhookValidationFailure": {"filters": ["suspicious"]},
         "django.db.backends": {"level": "INFO"},
+        # Django's task framework logs each run it is told of: started and succeeded say what
+        # Celery's lines say, and a failed one, at ERROR with its traceback, what the dead
+        # letter's line says (whose traceback is on the row, and in the log only for a bug):
+        # a dead letter is one ERROR line. "django.tasks" on Django 6, the backport's below.
+        "django.tasks": {"level": "CRITICAL"},
+        "django_tasks": {"level": "CRITICAL"},
     },
 }
