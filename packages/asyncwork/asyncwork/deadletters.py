@@ -57,7 +57,7 @@ def record(
         task=task,
         task_id=task_id,
         args=args,
-        kwargs={k: v for k, v in kwargs.items() if k != "outbox_id"},
+        kwargs=kwargs,
         queue=queue,
         reason=reason,
         exception_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
