@@ -22,12 +22,14 @@ from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.audit import cli_actor
-from asyncwork.deadletters import dlq_alert, purge, record
+from asyncwork.contrib.periodic.alert import dlq_alert
+from asyncwork.deadletters import purge, record
 from asyncwork.errors import PermanentError
-from asyncwork.models import DeadLetter, OutboxMessage
-from core.celery import app
+from asyncwork.models import DeadLetter, Job
+from invoicing.delivery import invoice_email_send
 from invoicing.models import Invoice
 from invoicing.services import invoice_recipient_correct
+from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
 from stack import launch
 from stack.net import wait_until
@@ -92,8 +94,6 @@ def test_replay_of_a_dead_letter_whose_email_was_meanwhile_sent_sends_nothing(
     with worker_thread():
         invoice, _letter = refused_invoice_dead_letter(client, smtp)
         smtp.handler.faults.refuse = set()
-        from invoicing.services import invoice_email_send
-
         assert invoice_email_send(invoice_id=invoice.pk, owner="operator") == "sent"
         # Its address is the one that failed: the replay check refuses it, so it is forced.
         dlq("replay", "--all", "--force")
@@ -148,12 +148,12 @@ def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
         dlq("replay", "1", "--all")
 
 
-def record(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
+def recorded(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
     return record(
-        task="invoicing.send_invoice_email",
+        task=send_invoice_email.module_path,
         task_id=task_id,
         args=[1],
-        kwargs={"outbox_id": 9},
+        kwargs={"key": "k-1"},
         queue="email",
         reason="permanent",
         exc=PermanentError("nope"),
@@ -164,20 +164,21 @@ def record(task_id: str = "t-1", **extra: Any) -> DeadLetter | None:
 
 
 def test_recording_the_same_task_twice_keeps_one_dead_letter_and_nothing_else() -> None:
-    first = record()
-    second = record()  # the worker died after recording and ran the job again
+    first = recorded()
+    second = recorded()  # the worker died after recording and ran the job again
     assert first is not None
     assert second is None
     letter = DeadLetter.objects.get()
-    assert letter.kwargs == {}  # ids of the job only, not the outbox trace
-    # The row is the one record: no message for the broker, no queue holding a copy.
-    assert not OutboxMessage.objects.exists()
+    # The job's own arguments, as its replay calls it again.
+    assert (letter.args, letter.kwargs) == ([1], {"key": "k-1"})
+    # The row is the one record: no job for the broker, no queue holding a copy.
+    assert not Job.objects.exists()
     assert broker.queue_depth(queues.DLQ) == 0
 
 
 def test_purge_older_than_days_is_recorded_per_dead_letter() -> None:
-    old = record("old")
-    record("new")
+    old = recorded("old")
+    recorded("new")
     assert old is not None
     DeadLetter.objects.filter(task_id="old").update(created_at=timezone.now() - timedelta(days=40))
     assert "purged 1 dead letter(s)" in dlq("purge", "--older-than", "30", "--actor", "ops-ann")
@@ -196,7 +197,7 @@ def test_purge_older_than_days_is_recorded_per_dead_letter() -> None:
 
 
 def test_a_purge_that_cannot_be_recorded_deletes_nothing() -> None:
-    record("old")
+    recorded("old")
     DeadLetter.objects.update(created_at=timezone.now() - timedelta(days=40))
     with pytest.raises(ValueError, match="needs an actor"):
         purge(older_than=timedelta(days=30), actor="")
@@ -210,10 +211,10 @@ def test_dlq_alert_logs_and_mails_once_per_period(
     settings.ADMINS = [("Ops", "ops@example.com")]
     settings.ASYNCWORK = {**settings.ASYNCWORK, "DLQ_ALERT_THRESHOLD": 2}
     cache.delete("dlq-alert-sent")
-    record("a")
-    with caplog.at_level(logging.ERROR, logger="asyncwork.deadletters"):
+    recorded("a")
+    with caplog.at_level(logging.ERROR, logger="asyncwork.contrib.periodic.alert"):
         assert dlq_alert() == 1  # below the threshold
-        record("b")
+        recorded("b")
         assert dlq_alert() == 2
         assert dlq_alert() == 2  # within the period: no second alert
     alerts = [r for r in caplog.records if "alert threshold" in r.getMessage()]
@@ -258,8 +259,10 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
     )
 
     def failed(count: int) -> bool:
-        # Celery's own line for a failed task comes after the dead letter is recorded.
-        return DeadLetter.objects.count() == count and worker.log_text().count("] raised ") == count
+        # Each dead letter's line is logged before its row commits.
+        letters = list(DeadLetter.objects.values_list("pk", flat=True))
+        log = worker.log_text()
+        return len(letters) == count and all(f"dead letter #{pk}," in log for pk in letters)
 
     try:
         worker.wait_ready()
@@ -268,7 +271,7 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
         smtp.handler.faults.always = "451 4.3.0 try again later"
         post_event(client, stripe_testing.encode(paid_event(customer_email="busy@example.com")))
         assert wait_until(lambda: failed(2), timeout=60)
-        app.send_task(test_tasks.DIVIDE, args=[1, 0])
+        test_tasks.divide.enqueue(1, 0)
         assert wait_until(lambda: failed(3), timeout=30)
     finally:
         worker.stop()
@@ -280,7 +283,7 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
         "permanent",
         "permanent",
     ]
-    [bug] = DeadLetter.objects.filter(task=test_tasks.DIVIDE)
+    [bug] = DeadLetter.objects.filter(task=test_tasks.divide.module_path)
     assert bug.exception_class == "builtins.ZeroDivisionError"
     # Every traceback is kept where the operator replays from.
     for letter in DeadLetter.objects.all():
@@ -340,8 +343,10 @@ def test_the_list_says_which_invoice_for_whom_and_why_in_words(
     assert "(550, b'5.1.1 mailbox unavailable')" in letter.traceback
 
     dlq("replay", str(letter.pk), "--force")
+    letter.refresh_from_db()
     [row] = rows(staff.get(DEAD_LETTERS))
-    assert row["outcome"].startswith("published ")  # what became of the replay
+    # What became of the replay: its job, published, with no worker running here.
+    assert row["outcome"].startswith(f"job {letter.replay_job_id} published ")
     assert re.fullmatch(
         rf"replayed by {re.escape(cli_actor())} at \d{{4}}-\d\d-\d\d \d\d:\d\d UTC",
         row["replayed_at"],
@@ -411,10 +416,10 @@ def test_dlq_list_prints_the_reason_in_words_and_the_invoice_within_100_columns(
     with worker_thread():
         invoice, letter = refused_invoice_dead_letter(client, smtp)
     long = paid_invoice(number="INV-" + "9" * 40, customer_email="a" * 60 + "@example.com")
-    other = record("t-long")
+    other = recorded("t-long")
     assert other is not None
     DeadLetter.objects.filter(pk=other.pk).update(args=[long.pk], exception_message="x" * 300)
-    unknown = record("t-unknown")
+    unknown = recorded("t-unknown")
     assert unknown is not None
     DeadLetter.objects.filter(pk=unknown.pk).update(task="core.gone", args=[7])
 
