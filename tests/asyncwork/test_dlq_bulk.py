@@ -41,8 +41,8 @@ from asyncwork.deadletters import (
     selection,
 )
 from asyncwork.management.commands.dlq import BATCH
-from asyncwork.models import DeadLetter, IdempotencyRecord, OutboxMessage
-from asyncwork.outbox import outbox_task_id
+from asyncwork.models import DeadLetter, IdempotencyRecord, Job
+from asyncwork.outbox import message_id
 from operators.models import OperatorAction
 from operators.tokens import api_token_create
 from stack import launch
@@ -51,12 +51,13 @@ from stack.process import ROOT
 from tests.helpers.admin import admin_as, form_data, messages, rows, run_action
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_env
-from tests.tasks import DIVIDE
+from tests.tasks import divide
 
 pytestmark = pytest.mark.django_db
 
 BULK = "/api/dead-letters/bulk/"
 DEAD_LETTERS = "/admin/asyncwork/deadletter/"
+DIVIDE = divide.module_path
 BY_ZERO = "it divides by zero again: its arguments cannot change, so resolve it"
 
 
@@ -79,7 +80,7 @@ def letter(task_id: str, *, args: list[Any] | None = None, **fields: Any) -> Dea
 def checked() -> Iterator[None]:
     """The division's replay check: a zero denominator fails again, whatever is fixed."""
 
-    @replay_check(DIVIDE)
+    @replay_check(divide)
     def by_zero(letters: Sequence[DeadLetter]) -> dict[int, str]:
         return {letter.pk: BY_ZERO for letter in letters if letter.args[1] == 0}
 
@@ -136,7 +137,7 @@ def test_bulk_replay_by_filter_once_per_key(operator: APIClient) -> None:
         "true",
     )
     assert OperatorAction.objects.count() == 2
-    assert OutboxMessage.objects.count() == 2
+    assert Job.objects.count() == 2
     # The same key for another request: refused, nothing done.
     reused = bulk(operator, {"action": "replay", "reason": "exhausted"})
     assert reused.status_code == 422
@@ -184,7 +185,7 @@ def test_a_dry_run_needs_the_view_permission_only_and_records_nothing(checked: N
     }
     assert not OperatorAction.objects.exists()
     assert not IdempotencyRecord.objects.exists()
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()
     # Acting needs the power.
     acting = bulk(viewer, {"action": "replay", "task": DIVIDE})
     assert acting.status_code == 403
@@ -243,7 +244,7 @@ def test_bulk_reports_the_refused_and_force_replays_them(
     recorded = OperatorAction.objects.filter(target_id=str(refused.pk)).order_by("pk")
     assert [a.detail for a in recorded] == [
         f"refused: {BY_ZERO}",
-        f"replayed: the job is outbox message {OutboxMessage.objects.latest('pk').pk}; "
+        f"replayed: the job is job {Job.objects.latest('pk').pk}; "
         f"forced past its check, which said: {BY_ZERO}",
     ]
 
@@ -517,7 +518,7 @@ def test_resolve_and_unresolve_ask_first_with_the_count(staff: Client) -> None:
 def described() -> Iterator[None]:
     """The division's describer: what it computes, and what became of that (its app's words)."""
 
-    @describer(DIVIDE)
+    @describer(divide)
     def divisions(letters: Sequence[DeadLetter]) -> dict[int, Subject]:
         return {
             letter.pk: Subject(
@@ -532,38 +533,32 @@ def described() -> Iterator[None]:
     deadletters._describers.pop(DIVIDE)
 
 
-def replayed(task_id: str, *, args: list[Any], published: bool = True) -> DeadLetter:
-    """A dead letter replayed from this test: its replay's outbox message, published or not."""
-    message = OutboxMessage.objects.create(
-        task=DIVIDE,
-        args=args,
-        queue="default",
-        published_at=timezone.now() if published else None,
-    )
-    return letter(
-        task_id, args=args, replayed_at=timezone.now(), replayed_by="x", replay_outbox=message
-    )
+def replayed(task_id: str, *, args: list[Any], **job: Any) -> DeadLetter:
+    """A dead letter replayed from this test: its replay's job, as the machinery left it."""
+    made = Job.objects.create(task=DIVIDE, args=args, queue="default", **job)
+    return letter(task_id, args=args, replayed_at=timezone.now(), replayed_by="x", replay_job=made)
 
 
 def test_what_became_of_a_replay_is_shown_on_the_list_and_the_page(
     staff: Client, described: None
 ) -> None:
+    now = timezone.now()
     waiting = letter("t1", args=[1, 0])
-    pending = replayed("t2", args=[1, 0], published=False)
-    answered = replayed("t3", args=[6, 3])
-    failed = replayed("t4", args=[1, 0])
-    assert failed.replay_outbox_id is not None
-    again = letter(outbox_task_id(failed.replay_outbox_id), args=[1, 0])
+    pending = replayed("t2", args=[1, 0])
+    answered = replayed("t3", args=[6, 3], status=Job.Status.SUCCESSFUL, finished_at=now)
+    failed = replayed("t4", args=[1, 0], published_at=now, status=Job.Status.FAILED)
+    assert failed.replay_job_id is not None
+    again = letter(message_id(failed.replay_job_id), args=[1, 0])
 
     listed = {row["id"]: row for row in rows(staff.get(DEAD_LETTERS))}
 
     assert listed[str(waiting.pk)]["outcome"] == "-"
-    assert listed[str(pending.pk)]["outcome"] == (
-        f"outbox message {pending.replay_outbox_id} not yet published"
+    assert listed[str(pending.pk)]["outcome"] == (f"job {pending.replay_job_id} not yet published")
+    assert listed[str(answered.pk)]["outcome"].startswith(
+        f"job {answered.replay_job_id} succeeded "
     )
-    assert listed[str(answered.pk)]["outcome"].startswith("published ")
     assert listed[str(answered.pk)]["outcome"].endswith(
-        "the job was queued (run or waiting); division: answered 2026-12-03 17:02 UTC"
+        " UTC; division: answered 2026-12-03 17:02 UTC"
     )
     assert listed[str(failed.pk)]["outcome"] == f"dead-lettered again as dead letter #{again.pk}"
     page = staff.get(f"{DEAD_LETTERS}{failed.pk}/change/").content.decode()
@@ -582,14 +577,12 @@ def test_the_outcome_column_costs_the_same_queries_however_many_replays(
         return len(captured)
 
     def failed_replay(n: int) -> None:
-        failed = replayed(f"r{n}", args=[n, 1])
-        assert failed.replay_outbox_id is not None
+        failed = replayed(f"r{n}", args=[n, 1], status=Job.Status.FAILED)
+        assert failed.replay_job_id is not None
         # Dead-lettered again, and that one replayed too: still waiting to be published.
-        again = letter(outbox_task_id(failed.replay_outbox_id), args=[n, 1])
-        message = OutboxMessage.objects.create(task=DIVIDE, args=[n, 1], queue="default")
-        DeadLetter.objects.filter(pk=again.pk).update(
-            replayed_at=timezone.now(), replay_outbox=message
-        )
+        again = letter(message_id(failed.replay_job_id), args=[n, 1])
+        made = Job.objects.create(task=DIVIDE, args=[n, 1], queue="default")
+        DeadLetter.objects.filter(pk=again.pk).update(replayed_at=timezone.now(), replay_job=made)
 
     failed_replay(1)
     queries()  # the first request also reads the user's permissions
@@ -797,7 +790,7 @@ def test_a_bulk_statement_that_waits_too_long_is_a_503_and_does_nothing(settings
     again = bulk(operator, {"action": "replay", "ids": [held]}, key="k")
     assert (again.status_code, again.json()["replayed"]) == (200, [held])
     assert bulk(operator, {"action": "replay", "ids": [held]}, key="k")["Idempotent-Replayed"]
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -821,15 +814,15 @@ def test_the_command_commits_a_batch_at_a_time_and_a_run_cut_short_goes_on() -> 
         operator_acted.disconnect(dispatch_uid="test.fail_at_700")
     replayed = DeadLetter.objects.filter(replayed_at__isnull=False).order_by("pk")
     assert list(replayed.values_list("pk", flat=True)) == ids[:BATCH]
-    assert OperatorAction.objects.count() == OutboxMessage.objects.count() == BATCH
+    assert OperatorAction.objects.count() == Job.objects.count() == BATCH
 
     out = StringIO()
     call_command("dlq", "replay", "--all", "--actor", "op", stdout=out)
 
     assert out.getvalue().splitlines()[-1] == f"{len(ids) - BATCH} replayed, 0 skipped"
     assert not selection().exists()
-    assert OutboxMessage.objects.count() == len(ids)
-    assert DeadLetter.objects.values("replay_outbox").distinct().count() == len(ids)
+    assert Job.objects.count() == len(ids)
+    assert DeadLetter.objects.values("replay_job").distinct().count() == len(ids)
     assert OperatorAction.objects.filter(detail__startswith="replayed: ").count() == len(ids)
 
 
@@ -838,7 +831,7 @@ def test_the_command_commits_a_batch_at_a_time_and_a_run_cut_short_goes_on() -> 
 def test_what_a_replay_costs_a_letter_at_the_limit_and_in_the_commands_batches(
     operator: APIClient,
 ) -> None:
-    """Three statements a letter (its outbox row, its operator action, its publish's mark),
+    """Three statements a letter (its job, its operator action, its publish's mark),
     whether a request replays BULK_LIMIT or the command three batches; a request refused for
     its size costs a few, however many it chose."""
     ids = waiting_letters(BULK_LIMIT + BATCH * 3)
@@ -922,8 +915,8 @@ def test_20000_after_an_outage_through_gunicorn_and_the_command_each_replayed_on
     assert command.stdout.splitlines()[-1] == f"{OUTAGE - BULK_LIMIT} replayed, 0 skipped"
 
     assert not selection().exists()
-    assert OutboxMessage.objects.count() == OUTAGE
-    assert DeadLetter.objects.values("replay_outbox").distinct().count() == OUTAGE
+    assert Job.objects.count() == OUTAGE
+    assert DeadLetter.objects.values("replay_job").distinct().count() == OUTAGE
     by = dict(DeadLetter.objects.values_list("replayed_by").annotate(n=Count("pk")).order_by())
     assert by == {"api:op": BULK_LIMIT, "cli:ops": OUTAGE - BULK_LIMIT}
     assert OperatorAction.objects.filter(detail__startswith="replayed: ").count() == OUTAGE
