@@ -25,19 +25,19 @@ from asyncwork.contrib.idempotency import (
     idempotent_respond,
     request_fingerprint,
 )
-from asyncwork.models import IdempotencyRecord, OutboxMessage
-from invoicing.services import EMAIL_QUEUE
+from asyncwork.models import IdempotencyRecord, Job
+from invoicing.tasks import EMAIL_QUEUE
 from stack.net import wait_until
 from tests.helpers.database import lock_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)  # threads use their own connections
 
 
-def make(tag: str) -> Callable[[], OutboxMessage]:
+def make(tag: str) -> Callable[[], Job]:
     """Work that leaves a row behind: what a request under a key creates."""
 
-    def perform() -> OutboxMessage:
-        return OutboxMessage.objects.create(task="test.idempotency", args=[tag], queue=EMAIL_QUEUE)
+    def perform() -> Job:
+        return Job.objects.create(task="test.idempotency", args=[tag], queue=EMAIL_QUEUE)
 
     return perform
 
@@ -64,7 +64,7 @@ def test_the_same_request_again_is_not_performed_again(alice: Any) -> None:
     assert again.replayed is True
     assert first.result is not None
     assert again.result == first.result
-    assert list(OutboxMessage.objects.values_list("args", flat=True)) == [["a"]]
+    assert list(Job.objects.values_list("args", flat=True)) == [["a"]]
     record = IdempotencyRecord.objects.get()
     assert (record.key, record.target, record.request) == ("k1", first.result, "POST /x/1/")
 
@@ -79,7 +79,7 @@ def test_a_different_request_under_a_used_key_is_refused(alice: Any) -> None:
         idempotent_perform(
             user=alice, key="k1", fingerprint="2" * 64, request="POST /x/2/", perform=make("b")
         )
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 def test_an_answer_is_kept_and_given_again_when_the_work_is_not_one_row(alice: Any) -> None:
@@ -130,19 +130,19 @@ def test_keys_are_scoped_to_their_user(alice: Any, bob: Any) -> None:
 
     assert (a.replayed, b.replayed) == (False, False)
     assert a.result != b.result
-    assert OutboxMessage.objects.count() == 2
+    assert Job.objects.count() == 2
     assert IdempotencyRecord.objects.count() == 2
 
 
 def test_work_that_fails_leaves_the_key_unused(alice: Any) -> None:
-    def fail() -> OutboxMessage:
-        OutboxMessage.objects.create(task="test.idempotency", args=["lost"], queue=EMAIL_QUEUE)
+    def fail() -> Job:
+        Job.objects.create(task="test.idempotency", args=["lost"], queue=EMAIL_QUEUE)
         raise ValueError("not now")
 
     with pytest.raises(ValueError, match="not now"):
         idempotent_perform(user=alice, key="k", fingerprint="1" * 64, request="r", perform=fail)
     assert not IdempotencyRecord.objects.exists()
-    assert not OutboxMessage.objects.exists()  # rolled back with the record
+    assert not Job.objects.exists()  # rolled back with the record
 
     later = idempotent_perform(
         user=alice, key="k", fingerprint="1" * 64, request="r", perform=make("ok")
@@ -159,7 +159,7 @@ def test_anonymous_callers_have_no_keys() -> None:
 
 def test_racing_callers_perform_once(alice: Any) -> None:
     """Eight threads with one (user, key) at once. The first to insert is held inside its
-    transaction (a lock on the outbox table) until every other is waiting on PostgreSQL for
+    transaction (a lock on the jobs' table) until every other is waiting on PostgreSQL for
     its key: they provably overlap, and still the work runs once."""
     callers = 8
     outcomes: list[tuple[bool, int]] = []
@@ -182,7 +182,7 @@ def test_racing_callers_perform_once(alice: Any) -> None:
     try:
         with holder.cursor() as cursor:
             cursor.execute("BEGIN")
-            cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
+            cursor.execute(f"LOCK TABLE {Job._meta.db_table} IN SHARE MODE")
             for thread in threads:
                 thread.start()
             # One waits on the table lock, the other seven on the first one's key.
@@ -198,7 +198,7 @@ def test_racing_callers_perform_once(alice: Any) -> None:
     assert len(outcomes) == callers
     assert sorted(replayed for replayed, _ in outcomes) == [False] + [True] * (callers - 1)
     assert len({pk for _, pk in outcomes}) == 1
-    assert OutboxMessage.objects.filter(task="test.idempotency").count() == 1
+    assert Job.objects.filter(task="test.idempotency").count() == 1
     assert IdempotencyRecord.objects.count() == 1
 
 
@@ -209,7 +209,7 @@ def test_a_racer_whose_first_rolls_back_does_the_work(alice: Any) -> None:
     release = threading.Event()
     results: list[Any] = []
 
-    def failing() -> OutboxMessage:
+    def failing() -> Job:
         started.set()
         release.wait(20)
         raise ValueError("first fails")
@@ -245,7 +245,7 @@ def test_a_racer_whose_first_rolls_back_does_the_work(alice: Any) -> None:
     b.join(30)
 
     assert sorted(map(str, results)) == ["False", "first fails"]
-    assert list(OutboxMessage.objects.values_list("args", flat=True)) == [["second"]]
+    assert list(Job.objects.values_list("args", flat=True)) == [["second"]]
 
 
 def test_the_key_header_is_required_and_bounded() -> None:
