@@ -81,7 +81,8 @@ def held_jobs() -> list[int]:
             continue
     else:
         return []
-    return [int(request.args[0]) for request in requests if request.name == RUN and request.args]
+    # The type, not the name: a job's message shows the name of its task (``shadow``).
+    return [int(request.args[0]) for request in requests if request.type == RUN and request.args]
 
 
 _DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
