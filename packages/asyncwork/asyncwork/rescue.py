@@ -18,6 +18,7 @@ deleted.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -81,7 +82,8 @@ def jobs_rescue() -> int:
         cursor.execute(_RUNNING_SQL, lapse)
         rescued = cursor.rowcount
         cursor.execute(_HELD_SQL, lapse)
-        rows = cursor.fetchall()
+        # Django's connection reads jsonb as its text.
+        rows = [(pk, json.loads(holding)) for pk, holding in cursor.fetchall()]
         held = [job_id for _, holding in rows for job_id in holding]
         if held:
             rescued += Job.objects.filter(
