@@ -1,24 +1,27 @@
-"""The jobs a dead worker held are re-enqueued as soon as its heartbeat lapsed
-(``asyncwork.heartbeat.held_jobs``, ``asyncwork.rescue.held_jobs_rescue``), not when the broker
-gives their messages back: on Redis that is after the visibility timeout (20 s here).
+"""The jobs a dead worker held run elsewhere as soon as its heartbeat lapsed, by the workers' own
+poll (``asyncwork.poll``, its rescue ``asyncwork.rescue.jobs_rescue``), not when the broker gives
+their messages back: on Redis that is after the visibility timeout (20 s here).
 
-A real prefork worker takes two jobs (running, or received and waiting for its pool), is
-SIGKILLed with its whole process group, and another worker runs both within the lapse (3 s)
-plus a rescue run. On both brokers: RabbitMQ redelivers at once on the connection's loss, and
-the rescue's second copy runs as a no-op for the job (it only counts its runs here)."""
+A real prefork worker holds two jobs: one running in a pool process, and one it received while
+its other pool process could not start it (stopped, as a busy pool leaves a received job), so
+the job is still READY and its worker's heartbeat lists it (``asyncwork.heartbeat.held_jobs``:
+job ids). The worker is SIGKILLed with its whole process group; another worker, and nothing
+else, runs both within the lapse (3 s) plus a rescue run: the running one as its owner's
+heartbeat lapsed, the waiting one as its consumer's did. On both brokers: RabbitMQ redelivers
+at once on the connection's loss, and a message that finds its job claimed or done does
+nothing (``asyncwork.runner``)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
-from typing import Any
 
 import pytest
 from django.core.cache import cache
 
-from asyncwork.models import WorkerHeartbeat
-from asyncwork.rescue import HELD_JOBS, workers_rescue
-from core.celery import app
+from asyncwork.models import Job, WorkerHeartbeat
 from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
@@ -31,12 +34,13 @@ LAPSE = 3
 NAP_SECONDS = 4
 
 
-def test_the_jobs_a_killed_worker_held_run_elsewhere_once_its_heartbeat_lapsed(
-    settings: Any,
-) -> None:
-    # The rescue runs in this process.
-    settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_HEARTBEAT_LAPSE_SECONDS": LAPSE}
-    keys = [f"nap-{uuid.uuid4().hex}" for _ in range(2)]
+def runs(key: str) -> int:
+    """How often the nap under ``key`` started (``tests.tasks.nap``)."""
+    return int(cache.get(f"{key}:runs") or 0)
+
+
+def test_the_jobs_a_killed_worker_held_run_elsewhere_once_its_heartbeat_lapsed() -> None:
+    running_key, waiting_key = (f"nap-{uuid.uuid4().hex}" for _ in range(2))
     env = worker_env(
         0,
         {**SCALED, "WORKER_HEARTBEAT_SECONDS": 0.5, "WORKER_HEARTBEAT_LAPSE_SECONDS": LAPSE},
@@ -46,37 +50,52 @@ def test_the_jobs_a_killed_worker_held_run_elsewhere_once_its_heartbeat_lapsed(
     survivor = None
     try:
         doomed.wait_ready()
-        for key in keys:
-            app.send_task(test_tasks.NAP, args=[key, NAP_SECONDS])
+        running = Job.objects.get(pk=test_tasks.nap.enqueue(running_key, NAP_SECONDS).id)
+        assert wait_until(lambda: runs(running_key) == 1, timeout=15)
+        running.refresh_from_db()
+        # The other pool process cannot start what it is given: the next job waits, received.
+        runner = int(running.owner.split(":")[1])
+        [idle] = [pid for pid in doomed.pids() if pid not in (doomed.pid, runner)]
+        os.kill(idle, signal.SIGSTOP)
+        waiting = Job.objects.get(pk=test_tasks.nap.enqueue(waiting_key, NAP_SECONDS).id)
 
-        def listed() -> list[str]:
-            rows = WorkerHeartbeat.objects.filter(pid=doomed.pid).values_list("holding", flat=True)
-            return [job["args"][0] for holding in rows for job in holding]
+        def holding() -> list[int]:
+            row = WorkerHeartbeat.objects.filter(pid=doomed.pid).first()
+            return sorted(row.holding) if row is not None else []
 
-        assert wait_until(lambda: sorted(listed()) == sorted(keys), timeout=15)
+        assert wait_until(lambda: holding() == sorted([running.pk, waiting.pk]), timeout=15)
+        waiting.refresh_from_db()
+        assert (waiting.status, waiting.attempts) == ("READY", 0)
+        assert waiting.published_at is not None
         doomed.kill()  # the whole worker, parent included: nothing is left to requeue
         killed = time.monotonic()
-        survivor = launch.celery_worker(env, name="survivor", include=("tests.tasks",))
+        survivor = launch.celery_worker(
+            env, name="survivor", include=("tests.tasks",), concurrency=2
+        )
         survivor.wait_ready()
-        rescued: dict[str, int] = {}
-
-        def rescue_ran() -> bool:  # as the workers-rescue job does every few seconds
-            rescued.update(workers_rescue())
-            return rescued.get(HELD_JOBS, 0) > 0
-
-        assert wait_until(rescue_ran, timeout=LAPSE + 10, interval=0.5)
-        assert rescued[HELD_JOBS] == 2
-        done = wait_until(lambda: all(cache.get(key) for key in keys), timeout=60, interval=0.2)
+        done = wait_until(
+            lambda: cache.get(running_key) and cache.get(waiting_key), timeout=60, interval=0.2
+        )
         seconds = time.monotonic() - killed
         print(f"\nworker SIGKILLed holding 2 jobs: both done {seconds:.1f} s later")
+        # The rescue also empties the dead consumer's list, once its heartbeat lapsed.
+        emptied = wait_until(lambda: holding() == [], timeout=LAPSE + 5)
         log = survivor.log_text()
     finally:
         for worker in (doomed, survivor):
             if worker is not None:
                 worker.stop()
-    assert done
+    assert done, log[-4000:]
+    assert emptied, log[-6000:]
     visibility = int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
     if not broker.RABBITMQ:  # the broker gives the messages back only after this
         assert seconds < visibility, log[-4000:]
-    assert seconds < LAPSE + 5 + 2 * NAP_SECONDS
-    assert not WorkerHeartbeat.objects.exclude(holding=[]).filter(pid=doomed.pid).exists()
+        # The survivor's poll, not the broker, gave both back.
+        rescued = [line for line in log.splitlines() if "rescue jobs: " in line]
+        assert sum(int(line.split("rescue jobs: ")[1].split()[0]) for line in rescued) == 2, log
+    assert seconds < LAPSE + 5 + 2 * NAP_SECONDS, log[-6000:]
+    # The running one started again once (its first run was killed), the waiting one once.
+    assert (runs(running_key), runs(waiting_key)) == (2, 1)
+    for job in (running, waiting):
+        job.refresh_from_db()
+        assert job.status == "SUCCESSFUL"
