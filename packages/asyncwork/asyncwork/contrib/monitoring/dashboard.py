@@ -20,7 +20,7 @@ from asyncwork.contrib.monitoring.probes import probes_read
 # What a staff user needs to see the dashboard: the lists it summarises.
 VIEW_PERMISSIONS = (
     "asyncwork.view_deadletter",
-    "asyncwork.view_outboxmessage",
+    "asyncwork.view_job",
     "asyncwork.view_scheduledjob",
 )
 

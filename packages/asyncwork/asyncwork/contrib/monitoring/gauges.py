@@ -148,7 +148,7 @@ def outbox_metrics(outbox: OutboxProbe) -> list[Metric]:
 
 
 def outbox_figures(probe: OutboxProbe) -> list[Figure]:
-    unpublished = _changelist("outboxmessage", published="no")
+    unpublished = _changelist("job", status="READY", published_at__isnull="True")
     count = f"{probe.unpublished}{'+' if probe.capped else ''}"
     oldest = _age(probe.oldest_age_seconds)
     return [
