@@ -21,9 +21,9 @@ from kombu.transport.native_delayed_delivery import level_name
 
 from asyncwork import queues
 from asyncwork.broker import queue_keys
-from asyncwork.settings import asyncwork_settings
 
-RABBITMQ = bool(asyncwork_settings.BROKER_IS_RABBITMQ)
+# As the machinery reads it: from the broker URL's scheme.
+RABBITMQ = queues.rabbitmq()
 
 redis_only = pytest.mark.skipif(RABBITMQ, reason="Redis only: the broker is RabbitMQ")
 rabbitmq_only = pytest.mark.skipif(not RABBITMQ, reason="RabbitMQ only: the broker is Redis")
