@@ -49,9 +49,7 @@ def test_a_message_added_before_a_redirect_is_shown_after_it(storages_made: list
     user = get_user_model().objects.create_superuser("root", "root@example.com", "x")
     # On a queue of the application's: the broker is emptied after every test.
     row = Job.objects.create(task="core.does_not_exist", args=[1], queue="email")
-    shown = run_action(
-        admin_as(user), "/admin/asyncwork/job/", "republish_selected", [row.pk]
-    )
+    shown = run_action(admin_as(user), "/admin/asyncwork/job/", "republish_selected", [row.pk])
     assert messages(shown) == [("success", "Published 1 job(s) again.")]
     # Made for the action's request (which added the message) and for the page showing it.
     assert storages_made.count("/admin/asyncwork/job/") == 2
