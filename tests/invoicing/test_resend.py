@@ -14,9 +14,9 @@ from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from asyncwork.models import DeadLetter, IdempotencyRecord
+from asyncwork.models import DeadLetter, IdempotencyRecord, Job
+from invoicing.delivery import invoice_email_key, invoice_email_send
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import invoice_email_key, invoice_email_send
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.database import lock_waiters
@@ -210,7 +210,7 @@ def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> 
     try:
         with holder.cursor() as cursor:
             cursor.execute("BEGIN")
-            cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
+            cursor.execute(f"LOCK TABLE {Job._meta.db_table} IN SHARE MODE")
             for thread in threads:
                 thread.start()
             assert wait_until(lambda: lock_waiters() == 2, timeout=20)
