@@ -47,6 +47,7 @@ BOTH_BROKERS = (
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
     "tests/invoicing/test_rescue.py",
+    "tests/invoicing/test_takeover.py",
     "tests/invoicing/test_recovery_queue.py",
     "tests/invoicing/test_breaker_pipeline.py",
     "tests/test_quiescence.py",
