@@ -15,12 +15,15 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import redis
+from celery import current_app
 from django.conf import settings
 from kombu import Connection
 from kombu.transport.native_delayed_delivery import level_name
 
 from asyncwork import queues
+from asyncwork.backend import RUN
 from asyncwork.broker import queue_keys
+from asyncwork.outbox import message_id
 
 # As the machinery reads it: from the broker URL's scheme.
 RABBITMQ = queues.rabbitmq()
@@ -176,6 +179,14 @@ def queue_messages(name: str) -> list[dict[str, Any]]:
             found.append({"headers": message.headers, "body": message.body})
         channel.close()
     return found
+
+
+def job_message_again(job_id: int, *, queue: str, shadow: str = "") -> None:
+    """Publish job ``job_id``'s message once more to ``queue``, as a broker's redelivery brings
+    it (the same Celery task and id the outbox gives it; ``shadow``: the name Celery logs)."""
+    current_app.send_task(
+        RUN, args=[job_id], queue=queue, task_id=message_id(job_id), shadow=shadow or None
+    )
 
 
 def queue_delete(name: str) -> None:

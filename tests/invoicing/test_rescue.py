@@ -24,16 +24,14 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from asyncwork.backend import RUN
 from asyncwork.models import Job, WorkerHeartbeat
-from asyncwork.outbox import message_id
-from core.celery import app
 from invoicing.models import EmailDelivery
 from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
 from stack import launch
 from stack.net import wait_until
 from stack.process import Process
 from stack.smtp import IN_WINDOW, SmtpServer
+from tests.helpers import broker
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import asyncwork_changed, worker_env
 from tests.helpers.quiescence import pipeline_quiet
@@ -179,9 +177,7 @@ def test_a_slow_but_alive_worker_is_never_overtaken(smtp: SmtpServer) -> None:
         # broker's redelivery brings it), then a second job for the invoice (as a second
         # payment event would enqueue). Each finds its claim's owner beating.
         time.sleep(LAPSE + 1)
-        app.send_task(
-            RUN, args=[first], queue=EMAIL_QUEUE, task_id=message_id(first), shadow="redelivery"
-        )
+        broker.job_message_again(first, queue=EMAIL_QUEUE, shadow="redelivery")
         redelivery_skipped = wait_until(
             lambda: "redelivery[job-" in worker.log_text() and "'skipped'" in worker.log_text(),
             10,
