@@ -126,6 +126,7 @@ def test_a_gone_owners_job_and_claim_are_taken_over_at_once_and_a_beating_ones_a
     assert (rescued.state, rescued.attempts, rescued.lease_expires_at) == ("sent", 2, None)
     # Taken over well inside its leases: the heartbeat said its owner was gone.
     assert rescued.sent_at is not None
+    assert gone.lease_expires_at is not None
     assert rescued.sent_at < gone.lease_expires_at - timedelta(minutes=4)
     gone.refresh_from_db()
     assert (gone.status, gone.attempts) == ("SUCCESSFUL", 2)
