@@ -226,7 +226,7 @@ def test_one_confirmation_submitted_twice_at_once_sends_once(
     staff: Client, smtp: SmtpServer
 ) -> None:
     """Two threads post the same confirmation at once, as a double click does. The first is
-    held in its transaction (a lock on the outbox table) until the second waits on PostgreSQL
+    held in its transaction (a lock on the job table) until the second waits on PostgreSQL
     for the selection's key: they overlap, and each invoice's email is sent once."""
     paid = [invoice("INV-40"), invoice("INV-41")]
     data = confirmation(staff, [i.pk for i in paid])

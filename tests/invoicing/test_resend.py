@@ -194,7 +194,7 @@ def test_an_unpaid_invoice_leaves_the_key_unused(staff: APIClient) -> None:
 
 def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> None:
     """Two threads post the same (user, key) at once through the API. The first is held in its
-    transaction (a lock on the outbox table) until the second waits on PostgreSQL for the key:
+    transaction (a lock on the job table) until the second waits on PostgreSQL for the key:
     they overlap, and one email is requested."""
     invoice = new_paid_invoice()
     responses: list[Any] = []
