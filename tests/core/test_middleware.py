@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.messages import middleware as django_middleware
 from django.http import HttpRequest
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from core import middleware
 from tests.helpers.admin import admin_as, messages, run_action
 from tests.helpers.stripe import paid_event, post_event
@@ -48,10 +48,8 @@ def test_a_request_that_never_uses_its_messages_makes_no_storage(
 def test_a_message_added_before_a_redirect_is_shown_after_it(storages_made: list[str]) -> None:
     user = get_user_model().objects.create_superuser("root", "root@example.com", "x")
     # On a queue of the application's: the broker is emptied after every test.
-    row = OutboxMessage.objects.create(task="core.does_not_exist", args=[1], queue="email")
-    shown = run_action(
-        admin_as(user), "/admin/asyncwork/outboxmessage/", "republish_selected", [row.pk]
-    )
-    assert messages(shown) == [("success", "Republished 1 outbox message(s).")]
+    row = Job.objects.create(task="core.does_not_exist", args=[1], queue="email")
+    shown = run_action(admin_as(user), "/admin/asyncwork/job/", "republish_selected", [row.pk])
+    assert messages(shown) == [("success", "Published 1 job(s) again.")]
     # Made for the action's request (which added the message) and for the page showing it.
-    assert storages_made.count("/admin/asyncwork/outboxmessage/") == 2
+    assert storages_made.count("/admin/asyncwork/job/") == 2

@@ -17,7 +17,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, OutboxBackend
 from core.celery import app
+from invoicing.tasks import resend_invoice_email, send_invoice_email
 from stack import launch
 from stack.net import HOST
 from tests.helpers.environment import PRODUCTION, clean_env, manage, settings_read
@@ -332,8 +334,9 @@ _PRINT_BROKER = (
     "from django.conf import settings as s; from core.celery import app; "
     "from asyncwork import queues; o = app.conf.broker_transport_options; "
     "q = queues.consumed()[0]; "
-    "print(s.ASYNCWORK['BROKER_IS_RABBITMQ'], app.conf.broker_transport or '-', "
+    "print(queues.rabbitmq(), app.conf.broker_transport or '-', "
     "o.get('confirm_publish', '-'), o.get('visibility_timeout', '-'), "
+    "o.get('queue_order_strategy', '-'), "
     "(q.queue_arguments or {}).get('x-queue-type', '-'), q.exchange.type or '-')"
 )
 
@@ -341,11 +344,12 @@ _PRINT_BROKER = (
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        # Redis: the transport with the acknowledgement fix, lists, the visibility timeout.
-        ("redis://127.0.0.1:6379/0", "False asyncwork.broker:Transport - 180 - direct"),
+        # Redis: the transport with the acknowledgement fix, lists read in priority order, the
+        # visibility timeout.
+        ("redis://127.0.0.1:6379/0", "False asyncwork.broker:Transport - 180 priority - direct"),
         # RabbitMQ: kombu's own transport, confirms, quorum queues behind topic exchanges
         # (native delayed delivery); no visibility timeout, no Redis fix.
-        ("amqp://u:p@127.0.0.1:5672/v", "True - True - quorum topic"),
+        ("amqp://u:p@127.0.0.1:5672/v", "True - True - - quorum topic"),
     ],
 )
 def test_the_broker_url_decides_what_is_broker_specific(url: str, expected: str) -> None:
@@ -359,6 +363,8 @@ def test_comma_separated_webhook_secrets_while_rolling() -> None:
 
 
 def test_celery_is_configured_for_at_least_once_delivery() -> None:
+    """What ``asyncwork.install`` sets where the project's Celery block left Celery's default,
+    and the email tasks' policy on the project's backend."""
     conf = app.conf
     assert conf.task_serializer == "json"
     assert conf.accept_content == ["json"]
@@ -368,17 +374,27 @@ def test_celery_is_configured_for_at_least_once_delivery() -> None:
     assert conf.task_time_limit
     assert conf.task_soft_time_limit
     app.loader.import_default_modules()  # what a worker does at start
-    # Never the dlq; recovered work before fresh work (read in this order).
-    assert [q.name for q in conf.task_queues] == ["default", "email-recovery", "email"]
+    # Never the dlq; each queue after the one a job published again goes to (read in order).
+    assert [q.name for q in conf.task_queues] == [
+        "default-recovery",
+        "default",
+        "email-recovery",
+        "email",
+    ]
     assert conf.broker_transport_options["queue_order_strategy"] == "priority"
-    routed = app.amqp.router.route({}, "invoicing.send_invoice_email")
-    assert routed["queue"].name == "email"
-    email_task = app.tasks["invoicing.send_invoice_email"]
-    longest_wait = settings.EMAIL_RETRY_BACKOFF_MAX + email_task.time_limit
-    assert conf.broker_transport_options["visibility_timeout"] > longest_wait
-    assert email_task.max_retries == 4  # five attempts in all
-    assert email_task.acks_late
-    assert email_task.reject_on_worker_lost
+    runner = app.tasks[RUN]  # every job's message names it
+    assert runner.acks_late
+    assert runner.reject_on_worker_lost
+    assert isinstance(send_invoice_email.get_backend(), OutboxBackend)
+    for email_task in (send_invoice_email, resend_invoice_email):
+        assert email_task.queue_name == "email"
+        assert email_task.max_attempts == 5
+        assert email_task.time_limit is not None
+        hard_limit = email_task.time_limit + TIME_LIMIT_GRACE
+        # A retry waits in PostgreSQL (its due time), not in the broker: the visibility timeout
+        # need only outlive a run, and a live claim is never taken over mid-send.
+        assert conf.broker_transport_options["visibility_timeout"] > hard_limit
+        assert hard_limit < settings.EMAIL_CLAIM_LEASE_SECONDS
 
 
 _PRINT_SCOPE = (

@@ -15,15 +15,18 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import redis
+from celery import current_app
 from django.conf import settings
 from kombu import Connection
 from kombu.transport.native_delayed_delivery import level_name
 
 from asyncwork import queues
+from asyncwork.backend import RUN
 from asyncwork.broker import queue_keys
-from asyncwork.settings import asyncwork_settings
+from asyncwork.outbox import message_id
 
-RABBITMQ = bool(asyncwork_settings.BROKER_IS_RABBITMQ)
+# As the machinery reads it: from the broker URL's scheme.
+RABBITMQ = queues.rabbitmq()
 
 redis_only = pytest.mark.skipif(RABBITMQ, reason="Redis only: the broker is RabbitMQ")
 rabbitmq_only = pytest.mark.skipif(not RABBITMQ, reason="RabbitMQ only: the broker is Redis")
@@ -47,6 +50,7 @@ BOTH_BROKERS = (
     "tests/invoicing/test_pipeline.py",
     "tests/invoicing/test_crash.py",
     "tests/invoicing/test_rescue.py",
+    "tests/invoicing/test_takeover.py",
     "tests/invoicing/test_recovery_queue.py",
     "tests/invoicing/test_breaker_pipeline.py",
     "tests/test_quiescence.py",
@@ -175,6 +179,14 @@ def queue_messages(name: str) -> list[dict[str, Any]]:
             found.append({"headers": message.headers, "body": message.body})
         channel.close()
     return found
+
+
+def job_message_again(job_id: int, *, queue: str, shadow: str = "") -> None:
+    """Publish job ``job_id``'s message once more to ``queue``, as a broker's redelivery brings
+    it (the same Celery task and id the outbox gives it; ``shadow``: the name Celery logs)."""
+    current_app.send_task(
+        RUN, args=[job_id], queue=queue, task_id=message_id(job_id), shadow=shadow or None
+    )
 
 
 def queue_delete(name: str) -> None:

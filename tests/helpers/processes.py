@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 
+from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 
@@ -30,6 +31,13 @@ SCALED: dict[str, int] = {
 }
 # A deferral waits 5 to 10 s (an operator setting: read from the environment).
 SCALED_BREAKER = {"EMAIL_BREAKER_RESET_SECONDS": "5"}
+
+
+def asyncwork_changed(**changes: object) -> dict[str, object]:
+    """Settings for ``worker_env(settings=...)``: this run's ``ASYNCWORK`` with ``changes``
+    (``WORKER_HEARTBEAT_LAPSE_SECONDS=3``...). The machinery reads its settings from that one dict,
+    which a process's settings replace whole: its other keys must come along."""
+    return {"ASYNCWORK": {**django_settings.ASYNCWORK, **changes}}
 
 
 def worker_env(

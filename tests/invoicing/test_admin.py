@@ -22,10 +22,11 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork.models import IdempotencyRecord, OutboxMessage
+from asyncwork.models import IdempotencyRecord, Job
 from invoicing.admin import RESEND_SELECTION_MAX
+from invoicing.delivery import invoice_email_key, invoice_email_send
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import RESEND_INVOICE_EMAIL_TASK, invoice_email_key, invoice_email_send
+from invoicing.tasks import resend_invoice_email
 from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer
@@ -147,7 +148,7 @@ def test_resend_sends_a_new_email_under_its_own_key_and_records_who_asked(
         assert resend.state == "sent"
     assert resends[0].key != resends[1].key
     assert list(
-        OutboxMessage.objects.filter(task=RESEND_INVOICE_EMAIL_TASK).values_list("args", flat=True)
+        Job.objects.filter(task=resend_invoice_email.module_path).values_list("args", flat=True)
     ) == [[r.pk] for r in resends]
     assert len(smtp.messages) == 3  # the payment email and the two resends
     assert len({m["Message-ID"] for m in smtp.messages}) == 3
@@ -215,7 +216,7 @@ def test_the_confirmation_states_the_count_and_a_double_submit_sends_once(
         f"Jenny Rosen <inv-3{n}@example.com>" for n in range(3)
     ]
     assert EmailDelivery.objects.count() == 3
-    assert OutboxMessage.objects.filter(task=RESEND_INVOICE_EMAIL_TASK).count() == 3
+    assert Job.objects.filter(task=resend_invoice_email.module_path).count() == 3
     [record] = IdempotencyRecord.objects.all()  # the API's store, under the operator
     assert (record.user.get_username(), record.key) == ("op", data["idempotency_key"][0])
     assert OperatorAction.objects.filter(actor="admin:op").count() == 3
@@ -225,7 +226,7 @@ def test_one_confirmation_submitted_twice_at_once_sends_once(
     staff: Client, smtp: SmtpServer
 ) -> None:
     """Two threads post the same confirmation at once, as a double click does. The first is
-    held in its transaction (a lock on the outbox table) until the second waits on PostgreSQL
+    held in its transaction (a lock on the job table) until the second waits on PostgreSQL
     for the selection's key: they overlap, and each invoice's email is sent once."""
     paid = [invoice("INV-40"), invoice("INV-41")]
     data = confirmation(staff, [i.pk for i in paid])
@@ -244,7 +245,7 @@ def test_one_confirmation_submitted_twice_at_once_sends_once(
         try:
             with holder.cursor() as cursor:
                 cursor.execute("BEGIN")
-                cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
+                cursor.execute(f"LOCK TABLE {Job._meta.db_table} IN SHARE MODE")
                 for thread in threads:
                     thread.start()
                 assert wait_until(lambda: lock_waiters() == 2, timeout=20)
@@ -262,7 +263,7 @@ def test_one_confirmation_submitted_twice_at_once_sends_once(
         "Jenny Rosen <inv-41@example.com>",
     ]
     assert EmailDelivery.objects.count() == 2
-    assert OutboxMessage.objects.filter(task=RESEND_INVOICE_EMAIL_TASK).count() == 2
+    assert Job.objects.filter(task=resend_invoice_email.module_path).count() == 2
     assert IdempotencyRecord.objects.count() == 1
     assert OperatorAction.objects.count() == 2
 

@@ -10,8 +10,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, Job
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
 from tests.helpers.factories import staff_user
 
@@ -70,7 +71,7 @@ def test_list_and_detail_show_email_status_and_attempts(staff: APIClient) -> Non
         message_id="<c>",
     )
     DeadLetter.objects.create(
-        task="invoicing.send_invoice_email",
+        task=send_invoice_email.module_path,
         task_id="t1",
         args=[dead.pk],
         queue="email",
@@ -136,7 +137,7 @@ def test_resend_needs_its_permission_and_is_recorded_once() -> None:
     assert viewer.get(f"/api/invoices/{paid.pk}/").status_code == 200
     assert viewer.post(url, HTTP_IDEMPOTENCY_KEY="k1").status_code == 403
     assert not EmailDelivery.objects.exists()
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()
     assert not OperatorAction.objects.exists()
 
     first = operator.post(url, HTTP_IDEMPOTENCY_KEY="k1")

@@ -8,16 +8,18 @@ address), so every connection attempt is counted.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery.signals import task_postrun
 
-from asyncwork.models import DeadLetter
+from asyncwork.backend import job_ran
+from asyncwork.models import DeadLetter, Job
+from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import SEND_INVOICE_EMAIL_TASK, email_breaker
 from invoicing.tasks import send_invoice_email
 from stack.net import wait_until
 from stack.smtp import Faults, SmtpServer
@@ -43,24 +45,41 @@ def breaker_settings(settings: Any) -> Any:
 
 
 @pytest.fixture
-def finished_runs() -> Iterator[list[dict[str, Any]]]:
-    """Every run of the email task that ended, with the retry count and deferrals it carried."""
-    runs: list[dict[str, Any]] = []
+def outcomes() -> Iterator[list[str]]:
+    """What each run of the email task that ended came to, as the runner tells it
+    (``asyncwork.backend.job_ran``): successful, retry, deferred or failed."""
+    seen: list[str] = []
 
-    def record(sender: Any, task: Any, args: Any, state: str, **_: Any) -> None:
-        if task.name == SEND_INVOICE_EMAIL_TASK:
-            runs.append(
-                {
-                    "invoice_id": args[0],
-                    "state": state,
-                    "retries": task.request.retries,
-                    "deferrals": int(getattr(task.request, "deferrals", 0) or 0),
-                }
-            )
+    def record(task: str = "", outcome: str = "", **_: Any) -> None:
+        if task == send_invoice_email.module_path:
+            seen.append(outcome)
 
-    task_postrun.connect(record, weak=False)
-    yield runs
-    task_postrun.disconnect(record)
+    job_ran.connect(record, weak=False, dispatch_uid="test_breaker_pipeline.outcomes")
+    yield seen
+    job_ran.disconnect(dispatch_uid="test_breaker_pipeline.outcomes")
+
+
+class Deferrals(logging.Handler):
+    """How often each job was deferred, from the runner's log lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.by_job: Counter[int] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "deferred", 0):
+            self.by_job[record.__dict__["job_id"]] += 1
+
+
+@pytest.fixture
+def deferrals() -> Iterator[Counter[int]]:
+    """On the runner's own logger: a worker starting in this process configures logging again,
+    which replaces the root logger's handlers (pytest's caplog among them)."""
+    handler = Deferrals()
+    runner = logging.getLogger("asyncwork.runner")
+    runner.addHandler(handler)
+    yield handler.by_job
+    runner.removeHandler(handler)
 
 
 def paid_invoices(count: int) -> list[Invoice]:
@@ -69,7 +88,7 @@ def paid_invoices(count: int) -> list[Invoice]:
 
 @pytest.mark.slow
 def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recovery(
-    breaker_settings: Any, finished_runs: list[dict[str, Any]]
+    breaker_settings: Any, outcomes: list[str], deferrals: Counter[int]
 ) -> None:
     smtp = SmtpServer(faults=Faults(down=True)).start()
     use_smtp(breaker_settings, smtp.port)
@@ -79,7 +98,7 @@ def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recov
         with worker_thread(concurrency=CONCURRENCY):
             started = time.time()
             for invoice in invoices:
-                send_invoice_email.delay(invoice.pk)
+                send_invoice_email.enqueue(invoice.pk)
 
             # The breaker opens after THRESHOLD consecutive failures.
             assert wait_until(lambda: breaker.state()["state"] == "open", timeout=20)
@@ -94,10 +113,7 @@ def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recov
             connections = list(smtp.handler.down_connections)
             smtp.handler.wait_for(EMAILS, timeout=30)
             drained = time.time()
-            assert wait_until(
-                lambda: sum(r["state"] == "SUCCESS" for r in finished_runs) >= EMAILS,
-                timeout=10,
-            )
+            assert wait_until(lambda: outcomes.count("successful") >= EMAILS, timeout=10)
             pipeline_quiet()
             messages = smtp.messages
     finally:
@@ -130,11 +146,14 @@ def test_an_smtp_outage_sends_one_probe_per_cool_down_and_everything_after_recov
     assert breaker.state()["state"] == "closed"
 
     # No attempt was spent while deferred: only the failures before it opened were retries.
-    successes = [r for r in finished_runs if r["state"] == "SUCCESS"]
-    assert sorted(r["invoice_id"] for r in successes) == sorted(i.pk for i in invoices)
-    assert sum(r["retries"] for r in successes) == len(before_probes)
-    assert sum(r["deferrals"] for r in successes) >= EMAILS - len(before_probes)
-    assert max(r["deferrals"] for r in successes) >= 2
+    jobs = list(Job.objects.all())
+    assert sorted(job.args[0] for job in jobs) == sorted(i.pk for i in invoices)
+    assert {job.status for job in jobs} == {"SUCCESSFUL"}
+    assert outcomes.count("successful") == EMAILS
+    assert outcomes.count("retry") == len(before_probes) == sum(len(job.errors) for job in jobs)
+    assert sum(job.attempts for job in jobs) == EMAILS + len(before_probes)
+    assert outcomes.count("deferred") == sum(deferrals.values()) >= EMAILS - len(before_probes)
+    assert max(deferrals.values()) >= 2
 
 
 def test_a_refused_recipient_is_the_provider_answering_and_does_not_open_it(
@@ -144,7 +163,7 @@ def test_a_refused_recipient_is_the_provider_answering_and_does_not_open_it(
     invoices = paid_invoices(THRESHOLD + 2)
     with worker_thread():
         for invoice in invoices:
-            send_invoice_email.delay(invoice.pk)
+            send_invoice_email.enqueue(invoice.pk)
         assert wait_until(lambda: DeadLetter.objects.count() == len(invoices), timeout=20)
     state = email_breaker().state()
     assert (state["state"], state["failures"]) == ("closed", 0)
@@ -162,7 +181,7 @@ def test_deferrals_of_single_messages_are_the_provider_answering_and_do_not_open
     invoices = paid_invoices(THRESHOLD + 2)
     with worker_thread(concurrency=CONCURRENCY):
         for invoice in invoices:
-            send_invoice_email.delay(invoice.pk)
+            send_invoice_email.enqueue(invoice.pk)
         # Each invoice deferred twice: twice the threshold of failures in all, none counted.
         assert wait_until(lambda: smtp.handler.attempts >= 2 * len(invoices), timeout=30)
         state = email_breaker().state()
@@ -183,7 +202,7 @@ def test_past_the_deadline_a_deferred_email_is_dead_lettered_as_provider_unavail
     invoices = paid_invoices(2)
     with worker_thread():
         for invoice in invoices:
-            send_invoice_email.delay(invoice.pk)
+            send_invoice_email.enqueue(invoice.pk)
         assert wait_until(lambda: DeadLetter.objects.count() == 2, timeout=30)
         pipeline_quiet()
     letters = list(DeadLetter.objects.order_by("args"))

@@ -11,24 +11,20 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from asyncwork.deadletters import (
-    Subject,
-    failure,
-    refusals,
-    subjects,
-)
+from asyncwork.deadletters import Subject, failure, refusals, subjects
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery
-from invoicing.services import (
-    RESEND_INVOICE_EMAIL_TASK,
-    SEND_INVOICE_EMAIL_TASK,
-    invoice_recipient_correct,
-)
+from invoicing.services import invoice_recipient_correct
+from invoicing.tasks import resend_invoice_email, send_invoice_email
 from tests.helpers.factories import paid_invoice
 
 pytestmark = pytest.mark.django_db
 
 _task_ids = iter(range(1_000_000))
+# What a dead letter of each email task holds: the task's module path (its describer and
+# replay check are declared with the task itself, invoicing/deadletters.py).
+SEND = send_invoice_email.module_path
+RESEND = resend_invoice_email.module_path
 
 
 def letter(task: str, args: Any, message: str = "", exception_class: str = "") -> DeadLetter:
@@ -48,7 +44,7 @@ def letter(task: str, args: Any, message: str = "", exception_class: str = "") -
 
 def test_a_payment_emails_dead_letter_is_its_invoice_and_where_its_emails_go_now() -> None:
     invoice = paid_invoice(number="INV-7", customer_email="typo@exmaple.com")
-    dead = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk])
+    dead = letter(SEND, [invoice.pk])
     assert subjects([dead]) == {
         dead.pk: Subject(
             kind="invoice",
@@ -71,7 +67,7 @@ def test_a_resends_dead_letter_is_its_invoice_too() -> None:
         state="failed",
         message_id="<x@example.com>",
     )
-    dead = letter(RESEND_INVOICE_EMAIL_TASK, [resend.pk])
+    dead = letter(RESEND, [resend.pk])
     subject = subjects([dead])[dead.pk]
     assert (subject.label, subject.recipient) == ("INV-8 (resend)", invoice.customer_email)
     assert subject.url == f"/admin/invoicing/invoice/{invoice.pk}/change/"
@@ -80,8 +76,8 @@ def test_a_resends_dead_letter_is_its_invoice_too() -> None:
 def test_a_page_of_dead_letters_is_described_in_one_query_per_kind_of_job() -> None:
     def queries(letters: list[DeadLetter]) -> int:
         with CaptureQueriesContext(connection) as captured:
-            subjects = subjects(letters)
-        assert set(subjects) == {x.pk for x in letters}
+            described = subjects(letters)
+        assert set(described) == {x.pk for x in letters}
         return len(captured)
 
     def page(size: int) -> list[DeadLetter]:
@@ -91,8 +87,8 @@ def test_a_page_of_dead_letters_is_described_in_one_query_per_kind_of_job() -> N
             resend = EmailDelivery.objects.create(
                 key=f"invoice_email_resend:{invoice.pk}:x", invoice=invoice, state="failed"
             )
-            letters.append(letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk]))
-            letters.append(letter(RESEND_INVOICE_EMAIL_TASK, [resend.pk]))
+            letters.append(letter(SEND, [invoice.pk]))
+            letters.append(letter(RESEND, [resend.pk]))
         return letters
 
     assert queries(page(1)) == 2
@@ -100,8 +96,8 @@ def test_a_page_of_dead_letters_is_described_in_one_query_per_kind_of_job() -> N
 
 
 def test_what_cannot_be_described_is_left_to_its_task_and_arguments() -> None:
-    gone = letter(SEND_INVOICE_EMAIL_TASK, [987654])
-    odd = [letter(SEND_INVOICE_EMAIL_TASK, args) for args in ([], ["12"], [True], {"a": 1})]
+    gone = letter(SEND, [987654])
+    odd = [letter(SEND, args) for args in ([], ["12"], [True], {"a": 1})]
     other = letter("core.nothing", [1])
     assert subjects([gone, *odd, other]) == {}
 
@@ -118,7 +114,7 @@ def test_what_cannot_be_described_is_left_to_its_task_and_arguments() -> None:
     ],
 )
 def test_the_failure_is_the_stored_message_on_one_line(stored: str, words: str) -> None:
-    assert failure(letter(SEND_INVOICE_EMAIL_TASK, [1], stored)) == words
+    assert failure(letter(SEND, [1], stored)) == words
 
 
 def test_a_failure_with_no_message_is_named_by_its_class() -> None:
@@ -128,7 +124,7 @@ def test_a_failure_with_no_message_is_named_by_its_class() -> None:
 
 def test_what_became_of_the_email_is_read_with_the_invoice() -> None:
     invoice = paid_invoice()
-    dead = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk])
+    dead = letter(SEND, [invoice.pk])
     delivery = EmailDelivery.objects.create(
         key=f"invoice_email_sent:{invoice.pk}",
         invoice=invoice,
@@ -155,12 +151,12 @@ def test_a_replay_of_an_address_failure_is_refused_until_the_address_changes() -
         recipient="typo@exmaple.com",
     )
     on_address = letter(
-        SEND_INVOICE_EMAIL_TASK,
+        SEND,
         [invoice.pk],
         "recipient refused: 550 5.1.1 no such user (typo@exmaple.com)",
         exception_class="invoicing.mail.RecipientRejected",
     )
-    elsewhere = letter(SEND_INVOICE_EMAIL_TASK, [invoice.pk], "SMTP 554 5.7.1 message rejected")
+    elsewhere = letter(SEND, [invoice.pk], "SMTP 554 5.7.1 message rejected")
     assert refusals([on_address, elsewhere]) == {
         on_address.pk: "it failed on its recipient address (typo@exmaple.com), which is "
         "unchanged: correct the recipient first"

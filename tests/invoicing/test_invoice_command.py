@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
 from stack.process import ROOT
 from stack.smtp import SmtpServer
@@ -113,7 +114,7 @@ def test_show_says_where_the_emails_go_and_each_emails_state() -> None:
         sent_at=timezone.now(),
     )
     letter = DeadLetter.objects.create(
-        task="invoicing.send_invoice_email",
+        task=send_invoice_email.module_path,
         task_id="t1",
         args=[made.pk],
         queue="email",

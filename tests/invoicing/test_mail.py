@@ -1,4 +1,4 @@
-"""What a signed event can put into the email, end to end: webhook -> outbox -> a real worker
+"""What a signed event can put into the email, end to end: webhook -> job -> a real worker
 -> a real SMTP server (aiosmtpd, with and without SMTPUTF8), reading what the server received.
 
 International addresses are delivered (IDNA domain; a UTF-8 local part with SMTPUTF8, or a

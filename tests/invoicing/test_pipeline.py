@@ -1,15 +1,19 @@
-"""Webhook -> outbox -> worker -> SMTP, with a real broker (Redis), a real worker and a real
-SMTP server (aiosmtpd)."""
+"""Webhook -> job -> worker -> SMTP, with a real broker (Redis, or RabbitMQ), a real worker and a
+real SMTP server (aiosmtpd)."""
 
 from __future__ import annotations
 
 import pytest
 from django.test import Client
 
+from asyncwork.backend import TaskResultStatus
 from asyncwork.models import DeadLetter, Job
+from asyncwork.outbox import message_id
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
 from stack.net import wait_until
 from stack.smtp import SmtpServer
+from tests.helpers import broker
 from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
@@ -62,15 +66,17 @@ def test_paid_and_payment_succeeded_each_delivered_twice_send_one_email(
         for body in (paid, succeeded, paid, succeeded):
             assert post_event(client, body).status_code == 200
         smtp.handler.wait_for(1, timeout=20)
-        # Also push the job itself twice more, as a broker redelivery would.
-        from invoicing.tasks import send_invoice_email
-
-        invoice = Invoice.objects.get()
-        send_invoice_email.delay(invoice.pk)
-        send_invoice_email.delay(invoice.pk)
+        # Four events, one job; its message delivered twice more, as a broker's redelivery
+        # would bring it.
+        [job] = Job.objects.all()
+        assert wait_until(lambda: Job.objects.get().status == "SUCCESSFUL", timeout=10)
+        for _ in range(2):
+            broker.job_message_again(job.pk, queue=job.queue)
         pipeline_quiet()
     assert len(smtp.messages) == 1
     assert EmailDelivery.objects.get().state == "sent"
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.return_value) == ("SUCCESSFUL", 1, "sent")
 
 
 def test_smtp_451_twice_then_accepted_is_delivered_on_the_third_attempt(
@@ -96,7 +102,7 @@ def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> 
     invoice = Invoice.objects.get()
     assert smtp.handler.attempts == 1
     assert (letter.task, letter.args, letter.reason) == (
-        "invoicing.send_invoice_email",
+        send_invoice_email.module_path,
         [invoice.pk],
         "permanent",
     )
@@ -143,14 +149,16 @@ def test_bad_recipients_are_permanent_failures(
 
 
 def test_a_missing_invoice_is_a_permanent_failure(smtp: SmtpServer) -> None:
-    from invoicing.tasks import send_invoice_email
-
     with worker_thread():
-        send_invoice_email.delay(987654)
+        result = send_invoice_email.enqueue(987654)
         assert wait_until(DeadLetter.objects.exists, timeout=20)
     letter = DeadLetter.objects.get()
     assert (letter.args, letter.reason, letter.attempts) == ([987654], "permanent", 1)
     assert "invoice 987654 does not exist" in letter.exception_message
+    assert letter.task_id == message_id(int(result.id))
+    failed = send_invoice_email.get_result(result.id)
+    assert (failed.status, failed.attempts) == (TaskResultStatus.FAILED, 1)
+    assert [e.exception_class_path for e in failed.errors] == ["asyncwork.errors.PermanentError"]
 
 
 @pytest.mark.slow
@@ -168,3 +176,6 @@ def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
     assert letter.first_failed_at < letter.last_failed_at
     delivery = EmailDelivery.objects.get()
     assert (delivery.state, delivery.attempts) == ("failed", 5)
+    job = Job.objects.get()
+    assert (job.status, job.attempts) == ("FAILED", 5)
+    assert [e["exception_class_path"] for e in job.errors] == ["asyncwork.errors.Unreachable"] * 5

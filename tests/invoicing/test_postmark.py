@@ -16,13 +16,15 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from asyncwork.deadletters import dlq_alert, replay, subjects
+from asyncwork.contrib.periodic.alert import dlq_alert
+from asyncwork.deadletters import replay, subjects
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
+from invoicing.delivery import email_breaker, invoice_email_key
 from invoicing.mail import RecipientRejected
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import email_breaker, invoice_email_key, invoice_recipient_correct
+from invoicing.services import invoice_recipient_correct
 from invoicing.tasks import send_invoice_email
 from stack.net import wait_until
 from stack.postmark import ERROR, HANG, RATE_LIMITED, PostmarkApi
@@ -59,7 +61,7 @@ def _sent(invoice: Invoice) -> EmailDelivery:
 def _run(*invoices: Invoice, until: Any, timeout: float = 30) -> None:
     with worker_thread():
         for invoice in invoices:
-            send_invoice_email.delay(invoice.pk)
+            send_invoice_email.enqueue(invoice.pk)
         assert wait_until(until, timeout=timeout)
         pipeline_quiet()
 

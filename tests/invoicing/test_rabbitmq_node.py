@@ -4,16 +4,14 @@ shared and never stopped or paused. The node is the test's, so these run in the 
 (no virtual host of the run's is needed).
 
 How work reaches the node. This test process's Celery app is set up for the run's broker
-(Redis here: its queue declarations, transport options, ``BROKER_IS_RABBITMQ``), so it cannot
-publish as a process configured for RabbitMQ does. The test writes outbox rows in the test
-database instead: an email's row as the webhook writes it, left unpublished (as when the
-on-commit publish finds the broker down), or a test job's row due now. ``manage.py outbox
-relay``, run as a process on the node's environment, publishes the emails' rows; a worker on
-the node publishes a job's row due now itself (its poll of due rows). Either way the
-application's own publish path (quorum queue declarations, publisher confirms) from a process
-configured for RabbitMQ from the start, and nothing in this process to repoint and restore.
-The workers' ``CELERY_BROKER_URL`` is the node's; the cache and the breaker stay on the run's
-Redis (``REDIS_URL``), the database is the run's test database.
+(Redis here: its queue declarations, transport options), so it cannot publish as a process
+configured for RabbitMQ does. The test enqueues its jobs due now (``run_after``), which this
+process does not publish; the relay of a process on the node's environment publishes them: a
+worker's poll, or, where no worker may run yet, the relay run once in a ``manage.py shell`` of
+its own. Either way the application's own publish path (quorum queue declarations, publisher
+confirms) from a process configured for RabbitMQ from the start, and nothing in this process
+to repoint and restore. The workers' ``CELERY_BROKER_URL`` is the node's; the cache and the
+breaker stay on the run's Redis (``REDIS_URL``), the database is the run's test database.
 """
 
 from __future__ import annotations
@@ -30,13 +28,12 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.utils import timezone
 from kombu import Connection
 
-from asyncwork import queues
-from asyncwork.models import DeadLetter, OutboxMessage
-from asyncwork.outbox import outbox_schedule
+from asyncwork.models import DeadLetter, Job
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import SEND_INVOICE_EMAIL_TASK
+from invoicing.tasks import send_invoice_email
 from stack import launch
 from stack.net import wait_until
 from stack.process import ROOT
@@ -45,6 +42,7 @@ from stack.smtp import SmtpServer
 from tests import tasks as test_tasks
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import worker_env
+from tests.helpers.retried import RETRY_SECONDS, retried
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -57,6 +55,7 @@ CONSUMER_TIMEOUT_MS = 5000
 TICK_MS = 500
 TIMED_OUT = "delivery acknowledgement on channel"  # RabbitMQ's reason, in the worker's log
 NODE_TIMED_OUT = "has timed out waiting for delivery acknowledgement"  # in the node's log
+SKIPPED = "'skipped'"  # what Celery logs of a run that found its job taken or done
 
 
 @pytest.fixture
@@ -80,10 +79,17 @@ def _env(smtp: SmtpServer, node: RabbitNode) -> dict[str, str]:
     return worker_env(smtp.port, CELERY_BROKER_URL=node.url)
 
 
+_RELAY = (
+    "from datetime import timedelta; from asyncwork.outbox import relay; "
+    "print('published', relay(grace=timedelta(0)))"
+)
+
+
 def _relay(env: dict[str, str]) -> int:
-    """``manage.py outbox relay --grace 0`` on ``env``'s broker; how many rows it published."""
+    """The relay every worker's poll runs, run once in a process of its own on ``env``'s
+    broker; how many jobs it published."""
     done = subprocess.run(
-        [sys.executable, "manage.py", "outbox", "relay", "--grace", "0"],
+        [sys.executable, "manage.py", "shell", "--no-imports", "-c", _RELAY],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -91,36 +97,21 @@ def _relay(env: dict[str, str]) -> int:
         timeout=60,
         check=True,
     )
-    return int(done.stdout.split()[1].rstrip(";"))  # "published N; M unpublished"
+    return int(done.stdout.split()[-1])  # "published N"
+
+
+def _due_now(task: Any, *args: object) -> int:
+    """Enqueue ``task(*args)`` due now: no publish in this process, the relay of one on the node
+    publishes it (above); its job's id."""
+    return int(task.using(run_after=timezone.now()).enqueue(*args).id)
 
 
 def _emails_waiting(count: int) -> list[Invoice]:
-    """``count`` paid invoices, each with its email's outbox row as the webhook writes it,
-    unpublished."""
+    """``count`` paid invoices, each with its email's job, unpublished."""
     invoices = [paid_invoice() for _ in range(count)]
     for invoice in invoices:
-        OutboxMessage.objects.create(
-            task=SEND_INVOICE_EMAIL_TASK,
-            args=[invoice.pk],
-            kwargs={},
-            queue=queues.queue_for(SEND_INVOICE_EMAIL_TASK),
-        )
+        _due_now(send_invoice_email, invoice.pk)
     return invoices
-
-
-def _job_due(task: str, *args: object) -> str:
-    """A test job's row, due now, as a first run (retry count 0); its task id."""
-    task_id = f"node-{uuid.uuid4().hex}"
-    outbox_schedule(
-        task=task,
-        args=list(args),
-        kwargs={},
-        queue=queues.queue_for(task),
-        due_in=0,
-        task_id=task_id,
-        headers={"retries": 0},
-    )
-    return task_id
 
 
 def _node_queues(node: RabbitNode) -> dict[str, dict[str, Any]]:
@@ -159,6 +150,10 @@ def _drained(node: RabbitNode, queue: str) -> bool:
 def _node_log(node: RabbitNode) -> str:
     assert node.process is not None
     return node.process.log_text()
+
+
+def _published() -> bool:
+    return not Job.objects.filter(published_at__isnull=True).exists()
 
 
 def _sent() -> int:
@@ -218,7 +213,7 @@ def test_a_worker_consuming_through_a_node_restart_sends_every_email_once(
 ) -> None:
     """The node stops cleanly while a worker is sending (and holds messages unacknowledged)
     and starts again a few seconds later: the worker reconnects and consumes again, the
-    messages it held come back, and their redeliveries find the emails sent."""
+    messages it held come back, and their redeliveries find their jobs taken or done."""
     node = rabbit()
     env = _env(smtp, node)
     invoices = _emails_waiting(20)
@@ -226,7 +221,7 @@ def test_a_worker_consuming_through_a_node_restart_sends_every_email_once(
     with launch.celery_worker(
         env, name="through-restart", concurrency=2, log=tmp_path / "worker.log"
     ) as worker:
-        assert _relay(env) == 20
+        assert wait_until(_published, timeout=10), worker.log_tail()  # by the worker's poll
         assert wait_until(lambda: _sent() >= 5, timeout=30), worker.log_tail()
         stopped = time.monotonic()
         node.stop()
@@ -247,7 +242,7 @@ def test_a_worker_consuming_through_a_node_restart_sends_every_email_once(
     print(
         f"node down {restarted - stopped:.1f} s; {sent_while_down} sent before the stop; "
         f"all sent {done - restarted:.1f} s after the start; "
-        f"{log.count('already sent or in progress')} redelivery(ies) found the email sent"
+        f"{log.count(SKIPPED)} redelivery(ies) found their job taken or done"
     )
 
 
@@ -268,7 +263,7 @@ def test_a_node_stalled_for_ten_seconds_leaves_no_worker_idle(
     try:
         for worker in workers:
             worker.wait_ready()
-        assert _relay(env) == 30
+        assert wait_until(_published, timeout=10)  # by the workers' polls
         assert wait_until(lambda: _sent() >= 4, timeout=30)
         node.pause()
         try:
@@ -298,17 +293,18 @@ def test_a_node_stalled_for_ten_seconds_leaves_no_worker_idle(
 def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     smtp: SmtpServer, rabbit: Callable[..., RabbitNode], tmp_path: Path
 ) -> None:
-    """On a node whose consumer timeout is 5 s, a job's retry waits 8 s: it waits as an outbox
-    row, with its first attempt's message acknowledged, so the timeout has nothing to cut and
-    the retry runs on the same connection. The control, on the same node and worker: a job
-    that keeps its message unacknowledged longer than the timeout has its channel closed
+    """On a node whose consumer timeout is 5 s, a job's retry waits 8 s: it waits as its job's
+    row (due later), with its first attempt's message acknowledged, so the timeout has nothing
+    to cut and the retry runs on the same connection. The control, on the same node and worker:
+    a job that keeps its message unacknowledged longer than the timeout has its channel closed
     (PRECONDITION_FAILED, which Celery takes for an unrecoverable error), and its message,
-    returned to its queue, runs again on the next worker."""
+    returned to its queue, reaches the next worker, which finds the job as its run left it and
+    runs its body no more often than it was claimed."""
     node = rabbit(consumer_timeout=str(CONSUMER_TIMEOUT_MS))
     node.ctl("eval", f"application:set_env(rabbit, channel_tick_interval, {TICK_MS}).")
     env = _env(smtp, node)
-    assert test_tasks.FLAKY_RETRY_SECONDS * 1000 > CONSUMER_TIMEOUT_MS + 2 * TICK_MS
-    flaky_key, hold_key = f"flaky-{uuid.uuid4().hex}", f"hold-{uuid.uuid4().hex}"
+    assert RETRY_SECONDS * 1000 > CONSUMER_TIMEOUT_MS + 2 * TICK_MS
+    retried_key, hold_key = f"retried-{uuid.uuid4().hex}", f"hold-{uuid.uuid4().hex}"
     again = None
     worker = launch.celery_worker(
         env, name="timeout", include=("tests.tasks",), log=tmp_path / "worker.log"
@@ -316,20 +312,24 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     try:
         worker.wait_ready()
         started = time.monotonic()
-        task_id = _job_due(test_tasks.FLAKY, flaky_key)
-        # The worker's own poll publishes the row; its first attempt fails and is retried.
-        assert wait_until(lambda: f"[{task_id}] retry" in worker.log_text(), timeout=15)
+        retried_id = _due_now(retried, retried_key)
+        # The worker's own poll publishes the job; its first attempt fails and is retried.
+        assert wait_until(
+            lambda: Job.objects.filter(pk=retried_id, status="READY", attempts=1).exists(),
+            timeout=15,
+        ), worker.log_tail()
         # While the retry waits, nothing is held unacknowledged on the node.
         time.sleep(CONSUMER_TIMEOUT_MS / 1000 + 1)
         waiting = _channels(node)
-        assert wait_until(lambda: cache.get(flaky_key) == 2, timeout=20), worker.log_tail()
+        assert wait_until(lambda: cache.get(retried_key) == 2, timeout=20), worker.log_tail()
         retried_after = time.monotonic() - started
         retry_log, node_log = worker.log_text(), _node_log(node)
 
         # The control: the same node's timeout, live.
         hold_seconds = (CONSUMER_TIMEOUT_MS + 4 * TICK_MS) / 1000 + 2
-        hold_id = _job_due(test_tasks.HOLD, hold_key, hold_seconds)
-        assert wait_until(lambda: f"[{hold_id}] received" in worker.log_text(), timeout=15)
+        hold_id = _due_now(test_tasks.hold, hold_key, hold_seconds)
+        received_line = f"[job-{hold_id}] received"
+        assert wait_until(lambda: received_line in worker.log_text(), timeout=15)
         received = time.monotonic()
         assert wait_until(lambda: TIMED_OUT in worker.log_text(), timeout=hold_seconds + 5), (
             worker.log_tail()
@@ -341,12 +341,17 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
         exited = wait_until(lambda: not worker.alive(), timeout=hold_seconds + 10)
         worker.stop()
         # The message was never acknowledged: RabbitMQ returned it to its queue.
-        back = _depth(node, queues.queue_for(test_tasks.HOLD))
+        back = _depth(node, test_tasks.hold.queue_name)
         again = launch.celery_worker(
             env, name="restarted", include=("tests.tasks",), log=tmp_path / "restarted.log"
         )
         again.wait_ready()
-        assert wait_until(lambda: cache.get(hold_key) == 2, timeout=20), again.log_tail()
+        assert wait_until(lambda: received_line in again.log_text(), timeout=20), again.log_tail()
+        assert wait_until(lambda: Job.objects.get(pk=hold_id).status == "SUCCESSFUL", timeout=30), (
+            again.log_tail()
+        )
+        assert wait_until(lambda: _depth(node, test_tasks.hold.queue_name) == 0, timeout=10)
+        hold_job = Job.objects.get(pk=hold_id)
         control_log, control_node_log = worker.log_text(), _node_log(node)
     finally:
         worker.stop()
@@ -355,7 +360,7 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     # The worker's channels consume, and hold nothing.
     assert sum(int(channel["consumer_count"]) for channel in waiting) >= 1, waiting
     assert sum(int(channel["messages_unacknowledged"]) for channel in waiting) == 0, waiting
-    assert retried_after >= test_tasks.FLAKY_RETRY_SECONDS - 1
+    assert retried_after >= RETRY_SECONDS - 1
     assert "PRECONDITION_FAILED" not in retry_log
     assert TIMED_OUT not in retry_log
     assert NODE_TIMED_OUT not in node_log
@@ -363,6 +368,9 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     assert "Unrecoverable error: PreconditionFailed" in control_log
     assert NODE_TIMED_OUT in control_node_log
     assert back == 1
+    # Its first run finished before that worker exited: the message back found the job done
+    # (had the run been cut short, the rescue would have run it again, a second claim).
+    assert cache.get(hold_key) == hold_job.attempts
     assert CONSUMER_TIMEOUT_MS / 1000 <= cut_after < hold_seconds
     assert not DeadLetter.objects.exists()
     print(
@@ -378,15 +386,15 @@ import time
 import django
 django.setup()
 from django.db import transaction
-from asyncwork.outbox import outbox_enqueue
+from tests.tasks import pid
 with transaction.atomic():
-    outbox_enqueue(task="tests.pid", args=["warm"], queue="default")
+    pid.enqueue("warm")
 print("ready", flush=True)
 sys.stdin.readline()
 started = time.monotonic()
 with transaction.atomic():
-    row = outbox_enqueue(task="tests.pid", args=["stalled"], queue="default")
-print(row.pk, round(time.monotonic() - started, 3), flush=True)
+    result = pid.enqueue("stalled")
+print(result.id, round(time.monotonic() - started, 3), flush=True)
 """
 
 
@@ -423,6 +431,6 @@ def test_a_commit_while_the_node_is_stalled_is_not_held_by_the_publish(
             web.kill()
     print(f"\ncommit with the node stalled: {seconds} s")
     assert float(seconds) < 1.5  # the write, then the confirm, each within 0.5 s
-    row = OutboxMessage.objects.get(pk=int(pk))
+    row = Job.objects.get(pk=int(pk))
     assert row.published_at is None  # left to the relay
     assert _relay(env) == 1

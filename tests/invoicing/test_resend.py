@@ -14,9 +14,9 @@ from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from asyncwork.models import DeadLetter, IdempotencyRecord
+from asyncwork.models import DeadLetter, IdempotencyRecord, Job
+from invoicing.delivery import invoice_email_key, invoice_email_send
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import invoice_email_key, invoice_email_send
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.database import lock_waiters
@@ -194,7 +194,7 @@ def test_an_unpaid_invoice_leaves_the_key_unused(staff: APIClient) -> None:
 
 def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> None:
     """Two threads post the same (user, key) at once through the API. The first is held in its
-    transaction (a lock on the outbox table) until the second waits on PostgreSQL for the key:
+    transaction (a lock on the job table) until the second waits on PostgreSQL for the key:
     they overlap, and one email is requested."""
     invoice = new_paid_invoice()
     responses: list[Any] = []
@@ -210,7 +210,7 @@ def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> 
     try:
         with holder.cursor() as cursor:
             cursor.execute("BEGIN")
-            cursor.execute("LOCK TABLE asyncwork_outboxmessage IN SHARE MODE")
+            cursor.execute(f"LOCK TABLE {Job._meta.db_table} IN SHARE MODE")
             for thread in threads:
                 thread.start()
             assert wait_until(lambda: lock_waiters() == 2, timeout=20)

@@ -1,6 +1,7 @@
 """The payment events through ``webhooks.services.webhook_event_record`` against the real
-PostgreSQL, as a request records them: event, invoice and outbox row in one transaction, the
-publish once it commits; duplicates and concurrent events of one invoice leave one outbox row."""
+PostgreSQL, as a request records them: event, invoice and the email's job (``Job``, enqueued by
+``send_invoice_email.enqueue``) in one transaction, the publish once it commits; duplicates and
+concurrent events of one invoice leave one job."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from invoicing.models import Invoice
 from invoicing.services import InvoiceData, invoice_record_payment
+from invoicing.tasks import send_invoice_email
 from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing
 from webhooks.events import Event
@@ -41,13 +43,13 @@ def _record(event: Event, body: str) -> Recorded:
     return webhook_event_record(event=event, body=body, headers={"User-Agent": "Stripe/1.0"})
 
 
-def _outbox_rows(invoice: Invoice) -> int:
-    return OutboxMessage.objects.filter(args=[invoice.pk]).count()
+def _jobs(invoice: Invoice) -> int:
+    return Job.objects.filter(args=[invoice.pk]).count()
 
 
-def test_a_new_paid_event_writes_event_invoice_and_outbox_row_in_one_transaction() -> None:
-    """The three INSERTs run in one transaction (one transaction id); the outbox row is
-    published once it committed."""
+def test_a_new_paid_event_writes_event_invoice_and_job_in_one_transaction() -> None:
+    """The three INSERTs run in one transaction (one transaction id); the job is published
+    once it committed."""
     writes: list[tuple[str, object]] = []
 
     def spy(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
@@ -67,18 +69,19 @@ def test_a_new_paid_event_writes_event_invoice_and_outbox_row_in_one_transaction
     assert [table for table, _ in writes] == [
         "webhooks_webhookevent",
         "invoicing_invoice",
-        "asyncwork_outboxmessage",
+        "asyncwork_job",
     ]
     xids = {xid for _, xid in writes}
     assert len(xids) == 1
     assert xids != {(None,)}
     invoice = Invoice.objects.get(provider_invoice_id="in_one_transaction")
-    row = OutboxMessage.objects.get()
-    assert (row.task, row.args, row.kwargs, row.queue) == (
-        "invoicing.send_invoice_email",
+    row = Job.objects.get()
+    assert (row.task, row.args, row.kwargs, row.queue, row.status) == (
+        send_invoice_email.module_path,
         [invoice.pk],
         {},
         "email",
+        "READY",
     )
     assert row.published_at is not None
     stored = WebhookEvent.objects.get()
@@ -96,10 +99,10 @@ def test_a_duplicate_changes_nothing() -> None:
     invoice = Invoice.objects.values().get()
     assert _record(event, body).duplicate is True
     assert Invoice.objects.values().get() == invoice
-    assert (WebhookEvent.objects.count(), OutboxMessage.objects.count()) == (1, 1)
+    assert (WebhookEvent.objects.count(), Job.objects.count()) == (1, 1)
 
 
-def test_concurrent_duplicates_and_events_of_one_invoice_write_one_outbox_row() -> None:
+def test_concurrent_duplicates_and_events_of_one_invoice_write_one_job() -> None:
     """Twelve threads: three deliveries each of four events (two types, two times) of one new
     invoice, at once."""
     events = [
@@ -131,16 +134,16 @@ def test_concurrent_duplicates_and_events_of_one_invoice_write_one_outbox_row() 
     assert invoice.status == "paid"
     assert invoice.provider_updated_at.timestamp() == NOW + 5
     assert WebhookEvent.objects.count() == 4
-    assert _outbox_rows(invoice) == 1
+    assert _jobs(invoice) == 1
 
 
-@pytest.mark.parametrize(("first", "outbox_by"), [("paid", "first"), ("open", "second")])
-def test_an_event_waiting_on_another_events_new_invoice_writes_one_outbox_row(
-    first: str, outbox_by: str
+@pytest.mark.parametrize(("first", "job_by"), [("paid", "first"), ("open", "second")])
+def test_an_event_waiting_on_another_events_new_invoice_writes_one_job(
+    first: str, job_by: str
 ) -> None:
     """The first event's transaction holds the new invoice uncommitted while the second event
     is recorded: the second waits on the invoice's row, then reads it as committed, under its
-    lock: one outbox row, written by whichever event made the invoice paid."""
+    lock: one job, written by whichever event made the invoice paid."""
     inserted, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     second_event, second_body = _event(
@@ -186,8 +189,8 @@ def test_an_event_waiting_on_another_events_new_invoice_writes_one_outbox_row(
     invoice = Invoice.objects.get()
     assert (invoice.status, invoice.customer_email) == ("paid", "b@example.com")
     assert WebhookEvent.objects.get().event_id == second_event.id
-    rows = list(OutboxMessage.objects.filter(args=[invoice.pk]))
+    rows = list(Job.objects.filter(args=[invoice.pk]))
     assert len(rows) == 1
     made_paid_at: datetime = rows[0].created_at
     # The first event's row predates the second's wait; the second's comes after it.
-    assert (made_paid_at < invoice.updated_at) == (outbox_by == "first")
+    assert (made_paid_at < invoice.updated_at) == (job_by == "first")

@@ -21,6 +21,7 @@ from django.utils import timezone
 from asyncwork.audit import cli_actor, operator_acted, operator_action_record
 from asyncwork.deadletters import replay
 from asyncwork.models import DeadLetter
+from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
 from operators.tokens import api_token_create
 from stack.process import ROOT
@@ -31,8 +32,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def letter(task_id: str = "t1") -> DeadLetter:
+    """A dead letter of a task the code has: a replay is not refused for a task it lacks."""
     return DeadLetter.objects.create(
-        task="core.does_not_exist",
+        task=send_invoice_email.module_path,
         task_id=task_id,
         args=[1],
         queue="email",

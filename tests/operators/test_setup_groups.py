@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 POWERS = {
     "asyncwork.replay_deadletter",
     "asyncwork.resolve_deadletter",
-    "asyncwork.republish_outboxmessage",
+    "asyncwork.republish_job",
     "invoicing.resend_invoice_email",
     "invoicing.correct_invoice_recipient",
     "webhooks.reprocess_webhookevent",
@@ -42,7 +42,7 @@ def test_the_two_groups_hold_exactly_what_they_should() -> None:
     views = perms("viewers")
     assert {
         "asyncwork.view_deadletter",
-        "asyncwork.view_outboxmessage",
+        "asyncwork.view_job",
         "asyncwork.view_scheduledjob",
         "operators.view_operatoraction",
         "invoicing.view_invoice",

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
 from stack.smtp import SmtpServer
 from tests.helpers.admin import action_choices, admin_as, messages, rows, run_action
@@ -113,7 +114,7 @@ def test_reprocessing_an_applied_event_twice_changes_nothing(client: Client, sta
         ]
         assert invoice_state(invoice) == before
 
-    assert OutboxMessage.objects.count() == 1  # the email was asked for once, on arrival
+    assert Job.objects.count() == 1  # the email was asked for once, on arrival
     row.refresh_from_db()
     assert (row.state, row.error) == ("processed", "")
     recorded = OperatorAction.objects.order_by("pk")
@@ -144,8 +145,8 @@ def test_reprocessing_applies_an_event_whose_processing_failed_once(
         event["data"]["object"]["id"],
         "paid",
     )
-    assert list(OutboxMessage.objects.values_list("task", "args")) == [
-        ("invoicing.send_invoice_email", [invoice.pk])
+    assert list(Job.objects.values_list("task", "args")) == [
+        (send_invoice_email.module_path, [invoice.pk])
     ]
     assert [m["To"] for m in smtp.messages] == ["Jenny Rosen <late@example.com>"]
     assert EmailDelivery.objects.get().state == "sent"
@@ -175,7 +176,7 @@ def test_reprocess_reports_failed_and_ignored_events(staff: Client) -> None:
     )
     assert (other.state, other.error) == ("ignored", "")
     assert not Invoice.objects.exists()
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()
     assert dict(OperatorAction.objects.values_list("target_id", "detail")) == {
         str(bad_row.pk): "processed -> failed: data.object.currency is not a 3-letter code",
         str(other.pk): "failed -> ignored",

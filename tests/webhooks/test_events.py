@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from tests.helpers.stripe import post_event
 from webhooks import events
 from webhooks import testing as stripe_testing
@@ -92,7 +92,7 @@ def test_without_a_handler_the_type_is_ignored_and_not_essential(
     event = customer_event("nobody@example.com")
     assert post_event(client, stripe_testing.encode(event)).status_code == 200
     assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()
 
 
 def test_a_handled_type_is_essential_under_backpressure(
@@ -104,7 +104,7 @@ def test_a_handled_type_is_essential_under_backpressure(
         "BACKPRESSURE_SOFT_MARK": 1,
         "BACKPRESSURE_HARD_MARK": 1000,
     }
-    OutboxMessage.objects.create(task="some.task", args=[1], queue=f"q-{uuid.uuid4().hex[:8]}")
+    Job.objects.create(task="some.task", args=[1], queue=f"q-{uuid.uuid4().hex[:8]}")
     handled = customer_event("kept@example.com")
     assert post_event(client, stripe_testing.encode(handled)).status_code == 200
     events._handlers.pop(TYPE)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from invoicing.models import Invoice
 from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing
@@ -56,7 +56,7 @@ def test_concurrent_reprocesses_apply_a_failed_event_once() -> None:
 
     assert [r.processed for r in results] == [[row.event_id]] * 6
     assert Invoice.objects.get().status == "paid"
-    assert OutboxMessage.objects.count() == 1  # one email asked for, not six
+    assert Job.objects.count() == 1  # one email asked for, not six
     row.refresh_from_db()
     assert (row.state, row.error) == ("processed", "")
 
@@ -102,4 +102,4 @@ def test_reprocessing_an_event_of_the_other_mode_leaves_it_ignored(settings: Any
     row.refresh_from_db()
     assert (row.state, row.error) == ("ignored", "live-mode event; STRIPE_LIVEMODE is test")
     assert not Invoice.objects.exists()
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()

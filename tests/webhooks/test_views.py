@@ -12,8 +12,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from invoicing.models import Invoice
+from invoicing.tasks import send_invoice_email
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
@@ -48,8 +49,8 @@ def test_valid_paid_event_is_stored_applied_and_acknowledged(client: Client) -> 
     )
     assert (invoice.amount_paid, invoice.currency, invoice.status) == (1999, "eur", "paid")
     assert invoice.paid_at is not None
-    outbox = OutboxMessage.objects.get()
-    assert (outbox.task, outbox.args) == ("invoicing.send_invoice_email", [invoice.pk])
+    job = Job.objects.get()
+    assert (job.task, job.args) == (send_invoice_email.module_path, [invoice.pk])
 
 
 def test_other_event_types_are_stored_and_ignored(client: Client) -> None:
@@ -58,7 +59,7 @@ def test_other_event_types_are_stored_and_ignored(client: Client) -> None:
     assert response.status_code == 200
     assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
     assert not Invoice.objects.exists()
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()
 
 
 def test_missing_optional_fields_and_unknown_fields_do_not_fail(client: Client) -> None:
@@ -245,7 +246,7 @@ def test_sequential_duplicate_answers_200_and_changes_nothing(client: Client) ->
     assert second.json()["duplicate"] is True
     assert WebhookEvent.objects.count() == 1
     assert Invoice.objects.values().get() == invoice_before
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -278,12 +279,12 @@ def test_twenty_concurrent_deliveries_store_one_row_and_log_no_error(
     assert statuses == [200] * 20
     assert WebhookEvent.objects.count() == 1
     assert Invoice.objects.count() == 1
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_paid_and_payment_succeeded_for_one_invoice_write_one_outbox_row() -> None:
+def test_concurrent_paid_and_payment_succeeded_for_one_invoice_write_one_job() -> None:
     events = [
         stripe_testing.encode(paid_event("in_race", event_type=t))
         for t in ("invoice.paid", "invoice.payment_succeeded")
@@ -307,7 +308,7 @@ def test_concurrent_paid_and_payment_succeeded_for_one_invoice_write_one_outbox_
     assert sorted(statuses) == [200] * 10
     assert WebhookEvent.objects.count() == 2
     assert Invoice.objects.count() == 1
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 def test_stale_event_for_a_paid_invoice_changes_nothing(client: Client) -> None:
@@ -324,7 +325,7 @@ def test_stale_event_for_a_paid_invoice_changes_nothing(client: Client) -> None:
     assert post_event(client, stripe_testing.encode(older)).status_code == 200
     assert Invoice.objects.values().get() == before
     assert WebhookEvent.objects.count() == 2  # stored, but without effect
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 def test_a_paid_invoice_stays_paid(client: Client) -> None:
@@ -334,7 +335,7 @@ def test_a_paid_invoice_stays_paid(client: Client) -> None:
     later = paid_event("in_stay", created=now + 5, status="open")
     assert post_event(client, stripe_testing.encode(later)).status_code == 200
     assert Invoice.objects.get().status == "paid"
-    assert OutboxMessage.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -384,7 +385,7 @@ def test_unencodable_text_in_a_kept_field_is_stored_made_safe(client: Client, fi
     invoice = Invoice.objects.get()
     assert getattr(invoice, field) == "ab\ufffdcde\ufffd"  # replaced, NUL dropped: storable
     assert invoice.status == "paid"
-    assert OutboxMessage.objects.count() == 1  # the receipt is still asked for
+    assert Job.objects.count() == 1  # the receipt is still asked for
 
 
 @pytest.mark.parametrize(
@@ -457,13 +458,13 @@ def test_an_event_of_the_other_mode_is_stored_ignored_and_changes_nothing(
     if acted_on:
         assert (row.state, row.error) == (WebhookEvent.State.PROCESSED, "")
         assert Invoice.objects.get().status == "paid"
-        assert OutboxMessage.objects.count() == 1
+        assert Job.objects.count() == 1
     else:
         kind = "live" if livemode else "test"
         assert row.state == WebhookEvent.State.IGNORED
         assert row.error == f"{kind}-mode event; STRIPE_LIVEMODE is {mode}"
         assert not Invoice.objects.exists()
-        assert not OutboxMessage.objects.exists()
+        assert not Job.objects.exists()
 
 
 def test_live_mode_acts_only_on_an_explicit_livemode_true(client: Client, settings: Any) -> None:
@@ -512,10 +513,10 @@ def test_with_stripe_account_set_other_accounts_events_are_ignored(
     if error:
         assert row.state == WebhookEvent.State.IGNORED
         assert not Invoice.objects.exists()
-        assert not OutboxMessage.objects.exists()
+        assert not Job.objects.exists()
     else:
         assert row.state == WebhookEvent.State.PROCESSED
-        assert OutboxMessage.objects.count() == 1
+        assert Job.objects.count() == 1
 
 
 def test_without_stripe_account_any_account_is_taken(client: Client, settings: Any) -> None:

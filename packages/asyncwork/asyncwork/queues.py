@@ -51,7 +51,7 @@ def ahead(name: str) -> str:
 def consumed() -> tuple[Queue, ...]:
     """What a worker started with no ``-Q`` consumes: each declared queue after the one read
     ahead of it, and ``default`` (Celery's own, where periodic jobs go)."""
-    names = [DEFAULT]
+    names = [] if DEFAULT in declared() else [DEFAULT]
     for name in declared():
         names += [ahead(name), name]
     return tuple(_declaration(name) for name in dict.fromkeys(names))

@@ -1,0 +1,137 @@
+"""A dead worker's email, through the machinery: the job it was running is given back by the
+workers' rescue (``asyncwork.rescue``, run by every worker's poll), and its next run takes the
+email's claim over (``invoicing.delivery``), so the invoice gets its email without waiting for
+anything else to notice. Each case with a real worker (on threads, in this process), its poll,
+the broker and an SMTP server; the dead worker is the rows its run left behind.
+
+* Rescue by heartbeat off (leases alone): a job whose lease expired is run again, and takes over
+  the claim whose lease expired too; a job and a claim still within their leases are left.
+* By heartbeat: a job and claim whose owner's heartbeat lapsed are taken over well inside their
+  leases; those of an owner that beats are left, however old.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from asyncwork.contrib.monitoring.metrics import worker_rescues
+from asyncwork.models import Job, WorkerHeartbeat
+from asyncwork.rescue import workers_rescue
+from invoicing.delivery import email_claim, invoice_email_key
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import send_invoice_email
+from stack.smtp import SmtpServer
+from tests.helpers.factories import paid_invoice
+from tests.helpers.processes import a_lapsed_and_a_live_worker, worker_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOUR = timedelta(hours=1)
+
+
+def running(invoice: Invoice, *, owner: str, lease: timedelta, age: timedelta) -> Job:
+    """The email job of ``invoice`` as a run of ``owner`` left it, begun ``age`` ago: RUNNING,
+    its lease ending ``lease`` from now, and the email's claim taken, under the same lease."""
+    result = send_invoice_email.using(run_after=timezone.now() + timedelta(days=1)).enqueue(
+        invoice.pk
+    )
+    Job.objects.filter(pk=result.id).update(
+        status=Job.Status.RUNNING,
+        owner=owner,
+        attempts=1,
+        worker_ids=[owner],
+        due_at=None,
+        published_at=Now() - age,
+        started_at=Now() - age,
+        last_attempted_at=Now() - age,
+        lease_expires_at=Now() + lease,
+    )
+    claimed = email_claim(invoice_id=invoice.pk, key=invoice_email_key(invoice), owner=owner)
+    assert claimed.claim is not None
+    EmailDelivery.objects.filter(invoice=invoice).update(
+        lease_expires_at=Now() + lease, updated_at=Now() - age
+    )
+    return Job.objects.get(pk=result.id)
+
+
+def test_a_run_past_its_lease_is_run_again_and_takes_the_expired_claim_over(
+    smtp: SmtpServer, settings: Any
+) -> None:
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "WORKER_HEARTBEAT_LAPSE_SECONDS": 0}
+    stale = running(
+        paid_invoice("in_stale"), owner="dead-worker", lease=-timedelta(seconds=1), age=HOUR
+    )
+    live = running(
+        paid_invoice("in_live"), owner="live-worker", lease=timedelta(minutes=5), age=HOUR
+    )
+
+    with worker_thread():
+        smtp.handler.wait_for(1, timeout=20)
+        # Nothing left to rescue: safe to run again, in every worker.
+        assert workers_rescue()["jobs"] == 0
+
+    [message] = smtp.messages
+    assert message["To"] == "in_stale@example.com"
+    delivery = EmailDelivery.objects.get(invoice__provider_invoice_id="in_stale")
+    assert (delivery.state, delivery.attempts, delivery.lease_expires_at) == ("sent", 2, None)
+    stale.refresh_from_db()
+    assert (stale.status, stale.attempts, stale.owner) == ("SUCCESSFUL", 2, "")
+    # The one job, run again: not a second one.
+    assert Job.objects.filter(args=stale.args).count() == 1
+    live.refresh_from_db()
+    assert (live.status, live.owner, live.attempts) == ("RUNNING", "live-worker", 1)
+    live_claim = EmailDelivery.objects.get(invoice__provider_invoice_id="in_live")
+    assert (live_claim.state, live_claim.attempts) == ("sending", 1)
+
+
+def test_a_gone_owners_job_and_claim_are_taken_over_at_once_and_a_beating_ones_are_left(
+    smtp: SmtpServer,
+) -> None:
+    WorkerHeartbeat.objects.create(
+        owner="long-dead",
+        hostname="h",
+        pid=1,
+        started_at=timezone.now() - 3 * HOUR,
+        beat_at=timezone.now() - 2 * HOUR,
+    )
+    rescues = worker_rescues().labels(rescue="jobs")
+    before = rescues._value.get()
+    with a_lapsed_and_a_live_worker() as beating:
+        gone = running(
+            paid_invoice("in_gone"),
+            owner="gone-host:41:dead",
+            lease=timedelta(minutes=5),
+            age=timedelta(minutes=2),
+        )
+        alive = running(
+            paid_invoice("in_alive"),
+            owner=beating.owner,
+            lease=timedelta(minutes=5),
+            age=HOUR,
+        )
+        with worker_thread():
+            smtp.handler.wait_for(1, timeout=20)
+            assert workers_rescue()["jobs"] == 0
+        alive.refresh_from_db()
+        alive_claim = EmailDelivery.objects.get(invoice__provider_invoice_id="in_alive")
+
+    [message] = smtp.messages
+    assert message["To"] == "in_gone@example.com"
+    rescued = EmailDelivery.objects.get(invoice__provider_invoice_id="in_gone")
+    assert (rescued.state, rescued.attempts, rescued.lease_expires_at) == ("sent", 2, None)
+    # Taken over well inside its leases: the heartbeat said its owner was gone.
+    assert rescued.sent_at is not None
+    assert gone.lease_expires_at is not None
+    assert rescued.sent_at < gone.lease_expires_at - timedelta(minutes=4)
+    gone.refresh_from_db()
+    assert (gone.status, gone.attempts) == ("SUCCESSFUL", 2)
+    assert Job.objects.filter(args=gone.args).count() == 1
+    assert (alive.status, alive.owner, alive.attempts) == ("RUNNING", beating.owner, 1)
+    assert (alive_claim.state, alive_claim.attempts) == ("sending", 1)
+    assert rescues._value.get() == before + 1
+    assert not WorkerHeartbeat.objects.filter(owner="long-dead").exists()
