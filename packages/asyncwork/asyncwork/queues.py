@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, current_app
 from django.conf import settings
 from kombu import Exchange, Queue
 
@@ -29,9 +29,8 @@ BACKEND = "asyncwork.backend.OutboxBackend"
 
 
 def rabbitmq() -> bool:
-    """Whether the broker is RabbitMQ (an ``amqp://`` URL)."""
-    url = str(getattr(settings, "CELERY_BROKER_URL", "") or "")
-    return url.startswith(("amqp://", "amqps://", "pyamqp://"))
+    """Whether the Celery app's broker is RabbitMQ (an ``amqp://`` URL)."""
+    return str(current_app.conf.broker_url or "").startswith(("amqp://", "amqps://", "pyamqp://"))
 
 
 def declared() -> tuple[str, ...]:

@@ -114,6 +114,7 @@ def _written(write: Callable[[], int], *, what: str, job_id: int) -> bool:
     """Run ``write`` (an UPDATE fenced on the claim), waiting out a database outage of up to
     ``WRITE_WAIT``; False when it matched nothing (the run was taken over) or never got through."""
     started = time.monotonic()
+    refused: DatabaseError | None = None
     while True:
         try:
             with transaction.atomic():
@@ -128,6 +129,9 @@ def _written(write: Callable[[], int], *, what: str, job_id: int) -> bool:
             return False
         except DatabaseError as exc:
             connection.close()
+            if refused is None:  # a connection cut mid-query (a time limit): a new one at once
+                refused = exc
+                continue
             if time.monotonic() - started >= WRITE_WAIT:
                 logger.error(
                     "job %d: %s not recorded (%s); its lease will give it back",

@@ -36,9 +36,6 @@ SETTINGS: dict[str, Setting] = {
     "BROKER_DELIVERY_LIMIT": Setting(
         10, "count", "RabbitMQ: deliveries of one message before it is dead-lettered as poison"
     ),
-    "BROKER_IS_RABBITMQ": Setting(
-        False, "flag", "True when the Celery app's broker is RabbitMQ (quorum queues, the DLQ)"
-    ),
     "BULK_STATEMENT_TIMEOUT_SECONDS": Setting(
         10.0,
         "positive",
