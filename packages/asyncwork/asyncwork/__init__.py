@@ -13,7 +13,9 @@ each):
 * ``Job``, the row each enqueued task is.
 
 The rest is the machinery's own, or opt-in under ``asyncwork.contrib``. Names are loaded when
-first used: the models only exist once Django's apps are ready.
+first used: the models only exist once Django's apps are ready. ``install`` alone is loaded with
+the package: its module has its name, and importing that module would otherwise make
+``asyncwork.install`` the module rather than the function.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ _WHERE = {
     "TransientError": "asyncwork.errors",
     "Unreachable": "asyncwork.errors",
     "describer": "asyncwork.deadletters",
-    "install": "asyncwork.install",
     "replay": "asyncwork.deadletters",
     "replay_check": "asyncwork.deadletters",
     "resolve": "asyncwork.deadletters",
@@ -54,7 +55,6 @@ _WHERE = {
 if TYPE_CHECKING:
     from asyncwork.deadletters import describer, replay, replay_check, resolve, unresolve
     from asyncwork.errors import Deferred, PermanentError, TransientError, Unreachable
-    from asyncwork.install import install
     from asyncwork.models import DeadLetter, Job
 
 
@@ -62,3 +62,7 @@ def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'asyncwork' has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+# Last: its module imports submodules of this package.
+from asyncwork.install import install  # noqa: E402
