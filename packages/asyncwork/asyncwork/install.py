@@ -19,7 +19,6 @@ from typing import Any
 
 from celery import Celery, shared_task
 from celery import Task as CeleryTask
-from celery.app.defaults import DEFAULTS
 from celery.signals import task_unknown
 from django.db import connection
 
@@ -71,15 +70,17 @@ def install(app: Celery) -> None:
 
 def _configure(sender: Celery, **_: Any) -> None:
     """Once Celery has read its configuration: each setting the guarantees need, where the project
-    left Celery's default."""
+    gave none (in its configuration source, or on the app). A value it gave is kept, Celery's
+    default included (``task_acks_late = False``): the system checks name one that weakens a
+    guarantee (``asyncwork.checks``), and would otherwise warn of a value not in force."""
     conf = sender.conf
     for key, value in {**REQUIRED, "task_queues": queues.consumed()}.items():
-        if conf[key] == DEFAULTS.get(key):
+        if not conf.value_set_for(key):
             conf[key] = value
     url = str(conf.broker_url or "")
     options = dict(conf.broker_transport_options or {})
     if url.startswith("redis://"):  # rediss:// keeps kombu's own: its TLS set-up keys on it
-        if conf.broker_transport is None:
+        if not conf.value_set_for("broker_transport"):
             conf.broker_transport = REDIS_TRANSPORT
         conf.broker_transport_options = {**REDIS_TRANSPORT_OPTIONS, **options}
     elif queues.rabbitmq():
