@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from io import StringIO
 from typing import Any
 
@@ -38,15 +39,7 @@ from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-JOBS = (
-    "outbox-relay",
-    "workers-rescue",
-    "email-claims-recover",
-    "email-reconcile",
-    "dlq-alert",
-    "retention-purge",
-    "stripe-events-reconcile",
-)
+JOBS = ("dlq-alert", "retention-purge", "stripe-events-reconcile")
 
 
 def test_every_declared_job_has_one_name_for_its_task_and_lock() -> None:
@@ -119,7 +112,7 @@ def test_a_run_whose_process_died_releases_the_lock() -> None:
     script = (
         "import time; from django.db import connection;"
         "from asyncwork.contrib.periodic.locks import advisory_lock;"
-        "cm = advisory_lock('job:outbox-relay'); held = cm.__enter__();"
+        "cm = advisory_lock('job:dlq-alert'); held = cm.__enter__();"
         "print('held' if held else 'busy', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen(
@@ -132,8 +125,8 @@ def test_a_run_whose_process_died_releases_the_lock() -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "held"
-        assert lock_holder("job:outbox-relay") == Holder(host=socket.gethostname(), pid=proc.pid)
-        with advisory_lock("job:outbox-relay") as held:
+        assert lock_holder("job:dlq-alert") == Holder(host=socket.gethostname(), pid=proc.pid)
+        with advisory_lock("job:dlq-alert") as held:
             assert not held
         proc.kill()
         proc.wait(10)
@@ -141,7 +134,7 @@ def test_a_run_whose_process_died_releases_the_lock() -> None:
         deadline = time.monotonic() + 5
         taken = False
         while not taken and time.monotonic() < deadline:
-            with advisory_lock("job:outbox-relay") as held:
+            with advisory_lock("job:dlq-alert") as held:
                 taken = held
             time.sleep(0.05)
         assert taken
@@ -155,17 +148,13 @@ def test_setup_periodic_tasks_is_idempotent(capsys: pytest.CaptureFixture[str]) 
     assert f"{len(JOBS)} created" in capsys.readouterr().out
     call_command("setup_periodic_tasks")
     assert f"0 created, 0 updated, {len(JOBS)} unchanged, 0 disabled" in capsys.readouterr().out
-    relay = PeriodicTask.objects.get(name="outbox-relay")
-    assert (relay.task, relay.interval.every, relay.expire_seconds) == (
-        "outbox-relay",
-        15,
-        15,
-    )
+    alert = PeriodicTask.objects.get(name="dlq-alert")
+    assert (alert.task, alert.interval.every, alert.expire_seconds) == ("dlq-alert", 300, 300)
     purge = PeriodicTask.objects.get(name="retention-purge")
     assert (purge.crontab.minute, purge.crontab.hour) == ("17", "3")
-    PeriodicTask.objects.filter(name="dlq-alert").update(description=jobs.__name__)
+    PeriodicTask.objects.filter(name="retention-purge").update(description=jobs.__name__)
     PeriodicTask.objects.create(
-        name="gone", task="core.gone", interval=relay.interval, description=relay.description
+        name="gone", task="core.gone", interval=alert.interval, description=alert.description
     )
     call_command("setup_periodic_tasks")
     out = capsys.readouterr().out
@@ -209,12 +198,8 @@ def test_migrate_syncs_the_schedules_and_a_second_migrate_changes_nothing() -> N
         in first.getvalue()
     )
     assert jobs.schedules_missing() == []
-    relay = PeriodicTask.objects.get(name="outbox-relay")
-    assert (relay.task, relay.interval.every, relay.expire_seconds) == (
-        "outbox-relay",
-        15,
-        15,
-    )
+    alert = PeriodicTask.objects.get(name="dlq-alert")
+    assert (alert.task, alert.interval.every, alert.expire_seconds) == ("dlq-alert", 300, 300)
     assert set(ScheduledJob.objects.values_list("name", flat=True)) == set(JOBS)
     before = beat_tables()
     changed = PeriodicTasks.last_change()
@@ -346,22 +331,31 @@ def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist(
 def test_a_recovery_run_the_database_cuts_is_dispatched_again_as_a_recovery(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A broker restart's reconcile cut by a database restart a moment later must still run as
-    a recovery (no quiet period), not wait for the periodic run's quiet period."""
-    import invoicing.jobs
+    """A job declared ``on_recovery`` runs its recovery when the beat leader sees the broker lost
+    its messages (``jobs_recover``); one cut by a database restart a moment later must still run
+    as a recovery, not wait for the periodic run. No job of this application's declares one (the
+    machinery's own relay republishes what the broker lost), so the job is the test's own,
+    declared for this test alone."""
+    name = "tests-recovery-cut"
 
-    def database_gone(**_: Any) -> int:
+    def database_gone() -> int:
         raise OperationalError("the database system is shutting down")
 
-    monkeypatch.setattr(invoicing.jobs, "invoices_reconcile", database_gone)
-    result = jobs.job_task("email-reconcile").apply(kwargs={"recovery": True})
+    monkeypatch.setattr(jobs, "_jobs", dict(jobs._jobs))
+    monkeypatch.setattr(jobs, "_tasks", dict(jobs._tasks))
+
+    def periodic() -> str:
+        return "periodic"
+
+    jobs.job(name, every=timedelta(minutes=5), on_recovery=database_gone)(periodic)
+    result = jobs.job_task(name).apply(kwargs={"recovery": True})
     assert isinstance(result.result, OperationalError)
 
     again = [
         message
         for queue in queues.consumed()
         for message in broker.queue_messages(queue.name)
-        if message["headers"]["task"] == "email-reconcile"
+        if message["headers"]["task"] == name
     ]
     assert len(again) == 1
     headers = again[0]["headers"]
