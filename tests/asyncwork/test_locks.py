@@ -21,7 +21,7 @@ from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NAME = "job:outbox-relay"
+NAME = "job:dlq-alert"
 
 
 @contextmanager
