@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from asyncwork.contrib.periodic.jobs import job_run, jobs_declared
-from core.celery import app
+from invoicing.tasks import send_invoice_email
 from stack.process import ROOT
 from tests.helpers.processes import worker_env
 
@@ -30,8 +30,8 @@ def status(*args: str) -> str:
 
 
 def test_json_has_health_queue_depths_and_jobs() -> None:
-    job_run(name="outbox-relay", body=lambda: 0)
-    app.send_task("invoicing.send_invoice_email", args=[1], queue="email")
+    job_run(name="dlq-alert", body=lambda: 0)
+    send_invoice_email.enqueue(1)  # published to its queue, where no worker reads it
 
     report = json.loads(status("--json"))
 
@@ -46,9 +46,9 @@ def test_json_has_health_queue_depths_and_jobs() -> None:
     }
     assert report["queues"]["email"] == 1
     assert "dlq" not in report["queues"]  # RabbitMQ's alone
-    relay = next(job for job in report["jobs"] if job["job"] == "outbox-relay")
-    assert (relay["runs"], relay["skips"], relay["running_now"]) == (1, 0, None)
-    assert relay["last_run"] is not None
+    alert = next(job for job in report["jobs"] if job["job"] == "dlq-alert")
+    assert (alert["runs"], alert["skips"], alert["running_now"]) == (1, 0, None)
+    assert alert["last_run"] is not None
 
 
 def test_screen_names_every_part() -> None:
@@ -61,9 +61,10 @@ def test_screen_names_every_part() -> None:
         "dlq",
         "breaker",
         "beat",
-        "queues: default=0, email-recovery=0, email=0\n",
-        "outbox-relay",
-        "email-reconcile",
+        "queues: default=0, default-recovery=0, email-recovery=0, email=0\n",
+        "dlq-alert",
+        "retention-purge",
+        "stripe-events-reconcile",
     ):
         assert part in screen
     # Each check's status, and each job's last run, start in one column however long the names.
@@ -88,7 +89,7 @@ def test_a_running_job_is_shown_with_the_process_running_it() -> None:
             return "done"
 
         try:
-            job_run(name="outbox-relay", body=body)
+            job_run(name="dlq-alert", body=body)
         finally:
             connection.close()
 
@@ -102,9 +103,9 @@ def test_a_running_job_is_shown_with_the_process_running_it() -> None:
         release.set()
         thread.join(20)
 
-    relay = next(job for job in report["jobs"] if job["job"] == "outbox-relay")
-    assert relay["running_now"] == {"host": socket.gethostname(), "pid": os.getpid()}
-    [line] = [line for line in screen.splitlines() if line.startswith("outbox-relay ")]
+    alert = next(job for job in report["jobs"] if job["job"] == "dlq-alert")
+    assert alert["running_now"] == {"host": socket.gethostname(), "pid": os.getpid()}
+    [line] = [line for line in screen.splitlines() if line.startswith("dlq-alert ")]
     assert line.endswith(f"  pid {os.getpid()} on host {socket.gethostname()}")
     assert report["health"]["checks"]["beat"]["active"] is None
     assert "no beat is dispatching" in screen
