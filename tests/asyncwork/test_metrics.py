@@ -23,17 +23,17 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from asyncwork import queues
+from asyncwork import outbox, queues
 from asyncwork.contrib.monitoring import metrics
 from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError
-from asyncwork.models import OutboxMessage
-from asyncwork.outbox import outbox_republish
+from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
+from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK, email_breaker
+from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
 from stack import launch
 from stack.net import free_port, wait_until
 from stack.smtp import SmtpServer
@@ -49,6 +49,8 @@ from tests.helpers.metrics import (
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
 from webhooks import testing as stripe_testing
+
+SEND_INVOICE_EMAIL = send_invoice_email.module_path
 
 
 def registry_value(name: str, **labels: str) -> float:
@@ -99,12 +101,12 @@ def test_outbox_publishes_are_timed_and_failures_counted(client: Client) -> None
     assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
 
     # A publish the broker refuses: a thread of its own builds its broker connection anew.
-    row = OutboxMessage.objects.create(task=SEND_INVOICE_EMAIL_TASK, args=[0], queue=queues.DLQ)
+    row = Job.objects.create(task=SEND_INVOICE_EMAIL, args=[0], queue=queues.DLQ)
     published: list[int] = []
 
     def publish() -> None:
         try:
-            published.append(outbox_republish(ids=[row.pk], actor="test"))
+            published.append(outbox.republish(ids=[row.pk], actor="test"))
         finally:
             connection.close()
 
@@ -134,16 +136,16 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     client: Client,
 ) -> None:
     # Three rows a broker outage left unpublished, two minutes ago.
-    rows = OutboxMessage.objects.bulk_create(
-        OutboxMessage(task=SEND_INVOICE_EMAIL_TASK, args=[n], queue=EMAIL_QUEUE) for n in range(3)
+    rows = Job.objects.bulk_create(
+        Job(task=SEND_INVOICE_EMAIL, args=[n], queue=EMAIL_QUEUE) for n in range(3)
     )
-    OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
+    Job.objects.filter(pk__in=[r.pk for r in rows]).update(
         created_at=timezone.now() - timedelta(minutes=2)
     )
     # Two dead letters, one replayed: its job goes back on the email queue.
     letters = [
         record(
-            task=SEND_INVOICE_EMAIL_TASK,
+            task=SEND_INVOICE_EMAIL,
             task_id=f"metrics-{n}",
             args=[n],
             kwargs={},
@@ -162,8 +164,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     breaker = email_breaker()
     for _ in range(breaker.threshold):
         breaker.record_failure()
-    # Jobs: one run, one run beside a concurrent skip, one failed run; retention never ran.
-    assert jobs.job_run(name="outbox-relay", body=lambda: 7).ran
+    # Jobs: one run beside a concurrent skip, one failed run; retention never ran.
     holding, release = threading.Event(), threading.Event()
 
     def held() -> None:
@@ -172,7 +173,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
 
     def hold() -> None:
         try:
-            jobs.job_run(name="email-reconcile", body=held)
+            jobs.job_run(name="stripe-events-reconcile", body=held)
         finally:
             connection.close()
 
@@ -182,7 +183,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     holder = threading.Thread(target=hold)
     holder.start()
     assert holding.wait(10)
-    assert not jobs.job_run(name="email-reconcile", body=lambda: None).ran
+    assert not jobs.job_run(name="stripe-events-reconcile", body=lambda: None).ran
     release.set()
     holder.join(10)
     with pytest.raises(RuntimeError, match="boom"):
@@ -211,18 +212,19 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
     assert value(samples, "invoicing_breaker_state", breaker="email", state="closed") == 0
     assert value(samples, "invoicing_breaker_consecutive_failures", breaker="email") == 5
     runs, skips = "invoicing_scheduled_job_runs_total", "invoicing_scheduled_job_skips_total"
-    assert value(samples, runs, job="outbox-relay") == 1
-    assert value(samples, skips, job="outbox-relay") == 0
-    assert value(samples, runs, job="email-reconcile") == 1
-    assert value(samples, skips, job="email-reconcile") == 1
+    assert value(samples, runs, job="stripe-events-reconcile") == 1
+    assert value(samples, skips, job="stripe-events-reconcile") == 1
     assert value(samples, runs, job="dlq-alert") == 1
+    assert value(samples, skips, job="dlq-alert") == 0
     assert ("invoicing_scheduled_job_runs_total", (("job", "retention-purge"),)) in samples
     assert value(samples, runs, job="retention-purge") == 0
     failed = "invoicing_scheduled_job_last_run_failed"
     assert value(samples, failed, job="dlq-alert") == 1
-    assert value(samples, failed, job="outbox-relay") == 0
+    assert value(samples, failed, job="stripe-events-reconcile") == 0
     last_run = value(
-        samples, "invoicing_scheduled_job_last_run_timestamp_seconds", job="outbox-relay"
+        samples,
+        "invoicing_scheduled_job_last_run_timestamp_seconds",
+        job="stripe-events-reconcile",
     )
     assert abs(last_run - time.time()) < 60
     sent = "invoicing_emails_sent_total"
@@ -238,7 +240,7 @@ def test_state_gauges_are_read_from_the_database_and_redis_at_scrape_time(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_source_that_cannot_answer_is_left_out_and_the_scrape_still_answers(
-    client: Client, settings: Any
+    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The outbox table locked by another transaction: its query hits the statement timeout,
     the later database sources are skipped, Redis sources still answer; an unreachable broker
@@ -249,7 +251,7 @@ def test_a_source_that_cannot_answer_is_left_out_and_the_scrape_still_answers(
     def lock_outbox() -> None:
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute("LOCK TABLE asyncwork_outboxmessage IN ACCESS EXCLUSIVE MODE")
+                cursor.execute("LOCK TABLE asyncwork_job IN ACCESS EXCLUSIVE MODE")
                 locked.set()
                 release.wait(10)
         finally:
@@ -277,7 +279,10 @@ def test_a_source_that_cannot_answer_is_left_out_and_the_scrape_still_answers(
     assert ("invoicing_outbox_backlog", ()) not in samples
     assert value(samples, "invoicing_breaker_state", breaker="email", state="closed") == 1
 
-    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{free_port()}/0"
+    # The broker the Celery app reads: its environment variable comes before its settings.
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("CELERY_BROKER_URL", unreachable)
+    settings.CELERY_BROKER_URL = unreachable
     samples = scrape(client)
     assert value(samples, up, source="broker_queues") == 0
     assert value(samples, up, source="outbox") == 1
@@ -331,11 +336,11 @@ def test_task_attempts_and_outcomes_are_counted_by_the_worker(
 ) -> None:
     """A retry then a success, a deferral behind the open breaker then a success, and a
     permanent failure, in a real worker; read from the registry the signal receivers write."""
-    task = SEND_INVOICE_EMAIL_TASK
+    task = SEND_INVOICE_EMAIL
     attempts = "invoicing_task_attempts_total"
     counters = {
         outcome: registry_value(attempts, task=task, outcome=outcome)
-        for outcome in ("success", "retry", "deferred", "failure")
+        for outcome in ("successful", "retry", "deferred", "failed")
     }
     starts = registry_value("invoicing_task_starts_total", task=task)
     emails = registry_value("invoicing_worker_emails_sent_total", task=task)
@@ -347,19 +352,19 @@ def test_task_attempts_and_outcomes_are_counted_by_the_worker(
     with worker_thread():
         smtp.handler.faults.replies = ["451 4.3.0 try again later"]
         post_event(client, stripe_testing.encode(paid_event()))
-        assert wait_until(lambda: grew("success") == 1, timeout=30)
+        assert wait_until(lambda: grew("successful") == 1, timeout=30)
         assert grew("retry") == 1
 
         breaker = email_breaker()
         for _ in range(breaker.threshold):
             breaker.record_failure()
         post_event(client, stripe_testing.encode(paid_event()))
-        assert wait_until(lambda: grew("success") == 2, timeout=30)
+        assert wait_until(lambda: grew("successful") == 2, timeout=30)
         assert grew("deferred") >= 1
 
         smtp.handler.faults.always = "550 5.7.1 message rejected"
         post_event(client, stripe_testing.encode(paid_event()))
-        assert wait_until(lambda: grew("failure") == 1, timeout=30)
+        assert wait_until(lambda: grew("failed") == 1, timeout=30)
 
     assert len(smtp.messages) == 2
     assert grew("retry") == 1
@@ -368,7 +373,7 @@ def test_task_attempts_and_outcomes_are_counted_by_the_worker(
     # Every run started ended in exactly one outcome: 2 successes, 1 retry, 1 failure, and
     # however many deferrals the cool-down took.
     assert started == 4 + grew("deferred")
-    assert grew("success") == 2
+    assert grew("successful") == 2
 
 
 def test_worker_metrics_are_not_served_from_a_prefork_worker_without_a_shared_directory(
@@ -460,7 +465,7 @@ def test_gunicorn_workers_counts_are_summed_in_one_scrape(gunicorn: tuple[str, P
     failed = value(samples, "invoicing_outbox_publish_failures_total", queue="email")
     assert published + failed == sent
     # Each row sent was marked published by the request that sent it.
-    assert OutboxMessage.objects.filter(published_at__isnull=True).count() == failed
+    assert Job.objects.filter(published_at__isnull=True).count() == failed
 
 
 @pytest.mark.slow
@@ -477,13 +482,13 @@ def test_a_prefork_worker_serves_its_childrens_counts(
     )
     worker = launch.celery_worker(env, name="metrics", concurrency=2)
     url = f"http://127.0.0.1:{port}/metrics"
-    task = SEND_INVOICE_EMAIL_TASK
+    task = SEND_INVOICE_EMAIL
 
     def scraped() -> Samples:
         return parse(requests.get(url, timeout=5).text)
 
     def successes() -> float:
-        return value(scraped(), "invoicing_task_attempts_total", task=task, outcome="success")
+        return value(scraped(), "invoicing_task_attempts_total", task=task, outcome="successful")
 
     try:
         worker.wait_ready()
