@@ -30,21 +30,21 @@ from asyncwork.contrib.monitoring.probes import (
 from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError
-from asyncwork.models import OutboxMessage, ScheduledJob
+from asyncwork.models import Job, ScheduledJob
 from core.celery import app
-from invoicing.services import EMAIL_QUEUE, EMAIL_RECOVERY_QUEUE, email_breaker
+from invoicing.delivery import email_breaker
+from invoicing.tasks import EMAIL_QUEUE
 from stack.net import free_port
+from tests import tasks as test_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def unpublished(count: int, *, age: timedelta = timedelta(0)) -> list[OutboxMessage]:
-    rows = OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(count)
+def unpublished(count: int, *, age: timedelta = timedelta(0)) -> list[Job]:
+    rows = Job.objects.bulk_create(
+        Job(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(count)
     )
-    OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
-        created_at=timezone.now() - age
-    )
+    Job.objects.filter(pk__in=[r.pk for r in rows]).update(created_at=timezone.now() - age)
     return rows
 
 
@@ -58,9 +58,7 @@ def test_the_outbox_probe_counts_up_to_the_hard_mark_and_dates_the_oldest(settin
     assert outbox_probe().oldest_age_seconds is None
     unpublished(2, age=timedelta(minutes=10))
     published = unpublished(4)
-    OutboxMessage.objects.filter(pk__in=[r.pk for r in published[:3]]).update(
-        published_at=timezone.now()
-    )
+    Job.objects.filter(pk__in=[r.pk for r in published[:3]]).update(published_at=timezone.now())
 
     with bounded():
         probe = outbox_probe()
@@ -73,10 +71,29 @@ def test_the_outbox_probe_counts_up_to_the_hard_mark_and_dates_the_oldest(settin
     assert (outbox_probe().unpublished, outbox_probe().capped) == (4, True)
 
 
+def test_a_job_due_later_is_no_backlog_and_one_come_due_has_waited_since_its_due_time(
+    settings: Any,
+) -> None:
+    """A job waiting for its time (``run_after``, a retry's backoff) is not behind; once due and
+    unpublished it is, and has waited since it came due, not since it was enqueued."""
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "OUTBOX_STALE_SECONDS": 300}
+    [later, due] = unpublished(2, age=timedelta(hours=2))
+    now = timezone.now()
+    Job.objects.filter(pk=later.pk).update(due_at=now + timedelta(hours=1))
+    Job.objects.filter(pk=due.pk).update(due_at=now - timedelta(minutes=1))
+
+    probe = outbox_probe()
+
+    assert probe.unpublished == 1
+    assert probe.oldest_age_seconds is not None
+    assert 60 <= probe.oldest_age_seconds < 120
+    assert not probe.stale
+
+
 def test_the_dlq_probe_counts_the_waiting_by_reason() -> None:
     letters = [
         record(
-            task="core.nothing",
+            task=test_tasks.pid.module_path,  # a task of this code: replayed, not refused
             task_id=f"probe-{n}",
             args=[n],
             kwargs={},
@@ -112,8 +129,8 @@ def test_the_scheduled_jobs_probe_lists_every_declared_job_and_any_other_that_ra
     assert states["dlq-alert"].last_started_at is not None
     # Declared, never run: its row exists from migrate on
     # (asyncwork.contrib.periodic.jobs.schedules_sync).
-    assert states["outbox-relay"].runs == 0
-    assert states["outbox-relay"].last_started_at is None
+    assert states["retention-purge"].runs == 0
+    assert states["retention-purge"].last_started_at is None
     assert states["retired-job"].last_error == "boom"
 
 
@@ -124,7 +141,8 @@ def test_the_queues_probe_counts_each_queue_in_one_round_trip() -> None:
 
     assert queues_probe().depths == {
         queues.DEFAULT: 1,
-        EMAIL_RECOVERY_QUEUE: 0,
+        queues.ahead(queues.DEFAULT): 0,
+        queues.ahead(EMAIL_QUEUE): 0,
         EMAIL_QUEUE: 3,
     }
     assert queues_probe((EMAIL_QUEUE,)).depths == {EMAIL_QUEUE: 3}
