@@ -1,6 +1,7 @@
 """Retention: raw webhook bodies and headers are cleared after WEBHOOK_BODY_RETENTION_DAYS
 whatever the event's state, while the event-id row stays long enough for dedupe; processed
-and ignored rows and published outbox rows go after their own retention; twice is harmless."""
+and ignored rows and finished jobs (successful, or failed) go after their own retention, while a
+job not finished stays however old; twice is harmless."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork.contrib.periodic.retention import retention_purge
-from asyncwork.models import OutboxMessage
+from asyncwork.contrib.periodic.retention import JOB_RETENTION_DAYS, retention_purge
+from asyncwork.models import Job
 from invoicing.models import Invoice
 from stack.process import ROOT
 from tests.helpers.stripe import paid_event, post_event
@@ -49,11 +50,7 @@ def test_bodies_are_cleared_in_every_state_and_dedupe_still_holds(settings: Any)
     WebhookEvent.objects.filter(pk=failed.pk).update(state=WebhookEvent.State.FAILED, error="x")
     recent = delivered(client, paid_event(), days_ago=29)
 
-    assert retention_purge() == {
-        "webhook_bodies_cleared": 3,
-        "webhook_events": 0,
-        "outbox_messages": 0,
-    }
+    assert retention_purge() == {"jobs": 0, "webhook_bodies_cleared": 3, "webhook_events": 0}
     for row in (old, old_ignored, failed):
         row.refresh_from_db()
         assert (row.body, row.headers) == ("", {})
@@ -65,11 +62,11 @@ def test_bodies_are_cleared_in_every_state_and_dedupe_still_holds(settings: Any)
     assert old.state == WebhookEvent.State.PROCESSED  # what happened is still recorded
 
     # Stripe redelivers the old event: its id still makes it a duplicate; nothing changes.
-    invoices, outbox = Invoice.objects.count(), OutboxMessage.objects.count()
+    invoices, jobs = Invoice.objects.count(), Job.objects.count()
     again = post_event(client, stripe_testing.encode(old_paid))
     assert again.status_code == 200
     assert again.json()["duplicate"] is True
-    assert (Invoice.objects.count(), OutboxMessage.objects.count()) == (invoices, outbox)
+    assert (Invoice.objects.count(), Job.objects.count()) == (invoices, jobs)
 
     # Reprocessing a cleared event says why it cannot, and changes nothing else.
     result = webhook_event_reprocess(event_ids=[old.event_id], actor="test")
@@ -78,11 +75,7 @@ def test_bodies_are_cleared_in_every_state_and_dedupe_still_holds(settings: Any)
     assert "cleared by retention" in old.error
 
     # A second run finds nothing left to do.
-    assert retention_purge() == {
-        "webhook_bodies_cleared": 0,
-        "webhook_events": 0,
-        "outbox_messages": 0,
-    }
+    assert retention_purge() == {"jobs": 0, "webhook_bodies_cleared": 0, "webhook_events": 0}
 
 
 def test_rows_go_after_their_own_retention_and_failed_events_stay(settings: Any) -> None:
@@ -93,19 +86,32 @@ def test_rows_go_after_their_own_retention_and_failed_events_stay(settings: Any)
     kept = delivered(client, paid_event(), days_ago=2.5)
     failed = delivered(client, paid_event(), days_ago=10)
     WebhookEvent.objects.filter(pk=failed.pk).update(state=WebhookEvent.State.FAILED)
-    OutboxMessage.objects.update(published_at=timezone.now() - timedelta(days=8))
-    published = OutboxMessage.objects.count()
-    OutboxMessage.objects.create(task="t", args=[1], queue="default")  # unpublished: stays
+    # The payments' email jobs, done long ago; and jobs that stay.
+    long_ago = timezone.now() - timedelta(days=JOB_RETENTION_DAYS + 1)
+    finished = Job.objects.update(
+        status=Job.Status.SUCCESSFUL, finished_at=long_ago, published_at=long_ago
+    )
+    assert finished == 3
+    staying = {
+        "waiting": {"status": Job.Status.READY},
+        "due later": {"status": Job.Status.READY, "due_at": timezone.now() + timedelta(days=1)},
+        "running": {"status": Job.Status.RUNNING, "started_at": long_ago},
+        "failed lately": {
+            "status": Job.Status.FAILED,
+            "finished_at": timezone.now() - timedelta(days=JOB_RETENTION_DAYS - 1),
+        },
+    }
+    for task, fields in staying.items():
+        job = Job.objects.create(task=task, args=[1], queue="default")
+        Job.objects.filter(pk=job.pk).update(created_at=long_ago, **fields)
+    failed_long_ago = Job.objects.create(task="failed long ago", queue="default")
+    Job.objects.filter(pk=failed_long_ago.pk).update(status=Job.Status.FAILED, finished_at=long_ago)
 
     done = retention_purge(batch=1)  # batch by batch
-    assert done == {
-        "webhook_bodies_cleared": 3,
-        "webhook_events": 1,
-        "outbox_messages": published,
-    }
+    assert done == {"jobs": finished + 1, "webhook_bodies_cleared": 3, "webhook_events": 1}
     assert not WebhookEvent.objects.filter(pk=gone.pk).exists()
     assert WebhookEvent.objects.filter(pk__in=[kept.pk, failed.pk]).count() == 2
-    assert list(OutboxMessage.objects.values_list("task", flat=True)) == ["t"]
+    assert set(Job.objects.values_list("task", flat=True)) == set(staying)
 
 
 @pytest.mark.parametrize(
