@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
+from asyncwork import deadletters
 from asyncwork.contrib.periodic.jobs import jobs_declared
-from asyncwork.deadletters import dead_letter_refusals
 from asyncwork.models import DeadLetter, ScheduledJob
 from invoicing.models import Invoice
 from stack.net import wait_until
@@ -76,7 +76,7 @@ def test_a_hostile_address_and_why_reach_no_terminal_through_dlq_and_invoice_sho
         assert wait_until(DeadLetter.objects.exists, timeout=20)
     letter, invoice = DeadLetter.objects.get(), Invoice.objects.get()
     assert invoice.customer_email == ADDRESS  # stored as the provider sent it
-    [refusal] = dead_letter_refusals([letter]).values()
+    [refusal] = deadletters.refusals([letter]).values()
     assert ADDRESS in refusal
     escaped = "x\\x1b]0;pwned\\x07\\x1b[2J@example.com"
 
