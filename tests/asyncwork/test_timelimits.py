@@ -15,12 +15,11 @@ import signal
 import pytest
 from django.core.cache import cache
 
-from core.celery import app
 from stack import launch
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.processes import worker_env
-from tests.tasks import OVERRUN, PID
+from tests.tasks import overrun, pid
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -32,14 +31,14 @@ def test_a_late_soft_time_limit_signal_spares_an_idle_pool_process(smtp: SmtpSer
     cache.delete_many(keys)
     try:
         worker.wait_ready()
-        app.send_task(PID, args=[keys[0]])
+        pid.enqueue(keys[0])
         first = wait_until(lambda: cache.get(keys[0]), 20, interval=0.1)
         assert first, worker.log_text()[-3000:]
         os.kill(first, signal.SIGUSR1)  # what a soft time limit fired after its job ended sends
-        app.send_task(PID, args=[keys[1]])
+        pid.enqueue(keys[1])
         second = wait_until(lambda: cache.get(keys[1]), 20, interval=0.1)
-        app.send_task(OVERRUN, args=[keys[2]])
-        overrun = wait_until(lambda: cache.get(keys[2]), 20, interval=0.1)
+        overrun.enqueue(keys[2])
+        overran = wait_until(lambda: cache.get(keys[2]), 20, interval=0.1)
         log = worker.log_text()
     finally:
         worker.stop()
@@ -48,4 +47,4 @@ def test_a_late_soft_time_limit_signal_spares_an_idle_pool_process(smtp: SmtpSer
     assert second == first, f"the pool process was replaced:\n{log[-3000:]}"
     assert "exited with" not in log
     assert "Unrecoverable error" not in log
-    assert overrun == "interrupted"
+    assert overran == "interrupted"
