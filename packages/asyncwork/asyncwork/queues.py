@@ -69,7 +69,10 @@ def _declaration(name: str) -> Queue:
         durable=True,
         queue_arguments={
             "x-queue-type": "quorum",
-            "x-delivery-limit": asyncwork_settings.BROKER_DELIVERY_LIMIT,
+            # RabbitMQ's limit counts the deliveries after the first: a message is delivered
+            # BROKER_DELIVERY_LIMIT times in all. (A queue declared with another value refuses
+            # the declaration: PRECONDITION_FAILED.)
+            "x-delivery-limit": asyncwork_settings.BROKER_DELIVERY_LIMIT - 1,
             "x-dead-letter-exchange": DLQ,
             "x-dead-letter-routing-key": DLQ,
         },
