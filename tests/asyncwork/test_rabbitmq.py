@@ -1,6 +1,6 @@
 """RabbitMQ as the broker (``TESTS_BROKER=rabbitmq``; on Redis these are skipped): the queues
-as declared, publisher confirms under the outbox, and a poison message dead-lettered with its
-reason. (A retry waits in the outbox on both brokers: test_scheduled.py.)"""
+as declared, publisher confirms under the outbox, and a poison job dead-lettered with its
+reason. (A retry waits in PostgreSQL on both brokers: test_scheduled.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from django.test import Client
 from kombu import Connection
 
 from asyncwork import queues
-from asyncwork.models import DeadLetter, OutboxMessage
-from asyncwork.outbox import outbox_relay
+from asyncwork.models import DeadLetter, Job
+from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from stack import launch
 from stack.net import wait_until
@@ -40,23 +40,27 @@ def test_the_queues_are_durable_quorum_queues_with_a_delivery_limit_onto_dlq() -
         queue = declared[name]
         assert (queue["type"], queue["durable"]) == ("quorum", True), queue
         arguments = queue["arguments"]
-        assert arguments["x-delivery-limit"] == 2  # BROKER_DELIVERY_LIMIT 3 in the tests
+        # Delivered BROKER_DELIVERY_LIMIT times (3 in the tests): RabbitMQ's limit counts the
+        # deliveries after the first.
+        assert arguments["x-delivery-limit"] == asyncwork_settings.BROKER_DELIVERY_LIMIT - 1
         assert arguments["x-dead-letter-exchange"] == "dlq"
         assert arguments["x-dead-letter-routing-key"] == "dlq"
         # Acknowledged late, one message at a time (a worker of one thread).
         assert f"{name}\ttrue\t1" in consumers.splitlines(), consumers
     # Declared by the worker before anything was dead-lettered onto it.
     assert (declared["dlq"]["type"], declared["dlq"]["durable"]) == ("quorum", True)
-    # Where retries wait: Celery's delay queues, classic (core/settings.py says why).
+    # Celery's delay queues (a countdown: a recovery job dispatched again), classic
+    # (core/settings.py says why).
     for name in broker.DELAY_QUEUES:
         assert (declared[name]["type"], declared[name]["durable"]) == ("classic", True), name
 
 
-def test_the_outbox_marks_a_row_published_only_once_rabbitmq_confirmed_it(
+def test_the_outbox_marks_a_job_published_only_once_rabbitmq_confirmed_it(
     client: Client, smtp: SmtpServer
 ) -> None:
     """A queue that refuses messages (full, rejecting publishes): without publisher confirms
-    the publish would return, the row be marked published and the message be lost."""
+    the publish would return, the job be marked published and the message be lost. Once the
+    queue takes messages again, a worker's poll publishes the job, alone."""
     policy = f"full-{uuid.uuid4().hex[:6]}"
     broker.rabbitmqctl(
         "set_policy", "-p", broker.vhost(), "--apply-to", "queues", policy, "^email$",
@@ -69,7 +73,7 @@ def test_the_outbox_marks_a_row_published_only_once_rabbitmq_confirmed_it(
         with Connection(app.conf.broker_url, transport_options={"confirm_publish": True}) as conn:
             conn.Producer().publish({"filler": True}, exchange="email", routing_key="email")
         assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
-        row = OutboxMessage.objects.get()
+        row = Job.objects.get()
         assert row.published_at is None
         assert row.publish_attempts == 1
         assert row.last_error == "MessageNacked()"  # py-amqp's, for the broker's nack
@@ -80,33 +84,36 @@ def test_the_outbox_marks_a_row_published_only_once_rabbitmq_confirmed_it(
         broker.rabbitmqctl("clear_policy", "-p", broker.vhost(), policy)
     broker.queues_empty()  # the filler
     with worker_thread():
-        assert outbox_relay() == 1
         smtp.handler.wait_for(1, timeout=20)
     row.refresh_from_db()
     assert row.published_at is not None
+    assert (row.status, row.publish_attempts) == (Job.Status.SUCCESSFUL, 2)
 
 
 @pytest.mark.slow
-def test_a_poison_message_is_dead_lettered_with_its_reason_on_its_last_delivery(
+def test_a_poison_job_is_dead_lettered_with_its_reason_not_left_on_dlq(
     smtp_unreachable: int,
 ) -> None:
-    """A job that kills the process running it: redelivered (acks late, requeued when the
-    pool process is lost) until its last delivery, which records the dead letter instead of
-    running it."""
+    """A job that kills the process running it: run again (its message requeued when the pool
+    process is lost, its run given back by the rescue once its owner's heartbeat lapsed) until
+    its attempts are spent, when its next claim records the dead letter instead of running it.
+    Each run is a message of its own, so RabbitMQ's delivery limit never moves it onto dlq."""
     worker = launch.celery_worker(
         worker_env(smtp_unreachable), name="poison", include=("tests.tasks",), concurrency=1
     )
     try:
         worker.wait_ready()
-        app.send_task(test_tasks.CRASH)
-        assert wait_until(DeadLetter.objects.exists, timeout=60)
+        result = test_tasks.crash.enqueue()
+        assert wait_until(DeadLetter.objects.exists, timeout=90), worker.log_text()[-3000:]
     finally:
         worker.stop()
     letter = DeadLetter.objects.get()
-    assert (letter.task, letter.reason) == (test_tasks.CRASH, "redelivery_limit")
-    assert letter.exception_class == "asyncwork.errors.RedeliveredTooOften"
-    assert letter.exception_message.startswith("delivered 3 times; the 2 before")
-    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 2
+    assert (letter.task, letter.reason) == (test_tasks.crash.module_path, "redelivery_limit")
+    assert letter.exception_class == "asyncwork.runner.RedeliveredTooOften"
+    assert letter.exception_message.startswith("claimed 4 times, more than its 3 attempts")
+    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 3
+    job = Job.objects.get(pk=result.id)
+    assert (job.status, job.attempts) == (Job.Status.FAILED, 4)
     # Recorded once, as the row: its last delivery was acknowledged, nothing went onto dlq.
     assert broker.queue_depth(queues.DLQ) == 0
 
