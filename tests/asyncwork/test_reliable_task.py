@@ -1,77 +1,213 @@
-"""``@reliable_task``: a job's retry policy is a value, and it is what Celery runs with (a real
-worker honouring one: ``test_a_retry_waits_as_an_outbox_row_with_nothing_held_in_the_broker``,
-tests/asyncwork/test_scheduled.py, with ``tests.flaky``'s two attempts 8 s apart)."""
+"""What the worker's runner (asyncwork.runner) does with a task's own policy, for the application's
+tasks and the tests' (tests/tasks.py), through real workers on PostgreSQL and Redis: a transient
+failure is retried after a random wait of up to the policy's (full jitter), a bug fails at once, a
+job that kills its worker every time fails as ``redelivery_limit`` once its attempts are spent, and
+a run cut by its soft time limit is retried. The email tasks run on the policy their settings
+give, and their messages carry their time limits. (A retry waits in PostgreSQL, on both brokers:
+test_scheduled.py.)"""
 
 from __future__ import annotations
 
+import logging
 import os
+import uuid
 from typing import Any
 
 import pytest
-from asyncwork.tasks import ReliableTask, RetryPolicy
-from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
 from django.core.cache import cache
+from django_tasks import task
+from django_tasks.exceptions import InvalidTaskError
 
-from invoicing.tasks import EMAIL_RETRY, resend_invoice_email, send_invoice_email
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, ReliableTask
+from asyncwork.models import DeadLetter, Job
+from asyncwork.outbox import message_id
+from asyncwork.poll import POLL_SECONDS
+from asyncwork.runner import backoff_seconds
+from core.celery import app
+from invoicing.tasks import EMAIL_QUEUE, resend_invoice_email, send_invoice_email
+from stack import launch
+from stack.net import wait_until
 from tests import tasks as test_tasks
+from tests.helpers import broker
+from tests.helpers.processes import worker_env, worker_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.mark.parametrize("task", [send_invoice_email, resend_invoice_email])
-def test_the_email_tasks_run_on_the_policy_their_settings_give(task: Any) -> None:
-    assert issubclass(task.__class__, ReliableTask)  # through shared_task's proxy
+@pytest.mark.parametrize("email_task", [send_invoice_email, resend_invoice_email])
+def test_the_email_tasks_run_on_the_policy_their_settings_give(email_task: Any) -> None:
+    assert isinstance(email_task, ReliableTask)
     assert (
-        RetryPolicy(
-            attempts=settings.EMAIL_MAX_ATTEMPTS,
-            backoff=settings.EMAIL_RETRY_BACKOFF_BASE,
-            backoff_max=settings.EMAIL_RETRY_BACKOFF_MAX,
-        )
-        == EMAIL_RETRY
+        email_task.max_attempts,
+        email_task.backoff,
+        email_task.backoff_max,
+        email_task.time_limit,
+        email_task.queue_name,
+    ) == (
+        settings.EMAIL_MAX_ATTEMPTS,
+        settings.EMAIL_RETRY_BACKOFF_BASE,
+        settings.EMAIL_RETRY_BACKOFF_MAX,
+        settings.EMAIL_TASK_SOFT_TIME_LIMIT,
+        EMAIL_QUEUE,
     )
-    assert (task.max_retries, task.retry_backoff, task.retry_backoff_max, task.retry_jitter) == (
-        EMAIL_RETRY.attempts - 1,
-        EMAIL_RETRY.backoff,
-        EMAIL_RETRY.backoff_max,
-        True,
+    # Acknowledged once its outcome is written, requeued if the process running it is killed.
+    runner = app.tasks[RUN]
+    assert (runner.acks_late, runner.reject_on_worker_lost) == (True, True)
+
+    result = email_task.enqueue(0)  # published at once: no transaction is open, no worker reads
+
+    [message] = broker.queue_messages(EMAIL_QUEUE)
+    headers = message["headers"]
+    assert (headers["task"], headers["id"], headers["shadow"]) == (
+        RUN,
+        message_id(int(result.id)),
+        email_task.module_path,
     )
-    assert (task.acks_late, task.reject_on_worker_lost) == (True, True)
-    assert task.soft_time_limit == settings.EMAIL_TASK_SOFT_TIME_LIMIT
+    soft = settings.EMAIL_TASK_SOFT_TIME_LIMIT
+    assert headers["timelimit"] == [soft + TIME_LIMIT_GRACE, soft]
 
 
-def test_the_waits_double_up_to_the_maximum_as_the_policy_says() -> None:
-    policy = RetryPolicy(attempts=6, backoff=2, backoff_max=20, jitter=False)
-    waits = [
-        get_exponential_backoff_interval(
-            factor=policy.backoff, retries=n, maximum=policy.backoff_max, full_jitter=False
-        )
-        for n in range(policy.attempts - 1)
-    ]
-    assert waits == [2, 4, 8, 16, 20]  # before runs 2 to 6
-    task: Any = test_tasks.flaky
-    assert (task.max_retries, task.retry_backoff, task.retry_jitter) == (
-        1,
-        test_tasks.FLAKY_RETRY_SECONDS,
-        False,
-    )
+@pytest.mark.parametrize("attempt", [1, 2, 3, 4, 5, 6])
+def test_the_waits_double_up_to_the_maximum_each_drawn_at_random_below_it(attempt: int) -> None:
+    """Full jitter: before run n + 1, anything from 0 to ``min(backoff_max, backoff * 2 **
+    (n - 1))``, here 2, 4, 8, 16, 20, 20 s."""
+    cap = min(20, 2 * 2 ** (attempt - 1))
+    waits = [backoff_seconds(attempt=attempt, backoff=2, backoff_max=20) for _ in range(2000)]
+    assert 0 <= min(waits) < 0.05 * cap  # from the start of the range
+    assert 0.95 * cap < max(waits) <= cap  # to its end
+    assert 0.4 * cap < sum(waits) / len(waits) < 0.6 * cap  # spread evenly (its mean is half)
 
 
 @pytest.mark.parametrize(
     "given",
     [
-        {"attempts": 0},
+        {"max_attempts": 0},
         {"backoff": 0},
         {"backoff": 10, "backoff_max": 5},
+        {"time_limit": 0},
     ],
 )
-def test_a_policy_that_cannot_run_is_refused(given: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="attempts >= 1 and 1 <= backoff <= backoff_max"):
-        RetryPolicy(**given)
+def test_a_policy_that_cannot_run_is_refused_where_the_task_is_declared(
+    given: dict[str, Any],
+) -> None:
+    with pytest.raises(InvalidTaskError, match=r"(max_attempts >= 1|time_limit must be)"):
+        task(**given)(declared_here)
 
 
-def test_a_message_that_names_its_outbox_row_in_a_kwarg_still_runs() -> None:
-    """Messages published by earlier versions carry ``outbox_id`` among the kwargs; a job's
-    own parameters are its arguments alone, so the task runs without it."""
-    key = "legacy-outbox-kwarg"
-    result = test_tasks.pid.apply(kwargs={"key": key, "outbox_id": 3})
-    assert result.successful(), result.traceback
-    assert cache.get(key) == os.getpid()
+def declared_here() -> None:
+    """A task body for the declarations above (a task must be a module's own function)."""
+
+
+def test_a_transient_failure_is_retried_on_the_tasks_policy() -> None:
+    """``tests.flaky``: two attempts, its retry within ``FLAKY_RETRY_SECONDS`` (its backoff and
+    its longest wait), each error kept on the job."""
+    key = f"flaky-{uuid.uuid4().hex}"
+    with worker_thread(concurrency=1):
+        result = test_tasks.flaky.enqueue(key)
+        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 10)
+    done = test_tasks.flaky.get_result(result.id)
+    assert (str(done.status), done.attempts) == ("SUCCESSFUL", 2)
+    assert [error.exception_class_path for error in done.errors] == [
+        "asyncwork.errors.TransientError"
+    ]
+    assert "the first attempt fails" in done.errors[0].traceback
+    job = Job.objects.get(pk=result.id)
+    assert job.first_failed_at is not None
+    assert job.last_attempted_at is not None
+    waited = (job.last_attempted_at - job.first_failed_at).total_seconds()
+    assert 0 <= waited < test_tasks.FLAKY_RETRY_SECONDS + POLL_SECONDS + 1
+    assert not DeadLetter.objects.exists()
+
+
+class Kept(logging.Handler):
+    """Keeps the records of the logger it is added to (the worker's start reconfigures the root
+    logger from Django's LOGGING, dropping pytest's own handler there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_bug_fails_at_once_with_its_traceback() -> None:
+    """``tests.divide`` by zero: an exception no task declares is a bug, and a retry would only
+    meet it again: one attempt of five, a dead letter, an ERROR line with the traceback."""
+    kept, logger = Kept(), logging.getLogger("asyncwork.deadletters")
+    logger.addHandler(kept)
+    try:
+        with worker_thread():
+            result = test_tasks.divide.enqueue(1, 0)
+            assert wait_until(DeadLetter.objects.exists, timeout=20)
+    finally:
+        logger.removeHandler(kept)
+    done = test_tasks.divide.get_result(result.id)
+    assert (str(done.status), done.attempts) == ("FAILED", 1)
+    assert test_tasks.divide.max_attempts == 5
+    [error] = done.errors
+    assert error.exception_class_path == "builtins.ZeroDivisionError"
+    letter = DeadLetter.objects.get()
+    assert (letter.task, letter.task_id, letter.reason, letter.attempts) == (
+        test_tasks.divide.module_path,
+        message_id(int(result.id)),
+        "permanent",
+        1,
+    )
+    assert letter.exception_class == "builtins.ZeroDivisionError"
+    assert "ZeroDivisionError" in letter.traceback
+    [line] = [r for r in kept.records if r.getMessage().startswith("job dead-lettered")]
+    assert line.exc_info is not None
+    assert line.exc_info[0] is ZeroDivisionError
+
+
+@pytest.mark.slow
+def test_a_job_that_kills_its_worker_every_time_fails_as_redelivery_limit(
+    smtp_unreachable: int,
+) -> None:
+    """``tests.crash`` (3 attempts) kills the pool process running it: its message is requeued
+    and finds the run still held; once its owner's heartbeat lapsed the rescue gives the run back
+    (an attempt spent), until the claim past its attempts records the dead letter instead of
+    running it."""
+    worker = launch.celery_worker(
+        worker_env(smtp_unreachable), name="poison", include=("tests.tasks",), concurrency=1
+    )
+    try:
+        worker.wait_ready()
+        result = test_tasks.crash.enqueue()
+        assert wait_until(DeadLetter.objects.exists, timeout=90), worker.log_text()[-3000:]
+    finally:
+        worker.stop()
+    letter = DeadLetter.objects.get()
+    assert (letter.task, letter.reason) == (test_tasks.crash.module_path, "redelivery_limit")
+    assert letter.exception_class == "asyncwork.runner.RedeliveredTooOften"
+    assert letter.exception_message.startswith("claimed 4 times, more than its 3 attempts")
+    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 3
+    job = Job.objects.get(pk=result.id)
+    assert (job.status, job.attempts) == (Job.Status.FAILED, 4)
+
+
+@pytest.mark.slow
+def test_a_run_cut_by_its_soft_time_limit_is_retried() -> None:
+    """``tests.backend_pid`` with a query of 5 s and a soft time limit of 1 s (its own): the
+    limit interrupts the query, and the run is retried as a transient failure, not failed."""
+    key = f"limited-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    worker = launch.celery_worker(
+        worker_env(0), name="limited", include=("tests.tasks",), concurrency=1
+    )
+    try:
+        worker.wait_ready()
+        result = test_tasks.backend_pid.enqueue(key, sleep=5)
+        job = Job.objects.filter(pk=result.id)
+        retried = wait_until(lambda: job.get().attempts >= 2, timeout=30)
+        log = worker.log_text()
+    finally:
+        worker.stop()
+    assert retried, log[-3000:]
+    errors = job.get().errors
+    assert errors
+    assert all(e["exception_class_path"].endswith(".SoftTimeLimitExceeded") for e in errors)
+    assert "job failed (attempt 1 of 5), retried in" in log
+    assert cache.get(key) is None  # never ran to its end
+    assert not DeadLetter.objects.exists()
