@@ -1,5 +1,7 @@
-"""The outbox: a stalled broker never fails or hangs the request, the relay publishes what was
-left behind, and concurrent relays never publish one row twice."""
+"""The outbox: a stalled broker never fails or hangs the request; a worker's poll, alone,
+publishes within seconds what a publish at commit left behind (``outbox.relay``, on its poll
+thread: no other process, command nor scheduled job); a job published twice runs once; and
+concurrent relays never publish one row twice."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from typing import Any
 
 import pytest
 import redis
-from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from asyncwork.models import OutboxMessage
-from asyncwork.outbox import _producer_drop, outbox_relay, outbox_task_id
+from asyncwork import outbox, queues
+from asyncwork.models import Job
+from asyncwork.outbox import _producer_drop
+from asyncwork.poll import POLL_SECONDS
 from asyncwork.settings import asyncwork_settings
 from stack.net import wait_until
 from stack.smtp import SmtpServer
@@ -50,7 +53,7 @@ def stallable_broker(
 
 @broker.redis_only  # a shared RabbitMQ node cannot be stalled for one test
 @pytest.mark.slow
-def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
+def test_stalled_broker_at_commit_leaves_the_job_to_a_workers_poll(
     client: Client, smtp: SmtpServer, stallable_broker: redis.Redis
 ) -> None:
     body = stripe_testing.encode(paid_event())
@@ -61,48 +64,51 @@ def test_stalled_broker_at_commit_leaves_the_row_for_the_relay(
 
     assert response.status_code == 200
     assert elapsed < asyncwork_settings.OUTBOX_PUBLISH_TIMEOUT + 1.0
-    row = OutboxMessage.objects.get()
+    row = Job.objects.get()
     assert row.published_at is None
     assert row.publish_attempts == 1
     assert "imeout" in row.last_error
 
     time.sleep(2.6)  # the stall ends
     with worker_thread():
-        call_command("outbox", "relay", "--grace", "0")
+        started = time.monotonic()
+        assert wait_until(
+            lambda: Job.objects.filter(pk=row.pk, published_at__isnull=False).exists(), timeout=10
+        )
+        took = time.monotonic() - started
         smtp.handler.wait_for(1, timeout=20)
         pipeline_quiet()
+    # Within a poll or two of the worker's start (the tests' grace is 0 s).
+    assert took < 2 * POLL_SECONDS + 1
     row.refresh_from_db()
-    assert row.published_at is not None
+    assert (row.status, row.attempts, row.publish_attempts) == (Job.Status.SUCCESSFUL, 1, 2)
     assert len(smtp.messages) == 1
 
 
-def test_a_relay_killed_between_publish_and_mark_publishes_again_and_one_email_is_sent(
+def test_a_publisher_killed_between_publish_and_mark_publishes_again_and_one_email_is_sent(
     client: Client, smtp: SmtpServer
 ) -> None:
-    from core.celery import app
-
+    """The state a crash after publishing but before marking the row leaves behind: the message
+    went out, the row is still unpublished; the relay publishes it again. Both messages wait for
+    the worker, which runs the job once (its claim): one run, one email."""
+    assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+    row = Job.objects.get()
+    assert row.published_at is not None
+    Job.objects.filter(pk=row.pk).update(published_at=None)  # the mark, lost
+    assert outbox.relay() == 1
+    assert sum(broker.jobs_in_broker().values()) == 2
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event()))
         smtp.handler.wait_for(1, timeout=20)
-        # The state a crash after publishing but before committing "published" leaves behind:
-        # the message went out, the row is still unpublished.
-        row = OutboxMessage.objects.get()
-        OutboxMessage.objects.filter(pk=row.pk).update(published_at=None)
-        app.send_task(
-            row.task,
-            args=row.args,
-            task_id=outbox_task_id(row.pk),
-            queue=row.queue,
-        )
-        assert outbox_relay() == 1
         pipeline_quiet()
+    row.refresh_from_db()
+    assert (row.status, row.attempts, len(row.worker_ids)) == (Job.Status.SUCCESSFUL, 1, 1)
     assert len(smtp.messages) == 1
 
 
 def test_concurrent_relays_publish_each_row_exactly_once() -> None:
     queue = f"relaytest-{uuid.uuid4().hex[:8]}"
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="core.does_not_exist", args=[i], queue=queue) for i in range(300)
+    Job.objects.bulk_create(
+        Job(task="core.does_not_exist", args=[i], queue=queue) for i in range(300)
     )
     barrier = threading.Barrier(4)
     totals: list[int] = []
@@ -110,7 +116,7 @@ def test_concurrent_relays_publish_each_row_exactly_once() -> None:
     def relay() -> None:
         try:
             barrier.wait()
-            totals.append(outbox_relay(batch_size=25))
+            totals.append(outbox.relay(grace=timedelta(0), batch_size=25))
         finally:
             connection.close()
 
@@ -120,38 +126,32 @@ def test_concurrent_relays_publish_each_row_exactly_once() -> None:
     for thread in threads:
         thread.join(60)
 
-    task_ids = [m["headers"]["id"] for m in broker.queue_messages(queue)]
-    broker.queue_delete(queue)
+    # Published late: to the queue read ahead of the job's own.
+    task_ids = [m["headers"]["id"] for m in broker.queue_messages(queues.ahead(queue))]
+    broker.queue_delete(queues.ahead(queue))
     assert sum(totals) == 300
     assert len(task_ids) == 300
-    assert len(set(task_ids)) == 300
-    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
+    assert set(task_ids) == {
+        outbox.message_id(pk) for pk in Job.objects.values_list("pk", flat=True)
+    }
+    assert not Job.objects.filter(published_at__isnull=True).exists()
 
 
 def test_relay_leaves_young_rows_to_their_own_publish() -> None:
-    OutboxMessage.objects.create(task="core.does_not_exist", args=[1], queue="relaytest-young")
-    assert outbox_relay(grace=timedelta(seconds=60)) == 0
-    assert OutboxMessage.objects.get().published_at is None
-
-
-def test_outbox_command_reports_and_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    from django.core.management.base import CommandError
-
-    call_command("outbox", "status")
-    assert "unpublished: 0" in capsys.readouterr().out
-    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
-        call_command("outbox", "relay", "--batch-size", "0")
+    Job.objects.create(task="core.does_not_exist", args=[1], queue="relaytest-young")
+    assert outbox.relay(grace=timedelta(seconds=60)) == 0
+    assert Job.objects.get().published_at is None
 
 
 # Fails every mark (an UPDATE that sets published_at) while it exists.
 REFUSE_MARKS = """
 CREATE FUNCTION outbox_marks_refused() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'marks refused by the test'; END $$;
-CREATE TRIGGER outbox_marks_refused BEFORE UPDATE OF published_at ON asyncwork_outboxmessage
+CREATE TRIGGER outbox_marks_refused BEFORE UPDATE OF published_at ON asyncwork_job
 FOR EACH ROW EXECUTE FUNCTION outbox_marks_refused();
 """
 ALLOW_MARKS = """
-DROP TRIGGER IF EXISTS outbox_marks_refused ON asyncwork_outboxmessage;
+DROP TRIGGER IF EXISTS outbox_marks_refused ON asyncwork_job;
 DROP FUNCTION IF EXISTS outbox_marks_refused();
 """
 
@@ -160,27 +160,25 @@ def test_a_mark_the_database_refuses_fails_no_request_and_leaves_the_row_to_the_
     client: Client, smtp: SmtpServer
 ) -> None:
     """The mark after an on-commit publish fails (the database gone since the commit): the
-    request still answers 200, and the row, left unpublished, is published again by the relay:
-    a second message, never a lost one, and one email."""
+    request still answers 200, and the job, left unpublished, is published again by the relay:
+    a second message, never a lost one, one run and one email."""
     with connection.cursor() as cursor:
         cursor.execute(REFUSE_MARKS)
     try:
-        with worker_thread():
-            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
-            smtp.handler.wait_for(1, timeout=20)
-            row = OutboxMessage.objects.get()
-            assert (row.published_at, row.publish_attempts) == (None, 0)
-            with connection.cursor() as cursor:
-                cursor.execute(ALLOW_MARKS)
-            assert outbox_relay() == 1
-            # The second message consumed (it finds the email sent) before counting emails.
-            assert wait_until(
-                lambda: broker.queue_depth(row.queue) == 0 and broker.held_unacknowledged() == 0,
-                timeout=20,
-            )
+        assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+        row = Job.objects.get()
+        assert (row.published_at, row.publish_attempts) == (None, 0)
+        assert sum(broker.jobs_in_broker().values()) == 1  # it went out all the same
     finally:
         with connection.cursor() as cursor:
             cursor.execute(ALLOW_MARKS)
+    assert outbox.relay() == 1
     row.refresh_from_db()
     assert row.published_at is not None
+    with worker_thread():
+        smtp.handler.wait_for(1, timeout=20)
+        # Both messages consumed (the second finds the job run) before counting emails.
+        pipeline_quiet()
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == (Job.Status.SUCCESSFUL, 1)
     assert len(smtp.messages) == 1
