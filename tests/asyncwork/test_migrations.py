@@ -14,6 +14,7 @@ of messages before, of job ids now)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -45,7 +46,7 @@ BEFORE: list[tuple[str, str | None]] = [
 ]
 
 
-def _migrate(targets: list[tuple[str, str | None]]) -> None:
+def _migrate(targets: Sequence[tuple[str, str | None]]) -> None:
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(targets)

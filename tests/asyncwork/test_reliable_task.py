@@ -145,6 +145,7 @@ def test_a_bug_fails_at_once_with_its_traceback() -> None:
         logger.removeHandler(kept)
     done = test_tasks.divide.get_result(result.id)
     assert (str(done.status), done.attempts) == ("FAILED", 1)
+    assert isinstance(test_tasks.divide, ReliableTask)
     assert test_tasks.divide.max_attempts == 5
     [error] = done.errors
     assert error.exception_class_path == "builtins.ZeroDivisionError"

@@ -92,7 +92,7 @@ def test_rows_go_after_their_own_retention_and_failed_events_stay(settings: Any)
         status=Job.Status.SUCCESSFUL, finished_at=long_ago, published_at=long_ago
     )
     assert finished == 3
-    staying = {
+    staying: dict[str, dict[str, Any]] = {
         "waiting": {"status": Job.Status.READY},
         "due later": {"status": Job.Status.READY, "due_at": timezone.now() + timedelta(days=1)},
         "running": {"status": Job.Status.RUNNING, "started_at": long_ago},

@@ -25,7 +25,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from asyncwork import outbox, queues
-from asyncwork.backend import RUN, TIME_LIMIT_GRACE
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, ReliableTask
 from asyncwork.models import DeadLetter, Job
 from asyncwork.outbox import message_id
 from asyncwork.poll import POLL_SECONDS
@@ -303,6 +303,7 @@ def test_a_job_come_due_is_published_as_its_id_to_the_queue_read_ahead_of_its_ow
         test_tasks.overrun.module_path,
     )
     assert headers["argsrepr"] == repr([int(result.id)])
+    assert isinstance(test_tasks.overrun, ReliableTask)
     limit = test_tasks.overrun.time_limit
     assert limit is not None
     assert headers["timelimit"] == [limit + TIME_LIMIT_GRACE, limit]
