@@ -25,11 +25,11 @@ from django.utils import timezone
 from psycopg import sql
 
 from asyncwork import outbox, queues
-from asyncwork.backend import RUN, TIME_LIMIT_GRACE, ReliableTask
 from asyncwork.models import DeadLetter, Job
 from asyncwork.outbox import message_id
 from asyncwork.poll import POLL_SECONDS
 from asyncwork.runner import WRITE_WAIT
+from asyncwork.tasks import RUN, TIME_LIMIT_GRACE, ReliableTask
 from core.celery import app
 from stack import launch
 from stack.net import wait_until
