@@ -26,6 +26,7 @@ from asyncwork.install import REDIS_TRANSPORT, REQUIRED
 from asyncwork.models import Job, WorkerHeartbeat
 from asyncwork.poll import PollStep
 from asyncwork.queues import DeadLetterQueueDeclare
+from core.celery import app as project_app
 from stack import launch
 from stack.net import wait_until
 from stack.process import ROOT
@@ -57,12 +58,18 @@ def test_a_fresh_celery_app_gets_the_machinery_in_one_call() -> None:
         task=test_tasks.pid.module_path, kwargs={"key": key}, queue="default", due_at=timezone.now()
     )
     beating = WorkerHeartbeat.objects.filter(pid=os.getpid())
-    with launch.worker_thread(fresh, concurrency=1):
-        assert wait_until(beating.exists, timeout=10)
-        assert wait_until(
-            lambda: Job.objects.filter(pk=due.pk, status=Job.Status.SUCCESSFUL).exists(),
-            timeout=15,
-        )
+    try:
+        with launch.worker_thread(fresh, concurrency=1):
+            assert wait_until(beating.exists, timeout=10)
+            assert wait_until(
+                lambda: Job.objects.filter(pk=due.pk, status=Job.Status.SUCCESSFUL).exists(),
+                timeout=15,
+            )
+    finally:
+        # Celery's test worker made the fresh app this process's current one: the next tests
+        # publish through the project's.
+        project_app.set_current()
+        project_app.set_default()
     assert not beating.exists()
     job = Job.objects.get(pk=due.pk)
     assert job.published_at is not None
