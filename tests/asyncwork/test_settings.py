@@ -24,6 +24,13 @@ RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/checks"
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
+def broker_use(settings: Any, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The project's broker is ``url``: its setting, and the environment variable the Celery app
+    reads first (``asyncwork.queues.rabbitmq`` asks the app)."""
+    settings.CELERY_BROKER_URL = url
+    monkeypatch.setenv("CELERY_BROKER_URL", url)
+
+
 def asyncwork_ids() -> list[str]:
     """The ids of the machinery's messages among every check Django runs."""
     return sorted(
@@ -85,9 +92,13 @@ def test_no_rescue_by_heartbeat_is_named(settings: Any) -> None:
     ],
 )
 def test_rabbitmqs_publisher_confirms_turned_off_are_named(
-    settings: Any, url: str, confirm_publish: bool | None, expected: list[str]
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    confirm_publish: bool | None,
+    expected: list[str],
 ) -> None:
-    settings.CELERY_BROKER_URL = url
+    broker_use(settings, monkeypatch, url)
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = (
         {} if confirm_publish is None else {"confirm_publish": confirm_publish}
     )
@@ -105,9 +116,13 @@ def test_rabbitmqs_publisher_confirms_turned_off_are_named(
     ],
 )
 def test_redis_queues_read_in_another_order_are_named(
-    settings: Any, url: str, strategy: str | None, expected: list[str]
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    strategy: str | None,
+    expected: list[str],
 ) -> None:
-    settings.CELERY_BROKER_URL = url
+    broker_use(settings, monkeypatch, url)
     options = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS}
     options.pop("queue_order_strategy", None)
     if strategy is not None:
