@@ -61,7 +61,7 @@ def test_screen_names_every_part() -> None:
         "dlq",
         "breaker",
         "beat",
-        "queues: default=0, default-recovery=0, email-recovery=0, email=0\n",
+        "queues: default-recovery=0, default=0, email-recovery=0, email=0\n",
         "dlq-alert",
         "retention-purge",
         "stripe-events-reconcile",
