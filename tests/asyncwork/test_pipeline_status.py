@@ -24,8 +24,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def status(*args: str) -> str:
+    """The command as ``manage.py`` runs it: its system checks first, which load the URLconf,
+    whose views declare the backpressure check (``asyncwork.contrib.backpressure``)."""
     out = StringIO()
-    call_command("pipeline_status", *args, stdout=out)
+    call_command("pipeline_status", *args, stdout=out, skip_checks=False)
     return out.getvalue()
 
 
