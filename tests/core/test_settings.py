@@ -17,7 +17,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from asyncwork.backend import RUN, TIME_LIMIT_GRACE, OutboxBackend
+from asyncwork.backend import OutboxBackend
+from asyncwork.tasks import RUN, TIME_LIMIT_GRACE
 from core.celery import app
 from invoicing.tasks import resend_invoice_email, send_invoice_email
 from stack import launch

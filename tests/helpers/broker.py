@@ -21,9 +21,9 @@ from kombu import Connection
 from kombu.transport.native_delayed_delivery import level_name
 
 from asyncwork import queues
-from asyncwork.backend import RUN
 from asyncwork.broker import queue_keys
 from asyncwork.outbox import message_id
+from asyncwork.tasks import RUN
 
 # As the machinery reads it: from the broker URL's scheme.
 RABBITMQ = queues.rabbitmq()

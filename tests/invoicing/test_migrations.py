@@ -13,9 +13,9 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from asyncwork.backend import task_for
 from asyncwork.deadletters import refusals, subjects
 from asyncwork.models import DeadLetter, Job
+from asyncwork.tasks import task_for
 from invoicing.tasks import resend_invoice_email, send_invoice_email
 from tests.helpers.factories import paid_invoice
 
