@@ -20,8 +20,9 @@ from typing import Any
 from celery import Celery, shared_task
 from celery import Task as CeleryTask
 from celery.app.defaults import DEFAULTS
+from celery.exceptions import Reject
 from celery.signals import task_unknown
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from asyncwork import db, heartbeat, queues, timelimits
 from asyncwork import logging as log_context
@@ -93,7 +94,8 @@ UNLIMITED_LEASE_SECONDS = 3600.0
 
 class Runner(CeleryTask):
     """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
-    it is killed; it raises nothing, every outcome being on the job's row."""
+    it is killed or the database refused its claim; it raises nothing else, every outcome being on
+    the job's row."""
 
     acks_late = True
     reject_on_worker_lost = True
@@ -107,7 +109,12 @@ def run(self: Runner, job_id: int) -> str:
 
     limits = self.request.timelimit or (None, None)
     hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
-    return job_run(job_id, lease_seconds=float(hard))
+    try:
+        return job_run(job_id, lease_seconds=float(hard))
+    except DatabaseError as exc:
+        # The claim could not be written (PostgreSQL down past the runner's wait): the message
+        # goes back to its queue. Acknowledged, it would be gone, and the job with it.
+        raise Reject(exc, requeue=True) from exc
 
 
 class UnknownTask(LookupError):
