@@ -4,9 +4,9 @@ A database of its own is filled with a realistic day: ``--invoices`` paid invoic
 payment email for each (sent over the last three days, a few failed or being sent), one resend
 per 20 invoices, a job per email (finished, failed or running as its email is) and a small
 unpublished backlog, dead letters (waiting and replayed, of every reason), every scheduled
-job's record, and the email breaker's state in Redis. Then gunicorn serves the application as in production (one sync
-worker, ``DJANGO_DEBUG=0``) and a staff user of the "viewers" group GETs the dashboard
-``--renders`` times (after ``--warmup`` unmeasured ones).
+job's record, and the email breaker's state in Redis. Then gunicorn serves the application as
+in production (one sync worker, ``DJANGO_DEBUG=0``) and a staff user of the "viewers" group GETs
+the dashboard ``--renders`` times (after ``--warmup`` unmeasured ones).
 
 Reported: the whole request (loopback HTTP, session, the probes, the template) and the probes
 alone, as the page itself reports them (per probe and in all): median, p95 and max, in ms.
