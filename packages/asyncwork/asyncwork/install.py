@@ -20,7 +20,7 @@ from typing import Any
 from celery import Celery, shared_task
 from celery import Task as CeleryTask
 from celery.app.defaults import DEFAULTS
-from celery.exceptions import Reject
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from celery.signals import task_unknown
 from django.db import DatabaseError, connection
 
@@ -94,7 +94,7 @@ UNLIMITED_LEASE_SECONDS = 3600.0
 
 class Runner(CeleryTask):
     """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
-    it is killed or the database refused its claim; it raises nothing else, every outcome being on
+    it is killed or its claim could not be written; it raises nothing else, every outcome being on
     the job's row."""
 
     acks_late = True
@@ -111,9 +111,10 @@ def run(self: Runner, job_id: int) -> str:
     hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
     try:
         return job_run(job_id, lease_seconds=float(hard))
-    except DatabaseError as exc:
-        # The claim could not be written (PostgreSQL down past the runner's wait): the message
-        # goes back to its queue. Acknowledged, it would be gone, and the job with it.
+    except (DatabaseError, SoftTimeLimitExceeded) as exc:
+        # The claim could not be written: PostgreSQL down past the runner's wait, or out of
+        # reach until the run's soft time limit. The message goes back to its queue:
+        # acknowledged, it would be gone, and the job, READY and marked published, with it.
         raise Reject(exc, requeue=True) from exc
 
 
