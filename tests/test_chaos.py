@@ -85,6 +85,14 @@ def test_short_chaos_run_loses_nothing_and_its_control_arm_does(
     assert safe["broker"] == broker
     assert {f["kind"] for f in safe["faults"]} == {"worker_kill", "broker_stall", restart}
     assert results["every_fault_recovered"], output
+    # The workers' poll did the repairs: the killed worker's job given back, and on Redis the
+    # restart seen and what it dropped published again.
+    nets = results["safety_net_actions"]
+    assert nets["rescued"].get("jobs", 0) >= 1, output
+    if broker == "redis":
+        (dropped,) = [f["queued_messages_dropped"] for f in safe["faults"] if f["kind"] == restart]
+        assert nets["broker_losses"] >= 1, output
+        assert nets["republished"] >= (1 if dropped else 0), output
     assert safe["load"]["duplicate_share"] >= 0.3
     assert safe["load"]["senders"] >= 16
     assert safe["passed"], output
