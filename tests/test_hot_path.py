@@ -96,7 +96,7 @@ def test_the_hot_path_crosses_at_most_ten_modules_each_by_a_crossing_one_can_fol
             elif how.startswith("the job's task"):
                 # ``source`` finds the task by the module path the job row holds: the function,
                 # a ``@task`` of ``file``, is that path.
-                assert "asyncwork.backend.task_for" in imports(source), source
+                assert "asyncwork.tasks.task_for" in imports(source), source
                 for name in names:
                     assert f"@task(**_EMAIL)\ndef {name}(" in (ROOT / file).read_text(), name
             else:
@@ -114,6 +114,6 @@ def test_the_one_name_on_the_wire_is_declared_once_and_no_task_is_named_by_a_str
         if "migrations" not in path.parts
     }
     assert [path for path, text in sources.items() if '"asyncwork.run"' in text] == [
-        "packages/asyncwork/asyncwork/backend.py"
+        "packages/asyncwork/asyncwork/tasks.py"
     ]
     assert [path for path, text in sources.items() if '"invoicing.tasks.' in text] == []
