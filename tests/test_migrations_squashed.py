@@ -40,6 +40,7 @@ AFTER = {
     ("invoicing", "0006_invoice_provider_customer_id"),
     ("invoicing", "0007_email_delivery_recipient_and_bounce"),
     ("invoicing", "0008_email_delivery_provider_message_id"),
+    ("invoicing", "0009_email_jobs_named_by_module_path"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),
     ("webhooks", "0008_events_cursor_span"),
