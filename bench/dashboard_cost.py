@@ -2,11 +2,11 @@
 
 A database of its own is filled with a realistic day: ``--invoices`` paid invoices (10,000), a
 payment email for each (sent over the last three days, a few failed or being sent), one resend
-per 20 invoices, a published outbox row per email job and a small unpublished backlog, dead
-letters (waiting and replayed, of every reason), every scheduled job's record, and the email
-breaker's state in Redis. Then gunicorn serves the application as in production (one sync
-worker, ``DJANGO_DEBUG=0``) and a staff user of the "viewers" group GETs the dashboard
-``--renders`` times (after ``--warmup`` unmeasured ones).
+per 20 invoices, a job per email (finished, failed or running as its email is) and a small
+unpublished backlog, dead letters (waiting and replayed, of every reason), every scheduled
+job's record, and the email breaker's state in Redis. Then gunicorn serves the application as
+in production (one sync worker, ``DJANGO_DEBUG=0``) and a staff user of the "viewers" group GETs
+the dashboard ``--renders`` times (after ``--warmup`` unmeasured ones).
 
 Reported: the whole request (loopback HTTP, session, the probes, the template) and the probes
 alone, as the page itself reports them (per probe and in all): median, p95 and max, in ms.
@@ -63,9 +63,10 @@ def fill(invoices: int) -> dict[str, int]:
     from django.utils import timezone
 
     from asyncwork.contrib.periodic.jobs import jobs_declared
-    from asyncwork.models import DeadLetter, OutboxMessage, ScheduledJob
+    from asyncwork.models import DeadLetter, Job, ScheduledJob
+    from invoicing.delivery import email_breaker
     from invoicing.models import EmailDelivery, Invoice
-    from invoicing.services import email_breaker
+    from invoicing.tasks import send_invoice_email
 
     now = timezone.now()
     Invoice.objects.bulk_create(
@@ -122,27 +123,29 @@ def fill(invoices: int) -> dict[str, int]:
         ),
         batch_size=2000,
     )
-    OutboxMessage.objects.bulk_create(
+    task = send_invoice_email.module_path
+    job_status = {"sent": "SUCCESSFUL", "failed": "FAILED", "sending": "RUNNING"}
+    Job.objects.bulk_create(
         (
-            OutboxMessage(
-                task="invoicing.send_invoice_email",
+            Job(
+                task=task,
                 args=[pk],
                 queue="email",
+                status=job_status[state(n)],
                 published_at=now,
                 publish_attempts=1,
+                attempts=1,
+                finished_at=None if state(n) == "sending" else now,
             )
-            for pk in ids
+            for n, pk in enumerate(ids)
         ),
         batch_size=2000,
     )
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(task="invoicing.send_invoice_email", args=[pk], queue="email")
-        for pk in ids[:25]
-    )
+    Job.objects.bulk_create(Job(task=task, args=[pk], queue="email") for pk in ids[:25])
     reasons = [r.value for r in DeadLetter.Reason]
     DeadLetter.objects.bulk_create(
         DeadLetter(
-            task="invoicing.send_invoice_email",
+            task=task,
             task_id=f"bench-{n}",
             args=[pk],
             queue="email",
@@ -175,7 +178,7 @@ def fill(invoices: int) -> dict[str, int]:
     return {
         "invoices": len(ids),
         "email_deliveries": EmailDelivery.objects.count(),
-        "outbox_messages": OutboxMessage.objects.count(),
+        "outbox_messages": Job.objects.count(),
         "dead_letters": DeadLetter.objects.count(),
         "waiting": DeadLetter.objects.filter(replayed_at__isnull=True).count(),
     }

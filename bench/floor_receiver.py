@@ -5,13 +5,13 @@ bench.floor_receiver``); never imported by the application.
 
 Per request: verify the ``v1`` HMAC (constant time, timestamp within tolerance), parse the
 JSON, run ONE transaction of one statement (insert-or-skip the event; upsert the invoice
-without moving it backwards; insert the outbox row when the invoice becomes paid), commit,
+without moving it backwards; insert the job row when the invoice becomes paid), commit,
 publish the invoice id to the broker through one prebuilt message and one producer per process,
 answer 200. On Redis the producer's channel is the one the workers use (``asyncwork.broker``):
 kombu's own builds a new Redis client for every command it sends, a cost no design has to
 pay. No backpressure, no logging, no metrics, no field checks: what it skips is what the
-application pays for on top of the floor. The outbox row is written published, as the publish
-follows at once: no mark, and nothing that reads the outbox in the same database (the
+application pays for on top of the floor. The job row is written published, as the publish
+follows at once: no mark, and nothing that reads the job rows in the same database (the
 application's backpressure, probes and relay) takes the floor's rows for a backlog.
 """
 
@@ -34,8 +34,8 @@ FLOOR_QUEUE = "email"
 TOLERANCE = 300
 
 # One statement, one round trip, one transaction (autocommit). The invoice is upserted only if
-# the event was new and never moved backwards (an older event changes nothing); the outbox row
-# is written, published, when this statement made the invoice paid.
+# the event was new and never moved backwards (an older event changes nothing); the job row
+# (asyncwork's outbox) is written, published, when this statement made the invoice paid.
 _STATEMENT = """
 WITH event AS (
     INSERT INTO webhooks_webhookevent
@@ -61,11 +61,11 @@ WITH event AS (
         WHERE i.provider_updated_at <= EXCLUDED.provider_updated_at
     RETURNING id, status
 ), outbox AS (
-    INSERT INTO asyncwork_outboxmessage
-        (task, args, kwargs, queue, created_at, published_at, publish_attempts, last_error,
-         task_id, headers)
-    SELECT %(task)s, jsonb_build_array(invoice.id), '{}', %(queue)s, now(), now(), 1, '', '',
-           '{}'
+    INSERT INTO asyncwork_job
+        (task, args, kwargs, queue, backend, status, created_at, published_at,
+         publish_attempts, last_error, owner, attempts, worker_ids, errors)
+    SELECT %(task)s, jsonb_build_array(invoice.id), '{}', %(queue)s, 'default', 'READY',
+           now(), now(), 1, '', '', 0, '[]', '[]'
     FROM invoice
     WHERE invoice.status = 'paid'
       AND coalesce((SELECT status FROM before), '') <> 'paid'

@@ -29,9 +29,10 @@ WITH invoice AS (
     SELECT id, provider_invoice_id, customer_email FROM invoicing_invoice WHERE id = %(id)s
 ), claim AS (
     INSERT INTO invoicing_emaildelivery
-        (key, invoice_id, state, attempts, claimed_by, message_id, recipient, last_error,
-         requested_by, created_at, updated_at)
-    SELECT 'invoice_email_sent:' || id, id, 'sending', 1, %(owner)s, '', '', '', '', now(), now()
+        (key, invoice_id, state, attempts, claimed_by, message_id, provider_message_id,
+         recipient, last_error, requested_by, created_at, updated_at)
+    SELECT 'invoice_email_sent:' || id, id, 'sending', 1, %(owner)s, '', '', '', '', '', now(),
+           now()
     FROM invoice
     ON CONFLICT (key) DO NOTHING
     RETURNING id

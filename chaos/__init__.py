@@ -10,6 +10,7 @@ delays and refuses throughout, ``chaos.config.smtp_faults``), waits for quiescen
 what the customers got against what the provider paid (``chaos.report``).
 
 Two arms: ``safe`` runs the application as configured; ``control`` turns its at-least-once
-machinery off (``chaos.unsafe_settings``, no recovery or reconcile job) and must show a loss,
-which is what proves the suite can see one.
+machinery off (early acknowledgement, ``chaos.unsafe_settings``; workers whose poll only
+relays, with no rescue nor republish of what the broker lost, ``chaos.unsafe_celery``) and
+must show a loss, which is what proves the suite can see one.
 """

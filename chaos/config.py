@@ -2,10 +2,11 @@
 environment for a chaos run.
 
 Timing is scaled down so a run takes minutes (chaos/settings.py), keeping the relations
-core/settings.py names (visibility > longest countdown + task time limit; lease > task time
-limit), and the beat intervals are shortened in the chaos database after
-``setup_periodic_tasks`` (data, not code): the outbox relay and the rescue by heartbeat every
-5 s, claim recovery every 10 s, reconcile every 15 s.
+core/settings.py names (visibility > the tasks' hard time limits; claim lease > the email task's
+hard limit), and the beat's one frequent job, the dead-letter alert, runs every 5 s in the chaos
+database after ``setup_periodic_tasks`` (data, not code), so that the beats have dispatches to
+compare across hosts. The safety nets are the workers' own (each worker's poll: relay, rescue,
+republish of what the broker lost): no periodic task holds any of them.
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ CONTROL = "control"
 # Scaled-down timing, the same in both arms: Django settings (chaos/settings.py)...
 TIMING = {
     "CELERY_VISIBILITY_TIMEOUT": 30,
-    "EMAIL_CLAIM_LEASE_SECONDS": 15,
-    "EMAIL_TASK_TIME_LIMIT": 10,
+    "EMAIL_CLAIM_LEASE_SECONDS": 30,
+    # The email task's soft limit; a run is killed 15 s later (asyncwork.backend's
+    # TIME_LIMIT_GRACE), which is its hard limit.
     "EMAIL_TASK_SOFT_TIME_LIMIT": 8,
+    "EMAIL_TASK_TIME_LIMIT": 23,
     "CELERY_TASK_TIME_LIMIT": 20,
     "CELERY_TASK_SOFT_TIME_LIMIT": 15,
-    "RECONCILE_QUIET_SECONDS": 40,
 }
+# A running job's lease: its hard time limit plus asyncwork.runner's LEASE_MARGIN_SECONDS (30).
+# The rescue by lease takes back a job whose owner's heartbeat it could not judge after this.
+JOB_LEASE_SECONDS = TIMING["EMAIL_TASK_TIME_LIMIT"] + 30
 # ...the machinery's (ASYNCWORK)...
 TIMING_ASYNCWORK = {"OUTBOX_RELAY_GRACE_SECONDS": 2}
 # ...and operator settings (the environment).
@@ -55,15 +60,8 @@ TIMING_ENV = {
 # kombu's restore sweep for unacknowledged messages (core.settings, not configurable).
 RESTORE_INTERVAL = 10
 
-# Beat intervals (seconds) written into the chaos database; the control arm disables the three
-# safety nets (the rescue by heartbeat keeps its period of 2 s).
-INTERVALS = {
-    "outbox-relay": 5,
-    "workers-rescue": 2,
-    "email-claims-recover": 10,
-    "email-reconcile": 15,
-}
-SAFETY_NETS = ("workers-rescue", "email-claims-recover", "email-reconcile")
+# Beat intervals (seconds) written into the chaos database, the same in both arms.
+INTERVALS = {"dlq-alert": 5}
 
 
 @dataclass(frozen=True)
@@ -152,14 +150,14 @@ BROKER_STALL_ONLY = Profile(
 # Across hosts (chaos.hosts): one worker on each of three hosts, gunicorn on each of two, two
 # beats. Every partition but the beat's comes while the load runs, so that it cuts work in
 # flight: the web host's (what it commits is not published); the worker host's cut from
-# PostgreSQL, longer than the claim lease (15 s); the worker host's cut from everything,
+# PostgreSQL, longer than the claim lease (30 s); the worker host's cut from everything,
 # longer than the lease and Redis's visibility timeout (30 s); the data host's flapping. The
 # beat host's cut, after the load, lasts longer than the standby's bound (its 5 s poll, plus
 # about 20 s for PostgreSQL to drop the leader's session).
 def _hosts_steps(flap_seconds: float) -> tuple[Step, ...]:
     return (
         Step(0.04, WEB_BROKER_CUT, seconds=10),
-        Step(0.14, WORKER_DB_CUT, seconds=20),
+        Step(0.14, WORKER_DB_CUT, seconds=35),
         Step(0.33, WORKER_HOST_CUT, seconds=40),
         Step(0.7, DATA_FLAP, seconds=flap_seconds),
         Step(1.0, BEAT_HOST_CUT, seconds=35),
@@ -247,3 +245,9 @@ def smtp_faults() -> Faults:
 
 def worker_settings(arm: str) -> str:
     return "chaos.settings" if arm == SAFE else "chaos.unsafe_settings"
+
+
+def worker_app(arm: str) -> str:
+    """The workers' Celery app: the project's, or in the control arm one whose poll only relays
+    (``chaos.unsafe_celery``)."""
+    return "core" if arm == SAFE else "chaos.unsafe_celery"

@@ -11,9 +11,10 @@ ids the report needs to measure recovery afterwards from the database and the SM
   sessions close: those whose message was committed and whose reply was never read (with a
   kept connection, that may be a message accepted just before the kill, no longer inside
   DATA), less those already marked sent.
-* ``relay_kill``: stalls the broker briefly so the on-commit publishes fail and leave outbox
-  rows, runs the real relay (``chaos.relay_probe``), and SIGKILLs it once it has published
-  messages whose rows it has not marked; checks that the rows were left unmarked.
+* ``relay_kill``: stalls the broker briefly so the on-commit publishes fail and leave jobs
+  unpublished, runs the real relay (``asyncwork.outbox.relay``, what every worker's poll runs,
+  in ``chaos.relay_probe``), and SIGKILLs it once it has published messages whose rows it has
+  not marked; checks that the rows were left unmarked.
 * ``broker_stall``: ``CLIENT PAUSE <ms> ALL`` on the suite's Redis; on RabbitMQ the node is
   stopped (SIGSTOP) for as long, then resumed.
 * ``redis_restart``: ``SHUTDOWN NOSAVE`` (every queued and unacknowledged message is gone;
@@ -37,12 +38,14 @@ from typing import Any
 from chaos.load import Sender
 from chaos.observe import (
     DEFAULT_QUEUE,
+    DEFAULT_RECOVERY_QUEUE,
     EMAIL_QUEUE,
     EMAIL_RECOVERY_QUEUE,
     Broker,
     Db,
     RabbitBroker,
     pending_invoices,
+    unpublished_jobs,
 )
 from chaos.stack import Stack, WorkerPool, tcp_ports
 from stack.net import wait_until
@@ -184,9 +187,7 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
             raise RuntimeError("the relay probe did not start")
         ctx.stack.broker_pause(RELAY_STALL_SECONDS)
         time.sleep(RELAY_STALL_SECONDS + 0.1)
-        unpublished_before = ctx.db.value(
-            "SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL"
-        )
+        unpublished_before = len(unpublished_jobs(ctx.db))
         probe.stdin.write("go\n")
         probe.stdin.flush()
         deadline = time.monotonic() + 60
@@ -196,7 +197,7 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
             except queue.Empty:
                 outcome = "timed out"
                 break
-            if line.startswith("published outbox-"):
+            if line.startswith("published job-"):
                 published.append(int(line.rpartition("-")[2]))
             elif line == "frozen":
                 probe.kill()  # SIGKILL of its process group
@@ -214,8 +215,10 @@ def relay_kill(ctx: Context, step: Step) -> dict[str, Any]:
         time.sleep(0.5)  # PostgreSQL rolls the dead session's transaction back
         # Rows the probe published are locked by it until it dies, so a mark on one of them is
         # another relay's, after the kill; no mark (or that one) proves the kill came between.
+        # (A job run from the probe's message meanwhile keeps no mark: its claim waited for the
+        # probe's lock, and a job that ran is not published again.)
         rows = ctx.db.rows(
-            "SELECT id FROM asyncwork_outboxmessage WHERE id = ANY(%s) "
+            "SELECT id FROM asyncwork_job WHERE id = ANY(%s) "
             "AND (published_at IS NULL OR published_at > to_timestamp(%s))",
             [published, killed_at],
         )
@@ -238,12 +241,11 @@ def broker_stall(ctx: Context, step: Step) -> dict[str, Any]:
     while not ctx.stack.broker_answers():
         time.sleep(0.05)
     ended = time.time()
-    rows = ctx.db.rows("SELECT id FROM asyncwork_outboxmessage WHERE published_at IS NULL")
     return {
         "at": started,
         "ended": ended,
         "seconds": round(ended - started, 2),
-        "unpublished_at_end": [r[0] for r in rows or []],
+        "unpublished_at_end": unpublished_jobs(ctx.db),
     }
 
 
@@ -253,7 +255,10 @@ def redis_restart(ctx: Context, step: Step) -> dict[str, Any]:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (ctx.broker.depth(EMAIL_QUEUE) or 0) < 5:
         time.sleep(0.2)
-    queued = ctx.broker.depths(EMAIL_RECOVERY_QUEUE, EMAIL_QUEUE, DEFAULT_QUEUE) or 0
+    queued = (
+        ctx.broker.depths(EMAIL_RECOVERY_QUEUE, EMAIL_QUEUE, DEFAULT_RECOVERY_QUEUE, DEFAULT_QUEUE)
+        or 0
+    )
     unacked = ctx.broker.unacked()
     pending = pending_invoices(ctx.db)
     started = time.time()

@@ -28,15 +28,16 @@ The faults, each a partition (a silent drop, as ``stack.netns`` makes it):
 * ``worker_db_cut``: a worker host mid-SMTP cut off from PostgreSQL alone (Redis and the SMTP
   server still reachable), for longer than the lease.
 * ``web_broker_cut``: a web host cut off from the broker (Redis, or the RabbitMQ node) while
-  the load runs: what it commits cannot be published; the rows unpublished at the heal must
-  be published by the relay. (Every cut "from the broker" is from the broker's address.)
+  the load runs: what it commits cannot be published; the jobs unpublished at the heal must
+  be published by the workers' relay and run. (Every cut "from the broker" is from the
+  broker's address.)
 * ``beat_host_cut``: the leading beat's host (the one holding the ``beat-leader`` lock's
   session) cut off from everything; the standby must take over, and the old leader must
   dispatch nothing after the heal. Read from the beats' logs (they log at INFO here).
 * ``data_flap``: the data host's link down 2 s, up 3 s, in a loop.
 
 Every record says when the fault started and ended, and what the report needs to measure
-its recovery (the invoices pending at its start, the outbox rows unpublished at its end).
+its recovery (the invoices pending at its start, the jobs unpublished at its end).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from chaos.faults import (
     Context,
     Step,
 )
-from chaos.observe import Db, pending_invoices
+from chaos.observe import Db, pending_invoices, unpublished_jobs
 from chaos.stack import (
     DATA_HOST,
     POSTGRES_SERVICE,
@@ -170,8 +171,7 @@ def _accepted_from(ctx: Context, address: str, since: float, until: float) -> li
 
 
 def _unpublished(ctx: Context) -> list[int]:
-    rows = ctx.db.rows("SELECT id FROM asyncwork_outboxmessage WHERE published_at IS NULL")
-    return [r[0] for r in rows or []]
+    return unpublished_jobs(ctx.db)
 
 
 _CLAIMS_SQL = """

@@ -24,10 +24,14 @@ import amqp
 import psycopg
 import redis
 
+# The email task's module path: what its job rows and dead letters name.
+EMAIL_TASK = "invoicing.tasks.send_invoice_email"
 EMAIL_QUEUE = "email"
-# The emails the safety nets enqueue again wait here, ahead of EMAIL_QUEUE.
+# A job published again (a retry, a rescued run, one the relay sent late) waits here on Redis,
+# ahead of its queue (asyncwork.queues); on RabbitMQ it goes to the queue itself.
 EMAIL_RECOVERY_QUEUE = "email-recovery"
 DEFAULT_QUEUE = "default"
+DEFAULT_RECOVERY_QUEUE = "default-recovery"
 # kombu's Redis transport keeps priority n>0 of queue q in "q\x06\x16n" (Channel._q_for_pri).
 _PRIORITY_STEPS = (0, 3, 6, 9)
 
@@ -148,21 +152,29 @@ class RabbitBroker:
 
 
 # Paid invoices without a sent email and without a dead letter: the email backlog.
-PENDING_SQL = """
+PENDING_SQL = f"""
 SELECT i.id FROM invoicing_invoice i
 WHERE i.status = 'paid'
   AND NOT EXISTS (SELECT 1 FROM invoicing_emaildelivery d
                   WHERE d.invoice_id = i.id AND d.state = 'sent')
   AND NOT EXISTS (SELECT 1 FROM asyncwork_deadletter l
-                  WHERE l.task = 'invoicing.send_invoice_email'
+                  WHERE l.task = '{EMAIL_TASK}'
                     AND l.args = jsonb_build_array(i.id))
-"""
+"""  # noqa: S608 - no input: a constant of this module
+
+# Jobs waiting to be published: READY, never published or published no more (a retry, a
+# rescued run), whether due now or later.
+UNPUBLISHED_SQL = (
+    "SELECT id FROM asyncwork_job WHERE status = 'READY' AND published_at IS NULL ORDER BY id"
+)
 
 _SAMPLE_SQL = """
 SELECT (SELECT count(*) FROM invoicing_invoice WHERE status = 'paid'),
        (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
        (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sending'),
-       (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NULL),
+       (SELECT count(*) FROM asyncwork_job WHERE status = 'READY' AND published_at IS NULL
+          AND (due_at IS NULL OR due_at <= now())),
+       (SELECT count(*) FROM asyncwork_job WHERE status = 'RUNNING'),
        (SELECT count(*) FROM asyncwork_deadletter)
 """
 
@@ -199,13 +211,14 @@ class Timeline:
     def sample(self) -> dict[str, Any]:
         s = self.sources
         row = s.db.rows(_SAMPLE_SQL)
-        paid, sent, sending, unpublished, dead = row[0] if row else (None,) * 5
+        paid, sent, sending, unpublished, running, dead = row[0] if row else (None,) * 6
         return {
             "at": time.time(),
             "paid": paid,
             "sent": sent,
             "sending": sending,
-            "outbox_unpublished": unpublished,
+            "jobs_due_unpublished": unpublished,
+            "jobs_running": running,
             "dead_letters": dead,
             "email_queue": s.broker.depths(EMAIL_RECOVERY_QUEUE, EMAIL_QUEUE),
             "unacked": s.broker.unacked(),
@@ -223,6 +236,12 @@ def pending_invoices(db: Db) -> list[int] | None:
     return None if rows is None else [r[0] for r in rows]
 
 
+def unpublished_jobs(db: Db) -> list[int]:
+    """The jobs waiting to be published now (``UNPUBLISHED_SQL``); none if the database is
+    down."""
+    return [r[0] for r in db.rows(UNPUBLISHED_SQL) or []]
+
+
 @dataclass(frozen=True)
 class Facts:
     """The database's account of the run, read once the system is quiet."""
@@ -230,8 +249,10 @@ class Facts:
     invoices: dict[int, tuple[str, str]]  # pk -> (provider invoice id, status)
     deliveries: dict[int, dict[str, Any]]  # invoice pk -> its email's key row
     dead_letters: list[dict[str, Any]]
-    email_jobs_per_invoice: dict[int, int]  # outbox rows enqueuing the email, per invoice pk
-    published_at: dict[int, float | None]  # outbox row id -> when it was published
+    email_jobs_per_invoice: dict[int, int]  # email jobs enqueued, per invoice pk
+    # job id -> when it finished (successful or failed; None: not yet), for the jobs a fault
+    # left unpublished
+    finished_at: dict[int, float | None]
     jobs: list[dict[str, Any]]
 
 
@@ -239,7 +260,7 @@ def _epoch(value: Any) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def facts_collect(db: Db, *, outbox_ids: list[int]) -> Facts:
+def facts_collect(db: Db, *, job_ids: list[int]) -> Facts:
     def rows(sql: str, params: Sequence[Any] = ()) -> list[Any]:
         found = db.rows(sql, params)
         if found is None:
@@ -268,7 +289,7 @@ def facts_collect(db: Db, *, outbox_ids: list[int]) -> Facts:
         {
             "id": pk,
             "task": task,
-            "invoice_pk": args[0] if task == "invoicing.send_invoice_email" and args else None,
+            "invoice_pk": args[0] if task == EMAIL_TASK and args else None,
             "reason": reason,
             "exception": message[:300],
             "attempts": attempts,
@@ -283,23 +304,23 @@ def facts_collect(db: Db, *, outbox_ids: list[int]) -> Facts:
     email_jobs = {
         int(invoice_pk): count
         for invoice_pk, count in rows(
-            "SELECT args->>0, count(*) FROM asyncwork_outboxmessage "
-            "WHERE task = 'invoicing.send_invoice_email' GROUP BY 1"
+            "SELECT args->>0, count(*) FROM asyncwork_job WHERE task = %s GROUP BY 1", [EMAIL_TASK]
         )
     }
-    published_at = {
+    finished_at = {
         pk: _epoch(at)
         for pk, at in rows(
-            "SELECT id, published_at FROM asyncwork_outboxmessage WHERE id = ANY(%s)", [outbox_ids]
+            "SELECT id, finished_at FROM asyncwork_job WHERE id = ANY(%s)", [job_ids]
         )
     }
+
     jobs = [
         {"name": name, "runs": runs, "skips": skips, "last_error": last_error[:300]}
         for name, runs, skips, last_error in rows(
             "SELECT name, runs, skips, last_error FROM asyncwork_scheduledjob ORDER BY name"
         )
     ]
-    return Facts(invoices, deliveries, dead_letters, email_jobs, published_at, jobs)
+    return Facts(invoices, deliveries, dead_letters, email_jobs, finished_at, jobs)
 
 
 # Celery's warning when a worker that lost its broker connection terminates a running
@@ -349,38 +370,40 @@ def worker_outcomes(log_dir: Path) -> dict[str, list[float]]:
     }
 
 
-# What the safety nets log when they act (asyncwork.contrib.periodic.jobs, asyncwork.rescue,
-# asyncwork.contrib.periodic.jobs'
-# jobs_recover), in the text format.
-_JOB_RAN = re.compile(r" job (\S+) ran: (\d+)\b")
+# What the safety nets log when they act, in the text format: each worker's poll relays
+# (asyncwork.outbox), rescues (asyncwork.rescue) and publishes again what the broker lost
+# (asyncwork.recovery).
+_RELAYED = re.compile(r" relay published (\d+) job\(s\)")
 _RESCUED = re.compile(r" rescue (\S+): (\d+) ")
-_RECOVERY = re.compile(r" recovery: (\S+); dispatched the recovery jobs now")
+_REPUBLISHED = re.compile(r" the broker lost its messages: (\d+) job\(s\)")
 
 
 @dataclass(frozen=True)
 class NetActions:
     """What the safety nets did during an arm, from the processes' logs."""
 
-    job_results: dict[str, int]  # scheduled job -> the sum of the counts its runs returned
-    rescued: dict[str, int]  # rescue of workers-rescue -> claims or jobs released
-    recovery_dispatches: dict[str, int]  # reason -> times the beat leader dispatched them
+    relayed: int  # jobs the relay published: come due (a retry, a rescued run), or left behind
+    rescued: dict[str, int]  # rescue -> jobs (or an app's claims) of dead workers given back
+    broker_losses: int  # times a worker saw the broker lose its messages (restart, flush)
+    republished: int  # jobs those workers published again then
 
 
 def net_actions(log_dir: Path) -> NetActions:
     """Sum, over every process's log in ``log_dir``, the counts the safety nets log."""
-    enqueued: dict[str, int] = {}
+    relayed = 0
     rescued: dict[str, int] = {}
-    dispatches: dict[str, int] = {}
+    losses = republished = 0
     for log in sorted(log_dir.glob("*.log")):
         text = log.read_text(errors="replace")
-        for name, count in _JOB_RAN.findall(text):
-            enqueued[name] = enqueued.get(name, 0) + int(count)
+        relayed += sum(int(count) for count in _RELAYED.findall(text))
         for name, count in _RESCUED.findall(text):
             rescued[name] = rescued.get(name, 0) + int(count)
-        for reason in _RECOVERY.findall(text):
-            dispatches[reason] = dispatches.get(reason, 0) + 1
+        counts = _REPUBLISHED.findall(text)
+        losses += len(counts)
+        republished += sum(int(count) for count in counts)
     return NetActions(
-        job_results=dict(sorted(enqueued.items())),
+        relayed=relayed,
         rescued=dict(sorted(rescued.items())),
-        recovery_dispatches=dict(sorted(dispatches.items())),
+        broker_losses=losses,
+        republished=republished,
     )

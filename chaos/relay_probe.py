@@ -1,17 +1,18 @@
-"""The application's own outbox relay (``manage.py outbox relay --grace 0``), frozen right
-after it has published its ``--freeze-after``-th message, so the orchestrator can SIGKILL it
-*between publishing and marking published*.
+"""The machinery's relay (``asyncwork.outbox.relay``, what every worker's poll runs each
+second), run once with no grace period and frozen right after it has published its
+``--freeze-after``-th job, so the orchestrator can SIGKILL it *between publishing and marking
+published*.
 
-The relay publishes a batch of rows inside one transaction and marks them published at the
-end of it; this process reports each row published (once the outbox's send of it returned:
-the broker took the message) on stdout and, at the chosen one, stops where it is, the
-transaction still open, until it is killed. Nothing in the relay's code is changed: the probe
-only observes each send and holds the process at the point where the crash is injected. (A
-row is named by its id, not by its message's task id: a retry's row keeps its job's task id.)
+The relay publishes a batch of rows inside one transaction, holding them ``FOR UPDATE``, and
+marks them published at the end of it; this process reports each job published (once the
+outbox's send of it returned: the broker took the message) on stdout and, at the chosen one,
+stops where it is, the transaction still open, until it is killed. Nothing in the relay's code
+is changed: the probe only observes each send and holds the process at the point where the
+crash is injected.
 
 Protocol on stdout: ``ready`` once Django is set up; then, after a line on stdin, one
-``published outbox-<row id>`` per row, then ``frozen`` (waiting to be killed) or ``finished``
-(it ran out of rows first).
+``published job-<id>`` per job, then ``frozen`` (waiting to be killed) or ``finished`` (it ran
+out of rows first).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 
@@ -32,19 +34,17 @@ def main() -> None:
     import django
 
     django.setup()
-    from django.core.management import call_command
-
     from asyncwork import outbox
 
     published = 0
     send = outbox._send
 
-    def observed(message: Any) -> Exception | None:
+    def observed(job: Any, *, queue: str) -> Exception | None:
         nonlocal published
-        error = send(message)
+        error = send(job, queue=queue)
         if error is None:
             published += 1
-            print(f"published outbox-{message.pk}", flush=True)
+            print(f"published {outbox.message_id(job.pk)}", flush=True)
             if published >= freeze_after:
                 print("frozen", flush=True)
                 while True:  # the transaction stays open until SIGKILL
@@ -54,7 +54,7 @@ def main() -> None:
     outbox._send = observed
     print("ready", flush=True)
     sys.stdin.readline()
-    call_command("outbox", "relay", "--grace", "0")
+    outbox.relay(grace=timedelta(0))
     print("finished", flush=True)
 
 

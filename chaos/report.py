@@ -64,10 +64,12 @@ DEFINITIONS = {
     "SMTP server refuses with 550, with the refusal in the exception",
     "recovery.worker_kill": "seconds from the SIGKILL until the email of every invoice whose "
     "send the kill cut is marked sent (or dead-lettered) in the database",
-    "recovery.relay_kill": "seconds from the SIGKILL until every row the killed relay had "
-    "published but not marked is marked published by another relay",
-    "recovery.broker_stall": "seconds from the end of the stall until every outbox row "
-    "unpublished at that moment is published",
+    "recovery.relay_kill": "seconds from the SIGKILL until every job the killed relay had "
+    "published but not marked has run to its end (successful or failed), from its message or "
+    "from the workers' relay publishing it again",
+    "recovery.broker_stall": "seconds from the end of the stall until every job waiting to be "
+    "published at that moment (its publish at commit failed, or a retry waits) has run to its "
+    "end (successful or failed)",
     "recovery.redis_restart": "seconds from Redis answering again until every invoice that was "
     "paid and had no email (nor dead letter) when Redis went down has one",
     "recovery.rabbitmq_restart": "seconds from the RabbitMQ node taking connections again until "
@@ -78,8 +80,8 @@ DEFINITIONS = {
     "host) until every invoice paid and without its email at the cut has one (or a dead "
     "letter): the other hosts recover it while the host is still cut",
     "recovery.worker_db_cut": "as worker_host_cut, the host cut off from PostgreSQL alone",
-    "recovery.web_broker_cut": "seconds from the heal until every outbox row unpublished at "
-    "that moment is published",
+    "recovery.web_broker_cut": "seconds from the heal until every job waiting to be published "
+    "at that moment has run to its end (successful or failed)",
     "recovery.beat_host_cut": "seconds from the cut until PostgreSQL shows the standby beat "
     "holding the leader lock (polled every 0.5 s during the cut)",
     "recovery.data_flap": "seconds from the flapping's end until every invoice pending at its "
@@ -111,11 +113,14 @@ DEFINITIONS = {
     "recovery_over_bound": "the worker kills, broker restarts and PostgreSQL restarts whose "
     "recovery took longer than recovery_bound_seconds (the profile's; null: no bound), or never "
     "came (seconds null): each misses the goal recovery_within_<bound>_s",
-    "safety_net_actions": "from the processes' logs: what the scheduled jobs email-claims-"
-    "recover (the lease-expiry recovery) and email-reconcile (periodic and on recovery) "
-    "re-enqueued, what each rescue of workers-rescue released (email-claims: claims of a "
-    "worker whose heartbeat lapsed; held-jobs: the jobs its consumer held), the beat leader's "
-    "recovery dispatches by reason",
+    "safety_net_actions": "from the workers' logs, what their poll did: the jobs the relay "
+    "published (come due, or left unpublished past the grace period), the jobs each rescue "
+    "gave back (jobs: running under a worker whose heartbeat lapsed or whose lease expired, "
+    "and those a dead worker's consumer held), and how often a worker saw the broker lose its "
+    "messages and how many jobs it published again then",
+    "email_jobs_enqueued_beyond_the_first": "email jobs (rows) enqueued for an invoice beyond "
+    "its first: a replay, or a second enqueue the webhook's idempotency should have prevented; "
+    "a retry or a rescue runs the same job again",
     "unexpected_process_exits": "application processes that exited without being killed or "
     "stopped by the suite; workers and beat are started again a second later, as the "
     "deployment's process manager would",
@@ -152,8 +157,8 @@ class Inputs:
     without: tuple[str, ...] = ()  # the safety nets switched off (chaos.ablation)
 
 
-def outbox_ids_of(records: list[dict[str, Any]]) -> list[int]:
-    """The outbox rows whose publication the report follows up."""
+def job_ids_of(records: list[dict[str, Any]]) -> list[int]:
+    """The jobs a fault left unpublished, which the report follows up."""
     ids: list[int] = []
     for record in records:
         ids += record.get("left_unmarked", []) + record.get("unpublished_at_end", [])
@@ -264,12 +269,10 @@ class _Analysis:
                 [self.done_at.get(pk) if pk else None for pk in pks], at
             )
         elif kind == RELAY_KILL:
-            published = self.i.facts.published_at
-            out["republished"] = sum(
-                published.get(pk) is not None for pk in record["left_unmarked"]
-            )
+            finished = self.i.facts.finished_at
+            out["done"] = sum(finished.get(pk) is not None for pk in record["left_unmarked"])
             out["recovery_seconds"] = _seconds_until_all(
-                [published.get(pk) for pk in record["left_unmarked"]], at
+                [finished.get(pk) for pk in record["left_unmarked"]], at
             )
         elif "takeover_seconds" in record:  # a beat host's cut: the standby leads
             out["recovery_seconds"] = record["takeover_seconds"]
@@ -277,7 +280,7 @@ class _Analysis:
             rows = record["unpublished_at_end"]
             out["unpublished_rows_at_end"] = len(rows)
             out["recovery_seconds"] = _seconds_until_all(
-                [self.i.facts.published_at.get(pk) for pk in rows], ended
+                [self.i.facts.finished_at.get(pk) for pk in rows], ended
             )
         elif kind in (REDIS_RESTART, RABBITMQ_RESTART, POSTGRES_RESTART) or (
             "pending_invoices" in record
@@ -558,6 +561,7 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "workers": profile.workers,
             "worker_concurrency": profile.concurrency,
             "worker_settings": config.worker_settings(inputs.arm),
+            "worker_app": config.worker_app(inputs.arm),
             "gunicorn_workers": profile.web_workers,
             "timing_env": {**config.TIMING, **config.TIMING_ENV},
             "safety_nets_off": list(inputs.without),
@@ -618,7 +622,7 @@ def summary(report: dict[str, Any]) -> str:
         f"dead letters: {letters['total']}, permanent refusals {letters['permanent_refusals']}; "
         f"all permanent refusals: {_mark(letters['all_permanent_refusals'])}; refused "
         f"recipients without one: {len(letters['refused_without_dead_letter'])}",
-        f"email jobs enqueued again (recovery, reconcile): "
+        f"email jobs enqueued beyond the first: "
         f"{r['email_jobs_enqueued_beyond_the_first']}; processes that died by themselves: "
         + (
             ", ".join(
@@ -651,7 +655,7 @@ def summary(report: dict[str, Any]) -> str:
             ),
             RELAY_KILL: lambda f: (
                 f"{f['outcome']}, {len(f['left_unmarked'])} rows left "
-                f"unmarked, {f.get('republished', 0)} republished"
+                f"unmarked, {f.get('done', 0)} of them run"
             ),
             BROKER_STALL: lambda f: (
                 f"{f['seconds']} s, {f['unpublished_rows_at_end']} rows unpublished at its end"
@@ -694,14 +698,11 @@ def net_actions_text(actions: dict[str, Any] | None) -> str:
     """What the safety nets did, in one line (``safety_net_actions``)."""
     if actions is None:
         return "not read"
-    enqueued, rescued = actions["job_results"], actions["rescued"]
-    dispatches = actions["recovery_dispatches"]
+    rescued = ", ".join(f"{name} {n}" for name, n in actions["rescued"].items()) or "nothing"
     return (
-        f"lease recovery re-enqueued {enqueued.get('email-claims-recover', 0)}; "
-        f"heartbeat rescue released {rescued.get('email-claims', 0)} claim(s) and "
-        f"{rescued.get('held-jobs', 0)} held job(s); reconcile re-enqueued "
-        f"{enqueued.get('email-reconcile', 0)}, dispatched on recovery "
-        + (", ".join(f"{reason} x {n}" for reason, n in dispatches.items()) or "never")
+        f"relay published {actions['relayed']} job(s); rescue gave back {rescued}; "
+        f"the broker lost its messages {actions['broker_losses']} time(s) as workers saw it, "
+        f"{actions['republished']} job(s) published again"
     )
 
 

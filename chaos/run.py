@@ -1,10 +1,10 @@
 """One arm of the chaos suite, end to end.
 
 1. Start the arm's own PostgreSQL and Redis (``chaos.stack``), migrate, sync the periodic
-   tasks, then shorten their intervals in the database (the control arm disables claim
-   recovery and reconcile there).
+   tasks, then shorten the dead-letter alert's interval in the database.
 2. Start the fault-injecting SMTP server, the workers (the control arm's with at-least-once
-   off: ``chaos.unsafe_settings``), beat and gunicorn.
+   off, ``chaos.unsafe_settings``, and a poll that only relays, ``chaos.unsafe_celery``), beat
+   and gunicorn.
 3. Send the load while the fault plan runs; run the plan's post-load faults.
 4. Wait for quiescence (``quiesce``), read the database's account, stop everything, and build
    the report (``chaos.report``).
@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chaos import ablation, config, hosts, report
+from chaos import config, hosts, report
 from chaos.faults import RABBITMQ_RESTART, REDIS_RESTART, Context, FaultRunner
 from chaos.load import Plan, Sender, plan_build
 from chaos.observe import (
+    EMAIL_TASK,
     Broker,
     Db,
     RabbitBroker,
@@ -41,39 +42,37 @@ from stack.net import HOST
 from stack.netns import Topology
 from stack.smtp import SmtpServer
 
-_DEAD_LETTER_INVOICES_SQL = """
+_DEAD_LETTER_INVOICES_SQL = f"""
 SELECT i.provider_invoice_id FROM asyncwork_deadletter l
 JOIN invoicing_invoice i ON l.args = jsonb_build_array(i.id)
-WHERE l.task = 'invoicing.send_invoice_email'
-"""
+WHERE l.task = '{EMAIL_TASK}'
+"""  # noqa: S608 - no input: a constant
+# The jobs' statuses (RUNNING, READY...) and how many are published: what moves while the
+# pipeline works.
 _PROGRESS_SQL = """
 SELECT (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sent'),
        (SELECT count(*) FROM invoicing_emaildelivery WHERE state = 'sending'),
-       (SELECT count(*) FROM asyncwork_outboxmessage WHERE published_at IS NOT NULL),
+       (SELECT count(*) FROM asyncwork_job WHERE published_at IS NOT NULL),
+       (SELECT jsonb_object_agg(status, n) FROM
+          (SELECT status, count(*) AS n FROM asyncwork_job GROUP BY status) AS s),
        (SELECT count(*) FROM asyncwork_deadletter),
        (SELECT array_agg(provider_invoice_id) FROM invoicing_invoice WHERE status = 'paid')
 """
 
 
-def schedules_tune(db: Db, *, arm: str, disabled: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Shorten the beat intervals (and, in the control arm, disable the safety nets; in any
-    arm, the periodic tasks ``disabled``) in the chaos database. Returns what the periodic
-    tasks look like afterwards."""
-    unknown = set(disabled) - set(config.INTERVALS)
-    if unknown:
-        raise ValueError(f"not a periodic task the suite schedules: {sorted(unknown)}")
-    off = set(disabled) | (set(config.SAFETY_NETS) if arm == config.CONTROL else set())
+def schedules_tune(db: Db) -> dict[str, Any]:
+    """Shorten the beat intervals (``config.INTERVALS``) in the chaos database. Returns what
+    the periodic tasks look like afterwards."""
     for name, every in config.INTERVALS.items():
         interval = db.value(
             "INSERT INTO django_celery_beat_intervalschedule (every, period) "
             "VALUES (%s, 'seconds') RETURNING id",
             [every],
         )
-        enabled = name not in off
         updated = db.value(
-            "UPDATE django_celery_beat_periodictask SET interval_id = %s, expire_seconds = %s, "
-            "enabled = %s WHERE name = %s RETURNING id",
-            [interval, every, enabled, name],
+            "UPDATE django_celery_beat_periodictask SET interval_id = %s, expire_seconds = %s "
+            "WHERE name = %s RETURNING id",
+            [interval, every, name],
         )
         if updated is None:
             raise RuntimeError(f"could not reschedule the periodic task {name!r}")
@@ -119,7 +118,7 @@ def quiesce(
         row = db.rows(_PROGRESS_SQL)
         dead = db.rows(_DEAD_LETTER_INVOICES_SQL)
         if row is not None and dead is not None:
-            sent, sending, published, letters, paid_ids = row[0]
+            sent, sending, published, statuses, letters, paid_ids = row[0]
             paid = set(paid_ids or []) | acked
             dead_lettered = {r[0] for r in dead}
             complete = (
@@ -127,7 +126,8 @@ def quiesce(
                 and (paid & plan.refused) <= dead_lettered
                 and sending == 0
             )
-            progress = (accepted, sent, sending, published, letters, len(paid))
+            jobs = tuple(sorted((statuses or {}).items()))
+            progress = (accepted, sent, sending, published, jobs, letters, len(paid))
             if progress != previous:
                 previous, last_change = progress, now
             complete_since = (complete_since or now) if complete else None
@@ -143,12 +143,11 @@ def quiesce(
 def idle_window(arm: str) -> float:
     """How long nothing may change before the run is declared over without every email.
 
-    Safe arm: past reconcile's quiet period plus two of its runs plus a redelivery (the
-    latest any safety net acts). Control arm: past a redelivery and two restore sweeps."""
+    Safe arm: past a running job's lease (the rescue by lease, the latest any safety net
+    acts) plus a redelivery. Control arm: past a redelivery and two restore sweeps."""
     visibility = int(config.TIMING["CELERY_VISIBILITY_TIMEOUT"])
     if arm == config.SAFE:
-        quiet = int(config.TIMING["RECONCILE_QUIET_SECONDS"])
-        return quiet + 2 * config.INTERVALS["email-reconcile"] + visibility + 10
+        return config.JOB_LEASE_SECONDS + visibility + 10
     return visibility + 2 * config.RESTORE_INTERVAL
 
 
@@ -165,8 +164,8 @@ def run_arm(
     """One arm; with ``profile.hosts``, across the hosts of ``chaos.hosts``: the topology is
     made first and removed last (also on an error or Ctrl-C), and this thread runs the arm
     from the control host (every thread and process it starts is born there). ``without``:
-    the safety nets switched off (``chaos.ablation``: their periodic tasks and environment
-    values here; their patches, if any, applied to this checkout by the caller)."""
+    the safety nets switched off (``chaos.ablation``: their patches applied to this checkout
+    by the caller), named in the report."""
     with contextlib.ExitStack() as scope:
         net = None
         if profile.hosts:
@@ -233,12 +232,13 @@ def _run_arm(
             stack.manage("migrate", "--noinput")
             stack.manage("setup_periodic_tasks")
             db = Db(stack.postgres.url("chaos"))
-            schedules = schedules_tune(db, arm=arm, disabled=ablation.jobs_off(without))
+            schedules = schedules_tune(db)
             workers = WorkerPool(
                 stack,
                 count=profile.workers,
                 concurrency=profile.concurrency,
                 settings_module=config.worker_settings(arm),
+                app=config.worker_app(arm),
                 hosts=hosts.WORKER_HOSTS[: profile.workers] if net is not None else (),
             )
             if net is None:
@@ -307,7 +307,7 @@ def _run_arm(
             )
             timeline.stop()
             exits = stack.processes.unexpected_exits()
-            facts = facts_collect(db, outbox_ids=report.outbox_ids_of(runner.records))
+            facts = facts_collect(db, job_ids=report.job_ids_of(runner.records))
             if net is not None:
                 extra = hosts.analysis(
                     net=net,

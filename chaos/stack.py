@@ -449,7 +449,7 @@ class Stack:
         )
 
     def relay_probe(self, name: str, *, freeze_after: int) -> Process:
-        """``chaos.relay_probe`` (the application's relay, frozen on its N-th publish), its
+        """``chaos.relay_probe`` (the machinery's relay, frozen on its N-th publish), its
         stdin and stdout piped to the caller."""
         return self.processes.add(
             Process(
@@ -463,15 +463,22 @@ class Stack:
         )
 
     def start_worker(
-        self, name: str, *, concurrency: int, settings_module: str, host: str | None = None
+        self,
+        name: str,
+        *,
+        concurrency: int,
+        settings_module: str,
+        app: str = "core",
+        host: str | None = None,
     ) -> Process:
-        """A supervised Celery worker (on ``host``), in a process group of its own; returns
-        once it is ready."""
+        """A supervised Celery worker of ``app`` (on ``host``), in a process group of its own;
+        returns once it is ready."""
         worker = launch.celery_worker(
             # The " ready." line is logged at INFO, and the application's logging settings
             # (not Celery's -l) decide what a worker logs.
             self.env(DJANGO_SETTINGS_MODULE=settings_module, LOG_LEVEL="INFO"),
             name=name,
+            app=app,
             concurrency=concurrency,
             log=self.log(name),
             append=True,
@@ -515,8 +522,8 @@ class Stack:
 
 
 class WorkerPool:
-    """``count`` Celery workers, each in a process group of its own, restartable by index;
-    worker ``i`` on ``hosts[i]`` when given."""
+    """``count`` Celery workers of ``app``, each in a process group of its own, restartable by
+    index; worker ``i`` on ``hosts[i]`` when given."""
 
     def __init__(
         self,
@@ -525,11 +532,13 @@ class WorkerPool:
         count: int,
         concurrency: int,
         settings_module: str,
+        app: str = "core",
         hosts: Sequence[str] = (),
     ) -> None:
         self.stack = stack
         self.concurrency = concurrency
         self.settings_module = settings_module
+        self.app = app
         self.hosts = list(hosts)
         self._workers: list[Process] = []
         self.starts = 0
@@ -549,6 +558,7 @@ class WorkerPool:
             f"worker{index + 1}-{self.starts}",
             concurrency=self.concurrency,
             settings_module=self.settings_module,
+            app=self.app,
             host=self.hosts[index] if self.hosts else None,
         )
 

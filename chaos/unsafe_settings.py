@@ -1,11 +1,12 @@
 """The control arm's worker settings: ``chaos.settings`` with at-least-once switched off.
 
 Tasks are acknowledged when a worker starts them, not when they finish, and a task whose
-worker dies is not requeued. ``ReliableTask`` sets ``acks_late`` and ``reject_on_worker_lost``
-on the class, which outranks the two global settings, so the task annotations override them
-on every task as well. With the recovery and reconcile jobs disabled in the control arm's
-database (``chaos.run``), a killed worker's task and every message a Redis restart drops are
-gone: the suite must see those losses, or it could not see one in the safe arm either.
+worker dies is not requeued. The machinery's runner (``asyncwork.run``) sets ``acks_late`` and
+``reject_on_worker_lost`` on its class, which outranks the two global settings, so the task
+annotations override them on every task as well. With the workers' rescue and their republish
+of what the broker lost switched off too (``chaos.unsafe_celery``), a killed worker's job and
+every message a Redis restart drops are gone: the suite must see those losses, or it could not
+see one in the safe arm either.
 """
 
 from chaos.settings import *  # noqa: F403

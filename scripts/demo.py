@@ -4,8 +4,10 @@ Starts (through the kit, ``stack``) an SMTP sink, a Celery worker, Celery beat a
 (gunicorn, serving the static files ``collectstatic`` gathers into .demo/static) on the local
 PostgreSQL and Redis, then plays what a payment provider and an operator would.
 
-Celery beat runs the scheduled jobs (outbox relay, stale-claim recovery, reconcile, DLQ
-alert, retention) under its leader lock. Then:
+The worker alone holds the pipeline's guarantees: its poll publishes what a failed publish
+left behind and what came due (a retry), and gives back the jobs of a worker that died. Celery
+beat runs the scheduled jobs (the Stripe events reconcile, the dead-letter alert, retention)
+under its leader lock. Then:
 
 1. a paid-invoice event delivered twice (a provider retry): one invoice, one email;
 2. a paid invoice whose recipient the mail server refuses: one dead letter, with its reason;

@@ -46,6 +46,7 @@ def celery_worker(
     env: Mapping[str, str],
     *,
     name: str,
+    app: str = "core",
     concurrency: int = 1,
     pool: str | None = None,
     include: Sequence[str] = (),
@@ -55,11 +56,12 @@ def celery_worker(
     ready: Ready | None = None,
     via: Sequence[str] = (),
 ) -> Process:
-    """``celery -A core worker`` named ``<name>@<host>``, with ``concurrency`` pool processes
-    (``pool``: Celery's default, prefork, unless given), the modules in ``include`` loaded too,
-    without gossip, mingle or heartbeats (a worker here needs no other worker). Ready once it
-    logs " ready." (logged at INFO: ``loglevel`` or ``LOG_LEVEL``), unless ``ready`` says
-    otherwise. ``via`` is a command it is run through (another host: ``stack.netns``)."""
+    """``celery -A core worker`` (``app``: another Celery app's module) named ``<name>@<host>``,
+    with ``concurrency`` pool processes (``pool``: Celery's default, prefork, unless given), the
+    modules in ``include`` loaded too, without gossip, mingle or heartbeats (a worker here needs
+    no other worker). Ready once it logs " ready." (logged at INFO: ``loglevel`` or
+    ``LOG_LEVEL``), unless ``ready`` says otherwise. ``via`` is a command it is run through
+    (another host: ``stack.netns``)."""
     return Process(
         [
             *via,
@@ -67,7 +69,7 @@ def celery_worker(
             "-m",
             "celery",
             "-A",
-            "core",
+            app,
             "worker",
             "-n",
             f"{name}@%h",

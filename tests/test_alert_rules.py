@@ -34,8 +34,8 @@ from django.utils import timezone
 
 from asyncwork.deadletters import record
 from asyncwork.errors import PermanentError
-from asyncwork.models import OutboxMessage
-from invoicing.services import EMAIL_QUEUE, SEND_INVOICE_EMAIL_TASK
+from asyncwork.models import Job
+from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
 from stack import launch
 from stack.net import HOST, free_port, wait_until
 from stack.process import Process
@@ -279,14 +279,14 @@ def served(transactional_db: None, client: Client, settings: Any) -> Exported:
     finally:
         connection.close()
         connection.settings_dict["PORT"] = real_port
-    # Backpressure at one waiting outbox row: an event type nothing handles is shed.
+    # Backpressure at one job waiting to be published: an event type nothing handles is shed.
     settings.ASYNCWORK = {
         **settings.ASYNCWORK,
         "BACKPRESSURE_CHECK_SECONDS": 0,
         "BACKPRESSURE_SOFT_MARK": 1,
         "BACKPRESSURE_HARD_MARK": 1000,
     }
-    OutboxMessage.objects.create(task=SEND_INVOICE_EMAIL_TASK, args=[0], queue=EMAIL_QUEUE)
+    Job.objects.create(task=send_invoice_email.module_path, args=[0], queue=EMAIL_QUEUE)
     ignored = stripe_testing.event("customer.created", stripe_testing.customer_object())
     shed = post_event(client, stripe_testing.encode(ignored))
     rejected = post_event(client, stripe_testing.encode(paid_event()), secret="whsec_wrong")
@@ -347,7 +347,7 @@ def test_prometheus_evaluates_every_rule_on_what_the_application_serves(
     and the rules: every rule evaluates without error; a waiting dead letter, and neither a beat
     nor a worker running, make their alerts pending; the others stay quiet."""
     record(
-        task=SEND_INVOICE_EMAIL_TASK,
+        task=send_invoice_email.module_path,
         task_id="alert-rules-1",
         args=[1],
         kwargs={},

@@ -24,7 +24,7 @@ from stack.process import ROOT
 pytestmark = pytest.mark.slow  # the chaos suite's tools, as test_chaos.py
 
 RESULTS = ROOT / "chaos" / "results"
-PATCHED = [net for net in ablation.NETS.values() if net.patched]
+NETS = list(ablation.NETS.values())
 
 
 def _chaos(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -38,16 +38,15 @@ def _chaos(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_every_patch_file_belongs_to_a_net_switched_off_by_a_patch() -> None:
+def test_every_net_has_its_patch_and_every_patch_a_net() -> None:
     assert sorted(p.name for p in ablation.PATCHES.glob("*.patch")) == sorted(
-        f"{net.name}.patch" for net in PATCHED
+        f"{net.name}.patch" for net in NETS
     )
-    assert len(PATCHED) == 3
+    assert len(NETS) == 4
 
 
-@pytest.mark.parametrize("net", PATCHED, ids=lambda net: net.name)
+@pytest.mark.parametrize("net", NETS, ids=lambda net: net.name)
 def test_the_patch_applies_to_this_revision(net: ablation.Net) -> None:
-    assert net.patch is not None
     check = subprocess.run(
         ["git", "apply", "--check", str(net.patch)],
         cwd=ROOT,
@@ -58,14 +57,13 @@ def test_the_patch_applies_to_this_revision(net: ablation.Net) -> None:
     assert check.returncode == 0, check.stderr
 
 
-@pytest.mark.parametrize("net", PATCHED, ids=lambda net: net.name)
+@pytest.mark.parametrize("net", NETS, ids=lambda net: net.name)
 def test_a_checkout_with_the_patch_applied_runs_only_with_that_net_named(
     net: ablation.Net, tmp_path: Path
 ) -> None:
-    assert net.patch is not None
     # The files every patch touches, as this revision has them, outside any repository.
     machinery = "packages/asyncwork/asyncwork"
-    for name in ("invoicing/jobs.py", f"{machinery}/rescue.py", f"{machinery}/beat.py"):
+    for name in (f"{machinery}/rescue.py", f"{machinery}/poll.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     assert ablation.patches_mismatch([], tmp_path) is None
@@ -89,11 +87,11 @@ def test_without_a_net_the_checkout_or_broker_cannot_switch_off_is_refused(tmp_p
     )
     run = _chaos(
         "chaos",
-        *("--arm", "safe", "--broker", "rabbitmq", "--without", "N4-detection"),
+        *("--arm", "safe", "--broker", "rabbitmq", "--without", "N4"),
         *("--results", str(tmp_path)),
     )
     assert run.returncode == 2
-    assert "--without N4-detection: that net does not act on rabbitmq" in run.stderr
+    assert "--without N4: that net does not act on rabbitmq" in run.stderr
     assert not any(tmp_path.iterdir())
 
 
@@ -155,27 +153,25 @@ def test_recovery_over_30_s_names_each_fault_that_took_longer() -> None:
 
 
 def test_net_actions_are_summed_from_the_processes_logs(tmp_path: Path) -> None:
-    # Lines as the application's text formatter writes them (one worker, the beat).
+    # Lines as the application's text formatter writes them (two workers' polls).
     (tmp_path / "worker1-1.log").write_text(
-        "2026-12-02 10:00:01,000 INFO asyncwork.contrib.periodic.jobs job email-claims-recover ran: 2 "
-        "job=email-claims-recover outcome=ran result=2\n"
-        "2026-12-02 10:00:02,000 WARNING asyncwork.rescue rescue email-claims: 3 claim(s) of "
-        "worker processes whose heartbeat lapsed released and re-enqueued\n"
-        "2026-12-02 10:00:03,000 WARNING asyncwork.rescue rescue held-jobs: 4 job(s) held by "
-        "worker processes whose heartbeat lapsed released and re-enqueued\n"
-        "2026-12-02 10:00:04,000 INFO asyncwork.contrib.periodic.jobs job email-reconcile ran: skipped: email "
-        "provider breaker open\n"
-        "2026-12-02 10:00:05,000 INFO asyncwork.contrib.periodic.jobs job email-reconcile ran: 7\n"
+        "2026-12-02 10:00:01,000 INFO asyncwork.outbox relay published 2 job(s) published=2\n"
+        "2026-12-02 10:00:02,000 WARNING asyncwork.rescue rescue jobs: 3 job(s) of worker "
+        "processes that are gone released and re-enqueued rescue=jobs rescued=3\n"
+        "2026-12-02 10:00:03,000 WARNING asyncwork.recovery the broker lost its messages: 7 "
+        "job(s) published and not started are published again republished=7\n"
+        "2026-12-02 10:00:04,000 INFO asyncwork.outbox relay published 9 job(s) published=9\n"
     )
-    (tmp_path / "beat.log").write_text(
-        "2026-12-02 10:00:07,000 WARNING asyncwork.contrib.periodic.jobs recovery: broker_restarted; "
-        "dispatched the recovery jobs now: email-reconcile\n"
-        "2026-12-02 10:00:08,000 INFO asyncwork.contrib.periodic.jobs job email-reconcile ran: 5\n"
+    (tmp_path / "worker2-1.log").write_text(
+        "2026-12-02 10:00:03,100 WARNING asyncwork.recovery the broker lost its messages: 0 "
+        "job(s) published and not started are published again republished=0\n"
+        "2026-12-02 10:00:05,000 WARNING asyncwork.rescue rescue jobs: 1 job(s) of worker "
+        "processes that are gone released and re-enqueued rescue=jobs rescued=1\n"
     )
     actions = net_actions(tmp_path)
-    assert actions.job_results == {"email-claims-recover": 2, "email-reconcile": 12}
-    assert actions.rescued == {"email-claims": 3, "held-jobs": 4}
-    assert actions.recovery_dispatches == {"broker_restarted": 1}
+    assert actions.relayed == 11
+    assert actions.rescued == {"jobs": 4}
+    assert (actions.broker_losses, actions.republished) == (2, 7)
 
 
 def test_the_table_shows_each_configuration_s_goals_and_recoveries(tmp_path: Path) -> None:

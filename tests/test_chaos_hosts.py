@@ -34,9 +34,9 @@ def test_beat_analysis_finds_the_takeover_and_what_the_old_leader_did_after_it(
 ) -> None:
     t = 1_800_000_000.0
     took = "beat took the leader lock: dispatching"
-    relay = "Scheduler: Sending due task outbox-relay (asyncwork.outbox_relay)"
-    _log(tmp_path / "beat-beat1.log", [(t, took), (t + 5, relay), (t + 10, relay), (t + 41, relay)])
-    _log(tmp_path / "beat-beat2.log", [(t + 30, took), (t + 31, relay), (t + 36, relay)])
+    alert = "Scheduler: Sending due task dlq-alert (dlq-alert)"
+    _log(tmp_path / "beat-beat1.log", [(t, took), (t + 5, alert), (t + 10, alert), (t + 41, alert)])
+    _log(tmp_path / "beat-beat2.log", [(t + 30, took), (t + 31, alert), (t + 36, alert)])
     cut = {
         "kind": BEAT_HOST_CUT,
         "host": "beat1",
@@ -45,7 +45,7 @@ def test_beat_analysis_finds_the_takeover_and_what_the_old_leader_did_after_it(
         "ended": t + 40,
     }
 
-    found = beat_analysis([cut], tmp_path, {"outbox-relay": 5}, started=t)
+    found = beat_analysis([cut], tmp_path, {"dlq-alert": 5}, started=t)
 
     assert found["dispatches"] == {"beat-beat1": 3, "beat-beat2": 2}
     [summary] = found["beat_host_cuts"]
@@ -56,10 +56,10 @@ def test_beat_analysis_finds_the_takeover_and_what_the_old_leader_did_after_it(
     # +36 (beat2) and +41 (beat1) are one slot of a 5 s task apart, not half of one: no double;
     # a dispatch by beat1 at +31.5 would be.
     assert found["slots_dispatched_twice"] == []
-    _log(tmp_path / "beat-beat1.log", [(t, took), (t + 31.5, relay)])
-    doubled = beat_analysis([cut], tmp_path, {"outbox-relay": 5}, started=t)
+    _log(tmp_path / "beat-beat1.log", [(t, took), (t + 31.5, alert)])
+    doubled = beat_analysis([cut], tmp_path, {"dlq-alert": 5}, started=t)
     assert doubled["slots_dispatched_twice"] == [
-        {"task": "outbox-relay", "at": 31.0, "beats": ["beat-beat2", "beat-beat1"]}
+        {"task": "dlq-alert", "at": 31.0, "beats": ["beat-beat2", "beat-beat1"]}
     ]
 
 

@@ -1,8 +1,9 @@
 """The hot path as docs/design.md lists it ("The hot path") is the code's: at most 10 application
 modules from the webhook view to the SMTP server, each step's functions defined where the list
 says, and each crossing one "go to definition" can follow (an import of the module), or one of
-the two declared ones, checked here: the event's handler (``@webhook_handler``) and the email
-task's one name."""
+the declared ones, checked here: the event's handler (``@webhook_handler``), the task's backend
+(Django's ``TASKS``), the one Celery task name on the wire (``asyncwork.run``) and the job's
+task, found by its module path."""
 
 from __future__ import annotations
 
@@ -82,22 +83,37 @@ def test_the_hot_path_crosses_at_most_ten_modules_each_by_a_crossing_one_can_fol
                 assert module(file) in imports(source), f"{source} does not import {file}"
             elif how.startswith("the handler"):
                 assert "webhooks.events.webhook_handler" in imports(file), file
+            elif how.startswith("the task's backend"):
+                # ``.enqueue()`` of a task of ``source`` reaches the backend TASKS names.
+                assert "django_tasks.task" in imports(source), source
+                backend = f"{module(file)}.{names[0].partition('.')[0]}"
+                assert f'"BACKEND": "{backend}"' in (ROOT / "core/settings.py").read_text()
             elif how.startswith("the task name"):
-                # Published by name from the service the step before came from; the task takes
-                # the very constant as its name.
-                task = "SEND_INVOICE_EMAIL_TASK"
-                assert re.search(rf"name=services\.{task}\b", (ROOT / file).read_text())
-                assert re.search(rf"task={task}\b", (ROOT / files[origin - 1]).read_text())
+                # Published under the one name on the wire by ``source``; the task that runs
+                # every job takes that very constant as its name.
+                assert re.search(r"\bsend_task\(\s*RUN\b", (ROOT / source).read_text()), source
+                assert re.search(r"name=RUN\b", (ROOT / file).read_text()), file
+            elif how.startswith("the job's task"):
+                # ``source`` finds the task by the module path the job row holds: the function,
+                # a ``@task`` of ``file``, is that path.
+                assert "asyncwork.tasks.task_for" in imports(source), source
+                for name in names:
+                    assert f"@task(**_EMAIL)\ndef {name}(" in (ROOT / file).read_text(), name
             else:
                 raise AssertionError(f"step {index + 1}: no crossing named ({how!r})")
 
 
-def test_the_email_task_s_name_is_declared_once() -> None:
-    literal = '"invoicing.send_invoice_email"'
-    holders = [
-        str(path.relative_to(ROOT))
-        for app in ("core", "packages/asyncwork/asyncwork", "operators", "invoicing", "webhooks")
+def test_the_one_name_on_the_wire_is_declared_once_and_no_task_is_named_by_a_string() -> None:
+    """Pass the thing, not its name: a task is enqueued as the object (its module path is its
+    name), and the one Celery task name every job's message carries is a constant of its own."""
+    apps = ("core", "packages/asyncwork/asyncwork", "operators", "invoicing", "webhooks")
+    sources = {
+        str(path.relative_to(ROOT)): path.read_text()
+        for app in apps
         for path in (ROOT / app).rglob("*.py")
-        if "migrations" not in path.parts and literal in path.read_text()
+        if "migrations" not in path.parts
+    }
+    assert [path for path, text in sources.items() if '"asyncwork.run"' in text] == [
+        "packages/asyncwork/asyncwork/tasks.py"
     ]
-    assert holders == ["invoicing/services.py"]
+    assert [path for path, text in sources.items() if '"invoicing.tasks.' in text] == []

@@ -36,9 +36,11 @@ SQUASHED = {
 AFTER = {
     ("asyncwork", "0006_deadletter_resolved"),
     ("asyncwork", "0007_idempotencyrecord_response"),
+    ("asyncwork", "0008_job"),
     ("invoicing", "0006_invoice_provider_customer_id"),
     ("invoicing", "0007_email_delivery_recipient_and_bounce"),
     ("invoicing", "0008_email_delivery_provider_message_id"),
+    ("invoicing", "0009_email_jobs_named_by_module_path"),
     ("webhooks", "0006_webhookevent_api_version"),
     ("webhooks", "0007_events_reconcile"),
     ("webhooks", "0008_events_cursor_span"),
@@ -71,12 +73,12 @@ user = apps.get_model("auth", "User").objects.create(username="operator")
 letter_type = apps.get_model("contenttypes", "ContentType").objects.get(
     app_label="asyncwork", model="deadletter"
 )
-outbox = apps.get_model("asyncwork", "OutboxMessage").objects.create(
-    task="t", args=[1], queue="default", due_at=now, task_id="task-1"
+job = apps.get_model("asyncwork", "Job").objects.create(
+    task="t", args=[1], queue="default", due_at=now, attempts=1, errors=[{"traceback": "x"}]
 )
 letter = apps.get_model("asyncwork", "DeadLetter").objects.create(
     task="t", task_id="task-0", queue="default", reason="exhausted", attempts=5,
-    first_failed_at=now, last_failed_at=now, replay_outbox=outbox,
+    first_failed_at=now, last_failed_at=now, replay_job=job,
 )
 apps.get_model("asyncwork", "ScheduledJob").objects.create(name="job", runs=3)
 apps.get_model("asyncwork", "LockHolder").objects.create(

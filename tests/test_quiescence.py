@@ -1,6 +1,6 @@
 """``tests.helpers.quiescence`` on the real pipeline's places, either broker: quiet only when no
-job is on its way (an outbox row due, a message waiting or held by a consumer, a claim
-sending), waiting while one is, and naming it when the wait runs out."""
+job is on its way (a job due and unpublished or running, a message waiting or held by a
+consumer, a claim sending), waiting while one is, and naming it when the wait runs out."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from core.celery import app
 from invoicing.models import EmailDelivery
-from invoicing.services import EMAIL_QUEUE
+from invoicing.tasks import EMAIL_QUEUE
 from stack.net import wait_until
 from tests.helpers import broker
 from tests.helpers.factories import paid_invoice
@@ -39,21 +39,21 @@ def _nothing_on_its_way() -> None:
 
 
 def test_a_retry_due_later_is_not_on_its_way() -> None:
-    OutboxMessage.objects.create(
+    Job.objects.create(
         task="core.nothing", queue="default", due_at=timezone.now() + timedelta(hours=1)
     )
     assert pipeline_busy() == []
     pipeline_quiet(timeout=10)
 
 
-def test_an_outbox_row_due_is_waited_for_until_it_is_published() -> None:
-    row = OutboxMessage.objects.create(task="core.nothing", args=[1], queue="default")
-    assert pipeline_busy() == [f"1 outbox row(s) due and unpublished [({row.pk}, 'core.nothing')]"]
+def test_a_job_due_is_waited_for_until_it_is_published() -> None:
+    row = Job.objects.create(task="core.nothing", args=[1], queue="default")
+    assert pipeline_busy() == [f"1 job(s) due and unpublished [({row.pk}, 'core.nothing')]"]
 
     def publish_later() -> None:
         time.sleep(1.5)
         try:
-            OutboxMessage.objects.filter(pk=row.pk).update(published_at=timezone.now())
+            Job.objects.filter(pk=row.pk).update(published_at=timezone.now())
         finally:
             connection.close()  # this thread's
 
@@ -62,6 +62,27 @@ def test_an_outbox_row_due_is_waited_for_until_it_is_published() -> None:
     publisher.start()
     pipeline_quiet(timeout=20)
     publisher.join()
+    assert time.monotonic() - started >= 1.5
+
+
+def test_a_job_running_is_waited_for_until_it_has_an_outcome() -> None:
+    row = Job.objects.create(
+        task="core.nothing", queue="default", published_at=timezone.now(), status="RUNNING"
+    )
+    assert pipeline_busy() == [f"1 job(s) running [({row.pk}, 'core.nothing')]"]
+
+    def succeed_later() -> None:
+        time.sleep(1.5)
+        try:
+            Job.objects.filter(pk=row.pk).update(status=Job.Status.SUCCESSFUL)
+        finally:
+            connection.close()  # this thread's
+
+    runner = threading.Thread(target=succeed_later)
+    started = time.monotonic()
+    runner.start()
+    pipeline_quiet(timeout=20)
+    runner.join()
     assert time.monotonic() - started >= 1.5
 
 

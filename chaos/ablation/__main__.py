@@ -3,8 +3,8 @@ switched off in turn, the safe arm only and one seed, and print which goals each
 configuration missed: ``python -m chaos.ablation --results DIR``.
 
 Every configuration runs from a throwaway git worktree of one revision (``--revision``,
-HEAD by default: uncommitted changes are not in it), with the net's patch applied there if it
-has one, as ``python -m chaos --arm safe [--without NET]``. Each run gets its own directory in
+HEAD by default: uncommitted changes are not in it), with the net's patch applied there, as
+``python -m chaos --arm safe [--without NET]``. Each run gets its own directory in
 ``--results``, ``<configuration>-<broker>`` (``.2``, ``.3`` ... when that configuration already
 ran there): the run's result file, its output (``chaos.out``), its logs, and ``ablation.json``
 (what ran, from which revision, its exit code). The table is read from every such directory
@@ -138,7 +138,7 @@ def run_one(
         str(out),
         *(["--without", net.name] if net else []),
     ]
-    patch = f"chaos/ablation/{net.name}.patch" if net and net.patched else None
+    patch = f"chaos/ablation/{net.name}.patch" if net else None
     started = time.time()
     with worktree(revision, patch) as tree:
         # A process group of its own (stack.process): Ctrl-C reaches this process only, which
@@ -223,18 +223,12 @@ def _seconds(fault: dict[str, Any], bound: float | None) -> str:
 
 
 def _nets_acted(actions: dict[str, Any] | None) -> str:
-    """What each net did, by its name in ``chaos.ablation.NETS``."""
-    if actions is None:
+    """What the nets did: the jobs the rescue gave back (N1-N3 log as one), and the jobs
+    published again after the broker lost them (N4), with how often that was seen."""
+    if actions is None or "republished" not in actions:  # a run of a suite that did not log them
         return "-"
-    jobs, rescued = actions["job_results"], actions["rescued"]
-    dispatches = ", ".join(
-        f"{reason.split('_')[-1]} {n}" for reason, n in actions["recovery_dispatches"].items()
-    )
-    return (
-        f"N1 {jobs.get('email-claims-recover', 0)} · N2 {rescued.get('email-claims', 0)} · "
-        f"N3 {rescued.get('held-jobs', 0)} · N4 {jobs.get('email-reconcile', 0)}"
-        + (f" ({dispatches})" if dispatches else "")
-    )
+    rescued = actions["rescued"].get("jobs", 0)
+    return f"N1-N3 {rescued} · N4 {actions['republished']} ({actions['broker_losses']} losses seen)"
 
 
 def _stalls(stalls: list[dict[str, Any]]) -> str:
@@ -309,10 +303,10 @@ def table(runs: list[Run]) -> str:
     lines += [
         "Recovery in seconds, each fault in the plan's order; bold: over the profile's bound "
         f"({config.FULL.name}: {config.FULL.recovery_bound:g} s, for worker kills, broker and "
-        "PostgreSQL restarts) or never. Nets acted, from the logs: N1 "
-        "emails the lease-expiry recovery re-enqueued, N2 claims the heartbeat rescue released, "
-        "N3 jobs the held-jobs rescue re-enqueued, N4 emails the reconcile re-enqueued (and "
-        "its dispatches at once on a broker restart).",
+        "PostgreSQL restarts) or never. Nets acted, from the workers' logs: N1-N3 the jobs the "
+        "workers' rescue gave back (by lease, by heartbeat, held by a dead consumer: logged "
+        "together), N4 the jobs published again after the broker lost its messages (and how "
+        "often a worker saw that).",
         "Configurations: " + "; ".join(f"{n.name} off = {n.title}" for n in NETS.values()) + ".",
     ]
     return "\n".join(lines)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from psycopg.conninfo import make_conninfo
 
-from asyncwork.models import OutboxMessage
+from asyncwork.models import Job
 from bench import floor_receiver
 from invoicing.models import Invoice
 from tests.helpers import broker
@@ -39,7 +40,7 @@ def _post(body: bytes) -> tuple[str, bytes]:
     return statuses[0], answer
 
 
-def test_the_floor_receiver_stores_an_event_once_with_its_invoice_and_outbox_row(
+def test_the_floor_receiver_stores_an_event_once_with_its_invoice_and_job_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     database = connection.settings_dict
@@ -67,8 +68,8 @@ def test_the_floor_receiver_stores_an_event_once_with_its_invoice_and_outbox_row
         floor_receiver._process["database"].close()
     invoice = Invoice.objects.get()
     assert (WebhookEvent.objects.count(), invoice.status) == (1, "paid")
-    assert list(OutboxMessage.objects.values_list("task", "args")) == [
+    assert list(Job.objects.values_list("task", "args")) == [
         (floor_receiver.FLOOR_TASK, [invoice.pk])
     ]
     # Written published: no backlog for the application's probes, backpressure or relay.
-    assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
+    assert not Job.objects.waiting(timezone.now()).exists()

@@ -19,8 +19,9 @@ from typing import Any
 
 from celery import Celery, shared_task
 from celery import Task as CeleryTask
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from celery.signals import task_unknown
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from asyncwork import db, heartbeat, queues, timelimits
 from asyncwork import logging as log_context
@@ -94,7 +95,8 @@ UNLIMITED_LEASE_SECONDS = 3600.0
 
 class Runner(CeleryTask):
     """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
-    it is killed; it raises nothing, every outcome being on the job's row."""
+    it is killed or its claim could not be written; it raises nothing else, every outcome being on
+    the job's row."""
 
     acks_late = True
     reject_on_worker_lost = True
@@ -108,7 +110,13 @@ def run(self: Runner, job_id: int) -> str:
 
     limits = self.request.timelimit or (None, None)
     hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
-    return job_run(job_id, lease_seconds=float(hard))
+    try:
+        return job_run(job_id, lease_seconds=float(hard))
+    except (DatabaseError, SoftTimeLimitExceeded) as exc:
+        # The claim could not be written: PostgreSQL down past the runner's wait, or out of
+        # reach until the run's soft time limit. The message goes back to its queue:
+        # acknowledged, it would be gone, and the job, READY and marked published, with it.
+        raise Reject(exc, requeue=True) from exc
 
 
 class UnknownTask(LookupError):

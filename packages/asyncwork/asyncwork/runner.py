@@ -99,15 +99,27 @@ class Run:
 
 
 def claim(job_id: int, *, lease_seconds: float) -> Run | None:
-    """Make job ``job_id`` RUNNING for this process (above), or None if it is not to run now."""
+    """Make job ``job_id`` RUNNING for this process (above), or None if it is not to run now.
+    A database outage is waited out for up to ``WRITE_WAIT``; after that its error is raised,
+    and the message must go back to the broker (``asyncwork.install``): the job is READY and
+    marked published, so nothing else would publish it again."""
     params = {
         "id": job_id,
         "owner": heartbeat_owner(),
         "lease": lease_seconds + LEASE_MARGIN_SECONDS,
         "heartbeat_lapse": lapse_seconds(),
     }
-    claimed = list(Job.objects.raw(_CLAIM_SQL, params))
-    return Run(job=claimed[0]) if claimed else None
+    started = time.monotonic()
+    while True:
+        try:
+            claimed = list(Job.objects.raw(_CLAIM_SQL, params))
+        except DatabaseError:
+            connection.close()
+            if time.monotonic() - started >= WRITE_WAIT:
+                raise
+            time.sleep(WRITE_INTERVAL)
+            continue
+        return Run(job=claimed[0]) if claimed else None
 
 
 def _written(write: Callable[[], int], *, what: str, job_id: int) -> bool:

@@ -2,7 +2,7 @@
 still waiting by reason, task and creation time; ``dlq replay`` and ``dlq resolve`` act on that
 selection or show it with ``--dry-run``; a task's replay check (declared here, for the shop's
 greeting: a guest still missing) keeps a replay that would only fail again from running unless
-forced; and what became of a replayed job is read back from the outbox and the dead letters."""
+forced; and what became of a replayed job is read back from its job and the dead letters."""
 
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 from shop.models import Guest
-from shop.tasks import GREET
+from shop.tasks import fail_with_a_bug, greet
 
 from asyncwork import deadletters
 from asyncwork.audit import operator_acted
@@ -24,6 +24,8 @@ from asyncwork.deadletters import (
     OUTCOME_DEAD_LETTERED,
     OUTCOME_PUBLISHED,
     OUTCOME_RETRYING,
+    OUTCOME_RUNNING,
+    OUTCOME_SUCCEEDED,
     OUTCOME_UNPUBLISHED,
     SelectionInvalid,
     refusals,
@@ -32,10 +34,12 @@ from asyncwork.deadletters import (
     replay_outcomes,
     selection,
 )
-from asyncwork.models import DeadLetter, OutboxMessage
-from asyncwork.outbox import outbox_enqueue, outbox_task_id
+from asyncwork.models import DeadLetter, Job
+from asyncwork.outbox import message_id
 
-OTHER = "shop.other"
+GREET = greet.module_path
+# Another task of the shop's: its dead letters are not the greeting's.
+OTHER = fail_with_a_bug.module_path
 
 
 def letter(
@@ -63,7 +67,7 @@ def letter(
 def guests_checked() -> Iterator[None]:
     """The greeting's replay check: a guest that is still missing would fail the same way."""
 
-    @replay_check(GREET)
+    @replay_check(greet)
     def guests_missing(letters: Sequence[DeadLetter]) -> dict[int, str]:
         names = {letter.args[0] for letter in letters}
         here = set(Guest.objects.filter(name__in=names).values_list("name", flat=True))
@@ -177,8 +181,8 @@ class TestReplayCheck:
             {},
         )
         missing.refresh_from_db()
-        assert (missing.replayed_at, missing.replay_outbox) == (None, None)
-        assert OutboxMessage.objects.get().args == ["ada"]
+        assert (missing.replayed_at, missing.replay_job) == (None, None)
+        assert Job.objects.get().args == ["ada"]
         assert announced[1] == ("dead_letter.replay", "cli:op", f"refused: {why}")
 
     def test_force_replays_it_and_records_what_it_overrode(
@@ -199,7 +203,7 @@ class TestReplayCheck:
             (
                 "dead_letter.replay",
                 "cli:op",
-                f"replayed: the job is outbox message {missing.replay_outbox_id}; "
+                f"replayed: the job is job {missing.replay_job_id}; "
                 f"forced past its check, which said: {why}",
             )
         ]
@@ -248,7 +252,7 @@ class TestCommand:
             if n
         ]
         assert announced == []
-        assert not OutboxMessage.objects.exists()
+        assert not Job.objects.exists()
         assert dlq("resolve", "--task", OTHER, "--dry-run").splitlines()[0] == (
             "1 dead letter(s) selected; nothing done (--dry-run)"
         )
@@ -321,49 +325,58 @@ class TestCommand:
 
 
 @pytest.mark.django_db
-def test_what_became_of_a_replay_unpublished_published_retrying_dead_lettered() -> None:
-    waiting, pending, sent, retried, failed = (letter(n) for n in "vwxyz")
+def test_what_became_of_a_replay_each_state_of_its_job() -> None:
+    waiting, pending, sent, running, retried, succeeded, failed = (letter(n) for n in "tuvwxyz")
     now = timezone.now()
-    for row, published_at in ((pending, None), (sent, now), (retried, now), (failed, now)):
-        # As a replay leaves it, and as publishing marks it (no broker here: nothing runs).
-        row.replay_outbox = OutboxMessage.objects.create(
-            task=GREET, args=row.args, queue="default", published_at=published_at
-        )
+    due = now + timedelta(minutes=5)
+    error = {"exception_class_path": "asyncwork.errors.TransientError", "traceback": ""}
+    # Each replay's job as the machinery leaves it (no broker here: nothing runs).
+    states: list[tuple[DeadLetter, dict[str, Any]]] = [
+        (pending, {}),
+        (sent, {"published_at": now}),
+        (running, {"published_at": now, "status": Job.Status.RUNNING, "attempts": 1}),
+        # Failed once, READY again and unpublished until its backoff is over.
+        (retried, {"attempts": 1, "errors": [error], "due_at": due}),
+        (succeeded, {"published_at": now, "status": Job.Status.SUCCESSFUL, "finished_at": now}),
+        (failed, {"published_at": now, "status": Job.Status.FAILED, "attempts": 1}),
+    ]
+    for row, fields in states:
+        row.replay_job = Job.objects.create(task=GREET, args=row.args, queue="default", **fields)
         row.replayed_at = now
         row.save()
-    # The replay's job failed: a retry waits, with the task id it keeps; or it dead-lettered.
-    due = timezone.now() + timedelta(minutes=5)
-    OutboxMessage.objects.create(
-        task=GREET,
-        args=["y"],
-        queue="default",
-        due_at=due,
-        task_id=outbox_task_id(retried.replay_outbox_id or 0),
-    )
+    # The failed replay dead-lettered again, under its job's task id.
     again = DeadLetter.objects.create(
         task=GREET,
-        task_id=outbox_task_id(failed.replay_outbox_id or 0),
+        task_id=message_id(failed.replay_job_id or 0),
         args=["z"],
         queue="default",
         reason="permanent",
         attempts=1,
-        first_failed_at=timezone.now(),
-        last_failed_at=timezone.now(),
+        first_failed_at=now,
+        last_failed_at=now,
     )
 
-    rows = list(DeadLetter.objects.select_related("replay_outbox").filter(pk__lte=failed.pk))
+    rows = list(DeadLetter.objects.select_related("replay_job").filter(pk__lte=failed.pk))
     outcomes = replay_outcomes(rows)
 
     assert waiting.pk not in outcomes
-    assert outcomes[pending.pk].state == OUTCOME_UNPUBLISHED
-    assert (
-        outcomes[pending.pk].text == f"outbox message {pending.replay_outbox_id} not yet published"
+    assert {pk: outcome.state for pk, outcome in outcomes.items()} == {
+        pending.pk: OUTCOME_UNPUBLISHED,
+        sent.pk: OUTCOME_PUBLISHED,
+        running.pk: OUTCOME_RUNNING,
+        retried.pk: OUTCOME_RETRYING,
+        succeeded.pk: OUTCOME_SUCCEEDED,
+        failed.pk: OUTCOME_DEAD_LETTERED,
+    }
+    assert outcomes[pending.pk].text == f"job {pending.replay_job_id} not yet published"
+    assert outcomes[sent.pk].text.startswith(f"job {sent.replay_job_id} published ")
+    assert outcomes[sent.pk].text.endswith(": waiting")
+    assert outcomes[running.pk].text == f"job {running.replay_job_id} is running"
+    assert outcomes[retried.pk].text.startswith(
+        f"job {retried.replay_job_id} failed again; a retry is due "
     )
-    assert outcomes[sent.pk].state == OUTCOME_PUBLISHED
-    assert outcomes[sent.pk].text.startswith("published ")
-    assert outcomes[retried.pk].state == OUTCOME_RETRYING
-    assert outcomes[retried.pk].text.startswith("failed again; a retry is due ")
-    assert (outcomes[failed.pk].state, outcomes[failed.pk].again) == (OUTCOME_DEAD_LETTERED, again)
+    assert outcomes[succeeded.pk].text.startswith(f"job {succeeded.replay_job_id} succeeded ")
+    assert outcomes[failed.pk].again == again
     assert outcomes[failed.pk].text == f"dead-lettered again as dead letter #{again.pk}"
 
 
@@ -373,9 +386,9 @@ def test_through_the_pipeline_refused_then_forced_dead_letters_again_then_fixed_
 ) -> None:
     """A real worker: the replay check holds back a replay while the guest is missing; forced,
     the job fails the same way and is a dead letter again, found from the replay; once the
-    guest is invited, that one replays and the guest is greeted."""
+    guest is invited, that one replays, the guest is greeted and the replay reads succeeded."""
     with transaction.atomic():
-        outbox_enqueue(task=GREET, args=["eve"])
+        greet.enqueue("eve")
     assert wait_until(DeadLetter.objects.exists)
     first = DeadLetter.objects.get()
 
@@ -383,13 +396,18 @@ def test_through_the_pipeline_refused_then_forced_dead_letters_again_then_fixed_
     forced = replay(ids=[first.pk], actor="cli:op", force=True)
     assert forced.replayed == [first.pk]
     assert wait_until(lambda: DeadLetter.objects.count() == 2)
-    first = DeadLetter.objects.select_related("replay_outbox").get(pk=first.pk)
+    first = DeadLetter.objects.select_related("replay_job").get(pk=first.pk)
     outcome = replay_outcomes([first])[first.pk]
     second = DeadLetter.objects.exclude(pk=first.pk).get()
     assert (outcome.state, outcome.again) == (OUTCOME_DEAD_LETTERED, second)
 
     Guest.objects.create(name="eve")
     assert replay(ids=[second.pk], actor="cli:op").replayed == [second.pk]
-    assert wait_until(lambda: Guest.objects.get(name="eve").greeted == 1)
-    second = DeadLetter.objects.select_related("replay_outbox").get(pk=second.pk)
-    assert replay_outcomes([second])[second.pk].state == OUTCOME_PUBLISHED
+
+    def outcome_of_second() -> str:
+        row = DeadLetter.objects.select_related("replay_job").get(pk=second.pk)
+        return replay_outcomes([row])[second.pk].state
+
+    assert wait_until(lambda: outcome_of_second() == OUTCOME_SUCCEEDED)
+    assert Guest.objects.get(name="eve").greeted == 1
+    assert DeadLetter.objects.count() == 2

@@ -10,18 +10,19 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
+from shop.tasks import greet
 
 from asyncwork.audit import operator_acted
 from asyncwork.contrib.monitoring.probes import dlq_probe
+from asyncwork.contrib.periodic.alert import dlq_alert
 from asyncwork.deadletters import (
-    dlq_alert,
     replay,
     replay_state,
     resolve,
     unresolve,
     waiting,
 )
-from asyncwork.models import DeadLetter, OutboxMessage
+from asyncwork.models import DeadLetter, Job
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.django_db
 def letter(name: str) -> DeadLetter:
     now = timezone.now()
     return DeadLetter.objects.create(
-        task="shop.greet",
+        task=greet.module_path,
         task_id=f"task-{name}",
         args=[name],
         queue="default",
@@ -83,7 +84,7 @@ def test_a_resolved_letter_no_longer_waits_and_replay_all_leaves_it(announced: A
 
 def replayed_detail(letter: DeadLetter) -> str:
     letter.refresh_from_db()
-    return f"replayed: the job is outbox message {letter.replay_outbox_id}"
+    return f"replayed: the job is job {letter.replay_job_id}"
 
 
 def test_a_resolved_letter_is_not_replayed_even_by_id_until_unresolved() -> None:
@@ -91,7 +92,7 @@ def test_a_resolved_letter_is_not_replayed_even_by_id_until_unresolved() -> None
     resolve(ids=[dropped.pk], actor="admin:op", why="refunded")
     refused = replay(ids=[dropped.pk], actor="admin:op")
     assert (refused.replayed, refused.resolved) == ([], [dropped.pk])
-    assert not OutboxMessage.objects.exists()
+    assert not Job.objects.exists()
 
     undone = unresolve(ids=[dropped.pk], actor="admin:op")
     assert undone.changed == [dropped.pk]

@@ -52,7 +52,6 @@ def test_an_unknown_key_is_named_with_the_one_meant(settings: Any) -> None:
         ("HEALTH_TIMEOUT_SECONDS", 0, "a number greater than 0"),
         ("OUTBOX_RELAY_GRACE_SECONDS", -1, "a number, 0 or more"),
         ("WORKER_METRICS_PORT", 70000, "a port number, 0 to 65535 (0: off)"),
-        ("BROKER_IS_RABBITMQ", "yes", "True or False"),
         ("METRIC_PREFIX", None, "a string"),
         (
             "TRUSTED_PROXIES",

@@ -10,10 +10,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
-from shop.tasks import GREET
+from shop.tasks import greet
 
 from asyncwork import deadletters
-from asyncwork.deadletters import dead_letter_replay_check
 from asyncwork.models import DeadLetter
 from asyncwork.terminal import printable
 
@@ -37,19 +36,19 @@ def test_every_control_is_escaped_and_the_rest_kept() -> None:
 
 @pytest.fixture
 def hostile_check() -> Iterator[None]:
-    @dead_letter_replay_check(GREET)
+    @deadletters.replay_check(greet)
     def says_what_was_stored(letters: Sequence[DeadLetter]) -> dict[int, str]:
         return {letter.pk: f"no guest named {letter.args[0]}" for letter in letters}
 
     yield
-    deadletters._replay_checks.pop(GREET)
+    deadletters._replay_checks.pop(greet.module_path)
 
 
 @pytest.mark.django_db
 def test_dlq_prints_a_replay_checks_words_escaped(hostile_check: None) -> None:
     now = timezone.now()
     letter = DeadLetter.objects.create(
-        task=GREET,
+        task=greet.module_path,
         task_id="t-hostile",
         args=[HOSTILE],
         queue="default",
