@@ -31,7 +31,13 @@ from django.utils import timezone
 
 from asyncwork.contrib.breaker import Breaker, Decision
 from asyncwork.db import text_storable
-from asyncwork.errors import PermanentError, ProviderUnavailable, TransientError, Unreachable
+from asyncwork.errors import (
+    Deferred,
+    PermanentError,
+    ProviderUnavailable,
+    TransientError,
+    Unreachable,
+)
 from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
 from asyncwork.logging import log_context_bind
 from invoicing import mail
@@ -39,6 +45,18 @@ from invoicing.models import EmailDelivery, Invoice
 from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
 logger = logging.getLogger(__name__)
+
+# How often a run finding its email claimed by another looks again: it is sent, or the claim is
+# given up (its lease or its owner's heartbeat) and this run takes it over.
+CLAIMED_RECHECK_SECONDS = 5.0
+
+
+class EmailInProgress(Deferred):
+    """The email's claim is held by another run: this one waits for it, spending no attempt,
+    rather than end as done while nothing may have been sent."""
+
+    dead_letter_reason = "exhausted"  # DeadLetter.Reason.EXHAUSTED: the claim never ended
+
 
 # Seconds a process trusts a closed-breaker read: another process's opening is seen this late.
 BREAKER_CHECK_SECONDS = 1.0
@@ -298,10 +316,16 @@ def _invoice_email_send_claimed(
     if invoice.status != Invoice.Status.PAID:
         return _not_paid(invoice_id)
     if claim is None:
-        logger.info(
-            "invoice email already sent or in progress",
-            extra={"invoice_id": invoice_id, "key": key},
-        )
+        if EmailDelivery.objects.filter(key=key, state=EmailDelivery.State.SENDING).exists():
+            # Claimed by a run that looks alive, or by an earlier run of this job that could not
+            # release its claim (the database went away): not done until that claim ends.
+            raise EmailInProgress(
+                f"email {key} is claimed by another run; checked again shortly",
+                retry_in=CLAIMED_RECHECK_SECONDS,
+                jitter=CLAIMED_RECHECK_SECONDS,
+                deadline=4 * settings.EMAIL_CLAIM_LEASE_SECONDS,
+            )
+        logger.info("invoice email already sent", extra={"invoice_id": invoice_id, "key": key})
         return "skipped"
     # Built under the claim: a process paused here past the lapse sends at most the one
     # duplicate, with the same Message-ID.

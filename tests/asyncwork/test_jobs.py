@@ -3,8 +3,6 @@ died releases the lock, and every job is safe to run twice."""
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import socket
@@ -12,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
 from io import StringIO
 from typing import Any
 
@@ -20,7 +17,7 @@ import psycopg
 import pytest
 from celery import current_app
 from django.core.management import call_command
-from django.db import OperationalError, connection, transaction
+from django.db import connection, transaction
 from django_celery_beat.models import (
     CrontabSchedule,
     IntervalSchedule,
@@ -28,13 +25,11 @@ from django_celery_beat.models import (
     PeriodicTasks,
 )
 
-from asyncwork import queues
 from asyncwork.contrib.periodic import jobs
 from asyncwork.contrib.periodic.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from asyncwork.models import ScheduledJob
 from stack.process import ROOT
 from tests import tasks as test_tasks
-from tests.helpers import broker
 from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -326,39 +321,3 @@ def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist(
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
-
-
-def test_a_recovery_run_the_database_cuts_is_dispatched_again_as_a_recovery(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A job declared ``on_recovery`` runs its recovery when the beat leader sees the broker lost
-    its messages (``jobs_recover``); one cut by a database restart a moment later must still run
-    as a recovery, not wait for the periodic run. No job of this application's declares one (the
-    machinery's own relay republishes what the broker lost), so the job is the test's own,
-    declared for this test alone."""
-    name = "tests-recovery-cut"
-
-    def database_gone() -> int:
-        raise OperationalError("the database system is shutting down")
-
-    monkeypatch.setattr(jobs, "_jobs", dict(jobs._jobs))
-    monkeypatch.setattr(jobs, "_tasks", dict(jobs._tasks))
-
-    def periodic() -> str:
-        return "periodic"
-
-    jobs.job(name, every=timedelta(minutes=5), on_recovery=database_gone)(periodic)
-    result = jobs.job_task(name).apply(kwargs={"recovery": True})
-    assert isinstance(result.result, OperationalError)
-
-    again = [
-        message
-        for queue in queues.consumed()
-        for message in broker.queue_messages(queue.name)
-        if message["headers"]["task"] == name
-    ]
-    assert len(again) == 1
-    headers = again[0]["headers"]
-    assert headers["eta"] is not None  # after RECOVERY_RETRY_SECONDS
-    _, kwargs, _ = json.loads(base64.b64decode(again[0]["body"]))
-    assert kwargs == {"recovery": True, "attempt": 1}

@@ -25,6 +25,7 @@ from asyncwork.rescue import workers_rescue
 from invoicing.delivery import email_claim, invoice_email_key
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
+from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import a_lapsed_and_a_live_worker, worker_thread
@@ -135,3 +136,31 @@ def test_a_gone_owners_job_and_claim_are_taken_over_at_once_and_a_beating_ones_a
     assert (alive_claim.state, alive_claim.attempts) == ("sending", 1)
     assert rescues._value.get() == before + 1
     assert not WorkerHeartbeat.objects.filter(owner="long-dead").exists()
+
+
+def test_a_job_finding_its_email_claimed_waits_and_sends_once_the_claim_ends(
+    smtp: SmtpServer, settings: Any
+) -> None:
+    """A claim left in ``sending`` by a live process (a run that could not release it when the
+    database went away): the job is not done while nothing was sent. It waits, spending no
+    attempt, and takes the claim over once its lease ends."""
+    settings.EMAIL_CLAIM_LEASE_SECONDS = 20
+    invoice = paid_invoice("in_left")
+    with a_lapsed_and_a_live_worker() as live:
+        claimed = email_claim(
+            invoice_id=invoice.pk, key=invoice_email_key(invoice), owner=live.owner
+        )
+        assert claimed.claim is not None
+        EmailDelivery.objects.filter(invoice=invoice).update(
+            lease_expires_at=Now() + timedelta(seconds=4)
+        )
+        job = send_invoice_email.enqueue(invoice.pk)
+        with worker_thread():
+            assert smtp.handler.wait_for(1, timeout=30)
+            assert wait_until(lambda: Job.objects.get(pk=job.id).status == "SUCCESSFUL", 20)
+    done = Job.objects.get(pk=job.id)
+    assert (done.return_value, done.attempts, done.errors) == ("sent", 1, [])
+    assert done.deferred_since is not None
+    delivery = EmailDelivery.objects.get(invoice=invoice)
+    assert (delivery.state, delivery.attempts) == ("sent", 2)
+    assert len(smtp.messages) == 1

@@ -1,9 +1,12 @@
-"""kombu's Redis transport with one fix: an acknowledgement that fails releases its slot.
+"""kombu's Redis transport with one fix: an acknowledgement that fails releases its slot and
+stops nothing.
 
 kombu's ``QoS.ack`` removes the message from the unacknowledged index, then releases the prefetch
-slot; when the removal raises (Redis stalled), kombu swallows it and the slot is never released,
-so a prefetch-1 worker fetches nothing for good. Here the slot is released regardless; the
-message stays in the index and comes back after the visibility timeout, to find its work done.
+slot; when the removal raises (Redis stalled, or its connection gone after a restart), the slot
+is never released, so a prefetch-1 worker fetches nothing for good, and the error reaches Celery,
+which takes one it does not know (``AttributeError`` from a channel whose connection was closed)
+for unrecoverable and stops the worker. Here the slot is released and the error logged; the
+message stays in the index and comes back after the visibility timeout, to find its job done.
 Used for ``redis://`` brokers (``broker_transport``, set by ``asyncwork.install``).
 
 Also the broker as the probes read it: a Redis client with short timeouts, and the keys of a
@@ -13,6 +16,7 @@ queue.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -25,11 +29,20 @@ from redis.retry import Retry
 
 from asyncwork.settings import asyncwork_settings
 
+logger = logging.getLogger(__name__)
+
+
+# What an acknowledgement meets when Redis is not there: a refused or cut connection, or the
+# channel of one already closed (its client is None).
+_UNREACHABLE = (redis_py.RedisError, OSError, AttributeError)
+
 
 class QoS(redis.QoS):
     def ack(self, delivery_tag: str) -> None:
         try:
             self._remove_from_indices(delivery_tag).execute()  # type: ignore[attr-defined]
+        except _UNREACHABLE as exc:
+            logger.warning("acknowledgement not written, the message comes back later: %r", exc)
         finally:
             virtual.QoS.ack(self, delivery_tag)
 
@@ -39,6 +52,8 @@ class QoS(redis.QoS):
                 self.restore_by_tag(delivery_tag, leftmost=True)
             else:
                 self._remove_from_indices(delivery_tag).execute()  # type: ignore[attr-defined]
+        except _UNREACHABLE as exc:
+            logger.warning("rejection not written, the message comes back later: %r", exc)
         finally:
             virtual.QoS.ack(self, delivery_tag)
 

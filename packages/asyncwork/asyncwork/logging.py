@@ -3,8 +3,9 @@
 Inside a log context (``log_context``, opened where work comes in, and by the Celery signals
 below for each task run) every record carries the fields the ``LOG_CONTEXT_FIELDS`` setting
 names (an application's ids, say an event's and an invoice's), and inside a task its ``task_id``
-and ``attempt``. A context crosses the broker in a ``log_context`` header, so an id given where
-the work came in reaches the worker that does it, and every retry. Leaving a context restores
+and ``attempt``. A context is kept with each job (``Job.context``) and crosses the broker in a
+``log_context`` header, so an id given where the work came in reaches the worker that does it,
+and every retry. Leaving a context restores
 the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
 (``settings.LOGGING``); ``asyncwork.contrib.logging``'s formatters write them.
 """
@@ -64,6 +65,11 @@ def log_context(**fields: Any) -> Iterator[None]:
         yield
     finally:
         _context.reset(token)
+
+
+def log_context_current() -> dict[str, Any]:
+    """The open log context's fields (none outside one), for work that runs later."""
+    return dict(_context.get() or {})
 
 
 def log_context_bind(**fields: Any) -> None:

@@ -74,6 +74,8 @@ class Job(models.Model):
         default=list, blank=True, help_text="Each failed run's exception class and traceback."
     )
     return_value = models.JSONField(null=True, blank=True)
+    # The log context where it was enqueued (asyncwork.logging): every run's lines carry it.
+    context = models.JSONField(default=dict, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -92,6 +94,12 @@ class Job(models.Model):
                 fields=["due_at"],
                 name="job_due_idx",
                 condition=Q(published_at__isnull=True, due_at__isnull=False),
+            ),
+            # The jobs published and not started, which the poll looks at every minute.
+            models.Index(
+                fields=["published_at"],
+                name="job_ready_idx",
+                condition=Q(status="READY", published_at__isnull=False),
             ),
             # The rescue's scan of runs in progress: a few rows.
             models.Index(

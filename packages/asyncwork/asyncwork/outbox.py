@@ -34,6 +34,8 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from asyncwork import queues
 from asyncwork.audit import operator_action_record
+from asyncwork.logging import HEADER as LOG_CONTEXT_HEADER
+from asyncwork.logging import log_context_current
 from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 from asyncwork.tasks import RUN, TIME_LIMIT_GRACE, job_publish_failed, job_published, task_for
@@ -56,7 +58,15 @@ def job_create(
     due_at: datetime | None = None,
 ) -> Job:
     """Record a job in this transaction, published once it commits (or once ``due_at`` comes)."""
-    job = Job(task=task, args=args, kwargs=kwargs, queue=queue, backend=backend, due_at=due_at)
+    job = Job(
+        task=task,
+        args=args,
+        kwargs=kwargs,
+        queue=queue,
+        backend=backend,
+        due_at=due_at,
+        context=log_context_current(),
+    )
     job.save(force_insert=True)
     if due_at is None:
         transaction.on_commit(lambda: _publish_committed(job), robust=True)
@@ -69,11 +79,12 @@ def message_id(job_id: int) -> str:
 
 
 # The on-commit mark: a raw UPDATE by primary key, cheaper than compiling QuerySet.update() on
-# every enqueueing request. A row marked meanwhile keeps its first publish time.
+# every enqueueing request. A row marked meanwhile keeps its first publish time; one a worker
+# has claimed since is left alone (its retry, if it failed already, waits unpublished).
 _MARK_PUBLISHED = (
     f"UPDATE {Job._meta.db_table} "  # noqa: S608 - a model's table name, no input
     "SET published_at = coalesce(published_at, now()), publish_attempts = publish_attempts + 1 "
-    "WHERE id = %s"
+    "WHERE id = %s AND started_at IS NULL"
 )
 
 
@@ -160,6 +171,7 @@ def _send(job: Job, *, queue: str) -> Exception | None:
             task_id=message_id(job.pk),
             # Celery's log lines and events name the task, not the runner.
             shadow=job.task,
+            headers={LOG_CONTEXT_HEADER: job.context} if job.context else None,
             producer=_producer(),
             # One try: a row whose publish fails waits for the relay, not the request.
             retry=False,

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 # A job waits its due time to within this, for one indexed query per poll when none is due.
 POLL_SECONDS = 1.0
+# How often the jobs published long ago and never started are looked for.
+UNSTARTED_EVERY_SECONDS = 60.0
 
 
 class Poll(PeriodicThread):
@@ -34,12 +36,13 @@ class Poll(PeriodicThread):
             recovered="jobs published and workers rescued again",
         )
         self.rescued_at = 0.0
+        self.swept_at = time.monotonic()
         self.broker: Any = None
 
     def tick(self) -> None:
         # The models are loaded by the first tick.
         from asyncwork.outbox import relay
-        from asyncwork.recovery import BrokerWatch, jobs_republish_lost
+        from asyncwork.recovery import BrokerWatch, jobs_republish_lost, jobs_republish_unstarted
         from asyncwork.rescue import RESCUE_EVERY, workers_rescue
 
         if self.broker is None:
@@ -50,6 +53,9 @@ class Poll(PeriodicThread):
         if time.monotonic() - self.rescued_at >= RESCUE_EVERY.total_seconds():
             self.rescued_at = time.monotonic()
             self.guarded(workers_rescue, dict[str, int]())
+        if time.monotonic() - self.swept_at >= UNSTARTED_EVERY_SECONDS:
+            self.swept_at = time.monotonic()
+            self.guarded(jobs_republish_unstarted, 0)
 
 
 class PollStep(bootsteps.StartStopStep):

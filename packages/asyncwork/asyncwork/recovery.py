@@ -6,14 +6,16 @@ broker, and when
   behind),
 
 every job published and not started is published again (``jobs_republish_lost``). A message that
-survived finds its job claimed or done, and does nothing. Nothing here runs on RabbitMQ, whose
-quorum queues keep their messages.
+survived finds its job claimed or done, and does nothing. Nothing of that runs on RabbitMQ, whose
+quorum queues keep their messages. On any broker, a job published long ago and never started is
+published again (``jobs_republish_unstarted``): a message lost on its own.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from datetime import timedelta
 
 import redis as redis_py
 from celery import current_app
@@ -21,6 +23,7 @@ from django.db.models.functions import Now
 
 from asyncwork.broker import broker_redis
 from asyncwork.models import Job
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -75,3 +78,20 @@ def jobs_republish_lost() -> int:
         extra={"republished": lost},
     )
     return lost
+
+
+def jobs_republish_unstarted() -> int:
+    """Publish again the jobs published ``REPUBLISH_UNSTARTED_SECONDS`` ago and still not started:
+    their message may be gone without the broker restarting (a consumer killed between taking it
+    from Redis and recording it unacknowledged, a queue purged). Under a backlog that old, a
+    second message for a job is taken and does nothing."""
+    since = Now() - timedelta(seconds=asyncwork_settings.REPUBLISH_UNSTARTED_SECONDS)
+    stale = Job.objects.filter(status=Job.Status.READY, published_at__lt=since)
+    republished = stale.update(published_at=None, due_at=Now())
+    if republished:
+        logger.warning(
+            "%d job(s) published long ago and never started are published again",
+            republished,
+            extra={"republished": republished},
+        )
+    return republished

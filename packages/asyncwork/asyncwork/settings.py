@@ -80,6 +80,11 @@ SETTINGS: dict[str, Setting] = {
     "REDIS_URL": Setting(
         "redis://127.0.0.1:6379/0", "text", "the Redis holding the circuit breakers' state"
     ),
+    "REPUBLISH_UNSTARTED_SECONDS": Setting(
+        600,
+        "positive",
+        "a job published this long ago and never started is published again (its message lost)",
+    ),
     "TRUSTED_PROXIES": Setting(
         [], "networks", "peers whose X-Forwarded-For and X-Forwarded-Proto count; empty: none"
     ),

@@ -140,6 +140,17 @@ class Migration(migrations.Migration):
                 name="job_due_idx",
             ),
         ),
+        migrations.AddField(
+            model_name="job", name="context", field=models.JSONField(blank=True, default=dict)
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=Q(published_at__isnull=False, status="READY"),
+                fields=["published_at"],
+                name="job_ready_idx",
+            ),
+        ),
         migrations.AddIndex(
             model_name="job",
             index=models.Index(

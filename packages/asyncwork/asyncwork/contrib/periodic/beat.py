@@ -23,9 +23,8 @@ from typing import Any
 import psycopg
 from django.db import DatabaseError, connection, connections
 from django_celery_beat.schedulers import DatabaseScheduler
-from kombu.exceptions import OperationalError
 
-from asyncwork.contrib.periodic.jobs import jobs_recover, schedules_missing
+from asyncwork.contrib.periodic.jobs import schedules_missing
 from asyncwork.contrib.periodic.locks import (
     NAMESPACE,
     Holder,
@@ -33,11 +32,10 @@ from asyncwork.contrib.periodic.locks import (
     lock_holder_record,
     lock_key,
 )
-from asyncwork.recovery import BrokerWatch
 
 logger = logging.getLogger(__name__)
 
-# A standby tries the leader lock this often, and the leader checks the broker's run id as often:
+# A standby tries the leader lock this often:
 # the bound on a takeover.
 STANDBY_POLL_SECONDS = 5.0
 
@@ -106,8 +104,6 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._leader = LeaderLock()
         self._leading = False
-        self._broker = BrokerWatch()
-        self._broker_restarted = False
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -137,9 +133,6 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                 self._heap_invalidated = True
                 logger.info("beat took the leader lock: dispatching")
                 self._leading = True
-            self._broker_restarted = self._broker_restarted or self._broker.restarted()
-            if self._broker_restarted and _recover():
-                self._broker_restarted = False
             return float(min(super().tick(*args, **kwargs), STANDBY_POLL_SECONDS))
         except DatabaseError as exc:
             # PostgreSQL restarting: do not die (nothing would dispatch the jobs); try again soon.
@@ -150,16 +143,6 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def close(self) -> None:
         super().close()
         self._leader.release()
-
-
-def _recover() -> bool:
-    """Dispatch the recovery jobs; False (asked again next tick) when they could not be."""
-    try:
-        jobs_recover()
-    except (OperationalError, OSError) as exc:  # the broker may still be coming back
-        logger.warning("recovery jobs not dispatched: %s; retrying", exc)
-        return False
-    return True
 
 
 def active_beat() -> Holder | None:

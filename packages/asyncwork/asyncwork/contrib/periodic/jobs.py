@@ -4,9 +4,7 @@ run under its own PostgreSQL lock.
 A job's one name is its task's, its lock's (``job:<name>``) and its ``ScheduledJob`` row's.
 ``schedules_sync`` runs after every ``migrate``: idempotent, and concurrent runs take turns.
 ``job_run`` takes the lock without waiting, so a second run skips; each body is idempotent; a
-tick expires after one interval, so ticks piled up while no worker ran are dropped. A job
-declared ``on_recovery`` also runs when the beat leader sees that the broker lost its queued
-messages (``asyncwork.recovery``).
+tick expires after one interval, so ticks piled up while no worker ran are dropped.
 """
 
 from __future__ import annotations
@@ -20,23 +18,17 @@ from datetime import timedelta
 from typing import Any, TextIO, TypeVar
 
 from celery import Task, shared_task
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.db.models import F
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
-from prometheus_client import Counter
 
 from asyncwork.contrib.periodic.locks import Holder, advisory_lock, advisory_xact_lock
 from asyncwork.db import insert_or_skip
 from asyncwork.models import ScheduledJob
 
 logger = logging.getLogger(__name__)
-
-
-# Why the recovery jobs run (the metric's label, the log's word): the broker lost its queued
-# messages.
-BROKER_RESTARTED = "broker_restarted"
 
 
 @dataclass(frozen=True)
@@ -48,7 +40,6 @@ class Job:
     every: timedelta | None = None
     # CrontabSchedule fields (minute, hour, ...), in UTC; unnamed fields are "*".
     cron: dict[str, str] | None = None
-    recover: Callable[[], Any] | None = None  # what runs on recovery, if anything
 
     @property
     def expires(self) -> int:
@@ -62,45 +53,18 @@ Run = TypeVar("Run", bound=Callable[[], Any])
 
 
 def job(
-    name: str,
-    *,
-    every: timedelta | None = None,
-    cron: dict[str, str] | None = None,
-    on_recovery: bool | Callable[[], Any] = False,
+    name: str, *, every: timedelta | None = None, cron: dict[str, str] | None = None
 ) -> Callable[[Run], Run]:
     """Declare the decorated function (returned unchanged) the body of job ``name``, run every
-    ``every`` or on ``cron``. ``on_recovery``: True also runs it at once when the broker lost its
-    queued messages (``jobs_recover``); a callable runs instead then."""
+    ``every`` or on ``cron``."""
     if (every is None) == (cron is None):
         raise ValueError("a job runs either every interval or on a crontab")
 
     def declare(run: Run) -> Run:
-        recover = (run if on_recovery else None) if isinstance(on_recovery, bool) else on_recovery
-        _jobs[name] = Job(name=name, run=run, every=every, cron=cron, recover=recover)
+        _jobs[name] = Job(name=name, run=run, every=every, cron=cron)
 
-        def body(recovery: bool = False, attempt: int = 0) -> Any:
-            if not recovery or recover is None:
-                return job_run(name=name, body=run).result
-
-            # A recovery run is not left to the next periodic tick, which would not run it as a
-            # recovery: one skipped (a periodic run, perhaps older than the restart, holds the
-            # lock) or cut by the database going away (a broker and a database restart close
-            # together) is dispatched again soon.
-            def again() -> None:
-                if attempt < RECOVERY_ATTEMPTS:
-                    _tasks[name].apply_async(
-                        kwargs={"recovery": True, "attempt": attempt + 1},
-                        countdown=RECOVERY_RETRY_SECONDS,
-                    )
-
-            try:
-                outcome = job_run(name=name, body=recover)
-            except (OperationalError, InterfaceError):
-                again()
-                raise
-            if not outcome.ran:
-                again()
-            return outcome.result
+        def body() -> Any:
+            return job_run(name=name, body=run).result
 
         body.__name__ = body.__qualname__ = run.__name__
         body.__module__ = run.__module__
@@ -117,35 +81,6 @@ def job_task(name: str) -> Task:
 def jobs_declared() -> tuple[Job, ...]:
     """Every declared job, in the order declared."""
     return tuple(_jobs.values())
-
-
-RECOVERY_TRIGGERS = Counter(
-    "asyncwork_recovery_triggers",
-    "Times the beat leader dispatched the recovery jobs at once, by reason: broker_restarted "
-    "(the broker's run id changed or its marker is gone).",
-    ["reason"],
-)
-RECOVERY_ATTEMPTS = 5
-RECOVERY_RETRY_SECONDS = 5
-
-
-def jobs_recover() -> list[str]:
-    """Dispatch now every recovery job whose periodic task is enabled; returns their names."""
-    declared = [job.name for job in jobs_declared() if job.recover is not None]
-    enabled = set(
-        PeriodicTask.objects.filter(name__in=declared, enabled=True).values_list("name", flat=True)
-    )
-    names = [name for name in declared if name in enabled]
-    for name in names:
-        _tasks[name].apply_async(kwargs={"recovery": True})
-    RECOVERY_TRIGGERS.labels(reason=BROKER_RESTARTED).inc()
-    logger.warning(
-        "recovery: %s; dispatched the recovery jobs now: %s",
-        BROKER_RESTARTED,
-        ", ".join(names) or "none declared",
-        extra={"reason": BROKER_RESTARTED, "jobs": names},
-    )
-    return names
 
 
 # How schedules_sync finds the periodic tasks it manages; existing rows carry this text, so it
