@@ -63,9 +63,9 @@ WITH event AS (
 ), outbox AS (
     INSERT INTO asyncwork_job
         (task, args, kwargs, queue, backend, status, created_at, published_at,
-         publish_attempts, last_error, owner, attempts, worker_ids, errors)
+         publish_attempts, last_error, owner, attempts, worker_ids, errors, context)
     SELECT %(task)s, jsonb_build_array(invoice.id), '{}', %(queue)s, 'default', 'READY',
-           now(), now(), 1, '', '', 0, '[]', '[]'
+           now(), now(), 1, '', '', 0, '[]', '[]', '{}'
     FROM invoice
     WHERE invoice.status = 'paid'
       AND coalesce((SELECT status FROM before), '') <> 'paid'

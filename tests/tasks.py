@@ -48,10 +48,13 @@ def crash() -> None:
     backoff_max=FLAKY_RETRY_SECONDS,
 )
 def flaky(context: TaskContext, key: str) -> None:
-    """Fails its first attempt (transient: retried within ``FLAKY_RETRY_SECONDS``), then records
-    in the cache under ``key`` the attempt that succeeded."""
+    """Fails its first attempt as a dependency that asks to be left alone
+    ``FLAKY_RETRY_SECONDS`` (``retry_after``, as an HTTP 429's Retry-After), which is also the
+    task's longest wait: its retry is due exactly that long after, not at a random time of full
+    jitter (``asyncwork.runner``). Then records in the cache under ``key`` the attempt that
+    succeeded."""
     if context.attempt == 1:
-        raise TransientError("the first attempt fails")
+        raise TransientError("the first attempt fails", retry_after=FLAKY_RETRY_SECONDS)
     cache.set(key, context.attempt, timeout=300)
 
 

@@ -127,12 +127,6 @@ def test_a_stale_event_line_carries_the_event_and_invoice_it_belongs_to(
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the log context does not reach a retry (the relay publishes it from the worker's "
-    "poll thread, and the job row keeps no context), and Celery's line about each run, written "
-    "after the runner returns, carries no attempt",
-)
 def test_json_lines_of_a_worker_process_carry_event_invoice_task_and_attempt(
     client: Client, smtp: SmtpServer
 ) -> None:

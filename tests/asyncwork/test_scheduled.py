@@ -6,8 +6,8 @@ after the visibility timeout, or never after a restart), and RabbitMQ's consumer
 cut in however long the wait. ``run_after`` waits the same way. A retry the database refuses to
 record is not lost. On both brokers.
 
-The retries here are ``retry_tasks.asked_later``'s: due exactly ``ASKED_SECONDS`` after the
-first attempt failed, where full jitter would make the wait anything up to the policy's."""
+The retries here are ``tests.tasks.flaky``'s: due exactly ``FLAKY_RETRY_SECONDS`` after the first
+attempt failed, where full jitter would make the wait anything up to the policy's."""
 
 from __future__ import annotations
 
@@ -34,14 +34,13 @@ from core.celery import app
 from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
-from tests.asyncwork.retry_tasks import ASKED_SECONDS, asked_later
 from tests.helpers import broker
 from tests.helpers.processes import SCALED, SCALED_BREAKER, worker_env, worker_thread
 from tests.helpers.redis_server import PrivateRedis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-INCLUDE = ("tests.tasks", "tests.asyncwork.retry_tasks")
+INCLUDE = ("tests.tasks",)
 
 
 def waiting_retry(job_id: str) -> Job | None:
@@ -56,20 +55,20 @@ def test_a_retry_waits_as_a_job_row_with_nothing_held_in_the_broker() -> None:
     key = f"asked-{uuid.uuid4().hex}"
     with worker_thread(concurrency=1):
         started = time.monotonic()
-        result = asked_later.enqueue(key)
+        result = test_tasks.flaky.enqueue(key)
         assert wait_until(lambda: waiting_retry(result.id) is not None, timeout=10)
         row = waiting_retry(result.id)
         assert row is not None
         assert row.due_at is not None
         assert row.last_attempted_at is not None
-        assert (row.task, row.args) == (asked_later.module_path, [key])
+        assert (row.task, row.args) == (test_tasks.flaky.module_path, [key])
         assert [e["exception_class_path"] for e in row.errors] == [
             "asyncwork.errors.TransientError"
         ]
         assert row.first_failed_at is not None
         # Due the wait after the failed run (which took well under a second).
         wait = (row.due_at - row.last_attempted_at).total_seconds()
-        assert ASKED_SECONDS <= wait < ASKED_SECONDS + 1
+        assert test_tasks.FLAKY_RETRY_SECONDS <= wait < test_tasks.FLAKY_RETRY_SECONDS + 1
 
         # The first attempt's message is acknowledged; nothing waits in the broker.
         assert wait_until(lambda: broker.jobs_in_broker() == {}, timeout=5)
@@ -82,9 +81,9 @@ def test_a_retry_waits_as_a_job_row_with_nothing_held_in_the_broker() -> None:
         assert row.published_at is None  # still waiting in PostgreSQL
 
         # Published once due, by the worker's poll; it runs as the retry it is.
-        assert wait_until(lambda: cache.get(key) == 2, timeout=ASKED_SECONDS + 10)
+        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 10)
         took = time.monotonic() - started
-    assert took >= ASKED_SECONDS
+    assert took >= test_tasks.FLAKY_RETRY_SECONDS
     row.refresh_from_db()
     assert (row.status, row.attempts) == (Job.Status.SUCCESSFUL, 2)
     assert row.published_at is not None
@@ -127,7 +126,7 @@ def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
     try:
         first.wait_ready()
         started = time.monotonic()
-        result = asked_later.enqueue(key)
+        result = test_tasks.flaky.enqueue(key)
         assert wait_until(lambda: waiting_retry(result.id) is not None, timeout=15)
         assert wait_until(lambda: "retried in" in first.log_text(), timeout=5)
         first.kill()
@@ -140,7 +139,7 @@ def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
         for worker in (first, second):
             if worker is not None:
                 worker.stop()
-    assert took < ASKED_SECONDS + 5 < int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
+    assert took < test_tasks.FLAKY_RETRY_SECONDS + 5 < int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
     assert not DeadLetter.objects.exists()
 
 
@@ -157,7 +156,7 @@ def test_a_retry_outlives_a_broker_restart(private_redis: PrivateRedis) -> None:
     try:
         worker.wait_ready()
         started = time.monotonic()
-        result = asked_later.using(run_after=timezone.now()).enqueue(key)
+        result = test_tasks.flaky.using(run_after=timezone.now()).enqueue(key)
         assert wait_until(lambda: waiting_retry(result.id) is not None, timeout=15)
         private_redis.shutdown_nosave()
         private_redis.start()
@@ -167,7 +166,7 @@ def test_a_retry_outlives_a_broker_restart(private_redis: PrivateRedis) -> None:
     finally:
         worker.stop()
     assert ran, log[-3000:]
-    assert took < ASKED_SECONDS + 5
+    assert took < test_tasks.FLAKY_RETRY_SECONDS + 5
     assert not DeadLetter.objects.exists()
 
 

@@ -42,7 +42,7 @@ from stack.smtp import SmtpServer
 from tests import tasks as test_tasks
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import worker_env
-from tests.helpers.retried import RETRY_SECONDS, retried
+from tests.tasks import FLAKY_RETRY_SECONDS, flaky
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -303,7 +303,7 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     node = rabbit(consumer_timeout=str(CONSUMER_TIMEOUT_MS))
     node.ctl("eval", f"application:set_env(rabbit, channel_tick_interval, {TICK_MS}).")
     env = _env(smtp, node)
-    assert RETRY_SECONDS * 1000 > CONSUMER_TIMEOUT_MS + 2 * TICK_MS
+    assert FLAKY_RETRY_SECONDS * 1000 > CONSUMER_TIMEOUT_MS + 2 * TICK_MS
     retried_key, hold_key = f"retried-{uuid.uuid4().hex}", f"hold-{uuid.uuid4().hex}"
     again = None
     worker = launch.celery_worker(
@@ -312,7 +312,7 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     try:
         worker.wait_ready()
         started = time.monotonic()
-        retried_id = _due_now(retried, retried_key)
+        retried_id = _due_now(flaky, retried_key)
         # The worker's own poll publishes the job; its first attempt fails and is retried.
         assert wait_until(
             lambda: Job.objects.filter(pk=retried_id, status="READY", attempts=1).exists(),
@@ -360,7 +360,7 @@ def test_a_retry_waits_past_the_consumer_timeout_with_its_channel_open(
     # The worker's channels consume, and hold nothing.
     assert sum(int(channel["consumer_count"]) for channel in waiting) >= 1, waiting
     assert sum(int(channel["messages_unacknowledged"]) for channel in waiting) == 0, waiting
-    assert retried_after >= RETRY_SECONDS - 1
+    assert retried_after >= FLAKY_RETRY_SECONDS - 1
     assert "PRECONDITION_FAILED" not in retry_log
     assert TIMED_OUT not in retry_log
     assert NODE_TIMED_OUT not in node_log

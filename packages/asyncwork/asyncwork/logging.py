@@ -40,18 +40,15 @@ def line_fields() -> tuple[str, ...]:
 
 HEADER = "log_context"
 
-# The attempt of the job this thread runs (asyncwork.runner), for its log lines.
+# The attempt of the job this thread runs (asyncwork.runner), for its log lines: set by the run
+# once it has claimed its job, cleared as the task ends (``task_postrun``), after Celery's own
+# line about the run.
 _attempt: ContextVar[int | None] = ContextVar("attempt", default=None)
 
 
-@contextmanager
-def attempt(number: int) -> Iterator[None]:
-    """Log lines in the block carry ``attempt=number``."""
-    token = _attempt.set(number)
-    try:
-        yield
-    finally:
-        _attempt.reset(token)
+def attempt_set(number: int) -> None:
+    """This run's log lines, to the end of its task, carry ``attempt=number``."""
+    _attempt.set(number)
 
 
 _context: ContextVar[dict[str, Any] | None] = ContextVar("log_context", default=None)
@@ -119,6 +116,7 @@ def _context_task_start(task_id: str | None = None, task: Any = None, **_: Any) 
 
 def _context_task_end(task_id: str | None = None, **_: Any) -> None:
     """``task_postrun``: close the task run's context."""
+    _attempt.set(None)
     token = _tokens.pop((task_id or "", threading.get_ident()), None)
     if token is None:
         return

@@ -42,7 +42,7 @@ from django.utils import timezone
 from asyncwork.deadletters import record
 from asyncwork.errors import Deferred, PermanentError, TransientError
 from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
-from asyncwork.logging import attempt
+from asyncwork.logging import attempt_set
 from asyncwork.models import DeadLetter, Job
 from asyncwork.outbox import message_id
 from asyncwork.tasks import (
@@ -310,27 +310,27 @@ def job_run(job_id: int, *, lease_seconds: float) -> str:
         logger.debug("job %d not run: done, not due, or running elsewhere", job_id)
         return "skipped"
     job = run.job
-    with attempt(job.attempts):
-        try:
-            task = task_for(job.task)
-            if job.attempts > task.max_attempts:
-                raise RedeliveredTooOften(
-                    f"claimed {job.attempts} times, more than its {task.max_attempts} attempts: "
-                    "the runs before ended with no outcome (the worker running it died)"
-                )
-            result = task_result(task, job)
-            backend = type(task.get_backend())
-            task_started.send(backend, task_result=result)
-            args = [TaskContext(task_result=result), *job.args] if task.takes_context else job.args
-            value = normalize_json(task.call(*args, **job.kwargs))
-        except Exception as exc:  # noqa: BLE001 - every failure has an outcome, written below
-            outcome = _outcome(run, exc, "".join(traceback.format_exception(exc)))
-            if outcome == "failed" and "result" in locals():
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                object.__setattr__(result, "finished_at", timezone.now())
-                task_finished.send(backend, task_result=result)
-            job_ran.send(job_run, task=job.task, outcome=outcome)
-            return outcome
+    attempt_set(job.attempts)
+    try:
+        task = task_for(job.task)
+        if job.attempts > task.max_attempts:
+            raise RedeliveredTooOften(
+                f"claimed {job.attempts} times, more than its {task.max_attempts} attempts: "
+                "the runs before ended with no outcome (the worker running it died)"
+            )
+        result = task_result(task, job)
+        backend = type(task.get_backend())
+        task_started.send(backend, task_result=result)
+        args = [TaskContext(task_result=result), *job.args] if task.takes_context else job.args
+        value = normalize_json(task.call(*args, **job.kwargs))
+    except Exception as exc:  # noqa: BLE001 - every failure has an outcome, written below
+        outcome = _outcome(run, exc, "".join(traceback.format_exception(exc)))
+        if outcome == "failed" and "result" in locals():
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            task_finished.send(backend, task_result=result)
+        job_ran.send(job_run, task=job.task, outcome=outcome)
+        return outcome
     _succeed(run, value)
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
