@@ -216,10 +216,17 @@ class IngestLoad:
 
 def edge_unlimited(upstream_port: int, *, senders: int) -> Process:
     """nginx of the edge's template in front of ``upstream_port`` with its limits out of the
-    way for ``senders`` closed-loop senders from one address, which gets a quarter of each
-    webhook limit (``stack.nginx``): the path of the edge without its admission."""
-    unlimited = 1_000_000
-    return launch.edge(upstream_port, rate=unlimited, burst=unlimited, in_flight=4 * senders)
+    way for ``senders`` closed-loop senders from one address, which may use each webhook limit
+    whole (``stack.nginx``): the path of the edge without its admission."""
+    unlimited, in_flight = 1_000_000, 4 * senders
+    whole = {
+        "WEBHOOK_EDGE_ADDRESS_RATE": unlimited,
+        "WEBHOOK_EDGE_ADDRESS_BURST": unlimited,
+        "WEBHOOK_EDGE_ADDRESS_CONNECTIONS": in_flight,
+    }
+    return launch.edge(
+        upstream_port, rate=unlimited, burst=unlimited, in_flight=in_flight, settings=whole
+    )
 
 
 def checks(bench: IngestLoad, options: Options) -> dict[str, Any]:

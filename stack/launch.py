@@ -253,10 +253,11 @@ def edge(
     path) and ``upstream_host``:``webhook_port`` (the webhook; the same gunicorn unless given),
     configured by ``deploy/nginx/render.sh`` (``stack.nginx``): ``rate`` webhooks per second in
     all (``burst`` at once), ``in_flight`` at a time, any address may post webhooks, and any
-    other of render.sh's settings in ``settings`` (the per-address ones default to a quarter of
-    these). Stopped gracefully (SIGQUIT: what is in flight is answered). ``upstream_host`` may
-    be a name that resolves to several addresses: nginx balances over them (across hosts,
-    ``via`` runs it where the name is known: ``stack.netns.Topology.hosts_file``)."""
+    other of render.sh's settings in ``settings`` (the per-address ones derive from these as
+    render.sh's header says). Stopped gracefully (SIGQUIT: what is in flight is answered).
+    ``upstream_host`` may be a name that resolves to several addresses: nginx balances over them
+    (across hosts, ``via`` runs it where the name is known: ``stack.netns.Topology.hosts_file``).
+    """
     port = free_port()
     prefix = nginx.prefix_make(
         {

@@ -32,9 +32,13 @@
 #   WEBHOOK_EDGE_RATE            50: webhooks per second admitted in all (the capacity)
 #   WEBHOOK_EDGE_BURST           10: how many above that rate at once
 #   WEBHOOK_EDGE_CONNECTIONS     6: webhooks in flight to gunicorn at once (2 per worker)
-#   WEBHOOK_EDGE_ADDRESS_RATE    a quarter of the rate, rounded up: per client
-#   WEBHOOK_EDGE_ADDRESS_BURST   a quarter of the burst, rounded up: per client
-#   WEBHOOK_EDGE_ADDRESS_CONNECTIONS  a quarter of the connections, rounded up: per client
+#   WEBHOOK_EDGE_ADDRESS_RATE    a quarter of the rate, rounded up: webhooks per second per
+#                                client, its share of the capacity
+#   WEBHOOK_EDGE_ADDRESS_BURST   12: how many above that rate one client may send before 429;
+#                                they wait their turn at its rate (the template's header
+#                                derives this number)
+#   WEBHOOK_EDGE_ADDRESS_CONNECTIONS  the connections: webhooks one client may have in progress
+#                                at once
 #   EDGE_TRUSTED_PROXIES         empty (none): comma-separated networks of proxies in front of
 #                                the edge whose X-Forwarded-For names the client and whose
 #                                X-Forwarded-Proto says the scheme
@@ -197,19 +201,19 @@ count EDGE_ADDRESS_CONNECTIONS "$EDGE_ADDRESS_CONNECTIONS"
 count WEBHOOK_EDGE_RATE "$WEBHOOK_EDGE_RATE"
 count WEBHOOK_EDGE_BURST "$WEBHOOK_EDGE_BURST"
 count WEBHOOK_EDGE_CONNECTIONS "$WEBHOOK_EDGE_CONNECTIONS"
-# One address gets at most a quarter of each global budget, so senders flooding from up to three
-# allowed addresses (or holding connections open) still leave a quarter to everyone else; a
-# provider sending from several addresses, as Stripe does, still gets the whole rate.
+# One address's budget; the template's header derives each number. Its rate is its share: a
+# quarter of the capacity, so senders flooding from up to three allowed addresses still leave a
+# quarter to everyone else; a provider sending from several addresses, as Stripe does, still
+# gets the whole rate. Its burst waits its turn at that rate, and it may have as many requests in
+# flight as the capacity server allows in all.
 : "${WEBHOOK_EDGE_ADDRESS_RATE:=$(((WEBHOOK_EDGE_RATE + 3) / 4))}"
-: "${WEBHOOK_EDGE_ADDRESS_BURST:=$(((WEBHOOK_EDGE_BURST + 3) / 4))}"
-: "${WEBHOOK_EDGE_ADDRESS_CONNECTIONS:=$(((WEBHOOK_EDGE_CONNECTIONS + 3) / 4))}"
+: "${WEBHOOK_EDGE_ADDRESS_BURST:=12}"
+: "${WEBHOOK_EDGE_ADDRESS_CONNECTIONS:=$WEBHOOK_EDGE_CONNECTIONS}"
 count WEBHOOK_EDGE_ADDRESS_RATE "$WEBHOOK_EDGE_ADDRESS_RATE"
 count WEBHOOK_EDGE_ADDRESS_BURST "$WEBHOOK_EDGE_ADDRESS_BURST"
 count WEBHOOK_EDGE_ADDRESS_CONNECTIONS "$WEBHOOK_EDGE_ADDRESS_CONNECTIONS"
 not_above WEBHOOK_EDGE_ADDRESS_RATE "$WEBHOOK_EDGE_ADDRESS_RATE" \
     WEBHOOK_EDGE_RATE "$WEBHOOK_EDGE_RATE"
-not_above WEBHOOK_EDGE_ADDRESS_BURST "$WEBHOOK_EDGE_ADDRESS_BURST" \
-    WEBHOOK_EDGE_BURST "$WEBHOOK_EDGE_BURST"
 not_above WEBHOOK_EDGE_ADDRESS_CONNECTIONS "$WEBHOOK_EDGE_ADDRESS_CONNECTIONS" \
     WEBHOOK_EDGE_CONNECTIONS "$WEBHOOK_EDGE_CONNECTIONS"
 
