@@ -88,7 +88,7 @@ def test_same_key_twice_sends_once_and_a_new_key_sends_again(
     assert len(smtp.messages) == 3  # the payment email and two deliberate resends
     ids = [m["Message-ID"] for m in smtp.messages]
     assert len(set(ids)) == 3  # each email under its own key has its own Message-ID
-    payment = EmailDelivery.objects.get(key=invoice_email_key(invoice))
+    payment = EmailDelivery.objects.get(key=invoice_email_key(invoice.pk))
     assert (payment.state, payment.attempts) == ("sent", 1)  # never bypassed or reset
     resends = EmailDelivery.objects.exclude(pk=payment.pk)
     assert sorted(resends.values_list("state", flat=True)) == ["sent", "sent"]
