@@ -207,10 +207,9 @@ def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
 
 class JobTask(Task):
     """Scheduled jobs' base: at-least-once, never retried nor dead-lettered; the next tick is the
-    retry, ``ScheduledJob.last_error`` and the ERROR line the record."""
+    retry, ``ScheduledJob.last_error`` and the ERROR line the record (at-least-once:
+    ``asyncwork.install.REQUIRED``)."""
 
-    acks_late = True
-    reject_on_worker_lost = True
     max_retries = 0
     # job_run logs a failure once, with its traceback; in ``throws``, Celery's own line is INFO
     # without one.
