@@ -111,12 +111,12 @@ WEAKENING: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "asyncwork.W002": (
         "CELERY_TASK_ACKS_LATE",
         lambda value: value is False,
-        "periodic jobs are acknowledged before they run: one cut short is lost",
+        "jobs are acknowledged before they run: one cut short is lost",
     ),
     "asyncwork.W003": (
         "CELERY_TASK_REJECT_ON_WORKER_LOST",
         lambda value: value is False,
-        "a periodic job whose worker was killed is acknowledged, not run again",
+        "a job whose worker was killed is acknowledged, not run again",
     ),
 }
 
