@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from asyncwork.contrib.monitoring.probes import CheckResult, Figure, Probe, probe_declare
 from asyncwork.models import ScheduledJob
+from asyncwork.settings import metric_name
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.reconcile import JOB, TIME
 from webhooks.stripe_api import API_OFF
@@ -130,12 +131,12 @@ def reconcile_metrics(probe: ReconcileProbe | None) -> list[Metric]:
         return []
     cursor = probe.cursor
     recovered = CounterMetricFamily(
-        "invoicing_stripe_events_recovered",
+        metric_name("stripe_events_recovered"),
         "Events recorded from Stripe's Events API that no webhook had delivered.",
     )
     recovered.add_metric([], cursor.recovered_total)
     age = GaugeMetricFamily(
-        "invoicing_stripe_reconcile_cursor_age_seconds",
+        metric_name("stripe_reconcile_cursor_age_seconds"),
         "Seconds since the time up to which every event of the handled types is recorded.",
     )
     if cursor.covered_until is not None:
