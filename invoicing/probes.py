@@ -14,8 +14,8 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asyncwork.contrib.monitoring.gauges import breaker_check, breaker_figures, breaker_metrics
+from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.contrib.monitoring.probes import Figure, Probe, breaker_probe, probe_declare
-from asyncwork.settings import metric_name
 from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery
 

@@ -10,9 +10,9 @@ from django.conf import settings
 from django_tasks import task
 from prometheus_client import Counter
 
+from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.errors import PermanentError
 from asyncwork.heartbeat import heartbeat_owner
-from asyncwork.settings import metric_name
 from invoicing import delivery
 from invoicing.models import EmailDelivery
 

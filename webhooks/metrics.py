@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from prometheus_client import Counter
 
-from asyncwork.settings import metric_name
+from asyncwork.contrib.monitoring.metrics import metric_name
 
 WEBHOOK_DELIVERIES = Counter(
     metric_name("webhook_deliveries"),

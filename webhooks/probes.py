@@ -17,9 +17,9 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.contrib.monitoring.probes import CheckResult, Figure, Probe, probe_declare
 from asyncwork.models import ScheduledJob
-from asyncwork.settings import metric_name
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.reconcile import JOB, TIME
 from webhooks.stripe_api import API_OFF
