@@ -517,8 +517,6 @@ if EMAIL_PROVIDER_DEADLINE_SECONDS < EMAIL_BREAKER_RESET_SECONDS:
 # --- Scheduled jobs ---------------------------------------------------------------------------
 # Save each entry's last run after every dispatch, for a standby taking over.
 CELERY_BEAT_SYNC_EVERY = 1
-# A paid invoice with no email and nothing pending for this long is re-enqueued by reconcile.
-RECONCILE_QUIET_SECONDS = 600
 WEBHOOK_BODY_RETENTION_DAYS = setting(
     "WEBHOOK_BODY_RETENTION_DAYS",
     30,

@@ -83,9 +83,9 @@ def jobs_declared() -> tuple[Job, ...]:
     return tuple(_jobs.values())
 
 
-# How schedules_sync finds the periodic tasks it manages; existing rows carry this text, so it
-# never changes.
-MANAGED = "Managed by manage.py setup_periodic_tasks (core/jobs.py)."
+# The description of each periodic task schedules_sync manages; it finds them by its start.
+MANAGED_BY = "Managed by manage.py setup_periodic_tasks"
+MANAGED = f"{MANAGED_BY} (declared with asyncwork.contrib.periodic.jobs.job)."
 SYNC_LOCK = "schedules-sync"
 
 
@@ -127,9 +127,9 @@ def schedules_sync() -> dict[str, int]:
             else:
                 counts["unchanged"] += 1
             insert_or_skip(ScheduledJob(name=schedule.name), conflict_fields=["name"])
-        stale = PeriodicTask.objects.filter(description=MANAGED, enabled=True).exclude(
-            name__in=[s.name for s in jobs_declared()]
-        )
+        stale = PeriodicTask.objects.filter(
+            description__startswith=MANAGED_BY, enabled=True
+        ).exclude(name__in=[s.name for s in jobs_declared()])
         for task in stale:
             task.enabled = False
             task.save()
