@@ -1,7 +1,8 @@
 """docs/configuration.md, from the declarations in the code.
 
 An operator setting is declared once: in ``core/settings.py`` as ``setting(NAME, default,
-reason)`` (a secret as ``_secret(NAME, ..., reason=...)``), under the settings file's section
+reason)`` (a secret as ``_secret(NAME, ..., reason=...)``, a key of the machinery's ``ASYNCWORK``
+as ``machinery(NAME, type, reason)``, its default the machinery's: ``asyncwork/settings.py``), under the settings file's section
 comment (``# --- Email ---``); in ``deploy/nginx/render.sh``'s header as ``NAME  default: reason``
 for the edge. This reads both (without importing the settings: the defaults shown are the code
 as written) and writes the reference. ``tests/core/test_configuration_doc.py`` fails when the
@@ -19,6 +20,7 @@ import re
 import sys
 from typing import NamedTuple
 
+from asyncwork.settings import SETTINGS as MACHINERY
 from stack.process import ROOT
 
 SETTINGS = ROOT / "core" / "settings.py"
@@ -104,6 +106,11 @@ def application() -> list[Setting]:
                 section, ast.literal_eval(name), _default(default), ast.literal_eval(reason)
             )
             found.append((node.lineno, setting))
+        elif node.func.id == "machinery":
+            name, _cast, reason = node.args
+            key = ast.literal_eval(name)
+            default = _default(ast.Constant(MACHINERY[key].default))
+            found.append((node.lineno, Setting(section, key, default, ast.literal_eval(reason))))
         elif node.func.id == "_secret":
             reason = next(k.value for k in node.keywords if k.arg == "reason")
             required = "**required** unless `DJANGO_DEBUG` is on"

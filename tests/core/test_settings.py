@@ -303,8 +303,8 @@ def test_a_bad_network_stops_start_up_naming_it(setting: str, entry: str) -> Non
     result = manage("check", env={**PRODUCTION, setting: f"10.0.0.2, {entry}"})
     assert result.returncode != 0
     assert result.stderr.splitlines() == [
-        f"Configuration error: {setting}: {entry!r} is not an address or network (like "
-        "10.0.0.2 or 10.0.0.0/24)."
+        f"Configuration error: ASYNCWORK[{setting!r}] is ['10.0.0.2', {entry!r}]: it must be a "
+        "list of addresses or networks (like 10.0.0.2 or 10.0.0.0/24)."
     ]
 
 

@@ -99,6 +99,12 @@ def asyncwork_settings_check(app_configs: Any = None, **kwargs: Any) -> list[Che
     return errors
 
 
+def settings_refusals() -> list[str]:
+    """The errors of ``asyncwork_settings_check`` as lines: for a project that stops each process
+    on them as it starts, before Django's apps load (``manage.py check`` says the same)."""
+    return [str(error.msg) for error in asyncwork_settings_check()]
+
+
 # Project settings that would weaken a guarantee, each with its own id: (setting, a test of the
 # value the project gave, what it weakens).
 WEAKENING: dict[str, tuple[str, Callable[[Any], bool], str]] = {
