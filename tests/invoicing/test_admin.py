@@ -53,17 +53,6 @@ INVOICES = "/admin/invoicing/invoice/"
 DELIVERIES = "/admin/invoicing/emaildelivery/"
 
 
-@pytest.fixture
-def staff() -> Client:
-    """An operator: a staff user in the "operators" group, not a superuser."""
-    return admin_as(staff_user("op", groups=["operators"]))
-
-
-@pytest.fixture
-def viewer() -> Client:
-    return admin_as(staff_user("watcher", groups=["viewers"]))
-
-
 def correct(client: Client, invoice: Invoice, **data: str) -> Any:
     return client.post(f"{INVOICES}{invoice.pk}/correct-recipient/", data)
 
