@@ -120,9 +120,9 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-            ],
+            ]
         },
-    },
+    }
 ]
 
 # --- Database -------------------------------------------------------------------------------
@@ -140,9 +140,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Cache (circuit breaker state, alert dedupe) -------------------------------------------
 REDIS_URL = setting(
-    "REDIS_URL",
-    "redis://127.0.0.1:6379/1",
-    "the cache: breaker state, alert dedupe, health",
+    "REDIS_URL", "redis://127.0.0.1:6379/1", "the cache: breaker state, alert dedupe, health"
 )
 CACHES: dict[str, dict[str, Any]] = {
     "default": {
@@ -418,12 +416,7 @@ CELERY_BEAT_SCHEDULER = "asyncwork.contrib.periodic.beat:LeaderDatabaseScheduler
 
 # --- Tasks (Django's task API on the machinery's backend, asyncwork.backend) ----------------
 # The email tasks have a queue of their own: other work never delays an email.
-TASKS = {
-    "default": {
-        "BACKEND": "asyncwork.backend.OutboxBackend",
-        "QUEUES": ["default", "email"],
-    }
-}
+TASKS = {"default": {"BACKEND": "asyncwork.backend.OutboxBackend", "QUEUES": ["default", "email"]}}
 
 # --- The invoice email task -------------------------------------------------------------------
 EMAIL_MAX_ATTEMPTS = 5
@@ -582,7 +575,7 @@ LOGGING = {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
             "filters": ["context"],
-        },
+        }
     },
     "root": {
         "handlers": ["console"],

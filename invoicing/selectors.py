@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import (
-    Exists,
-    IntegerField,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-)
+from django.db.models import Exists, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, JSONArray
 
 from asyncwork.models import DeadLetter

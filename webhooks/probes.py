@@ -58,11 +58,7 @@ def api_versions_check(found: dict[str, int]) -> CheckResult:
 
 probe_declare(
     Probe(
-        "api_versions",
-        other_api_versions,
-        database=True,
-        check=api_versions_check,
-        critical=False,
+        "api_versions", other_api_versions, database=True, check=api_versions_check, critical=False
     )
 )
 
