@@ -19,14 +19,15 @@ env = environ.Env()
 
 
 def setting(name: str, default: Any, reason: str) -> Any:
-    """The variable ``name`` read as the type of ``default``; each call is a line of
-    docs/configuration.md (``python -m scripts.configuration_doc``)."""
+    """The variable ``name`` read as the type of ``default`` (a list: comma-separated, each entry
+    stripped, empty ones dropped); each call is a line of docs/configuration.md
+    (``python -m scripts.configuration_doc``)."""
     if isinstance(default, bool):
         return env.bool(name, default=default)
     if isinstance(default, int):
         return env.int(name, default=default)
     if isinstance(default, list):
-        return env.list(name, default=default)
+        return [e.strip() for e in env.list(name, default=default) if e.strip()]
     return env.str(name, default=default)
 
 
@@ -188,14 +189,11 @@ STORAGES = {
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
 # X-Forwarded-For and -Proto count only from these peers (asyncwork.contrib.http); empty: never.
-_trusted_proxies = [
-    entry.strip()
-    for entry in setting(
-        "TRUSTED_PROXIES",
-        [],
-        "addresses or networks of the proxies in front of the app (behind the edge: its address)",
-    )
-]
+_trusted_proxies = setting(
+    "TRUSTED_PROXIES",
+    [],
+    "addresses or networks of the proxies in front of the app (behind the edge: its address)",
+)
 HTTPS_ONLY = setting(
     "DJANGO_SECURE_SSL_REDIRECT",
     not DEBUG,
@@ -335,29 +333,24 @@ ADMINS = [
 ]
 # Any other hosted_invoice_url (javascript:, a look-alike host) is left out of the email.
 INVOICE_URL_ALLOWED_HOSTS = [
-    h.strip().lower()
+    h.lower()
     for h in setting(
         "INVOICE_URL_ALLOWED_HOSTS",
         ["invoice.stripe.com"],
         "hosts the email may link to (https only); empty: never link",
     )
-    if h.strip()
 ]
 
 # --- Provider APIs (core/providers.py) --------------------------------------------------------
 # What STRIPE_API_BASE and ANYMAIL_<ESP>_API_URL answer is taken as the provider's word: with
 # DEBUG off each is https on the provider's own domain, or an origin listed here.
-PROVIDER_API_ALLOWED_ORIGINS = [
-    entry.strip()
-    for entry in setting(
-        "PROVIDER_API_ALLOWED_ORIGINS",
-        [],
-        "origins (scheme://host:port) besides the providers' own that STRIPE_API_BASE and "
-        "ANYMAIL_*_API_URL may name with DJANGO_DEBUG off, trusted as the provider: a stand-in, "
-        "an egress proxy",
-    )
-    if entry.strip()
-]
+PROVIDER_API_ALLOWED_ORIGINS = setting(
+    "PROVIDER_API_ALLOWED_ORIGINS",
+    [],
+    "origins (scheme://host:port) besides the providers' own that STRIPE_API_BASE and "
+    "ANYMAIL_*_API_URL may name with DJANGO_DEBUG off, trusted as the provider: a stand-in, "
+    "an egress proxy",
+)
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = setting(
