@@ -1,9 +1,10 @@
 """docs/configuration.md, from the declarations in the code.
 
 An operator setting is declared once: in ``core/settings.py`` as ``setting(NAME, default,
-reason)`` (a secret as ``_secret(NAME, ..., reason=...)``, a key of the machinery's ``ASYNCWORK``
-as ``machinery(NAME, type, reason)``, its default the machinery's: ``asyncwork/settings.py``), under the settings file's section
-comment (``# --- Email ---``); in ``deploy/nginx/render.sh``'s header as ``NAME  default: reason``
+reason)`` (a secret as ``_secret(NAME, ..., reason=...)``, a key of the machinery's
+``ASYNCWORK`` as ``machinery(NAME, type, reason)``, its default the machinery's, from
+``asyncwork/settings.py``), under the settings file's section comment (``# --- Email ---``); in
+``deploy/nginx/render.sh``'s header as ``NAME  default: reason``
 for the edge. This reads both (without importing the settings: the defaults shown are the code
 as written) and writes the reference. ``tests/core/test_configuration_doc.py`` fails when the
 file and the code disagree.
@@ -107,10 +108,9 @@ def application() -> list[Setting]:
             )
             found.append((node.lineno, setting))
         elif node.func.id == "machinery":
-            name, _cast, reason = node.args
-            key = ast.literal_eval(name)
-            default = _default(ast.Constant(MACHINERY[key].default))
-            found.append((node.lineno, Setting(section, key, default, ast.literal_eval(reason))))
+            key, why = ast.literal_eval(node.args[0]), ast.literal_eval(node.args[2])
+            shown = _default(ast.Constant(MACHINERY[key].default))
+            found.append((node.lineno, Setting(section, key, shown, why)))
         elif node.func.id == "_secret":
             reason = next(k.value for k in node.keywords if k.arg == "reason")
             required = "**required** unless `DJANGO_DEBUG` is on"
