@@ -1,5 +1,5 @@
 """The docs stay true: the benchmark and chaos tables are what the result files of real runs
-say, with their date and machine (docs/configuration.md: tests/core/test_configuration_doc.py)."""
+say, with their date and machine (docs/reference/settings.md: tests/core/test_configuration_doc.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import sys
 
 from stack.process import ROOT
 
-# The tables of docs/performance.md and docs/chaos.md are generated from the result files of
+# The tables of docs/explanation/performance.md and docs/explanation/chaos.md are generated from the result files of
 # real runs by scripts/docs_tables.py, run here as a user runs it.
 CHAOS = [ROOT / "chaos" / "results" / f"{name}.json" for name in ("full", "short", "broker-stall")]
 RESULT_FILES = [*(ROOT / "bench" / "results").glob("*.json"), *(p for p in CHAOS if p.exists())]
-PERFORMANCE, CHAOS_DOC = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
+PERFORMANCE = ROOT / "docs" / "explanation" / "performance.md"
+CHAOS_DOC = ROOT / "docs" / "explanation" / "chaos.md"
 BLOCKS = {"bench": PERFORMANCE, "dashboard": PERFORMANCE, "floor": PERFORMANCE, "chaos": CHAOS_DOC}
 
 
