@@ -48,7 +48,7 @@ LIBRARY = {
     ),
 }
 
-INTRO = """# Configuration
+INTRO = """# Settings
 
 Every setting an operator can set, its default and why it exists. Generated from the
 declarations in `core/settings.py` (`setting(NAME, default, reason)`) and in
