@@ -62,7 +62,7 @@ LINKED = [
     ROOT / "packages" / "asyncwork" / "README.md",
 ]
 LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+FENCE = re.compile(r"^ *(```|~~~).*?^ *\1", re.M | re.S)  # a fence, indented in a list too
 CODE = re.compile(r"`[^`\n]*`")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.M)
 # docs/ holds a tutorial, how-to guides, reference and explanation, and the generated images.
@@ -124,6 +124,7 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path: Path
         "# Page\n\n[ok](other.md#a-code-heading-with-punctuation) [self](#page)\n"
         "[gone](missing.md) [no heading](other.md#nothing) [web](https://example.com/x.md)\n"
         "```\n[in code](missing-too.md)\n```\n"
+        "- a list:\n\n  ```\n  [indented](gone-too.md)\n  ```\n"
     )
     assert broken_links(page) == ["missing.md: no such file", "other.md#nothing: no such heading"]
 
