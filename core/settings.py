@@ -24,7 +24,7 @@ env = environ.Env()
 
 def setting(name: str, default: Any, reason: str) -> Any:
     """The variable ``name`` read as the type of ``default``; each call is a line of
-    docs/configuration.md (``python -m scripts.configuration_doc``)."""
+    docs/reference/settings.md (``python -m scripts.configuration_doc``)."""
     if isinstance(default, bool):
         return env.bool(name, default=default)
     if isinstance(default, int):
@@ -344,7 +344,7 @@ def anymail_from_environment(environ: dict[str, str]) -> dict[str, Any]:
     return anymail
 
 
-# Documented in docs/configuration.md and docs/operations.md ("Sending through a provider").
+# Documented in docs/reference/settings.md and docs/how-to/send-through-a-provider.md.
 ANYMAIL = anymail_from_environment(dict(os.environ))
 # The tracking webhooks' basic auth (invoicing/bounces.py): "user:password", or a list of them
 # while one is rolled. The password is all a forger of bounces has to guess.

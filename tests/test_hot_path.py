@@ -1,9 +1,9 @@
-"""The hot path as docs/design.md lists it ("The hot path") is the code's: at most 15 modules
-from the webhook view to the SMTP server, each step's functions defined where the list says, and
-each crossing one "go to definition" can follow (an import of the module), or one of the declared
-ones, checked here: the event's handler (``@webhook_handler``), the task's backend (Django's
-``TASKS``), the one Celery task name on the wire (``asyncwork.run``) and the job's task, found
-by its module path."""
+"""The hot path as docs/explanation/architecture.md lists it ("The hot path") is the code's: at
+most 15 modules from the webhook view to the SMTP server, each step's functions defined where
+the list says, and each crossing one "go to definition" can follow (an import of the module), or
+one of the declared ones, checked here: the event's handler (``@webhook_handler``), the task's
+backend (Django's ``TASKS``), the one Celery task name on the wire (``asyncwork.run``) and the
+job's task, found by its module path."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ STEP = re.compile(r"^\d+\. `(?P<file>[\w/]+\.py)`: (?P<names>.+?)(?: \((?P<how>[
 
 
 def steps() -> list[tuple[str, list[str], str]]:
-    text = (ROOT / "docs/design.md").read_text()
+    text = (ROOT / "docs/explanation/architecture.md").read_text()
     listed = text.split("<!-- hot-path:start -->")[1].split("<!-- hot-path:end -->")[0]
     found = []
     for line in listed.strip().splitlines():
