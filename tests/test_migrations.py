@@ -269,7 +269,11 @@ def test_a_fresh_database_applies_one_migration_per_app_and_has_nothing_left_to_
     assert (made.returncode, made.stdout.strip()) == (0, "No changes detected"), made.stderr
 
 
-@pytest.mark.parametrize("through_the_replaced_files", [False, True], ids=["fresh", "replaced"])
+@pytest.mark.parametrize(
+    "through_the_replaced_files",
+    [False, True],
+    ids=["made-fresh-by-the-release", "through-the-replaced-files"],
+)
 def test_a_database_the_previous_release_migrated_has_nothing_to_apply_and_keeps_every_row(
     release: Path, fresh: tuple[str, str], through_the_replaced_files: bool
 ) -> None:
