@@ -1,5 +1,5 @@
 """The invoicing app's services: a payment recorded (and its email enqueued in the same
-transaction), a deliberate resend, a recipient corrected. What sending an email holds to is
+transaction), an open invoice made locally, a deliberate resend, a recipient corrected. What sending an email holds to is
 ``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
 """
 
@@ -13,6 +13,7 @@ from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.utils import timezone
 
 from asyncwork.audit import operator_action_record
 from asyncwork.contrib.idempotency import Performed, idempotent_perform
@@ -78,6 +79,24 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     if not was_paid and invoice.status == Invoice.Status.PAID:
         send_invoice_email.enqueue(invoice.pk)
     return invoice
+
+
+def invoice_open(
+    *, provider_invoice_id: str, customer_email: str, customer_name: str, amount: int, currency: str
+) -> Invoice:
+    """An open invoice, as the provider's events would have stored it before its payment: what a
+    webhook handler of a later event (``invoice.voided``, ``invoice.paid``) acts on, when trying
+    one locally. Its provider time is now to the second, a Stripe event's resolution, so an event
+    created from now on is not older than it. ``IntegrityError`` if the provider id is taken."""
+    return Invoice.objects.create(
+        provider_invoice_id=provider_invoice_id,
+        customer_email=customer_email,
+        customer_name=customer_name,
+        amount_paid=amount,
+        currency=currency.lower(),
+        status=Invoice.Status.OPEN,
+        provider_updated_at=timezone.now().replace(microsecond=0),
+    )
 
 
 INVOICE_EMAIL_RESEND = "invoice.email_resend"

@@ -1,6 +1,10 @@
-"""``manage.py invoice show|recipient INVOICE``: an invoice from the command line.
+"""``manage.py invoice show|recipient INVOICE``, ``manage.py invoice open``: an invoice from the
+command line.
 
-INVOICE is the invoice's id, its provider's id (``in_...``) or its number; one that names no
+``open`` makes an open invoice under a new provider's id (``in_...``), as Stripe's events would
+have stored it before a payment, and prints its ids: what ``manage.py stripe_trigger
+invoice.voided --invoice-id in_...`` (or ``invoice.paid``) then acts on, to try a webhook handler
+locally. Stripe knows nothing of it. INVOICE is the invoice's id, its provider's id (``in_...``) or its number; one that names no
 invoice, or more than one, is refused with the candidates. ``show`` prints where the invoice's
 emails go and each email's and dead letter's state. ``recipient`` corrects where they go through
 the admin's and the API's service (the send's own rules, a reason, recorded as an operator
@@ -12,17 +16,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.validators import validate_email
 from django.db.models import Q
 from django.utils import timezone
 
 from asyncwork import deadletters
 from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.terminal import printable
-from invoicing.mail import format_amount
+from invoicing.mail import amount_minor, format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters
-from invoicing.services import RecipientUnchanged, invoice_recipient_correct, recipient_now
+from invoicing.services import (
+    RecipientUnchanged,
+    invoice_open,
+    invoice_recipient_correct,
+    recipient_now,
+)
+from webhooks.testing import new_id
 
 INVOICE_HELP = "The invoice's id, its provider's id (in_...) or its number."
 
@@ -69,7 +81,7 @@ def email_line(delivery: EmailDelivery) -> str:
 
 
 class Command(BaseCommand):
-    help = "Show an invoice, or correct where its emails go."
+    help = "Show an invoice, correct where its emails go, or make an open one to try a handler."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, title="actions")
@@ -97,9 +109,51 @@ class Command(BaseCommand):
             "--why", required=True, metavar="REASON", help="Why, for the record (a ticket)."
         )
         cli_actor_argument(recipient)
+        opened = sub.add_parser(
+            "open",
+            help="Make an open invoice (a new in_... id) for a webhook event to act on locally.",
+            description="Make an open invoice, as Stripe's events would have stored it before "
+            "a payment, under a new provider's id; print its id and provider's id. Then "
+            "manage.py stripe_trigger invoice.voided --invoice-id in_... acts on it. Stripe "
+            "knows nothing of it: for trying a handler on a development machine.",
+        )
+        opened.add_argument(
+            "--customer-email", required=True, metavar="ADDRESS", help="The invoice's recipient."
+        )
+        opened.add_argument(
+            "--amount", required=True, metavar="AMOUNT", help="In the currency's unit: 12.34."
+        )
+        opened.add_argument(
+            "--currency", default="usd", metavar="CODE", help="Default: %(default)s."
+        )
+        opened.add_argument("--customer-name", default="", metavar="NAME")
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"_{options['action']}")(options)
+
+    def _open(self, options: dict[str, Any]) -> None:
+        email, currency = options["customer_email"].strip(), options["currency"].strip().lower()
+        try:
+            validate_email(email)
+        except ValidationError:
+            raise CommandError(f"--customer-email {printable(email)!r} is not an address") from None
+        if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
+            raise CommandError(f"--currency {printable(currency)!r} is not a 3-letter code")
+        try:
+            amount = amount_minor(options["amount"], currency)
+        except ValueError as exc:
+            raise CommandError(f"--amount {printable(str(exc))}") from None
+        invoice = invoice_open(
+            provider_invoice_id=new_id("in"),
+            customer_email=email,
+            customer_name=options["customer_name"].strip(),
+            amount=amount,
+            currency=currency,
+        )
+        self.stdout.write(
+            f"Invoice open: id {invoice.pk}, provider's id {invoice.provider_invoice_id}, "
+            f"{format_amount(invoice.amount_paid, invoice.currency)} to {_shown(invoice.recipient)}"
+        )
 
     def _show(self, options: dict[str, Any]) -> None:
         invoice = invoice_named(options["invoice"])
