@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -87,7 +88,14 @@ def invoice_open(
     """An open invoice, as the provider's events would have stored it before its payment: what a
     webhook handler of a later event (``invoice.voided``, ``invoice.paid``) acts on, when trying
     one locally. Its provider time is now to the second, a Stripe event's resolution, so an event
-    created from now on is not older than it. ``IntegrityError`` if the provider id is taken."""
+    created from now on is not older than it. ``ValueError`` for an address the send would refuse
+    or a currency that is not a 3-letter code."""
+    try:
+        mail.recipient_address(email=customer_email, name=customer_name)
+    except PermanentError as exc:
+        raise ValueError(f"{customer_email!r} is not a valid email address: {exc}") from exc
+    if not re.fullmatch(r"[a-zA-Z]{3}", currency):
+        raise ValueError(f"{currency!r} is not a 3-letter currency code")
     return Invoice.objects.create(
         provider_invoice_id=provider_invoice_id,
         customer_email=customer_email,

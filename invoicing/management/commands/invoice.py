@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.core.validators import validate_email
 from django.db.models import Q
 from django.utils import timezone
 
@@ -132,24 +130,17 @@ class Command(BaseCommand):
         getattr(self, f"_{options['action']}")(options)
 
     def _open(self, options: dict[str, Any]) -> None:
-        email, currency = options["customer_email"].strip(), options["currency"].strip().lower()
+        currency = options["currency"].strip()
         try:
-            validate_email(email)
-        except ValidationError:
-            raise CommandError(f"--customer-email {printable(email)!r} is not an address") from None
-        if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
-            raise CommandError(f"--currency {printable(currency)!r} is not a 3-letter code")
-        try:
-            amount = amount_minor(options["amount"], currency)
+            invoice = invoice_open(
+                provider_invoice_id=new_id("in"),
+                customer_email=options["customer_email"].strip(),
+                customer_name=options["customer_name"].strip(),
+                amount=amount_minor(options["amount"], currency),
+                currency=currency,
+            )
         except ValueError as exc:
-            raise CommandError(f"--amount {printable(str(exc))}") from None
-        invoice = invoice_open(
-            provider_invoice_id=new_id("in"),
-            customer_email=email,
-            customer_name=options["customer_name"].strip(),
-            amount=amount,
-            currency=currency,
-        )
+            raise CommandError(printable(str(exc))) from exc
         self.stdout.write(
             f"Invoice open: id {invoice.pk}, provider's id {invoice.provider_invoice_id}, "
             f"{format_amount(invoice.amount_paid, invoice.currency)} to {_shown(invoice.recipient)}"
