@@ -1,6 +1,6 @@
 """The invoicing app's services: a payment recorded (and its email enqueued in the same
-transaction), an open invoice made locally, a deliberate resend, a recipient corrected. What sending an email holds to is
-``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
+transaction), an open invoice made locally, a deliberate resend, a recipient corrected. What
+sending an email holds to is ``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
 """
 
 from __future__ import annotations

@@ -387,9 +387,7 @@ def test_open_makes_an_open_invoice_that_a_triggered_event_acts_on(
     ],
     ids=["address", "decimals", "words", "negative", "yen-decimals", "currency"],
 )
-def test_open_refuses_bad_input_in_one_line_and_makes_nothing(
-    args: list[str], error: str
-) -> None:
+def test_open_refuses_bad_input_in_one_line_and_makes_nothing(args: list[str], error: str) -> None:
     refused = manage("invoice", "open", *args)
     assert refused.returncode == 1
     assert (refused.stdout, refused.stderr.splitlines()) == ("", [error])

@@ -1,15 +1,16 @@
 """``manage.py invoice show|recipient INVOICE``, ``manage.py invoice open``: an invoice from the
 command line.
 
-``open`` makes an open invoice under a new provider's id (``in_...``), as Stripe's events would
-have stored it before a payment, and prints its ids: what ``manage.py stripe_trigger
-invoice.voided --invoice-id in_...`` (or ``invoice.paid``) then acts on, to try a webhook handler
-locally. Stripe knows nothing of it. INVOICE is the invoice's id, its provider's id (``in_...``) or its number; one that names no
+INVOICE is the invoice's id, its provider's id (``in_...``) or its number; one that names no
 invoice, or more than one, is refused with the candidates. ``show`` prints where the invoice's
 emails go and each email's and dead letter's state. ``recipient`` corrects where they go through
 the admin's and the API's service (the send's own rules, a reason, recorded as an operator
 action of ``cli:<--actor or login name>``); the same correction again changes nothing and
-exits 0. Whatever it prints that was stored or given passes through ``printable``.
+exits 0. ``open`` makes an open invoice under a new provider's id (``in_...``), as Stripe's
+events would have stored it before a payment, and prints its ids: what ``manage.py
+stripe_trigger invoice.voided --invoice-id in_...`` then acts on, to try a webhook handler
+locally (Stripe knows nothing of it). Whatever it prints that was stored or given passes through
+``printable``.
 """
 
 from __future__ import annotations
