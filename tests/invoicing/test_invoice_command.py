@@ -384,11 +384,31 @@ def test_open_makes_an_open_invoice_that_a_triggered_event_acts_on(
             ["--customer-email", "a@example.com", "--amount", "1", "--currency", "euro"],
             "CommandError: 'euro' is not a 3-letter currency code",
         ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "1", "--invoice-id", "cus_1"],
+            "CommandError: --invoice-id 'cus_1' is not an in_... id",
+        ),
     ],
-    ids=["address", "decimals", "words", "negative", "yen-decimals", "currency"],
+    ids=["address", "decimals", "words", "negative", "yen-decimals", "currency", "not-in"],
 )
 def test_open_refuses_bad_input_in_one_line_and_makes_nothing(args: list[str], error: str) -> None:
     refused = manage("invoice", "open", *args)
     assert refused.returncode == 1
     assert (refused.stdout, refused.stderr.splitlines()) == ("", [error])
     assert not Invoice.objects.exists()
+
+
+def test_open_takes_the_id_given_once() -> None:
+    args = ["--customer-email", "a@example.com", "--amount", "5", "--invoice-id", "in_void_example"]
+    made = manage("invoice", "open", *args)
+    assert made.returncode == 0, made.stderr
+    opened = Invoice.objects.get(provider_invoice_id="in_void_example")
+    assert made.stdout == (
+        f"Invoice open: id {opened.pk}, provider's id in_void_example, 5.00 USD to a@example.com\n"
+    )
+    again = manage("invoice", "open", *args)
+    assert again.returncode == 1
+    assert again.stderr.splitlines() == [
+        f"CommandError: invoice in_void_example exists already (id {opened.pk})"
+    ]
+    assert Invoice.objects.count() == 1

@@ -6,11 +6,11 @@ invoice, or more than one, is refused with the candidates. ``show`` prints where
 emails go and each email's and dead letter's state. ``recipient`` corrects where they go through
 the admin's and the API's service (the send's own rules, a reason, recorded as an operator
 action of ``cli:<--actor or login name>``); the same correction again changes nothing and
-exits 0. ``open`` makes an open invoice under a new provider's id (``in_...``), as Stripe's
-events would have stored it before a payment, and prints its ids: what ``manage.py
-stripe_trigger invoice.voided --invoice-id in_...`` then acts on, to try a webhook handler
-locally (Stripe knows nothing of it). Whatever it prints that was stored or given passes through
-``printable``.
+exits 0. ``open`` makes an open invoice under a provider's id (``in_...``, a new one unless
+given), as Stripe's events would have stored it before a payment, and prints its ids: what
+``manage.py stripe_trigger invoice.voided --invoice-id in_...`` then acts on, to try a webhook
+handler locally (Stripe knows nothing of it). Whatever it prints that was stored or given passes
+through ``printable``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
@@ -33,6 +34,7 @@ from invoicing.services import (
     invoice_recipient_correct,
     recipient_now,
 )
+from webhooks.stripe import name_valid
 from webhooks.testing import new_id
 
 INVOICE_HELP = "The invoice's id, its provider's id (in_...) or its number."
@@ -126,15 +128,25 @@ class Command(BaseCommand):
             "--currency", default="usd", metavar="CODE", help="Default: %(default)s."
         )
         opened.add_argument("--customer-name", default="", metavar="NAME")
+        opened.add_argument(
+            "--invoice-id",
+            default=None,
+            metavar="in_...",
+            help="The provider's id to give it, as stripe_trigger's --invoice-id. Default: a new "
+            "one.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"_{options['action']}")(options)
 
     def _open(self, options: dict[str, Any]) -> None:
         currency = options["currency"].strip()
+        provider_id = (options["invoice_id"] or new_id("in")).strip()
+        if not (provider_id.startswith("in_") and name_valid(provider_id)):
+            raise CommandError(f"--invoice-id {printable(provider_id)!r} is not an in_... id")
         try:
             invoice = invoice_open(
-                provider_invoice_id=new_id("in"),
+                provider_invoice_id=provider_id,
                 customer_email=options["customer_email"].strip(),
                 customer_name=options["customer_name"].strip(),
                 amount=amount_minor(options["amount"], currency),
@@ -142,6 +154,9 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(printable(str(exc))) from exc
+        except IntegrityError as exc:  # the provider's id is UNIQUE
+            taken = Invoice.objects.get(provider_invoice_id=provider_id)
+            raise CommandError(f"invoice {provider_id} exists already (id {taken.pk})") from exc
         self.stdout.write(
             f"Invoice open: id {invoice.pk}, provider's id {invoice.provider_invoice_id}, "
             f"{format_amount(invoice.amount_paid, invoice.currency)} to {_shown(invoice.recipient)}"
