@@ -667,6 +667,7 @@ LOGGING = {
     "filters": {
         "context": {"()": "asyncwork.logging.ContextFilter"},
         "suspicious": {"()": "asyncwork.contrib.logging.SuspiciousRequestFilter"},
+        "routine": {"()": "asyncwork.contrib.logging.RoutineRunFilter"},
     },
     "handlers": {
         "console": {
@@ -688,6 +689,10 @@ LOGGING = {
         "django.security.DisallowedHost": {"filters": ["suspicious"]},
         "django.security.AnymailWebhookValidationFailure": {"filters": ["suspicious"]},
         "django.db.backends": {"level": "INFO"},
+        # A scheduled job's run: Celery's "received" and "succeeded" lines at DEBUG, the job's
+        # own line at INFO only when it found something. An idle worker writes nothing.
+        "celery.worker.strategy": {"filters": ["routine"]},
+        "celery.app.trace": {"filters": ["routine"]},
         # Django's task framework logs each run it is told of: started and succeeded say what
         # Celery's lines say, and a failed one, at ERROR with its traceback, what the dead
         # letter's line says (whose traceback is on the row, and in the log only for a bug):
