@@ -8,5 +8,5 @@ its own), the environment its processes get, and CPU per process group; ``bench.
 the SMTP server and the Celery workers for the end-to-end benchmarks, and checks what they
 stored and sent; ``bench.report`` holds the goal rows every benchmark reports. Each benchmark
 writes its result file, ``bench/results/<name>.json`` (date, machine, figures, goal verdicts),
-kept in the repository: docs/performance.md's tables are generated from it.
+kept in the repository: docs/explanation/performance.md's tables are generated from it.
 """

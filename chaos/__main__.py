@@ -3,8 +3,9 @@
 Writes ``<results>/<arm>.json`` and ``<results>/<arm>.txt`` (the human summary, also printed),
 the processes' logs under ``<results>/logs/<arm>/``, and the run's result file
 ``<results>/<profile>.json`` (date, machine, every arm's report), kept in the repository and
-rendered into docs/chaos.md by ``python -m scripts.docs_tables``. Exits non-zero if the safe
-arm misses a goal, or if the control arm shows no loss (then the suite could not see one).
+rendered into docs/explanation/chaos.md by ``python -m scripts.docs_tables``. Exits non-zero
+if the safe arm misses a goal, or if the control arm shows no loss (then the suite could not see
+one).
 ``--without NET`` switches a safety net off in the safe arm (``chaos.ablation``).
 """
 

@@ -152,9 +152,9 @@ def provider_bases_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 
 @register()
 def crash_window_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """The timing the crash window's bound rests on (docs/design.md), whoever set the values: a
-    live claim is never taken over while its owner may still be sending, and the broker never
-    hands a running task to a second worker."""
+    """The timing the crash window's bound rests on (docs/explanation/guarantees.md), whoever
+    set the values: a live claim is never taken over while its owner may still be sending, and
+    the broker never hands a running task to a second worker."""
     errors: list[CheckMessage] = []
     if settings.EMAIL_CLAIM_LEASE_SECONDS <= settings.EMAIL_TASK_TIME_LIMIT:
         errors.append(

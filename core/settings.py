@@ -20,7 +20,7 @@ env = environ.Env()
 
 def setting(name: str, default: Any, reason: str) -> Any:
     """The variable ``name`` read as the type of ``default`` (a list: comma-separated, each entry
-    stripped, empty ones dropped); each call is a line of docs/configuration.md
+    stripped, empty ones dropped); each call is a line of docs/reference/settings.md
     (``python -m scripts.configuration_doc``)."""
     if isinstance(default, bool):
         return env.bool(name, default=default)
@@ -325,7 +325,7 @@ def anymail_from_environment(environ: dict[str, str]) -> dict[str, Any]:
     return anymail
 
 
-# Documented in docs/configuration.md and docs/operations.md ("Sending through a provider").
+# Documented in docs/reference/settings.md and docs/how-to/send-through-a-provider.md.
 ANYMAIL = anymail_from_environment(dict(os.environ))
 ADMINS = [
     ("Operator", a)
@@ -562,6 +562,7 @@ LOGGING = {
     "filters": {
         "context": {"()": "asyncwork.logging.ContextFilter"},
         "suspicious": {"()": "asyncwork.contrib.logging.SuspiciousRequestFilter"},
+        "routine": {"()": "asyncwork.contrib.logging.RoutineRunFilter"},
     },
     "handlers": {
         "console": {
@@ -583,6 +584,10 @@ LOGGING = {
         "django.security.DisallowedHost": {"filters": ["suspicious"]},
         "django.security.AnymailWebhookValidationFailure": {"filters": ["suspicious"]},
         "django.db.backends": {"level": "INFO"},
+        # A scheduled job's run: Celery's "received" and "succeeded" lines at DEBUG, the job's
+        # own line at INFO only when it found something. An idle worker writes nothing.
+        "celery.worker.strategy": {"filters": ["routine"]},
+        "celery.app.trace": {"filters": ["routine"]},
         # Django's task framework logs each run it is told of: started and succeeded say what
         # Celery's lines say, and a failed one, at ERROR with its traceback, what the dead
         # letter's line says (whose traceback is on the row, and in the log only for a bug):

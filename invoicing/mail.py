@@ -66,12 +66,33 @@ _ZERO_DECIMAL = frozenset(
 _THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
 
 
+def _exponent(currency: str) -> int:
+    """How many decimals an amount in ``currency`` has (its minor unit)."""
+    code = currency.lower()
+    return 0 if code in _ZERO_DECIMAL else 3 if code in _THREE_DECIMAL else 2
+
+
 def format_amount(minor: int, currency: str) -> str:
     """``1234, "usd"`` -> ``"12.34 USD"``; ``1200, "jpy"`` -> ``"1,200 JPY"``."""
-    code = currency.lower()
-    exponent = 0 if code in _ZERO_DECIMAL else 3 if code in _THREE_DECIMAL else 2
+    exponent = _exponent(currency)
     amount = Decimal(minor).scaleb(-exponent)
-    return f"{amount:,.{exponent}f} {code.upper()}".strip()
+    return f"{amount:,.{exponent}f} {currency.upper()}".strip()
+
+
+def amount_minor(text: str, currency: str) -> int:
+    """``"12.34", "usd"`` -> ``1234``; ``"1200", "jpy"`` -> ``1200``: an amount as a person writes
+    it, in integer minor units. ``ValueError`` says why one is refused."""
+    try:
+        amount = Decimal(text.strip())
+    except ArithmeticError:
+        raise ValueError(f"{text!r} is not an amount (e.g. 12.34)") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{text!r} is not an amount (e.g. 12.34)")
+    minor = amount.scaleb(_exponent(currency))
+    if minor != minor.to_integral_value():
+        places = _exponent(currency)
+        raise ValueError(f"{text!r} has more than {places} decimal(s), as {currency.upper()} has")
+    return int(minor)
 
 
 def message_id_domain() -> str:

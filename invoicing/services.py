@@ -1,18 +1,20 @@
 """The invoicing app's services: a payment recorded (and its email enqueued in the same
-transaction), a deliberate resend, a recipient corrected. What sending an email holds to is
-``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
+transaction), an open invoice made locally, a deliberate resend, a recipient corrected. What
+sending an email holds to is ``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.utils import timezone
 
 from asyncwork.audit import operator_action_record
 from asyncwork.contrib.idempotency import Performed, idempotent_perform
@@ -78,6 +80,31 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     if not was_paid and invoice.status == Invoice.Status.PAID:
         send_invoice_email.enqueue(invoice.pk)
     return invoice
+
+
+def invoice_open(
+    *, provider_invoice_id: str, customer_email: str, customer_name: str, amount: int, currency: str
+) -> Invoice:
+    """An open invoice, as the provider's events would have stored it before its payment: what a
+    webhook handler of a later event (``invoice.voided``, ``invoice.paid``) acts on, when trying
+    one locally. Its provider time is now to the second, a Stripe event's resolution, so an event
+    created from now on is not older than it. ``ValueError`` for an address the send would refuse
+    or a currency that is not a 3-letter code."""
+    try:
+        mail.recipient_address(email=customer_email, name=customer_name)
+    except PermanentError as exc:
+        raise ValueError(f"{customer_email!r} is not a valid email address: {exc}") from exc
+    if not re.fullmatch(r"[a-zA-Z]{3}", currency):
+        raise ValueError(f"{currency!r} is not a 3-letter currency code")
+    return Invoice.objects.create(
+        provider_invoice_id=provider_invoice_id,
+        customer_email=customer_email,
+        customer_name=customer_name,
+        amount_paid=amount,
+        currency=currency.lower(),
+        status=Invoice.Status.OPEN,
+        provider_updated_at=timezone.now().replace(microsecond=0),
+    )
 
 
 INVOICE_EMAIL_RESEND = "invoice.email_resend"

@@ -1,4 +1,4 @@
-"""docs/configuration.md, from the declarations in the code.
+"""docs/reference/settings.md, from the declarations in the code.
 
 An operator setting is declared once: in ``core/settings.py`` as ``setting(NAME, default,
 reason)`` (a secret as ``_secret(NAME, ..., reason=...)``, a key of the machinery's
@@ -9,7 +9,7 @@ for the edge. This reads both (without importing the settings: the defaults show
 as written) and writes the reference. ``tests/core/test_configuration_doc.py`` fails when the
 file and the code disagree.
 
-    .venv/bin/python -m scripts.configuration_doc          # rewrite docs/configuration.md
+    .venv/bin/python -m scripts.configuration_doc          # rewrite docs/reference/settings.md
     .venv/bin/python -m scripts.configuration_doc --check  # exit 1 if it is out of date
 """
 
@@ -26,7 +26,7 @@ from stack.process import ROOT
 
 SETTINGS = ROOT / "core" / "settings.py"
 RENDER = ROOT / "deploy" / "nginx" / "render.sh"
-DOC = ROOT / "docs" / "configuration.md"
+DOC = ROOT / "docs" / "reference" / "settings.md"
 
 # Set by the operator, not declared by ``setting(...)``: read by a library, or by pattern.
 LIBRARY = {
@@ -51,7 +51,7 @@ LIBRARY = {
     ),
 }
 
-INTRO = """# Configuration
+INTRO = """# Settings
 
 Every setting an operator can set, its default and why it exists. Generated from the
 declarations in `core/settings.py` (`setting(NAME, default, reason)`) and in

@@ -19,6 +19,12 @@ broker and cache keys carry a prefix of this run's own, so messages and circuit-
 of anything else on the same Redis (a local stack, a test run) are neither read nor changed,
 and nothing is left behind.
 
+The demo writes to a database of its own, ``invoicing_demo`` on the local PostgreSQL (the one
+``DATABASE_URL`` names, if set): it creates it and marks it as its own (a comment on the
+database), uses it again on the next run, and refuses, in one line and before starting anything,
+a database of that name it did not create. It ends with a line naming the database and how to
+drop it.
+
 When the configured PostgreSQL or Redis does not answer, the demo runs an embedded one in its
 place and says so (``scripts/embedded.py``). Deciding that comes first, in this process; the
 flow then runs in a child process whose environment points at what answered, so it and
@@ -37,7 +43,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +58,12 @@ from stack.process import ProcessError  # noqa: E402
 from stack.smtp import Faults, SmtpServer  # noqa: E402
 
 RUN = secrets.token_hex(4)
+# The demo's own database, unless DATABASE_URL names another: never the application's default
+# ("invoicing"), which on a developer's machine holds someone's data.
+DATABASE_URL = "postgres://postgres@127.0.0.1:5432/invoicing_demo"
+# The comment the demo puts on a database it created: only such a database is written to.
+DATABASE_MARK = "created by the invoice demo (scripts/demo.py)"
+EMBEDDED = "DEMO_EMBEDDED_POSTGRES"  # set in the flow's environment when PostgreSQL is embedded
 LOGS = Path(os.environ.get("DEMO_LOGS") or tempfile.mkdtemp(prefix="invoice-demo-"))
 FLOW = "DEMO_FLOW"  # set in the child process that runs the flow
 # A recipient the demo's mail server refuses, like a real one refusing a mistyped address.
@@ -86,36 +98,57 @@ def post(url: str, body: bytes, signature: str) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def ensure_database() -> None:
-    """Create the configured database if it does not exist yet (a fresh machine)."""
-    import psycopg
-    from django.conf import settings
+def database_url(environ: Mapping[str, str]) -> str:
+    """The database the demo writes to: ``DATABASE_URL`` if set, else its own."""
+    return environ.get("DATABASE_URL") or DATABASE_URL
 
-    db = settings.DATABASES["default"]
-    host = db["HOST"] or db["OPTIONS"].get("host")  # a Unix socket directory comes as an option
+
+def ensure_database() -> str:
+    """Create the configured database, marked as the demo's, if it does not exist; refuse (exit
+    status 1, one line) one that exists without the mark. Returns the line that says where the
+    demo writes and how to drop it."""
+    import environ
+    import psycopg
+    from psycopg import sql
+
+    # Read as the settings read it; before Django is set up, which the flow does after this.
+    db = environ.Env.db_url_config(os.environ["DATABASE_URL"])
+    host = db["HOST"] or db.get("OPTIONS", {}).get("host")  # a socket directory: an option
+    name, port, user = db["NAME"], db["PORT"] or 5432, db["USER"]
     try:
-        psycopg.connect(
+        with psycopg.connect(
             host=host,
-            port=db["PORT"] or 5432,
-            user=db["USER"],
-            password=db["PASSWORD"],
-            dbname=db["NAME"],
+            port=port,
+            user=user,
+            password=db.get("PASSWORD"),
+            dbname="postgres",
             connect_timeout=3,
-        ).close()
-        return
+            autocommit=True,
+        ) as conn:
+            found = conn.execute(
+                "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+                [name],
+            ).fetchone()
+            if found is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                        sql.Identifier(name), sql.Literal(DATABASE_MARK)
+                    )
+                )
+                say(f"created database {name}")
+            elif found[0] != DATABASE_MARK:
+                raise SystemExit(
+                    f"demo: database {name} exists and was not created by the demo: it is left "
+                    f"alone (unset DATABASE_URL for the demo's own, invoicing_demo, or name "
+                    f"another in DATABASE_URL)"
+                )
     except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise SystemExit(f"demo: PostgreSQL is not reachable: {exc}") from exc
-    with psycopg.connect(
-        host=host,
-        port=db["PORT"] or 5432,
-        user=db["USER"],
-        password=db["PASSWORD"],
-        dbname="postgres",
-        autocommit=True,
-    ) as conn:
-        conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
-    say(f"created database {db['NAME']}")
+        raise SystemExit(f"demo: PostgreSQL is not reachable: {exc}".strip()) from exc
+    if os.environ.get(EMBEDDED):
+        return f"demo database: {name} on an embedded PostgreSQL, deleted as the demo ends"
+    where = f"-h {host or '127.0.0.1'}" + (f" -p {port}" if int(port) != 5432 else "")
+    return f"demo database: {name}; to drop it: dropdb {where} -U {user} {name}"
 
 
 def show_email(message: EmailMessage) -> None:
@@ -156,6 +189,7 @@ def main() -> None:
         return
     # Before anything reads the settings: the fallback decision below does, in this process.
     os.environ.update(production_env())
+    os.environ["DATABASE_URL"] = database_url(os.environ)
     with contextlib.ExitStack() as stack:
         overrides = services(stack)
         child = subprocess.Popen(
@@ -186,6 +220,7 @@ def services(stack: contextlib.ExitStack) -> dict[str, str]:
             overrides["DATABASE_URL"] = stack.enter_context(
                 embedded.embedded_postgres(LOGS / "postgres", database["NAME"])
             )
+            overrides[EMBEDDED] = "1"
     redis_urls = {
         "REDIS_URL": configured.REDIS_URL,
         "CELERY_BROKER_URL": configured.CELERY_BROKER_URL,
@@ -212,6 +247,14 @@ def missing_fallback(service: str) -> Iterator[None]:
 
 
 def flow() -> None:
+    where = ensure_database()  # first: a database that is not the demo's is refused, untouched
+    try:
+        flow_on_database()
+    finally:
+        say(f"\n{where}")
+
+
+def flow_on_database() -> None:
     with SmtpServer(faults=Faults(refuse={MISTYPED})) as sink:
         os.environ.update(
             {
@@ -250,7 +293,6 @@ def play(sink: SmtpServer) -> None:
     from webhooks import testing
 
     say(f"== Invoice emails, end to end (logs in {LOGS})")
-    ensure_database()
     call_command("migrate", verbosity=0)  # which also syncs the scheduled jobs' schedules
     call_command("setup_groups", verbosity=0)
     say("database migrated (schedules synced), operator groups set up")

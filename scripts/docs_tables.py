@@ -1,4 +1,4 @@
-"""The tables and plots of the docs (docs/performance.md, docs/chaos.md,
+"""The tables and plots of the docs (docs/explanation/performance.md, docs/explanation/chaos.md,
 docs/explanation/choosing-a-broker.md), from the result files.
 
 A figure copied into prose by hand goes stale the day the code changes; a table generated
@@ -580,8 +580,9 @@ def block(sections: list[list[str]]) -> str:
     return f"{GENERATED}\n\n{body or '(no result file yet)'}\n"
 
 
-PERFORMANCE, CHAOS = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
-BROKERS = ROOT / "docs" / "explanation" / "choosing-a-broker.md"
+EXPLANATION = ROOT / "docs" / "explanation"
+PERFORMANCE, CHAOS = EXPLANATION / "performance.md", EXPLANATION / "chaos.md"
+BROKERS = EXPLANATION / "choosing-a-broker.md"
 # Each doc's blocks: the name in its markers, and what renders it.
 DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     PERFORMANCE: {

@@ -10,7 +10,7 @@ GET /metrics.
 * the dashboard is a Grafana model with a Prometheus data-source variable and one panel per
   alert's figure, its queries valid PromQL;
 * Debian's Prometheus, scraping a real gunicorn, evaluates every rule without error (slow);
-* each alert's runbook is its section of docs/operations.md.
+* each alert's runbook is its section of docs/how-to/alerts.md.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ RULES = PROMETHEUS / "alerts.yml"
 RULE_TESTS = PROMETHEUS / "alerts.test.yml"
 CONFIG = PROMETHEUS / "prometheus.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboard.json"
-OPERATIONS = ROOT / "docs" / "operations.md"
+OPERATIONS = ROOT / "docs" / "how-to" / "alerts.md"
 
 # Labels Prometheus attaches to every scraped series (a series' own `job` becomes `exported_job`).
 TARGET_LABELS = {"instance", "job"}
@@ -484,7 +484,7 @@ def test_the_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
 # --- The runbook ----------------------------------------------------------------------------------
 
 
-def test_each_alert_says_what_to_do_and_points_to_its_section_of_operations_md() -> None:
+def test_each_alert_says_what_to_do_and_points_to_its_section_of_alerts_md() -> None:
     text = OPERATIONS.read_text()
     section = text.split("\n## Alert rules\n", 1)[1].split("\n## ", 1)[0]
     headings = re.findall(r"^### (\w+)$", section, re.M)
@@ -493,6 +493,6 @@ def test_each_alert_says_what_to_do_and_points_to_its_section_of_operations_md()
         annotations = rule["annotations"]
         assert annotations["summary"], name
         assert len(annotations["description"]) > 80, name
-        assert annotations["runbook"] == f"docs/operations.md#{name.lower()}", name
+        assert annotations["runbook"] == f"docs/how-to/alerts.md#{name.lower()}", name
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert re.fullmatch(r"\d+m", rule["for"]), name

@@ -6,7 +6,7 @@ one Redis restart that drops every queued message); with
 ``--broker rabbitmq`` the broker is a RabbitMQ node of its own, stalled (SIGSTOP) and restarted
 on its data instead, and only the safe arm runs here: on RabbitMQ the short profile's one kill
 is the control arm's only way to lose (the restart loses nothing there), too few for a loss
-every time; the full profile's control arm on RabbitMQ is in docs/chaos.md. The
+every time; the full profile's control arm on RabbitMQ is in docs/explanation/chaos.md. The
 safe arm must lose nothing, dead-letter only permanent refusals, and duplicate at most the
 sends the kill cut inside the crash window, under one Message-ID; the control arm, with
 at-least-once switched off (early acknowledgement, and workers whose poll only relays: no rescue,

@@ -1,7 +1,7 @@
 """The chaos suite across hosts: how it reads the beats' logs (a slot two beats dispatched, the
 standby's takeover, the old leader's dispatches after it), and its options refused with a
 clear message. The run itself (``python -m chaos --hosts --short``, several minutes, root)
-is in docs/chaos.md with its result file, not in CI."""
+is in docs/explanation/chaos.md with its result file, not in CI."""
 
 from __future__ import annotations
 

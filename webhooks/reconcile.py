@@ -57,6 +57,8 @@ PAGE_SIZE = 100  # the most Stripe lists at once
 CALLS_PER_RUN = 10
 # A 429 without Retry-After: wait this long.
 RATE_LIMITED_WAIT = timedelta(seconds=60)
+# Why a run did not run: no STRIPE_API_KEY.
+OFF = "off"
 
 
 class NotStripesList(Exception):
@@ -86,6 +88,12 @@ class Reconciled:
             f"every event created from {self.covered_from:{TIME}} "
             f"to {self.covered_until:{TIME}} UTC is recorded"
         )
+
+    def __bool__(self) -> bool:
+        """Whether the run found anything: events recovered, or a failure ("off", no API key, is
+        none: a worker says it once as it starts). A run that found nothing is logged at DEBUG
+        (``asyncwork.contrib.periodic.jobs.job_run``)."""
+        return bool(self.recovered or self.failure not in ("", OFF))
 
     def __str__(self) -> str:
         if not self.calls:
@@ -158,7 +166,7 @@ def stripe_events_reconcile(since: datetime | None = None) -> Reconciled:
     (``str`` of the result) is its ``ScheduledJob`` row's ``last_result``."""
     client = stripe_client()
     if client is None:  # said once as a worker starts (``webhooks.stripe_api``)
-        return Reconciled(failure="off")
+        return Reconciled(failure=OFF)
     cursor, _ = EventsCursor.objects.get_or_create(name=JOB)
     now = timezone.now()
     if cursor.not_before is not None and cursor.not_before > now:

@@ -1,6 +1,8 @@
 """POST /webhooks/stripe/: verify, shed under backpressure, store once, answer.
 
-Every answer other than 200 stores nothing; a 200 is sent only after the event committed."""
+Every answer other than 200 stores nothing; a 200 is sent only after the event committed, and
+says whether a handler acted on the delivery (``handled``): its handler runs in the transaction
+that stores the event, so the answer knows without waiting for anything it enqueued."""
 
 from __future__ import annotations
 
@@ -111,6 +113,9 @@ class StripeWebhookView(View):
             {
                 "received": True,
                 "event_id": recorded.event_id,
+                "type": event.type,
                 "duplicate": recorded.duplicate,
+                # A duplicate changes nothing: the first delivery's answer said whether it acted.
+                "handled": event.handled and not recorded.duplicate,
             }
         )

@@ -1,18 +1,5 @@
-"""The audit trail's table as it stands. Replaces operators 0001 and core 0001-0006, which
-created the table in ``core`` (0003) before operators 0001 took it over (renamed
-``core_operatoraction`` -> ``operators_operatoraction``). Not the content type's relabelling:
-a fresh database has none.
-
-Django runs a squashed migration only where all or none of what it replaces is applied: a
-fresh database runs this one; a database that applied all of them is at it already; a
-database from before the move (core's tables made, operators 0001 not applied) runs the rest
-from the replaced files, which keep its rows. Core's migrations are listed for that database:
-it has nothing of operators applied, and would otherwise get an empty table here beside its
-full one. All six of them, as in ``asyncwork``'s squashed migration.
-
-The replaced files, and ``replaces`` here, can go once every deployment has applied this
-migration (``manage.py showmigrations operators``), in the same change as core's and
-asyncwork's replaced files."""
+"""The audit trail's table as it stands, in place of operators' earlier migrations and core's.
+Upgrading: CHANGELOG.md, "Upgrading a database migrated before one migration per app"."""
 
 import django.db.models.deletion
 from django.db import migrations, models

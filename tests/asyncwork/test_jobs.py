@@ -28,6 +28,8 @@ from django_celery_beat.models import (
 from asyncwork.contrib.periodic import jobs
 from asyncwork.contrib.periodic.locks import Holder, advisory_lock, advisory_xact_lock, lock_holder
 from asyncwork.models import ScheduledJob
+from stack import launch
+from stack.net import free_port
 from stack.process import ROOT
 from tests import tasks as test_tasks
 from tests.helpers.processes import worker_env
@@ -321,3 +323,60 @@ def test_migrate_on_an_empty_database_syncs_the_schedules_once_the_tables_exist(
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize(
+    ("result", "level"), [(0, logging.DEBUG), ({}, logging.DEBUG), (3, logging.INFO)]
+)
+def test_a_run_that_found_nothing_is_logged_at_debug(
+    result: Any, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="asyncwork.contrib.periodic.jobs"):
+        jobs.job_run(name="dlq-alert", body=lambda: result)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (level, f"job dlq-alert ran: {result}")
+    ]
+
+
+# The idle worker's test: every job every 2 s, about 10 runs of each in IDLE_SECONDS.
+ROUTINE_EVERY = 2
+IDLE_SECONDS = 20
+
+
+@pytest.mark.slow
+def test_an_idle_worker_writes_no_line_at_info_while_its_jobs_find_nothing() -> None:
+    """A real worker and beat at INFO on an idle database, every job scheduled every 2 s (its
+    schedule is every 5 or 10 minutes, or daily): in 20 s each job runs about ten times, finding
+    nothing, and the worker writes no line after "ready." (the budget is one a minute). At DEBUG
+    the same runs are logged: Celery's lines and the job's, demoted, not dropped."""
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    every, _ = IntervalSchedule.objects.get_or_create(every=ROUTINE_EVERY, period="seconds")
+    PeriodicTask.objects.filter(name__in=JOBS).update(
+        interval=every, crontab=None, expire_seconds=ROUTINE_EVERY
+    )
+    PeriodicTasks.update_changed()
+
+    def idle(level: str) -> tuple[str, dict[str, int]]:
+        """The worker's log after "ready.", and how many times each job ran meanwhile."""
+        ScheduledJob.objects.update(runs=0)
+        env = worker_env(free_port(), LOG_LEVEL=level)
+        with (
+            launch.celery_worker(env, name=f"idle-{level}", loglevel=level) as worker,
+            launch.celery_beat(env, name=f"idle-beat-{level}", loglevel=level),
+        ):
+            time.sleep(IDLE_SECONDS)
+            log = worker.log_text()
+        runs = dict(ScheduledJob.objects.values_list("name", "runs"))
+        return log.partition(" ready.\n")[2], runs
+
+    after_ready, runs = idle("INFO")
+    assert all(runs[name] >= IDLE_SECONDS // ROUTINE_EVERY // 2 for name in JOBS), runs
+    assert after_ready.splitlines() == []
+    print(f"INFO: {sum(runs.values())} job runs in {IDLE_SECONDS} s, no line")
+
+    after_ready, runs = idle("DEBUG")
+    assert all(runs[name] >= 1 for name in JOBS), runs
+    for name in JOBS:
+        assert f" DEBUG celery.worker.strategy Task {name}[" in after_ready
+        assert f" DEBUG asyncwork.contrib.periodic.jobs job {name} ran: " in after_ready
+        assert f" DEBUG celery.app.trace Task {name}[" in after_ready

@@ -1,4 +1,4 @@
-"""docs/configuration.md is what the declarations in the code make, and the edge's declared
+"""docs/reference/settings.md is what the declarations in the code make, and the edge's declared
 settings are the ones render.sh reads."""
 
 from __future__ import annotations

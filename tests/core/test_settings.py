@@ -462,7 +462,8 @@ def test_a_default_token_lifetime_above_the_maximum_stops_start_up_naming_both()
     assert allowed.stdout.split() == ["2160", "2160"], allowed.stderr
 
 
-# As docs/operations.md says to make one: secrets.token_urlsafe(32), 43 characters.
+# As docs/how-to/send-through-a-provider.md says to make one: secrets.token_urlsafe(32), 43
+# characters.
 WEBHOOK_PASSWORD = "Vr0oCJgk2xWbq9d4n7Y1sT6uEa3LhZ8mPfKw5XcQyBN"
 WEBHOOK_SECRET_REFUSED = (
     "Configuration error: ANYMAIL_WEBHOOK_SECRET must be user:password with a password of at "

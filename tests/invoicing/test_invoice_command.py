@@ -1,14 +1,17 @@
 """``manage.py invoice show|recipient INVOICE``: an invoice found by its id, provider's id or
 number (one that names none or several is refused with the candidates); ``show`` says where its
 emails go and each email's and dead letter's state; ``recipient`` is the admin's correction,
-recorded as ``cli:<actor>``; bad input is one line and exit status 1 (2 for argparse's own),
-with nothing changed."""
+recorded as ``cli:<actor>``; ``open`` makes an open invoice that ``stripe_trigger``'s events then
+act on; bad input is one line and exit status 1 (2 for argparse's own), with nothing changed."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -26,6 +29,8 @@ from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
+from webhooks import events
+from webhooks.events import Event, webhook_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the subprocesses read what we wrote
 
@@ -292,3 +297,118 @@ def test_a_refused_address_fixed_and_replayed_from_a_terminal(
         ("invoice.recipient_correct", "cli:jane"),
         ("dead_letter.replay", "cli:jane"),
     ]
+
+
+@pytest.fixture
+def void_handler() -> Iterator[None]:
+    """The add-an-event-type how-to's ``invoice.voided`` handler, taken away after the test."""
+
+    def parse(obj: Any) -> str:
+        return str(obj["id"])
+
+    @webhook_handler("invoice.voided", parse=parse)
+    def apply(provider_invoice_id: str, event: Event) -> None:
+        invoice = (
+            Invoice.objects.select_for_update().filter(provider_invoice_id=provider_invoice_id)
+        ).first()
+        if invoice is None or event.created < invoice.provider_updated_at:
+            return
+        if invoice.status == Invoice.Status.PAID:
+            return
+        invoice.status = Invoice.Status.VOID
+        invoice.provider_updated_at = event.created
+        invoice.save(update_fields=["status", "provider_updated_at", "updated_at"])
+
+    try:
+        yield
+    finally:
+        events._handlers.pop("invoice.voided")
+
+
+def test_open_makes_an_open_invoice_that_a_triggered_event_acts_on(
+    live_server: Any, void_handler: None
+) -> None:
+    made = manage("invoice", "open", "--customer-email", "a@example.com", "--amount", "12.34")
+    assert made.returncode == 0, made.stderr
+    printed = re.fullmatch(
+        r"Invoice open: id (\d+), provider's id (in_[0-9a-f]{24}), 12\.34 USD to a@example\.com\n",
+        made.stdout,
+    )
+    assert printed, made.stdout
+    opened = Invoice.objects.get()
+    assert (str(opened.pk), opened.provider_invoice_id) == printed.groups()
+    assert (opened.status, opened.amount_paid, opened.currency) == ("open", 1234, "usd")
+    assert opened.provider_updated_at.microsecond == 0  # a Stripe event's resolution
+
+    # At once, in the same second: the event is not older than the invoice.
+    out = StringIO()
+    call_command(
+        "stripe_trigger",
+        "invoice.voided",
+        "--invoice-id",
+        opened.provider_invoice_id,
+        "--url",
+        f"{live_server.url}/webhooks/stripe/",
+        stdout=out,
+    )
+    assert '"type": "invoice.voided"' in out.getvalue()
+    assert '"handled": true' in out.getvalue()
+    assert Invoice.objects.get().status == Invoice.Status.VOID
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["--customer-email", "x@", "--amount", "1"],
+            "CommandError: 'x@' is not a valid email address: invalid recipient address 'x@': "
+            "There must be something after the @-sign.",
+        ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "12.345"],
+            "CommandError: '12.345' has more than 2 decimal(s), as USD has",
+        ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "ten"],
+            "CommandError: 'ten' is not an amount (e.g. 12.34)",
+        ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "-1"],
+            "CommandError: '-1' is not an amount (e.g. 12.34)",
+        ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "1.5", "--currency", "jpy"],
+            "CommandError: '1.5' has more than 0 decimal(s), as JPY has",
+        ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "1", "--currency", "euro"],
+            "CommandError: 'euro' is not a 3-letter currency code",
+        ),
+        (
+            ["--customer-email", "a@example.com", "--amount", "1", "--invoice-id", "cus_1"],
+            "CommandError: --invoice-id 'cus_1' is not an in_... id",
+        ),
+    ],
+    ids=["address", "decimals", "words", "negative", "yen-decimals", "currency", "not-in"],
+)
+def test_open_refuses_bad_input_in_one_line_and_makes_nothing(args: list[str], error: str) -> None:
+    refused = manage("invoice", "open", *args)
+    assert refused.returncode == 1
+    assert (refused.stdout, refused.stderr.splitlines()) == ("", [error])
+    assert not Invoice.objects.exists()
+
+
+def test_open_takes_the_id_given_once() -> None:
+    args = ["--customer-email", "a@example.com", "--amount", "5", "--invoice-id", "in_void_example"]
+    made = manage("invoice", "open", *args)
+    assert made.returncode == 0, made.stderr
+    opened = Invoice.objects.get(provider_invoice_id="in_void_example")
+    assert made.stdout == (
+        f"Invoice open: id {opened.pk}, provider's id in_void_example, 5.00 USD to a@example.com\n"
+    )
+    again = manage("invoice", "open", *args)
+    assert again.returncode == 1
+    assert again.stderr.splitlines() == [
+        f"CommandError: invoice in_void_example exists already (id {opened.pk})"
+    ]
+    assert Invoice.objects.count() == 1

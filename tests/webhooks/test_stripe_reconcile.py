@@ -452,3 +452,20 @@ def test_the_operator_sees_each_run_and_each_recovered_event(
     assert listed.status_code == 200
     assert listed.context["cl"].result_count == 4  # the customer.created was not listed
     assert b"Events API (recovered by the reconcile)" in listed.content
+
+
+@pytest.mark.parametrize(
+    ("result", "found"),
+    [
+        (reconcile.Reconciled(failure=reconcile.OFF), False),
+        (reconcile.Reconciled(calls=1, listed=3), False),
+        (reconcile.Reconciled(calls=1, listed=3, recovered=1), True),
+        (reconcile.Reconciled(calls=1, failure="Stripe answered 500 listing events"), True),
+    ],
+    ids=["off", "all-stored", "recovered", "failed"],
+)
+def test_a_run_found_something_when_it_recovered_events_or_failed(
+    result: reconcile.Reconciled, found: bool
+) -> None:
+    """Its truth decides its job's line: INFO, or DEBUG for a run that found nothing."""
+    assert bool(result) is found

@@ -51,7 +51,13 @@ def test_a_thin_event_is_stored_ignored_and_a_redelivery_is_a_duplicate(client: 
     body = stripe_testing.encode(event)
     response = post_event(client, body)
     assert response.status_code == 200
-    assert response.json() == {"received": True, "event_id": event["id"], "duplicate": False}
+    assert response.json() == {
+        "received": True,
+        "event_id": event["id"],
+        "type": TYPE,
+        "duplicate": False,
+        "handled": False,
+    }
     stored = WebhookEvent.objects.get()
     assert (stored.type, stored.state, stored.api_version) == (TYPE, "ignored", "")
     assert stored.body == body.decode()

@@ -35,7 +35,13 @@ def test_valid_paid_event_is_stored_applied_and_acknowledged(client: Client) -> 
     response = post_event(client, body)
 
     assert response.status_code == 200
-    assert response.json() == {"received": True, "event_id": event["id"], "duplicate": False}
+    assert response.json() == {
+        "received": True,
+        "event_id": event["id"],
+        "type": "invoice.paid",
+        "duplicate": False,
+        "handled": True,
+    }
     stored = WebhookEvent.objects.get()
     assert stored.event_id == event["id"]
     assert stored.body == body.decode()  # the raw body, byte for byte
@@ -57,6 +63,8 @@ def test_other_event_types_are_stored_and_ignored(client: Client) -> None:
     event = stripe_testing.event("customer.created", stripe_testing.customer_object())
     response = post_event(client, stripe_testing.encode(event))
     assert response.status_code == 200
+    # The sender is told no handler acted: a developer sees their handler is not declared.
+    assert (response.json()["type"], response.json()["handled"]) == ("customer.created", False)
     assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
     assert not Invoice.objects.exists()
     assert not Job.objects.exists()
@@ -243,7 +251,9 @@ def test_sequential_duplicate_answers_200_and_changes_nothing(client: Client) ->
     invoice_before = Invoice.objects.values().get()
     second = post_event(client, body)  # a provider retry: new t, new signature, same event
     assert (first.status_code, second.status_code) == (200, 200)
-    assert second.json()["duplicate"] is True
+    assert (first.json()["duplicate"], first.json()["handled"]) == (False, True)
+    # The retry changed nothing: no handler acted on it.
+    assert (second.json()["duplicate"], second.json()["handled"]) == (True, False)
     assert WebhookEvent.objects.count() == 1
     assert Invoice.objects.values().get() == invoice_before
     assert Job.objects.count() == 1
@@ -453,6 +463,7 @@ def test_an_event_of_the_other_mode_is_stored_ignored_and_changes_nothing(
 
     assert response.status_code == 200
     assert response.json()["duplicate"] is False
+    assert response.json()["handled"] is acted_on
     row = WebhookEvent.objects.get()
     assert row.livemode is livemode
     if acted_on:

@@ -1,11 +1,16 @@
-"""``manage.py invoice show|recipient INVOICE``: an invoice from the command line.
+"""``manage.py invoice show|recipient INVOICE``, ``manage.py invoice open``: an invoice from the
+command line.
 
 INVOICE is the invoice's id, its provider's id (``in_...``) or its number; one that names no
 invoice, or more than one, is refused with the candidates. ``show`` prints where the invoice's
 emails go and each email's and dead letter's state. ``recipient`` corrects where they go through
 the admin's and the API's service (the send's own rules, a reason, recorded as an operator
 action of ``cli:<--actor or login name>``); the same correction again changes nothing and
-exits 0. Whatever it prints that was stored or given passes through ``printable``.
+exits 0. ``open`` makes an open invoice under a provider's id (``in_...``, a new one unless
+given), as Stripe's events would have stored it before a payment, and prints its ids: what
+``manage.py stripe_trigger invoice.voided --invoice-id in_...`` then acts on, to try a webhook
+handler locally (Stripe knows nothing of it). Whatever it prints that was stored or given passes
+through ``printable``.
 """
 
 from __future__ import annotations
@@ -13,16 +18,24 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
 from asyncwork import deadletters
 from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.terminal import printable
-from invoicing.mail import format_amount
+from invoicing.mail import amount_minor, format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters
-from invoicing.services import RecipientUnchanged, invoice_recipient_correct, recipient_now
+from invoicing.services import (
+    RecipientUnchanged,
+    invoice_open,
+    invoice_recipient_correct,
+    recipient_now,
+)
+from webhooks.stripe import name_valid
+from webhooks.testing import new_id
 
 INVOICE_HELP = "The invoice's id, its provider's id (in_...) or its number."
 
@@ -69,7 +82,7 @@ def email_line(delivery: EmailDelivery) -> str:
 
 
 class Command(BaseCommand):
-    help = "Show an invoice, or correct where its emails go."
+    help = "Show an invoice, correct where its emails go, or make an open one to try a handler."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, title="actions")
@@ -97,9 +110,57 @@ class Command(BaseCommand):
             "--why", required=True, metavar="REASON", help="Why, for the record (a ticket)."
         )
         cli_actor_argument(recipient)
+        opened = sub.add_parser(
+            "open",
+            help="Make an open invoice (a new in_... id) for a webhook event to act on locally.",
+            description="Make an open invoice, as Stripe's events would have stored it before "
+            "a payment, under a new provider's id; print its id and provider's id. Then "
+            "manage.py stripe_trigger invoice.voided --invoice-id in_... acts on it. Stripe "
+            "knows nothing of it: for trying a handler on a development machine.",
+        )
+        opened.add_argument(
+            "--customer-email", required=True, metavar="ADDRESS", help="The invoice's recipient."
+        )
+        opened.add_argument(
+            "--amount", required=True, metavar="AMOUNT", help="In the currency's unit: 12.34."
+        )
+        opened.add_argument(
+            "--currency", default="usd", metavar="CODE", help="Default: %(default)s."
+        )
+        opened.add_argument("--customer-name", default="", metavar="NAME")
+        opened.add_argument(
+            "--invoice-id",
+            default=None,
+            metavar="in_...",
+            help="The provider's id to give it, as stripe_trigger's --invoice-id. Default: a new "
+            "one.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"_{options['action']}")(options)
+
+    def _open(self, options: dict[str, Any]) -> None:
+        currency = options["currency"].strip()
+        provider_id = (options["invoice_id"] or new_id("in")).strip()
+        if not (provider_id.startswith("in_") and name_valid(provider_id)):
+            raise CommandError(f"--invoice-id {printable(provider_id)!r} is not an in_... id")
+        try:
+            invoice = invoice_open(
+                provider_invoice_id=provider_id,
+                customer_email=options["customer_email"].strip(),
+                customer_name=options["customer_name"].strip(),
+                amount=amount_minor(options["amount"], currency),
+                currency=currency,
+            )
+        except ValueError as exc:
+            raise CommandError(printable(str(exc))) from exc
+        except IntegrityError as exc:  # the provider's id is UNIQUE
+            taken = Invoice.objects.get(provider_invoice_id=provider_id)
+            raise CommandError(f"invoice {provider_id} exists already (id {taken.pk})") from exc
+        self.stdout.write(
+            f"Invoice open: id {invoice.pk}, provider's id {invoice.provider_invoice_id}, "
+            f"{format_amount(invoice.amount_paid, invoice.currency)} to {_shown(invoice.recipient)}"
+        )
 
     def _show(self, options: dict[str, Any]) -> None:
         invoice = invoice_named(options["invoice"])

@@ -1,6 +1,8 @@
 """System checks (registered by ``AsyncWorkConfig.ready``, run by ``manage.py check`` and
 ``migrate``): the ``ASYNCWORK`` setting, each message naming the key, what it holds and what it
-must hold; and any project setting that would weaken a guarantee, each with its own id."""
+must hold; any project setting that would weaken a guarantee, each with its own id; and, on the
+databases a command names (``migrate``, ``check --database``), migrations applied partway through
+a squashed migration whose replaced files are gone."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 
 from asyncwork.queues import BACKEND, rabbitmq
 from asyncwork.settings import SETTINGS, asyncwork_settings
@@ -200,3 +205,43 @@ def tasks_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             id="asyncwork.W007",
         )
     ]
+
+
+# The release whose migration files lead a database from any earlier state to the squashed
+# migrations of every app, which replace them.
+BRIDGE_RELEASE = "de09092"
+
+
+@register(Tags.database)
+def migrations_partway_check(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Django runs a squashed migration where all or none of what it replaces is applied; where
+    some is, it runs the rest from the replaced files, and where those are gone it leaves the
+    app out of its plan without a word: ``migrate`` exits 0 and the schema stays behind. Such a
+    database is refused here, before ``migrate`` changes anything."""
+    loader = MigrationLoader(None, load=False)
+    loader.load_disk()
+    errors: list[CheckMessage] = []
+    for alias in databases or ():
+        applied = set(MigrationRecorder(connections[alias]).applied_migrations())
+        for (app, name), migration in sorted(loader.disk_migrations.items()):
+            replaced = set(migration.replaces)
+            done = replaced & applied
+            gone = sorted(replaced - applied - set(loader.disk_migrations))
+            if not done or not gone:
+                continue
+            errors.append(
+                Error(
+                    f"The {alias!r} database applied {len(done)} of the {len(replaced)} "
+                    f"migrations {app}.{name} replaces; the files of the others "
+                    f"({', '.join(f'{a}.{n}' for a, n in gone)}) are gone, so migrate would "
+                    f"skip {app} and leave its tables behind.",
+                    hint=f"Migrate this database with the previous release first (commit "
+                    f"{BRIDGE_RELEASE}, whose migration files lead to this one), then with this "
+                    f"release. CHANGELOG.md: Upgrading a database migrated before one migration "
+                    f"per app.",
+                    id="asyncwork.E007",
+                )
+            )
+    return errors

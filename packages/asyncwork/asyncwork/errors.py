@@ -1,5 +1,5 @@
-"""A job's failure as the job states it; ``ReliableTask`` (``asyncwork.tasks``) decides what
-follows: ``TransientError`` is retried with backoff, ``PermanentError`` dead-lettered at once,
+"""A job's failure as the job states it; the runner (``asyncwork.runner``) decides what follows:
+``TransientError`` is retried with backoff, ``PermanentError`` dead-lettered at once,
 ``Deferred`` run again later without spending an attempt.
 """
 
@@ -34,7 +34,7 @@ class PermanentError(Exception):
 
 class Deferred(Exception):
     """Run the job again in ``retry_in`` seconds plus up to ``jitter``, without spending an attempt,
-    for at most ``deadline`` seconds after its first deferral (``ReliableTask.defer``)."""
+    for at most ``deadline`` seconds after its first deferral."""
 
     dead_letter_reason: ClassVar[str]
 
@@ -56,10 +56,3 @@ class ProviderUnavailable(Deferred):
     """A provider's circuit breaker is open: calling it now would only add to its load."""
 
     dead_letter_reason = "provider_unavailable"  # DeadLetter.Reason.PROVIDER_UNAVAILABLE
-
-
-class RedeliveredTooOften(PermanentError):
-    """RabbitMQ delivered this message as often as allowed, every earlier delivery ending with no
-    outcome: a poison message, dead-lettered instead of run."""
-
-    dead_letter_reason = "redelivery_limit"  # DeadLetter.Reason.REDELIVERY_LIMIT

@@ -6,7 +6,8 @@ trouble from one mailbox's). A text line is one line, whatever a client or a pro
 its message, each line of its traceback and each field's value pass through ``printable``, so no
 control character reaches the terminal or the log file (JSON escapes them itself). And
 ``SuspiciousRequestFilter``, which makes Django's refusal of a suspicious request one WARNING line
-and a count."""
+and a count; ``RoutineRunFilter``, which keeps Celery's lines about a scheduled job's runs at
+DEBUG."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import logging
 import re
 from typing import Any
 
+from celery import current_app
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
 from asyncwork.contrib.monitoring.metrics import suspicious_requests
@@ -30,6 +32,23 @@ class SuspiciousRequestFilter(logging.Filter):
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
         return True
+
+
+class RoutineRunFilter(logging.Filter):
+    """On ``celery.worker.strategy`` and ``celery.app.trace``: Celery's INFO lines about a run of a
+    task marked ``routine`` (a scheduled job's "received", "succeeded" and expected-failure
+    lines) become DEBUG lines, dropped unless the logger logs DEBUG. The job's own line says
+    that it ran and what it found, at INFO only when it found something, and a failure is its
+    ERROR line (``asyncwork.contrib.periodic.jobs.job_run``): an idle worker writes nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)  # Celery's context of the line: the task's name...
+        if record.levelno != logging.INFO or not isinstance(data, dict):
+            return True
+        if not getattr(current_app.tasks.get(str(data.get("name"))), "routine", False):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 # An address in log text, matched generously (a false positive costs readability, a miss costs a

@@ -174,7 +174,8 @@ class JobOutcome:
 
 
 def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
-    """Run ``body`` as the job ``name`` if no other run holds the job's lock; else skip."""
+    """Run ``body`` as the job ``name`` if no other run holds the job's lock; else skip. Its line
+    is at INFO when ``body`` returned something true (it found something), else at DEBUG."""
     insert_or_skip(ScheduledJob(name=name), conflict_fields=["name"])
     jobs = ScheduledJob.objects.filter(name=name)
     with advisory_lock(f"job:{name}") as held:
@@ -196,7 +197,10 @@ def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
             logger.exception("job %s failed", name, extra={"job": name, "outcome": "failed"})
             raise
         jobs.update(last_finished_at=timezone.now(), last_result=str(result)[:500], last_error="")
-        logger.info(
+        # A run that found nothing (a falsy result: 0, an empty collection, an object that says
+        # so) is routine: at INFO an idle worker writes nothing.
+        logger.log(
+            logging.INFO if result else logging.DEBUG,
             "job %s ran: %s",
             name,
             result,
@@ -211,6 +215,9 @@ class JobTask(Task):
     ``asyncwork.install.REQUIRED``)."""
 
     max_retries = 0
+    # Celery's "received" and "succeeded" lines of a run, at DEBUG: job_run's own line says what
+    # it found (asyncwork.contrib.logging.RoutineRunFilter, in the project's LOGGING).
+    routine = True
     # job_run logs a failure once, with its traceback; in ``throws``, Celery's own line is INFO
     # without one.
     throws = (Exception,)

@@ -1,20 +1,5 @@
-"""The machinery's tables as they stand. Replaces asyncwork 0001-0005 and core 0001-0006, which
-created these tables in ``core`` before asyncwork 0001 took them over (renamed ``core_x`` ->
-``asyncwork_x``). Not their data migrations: the content types' relabelling (0001) and the
-deletion of dead letters' unpublished copies (0005) have nothing to act on in a fresh
-database.
-
-Django runs a squashed migration only where all or none of what it replaces is applied: a
-fresh database runs this one; a database that applied all of them is at it already; a
-database partway (core's tables made and not yet moved, or moved and asyncwork not yet at
-0005) runs the rest from the replaced files, which keep its rows. Core's migrations are
-listed for the database from before the move: it has none of asyncwork's applied, and would
-otherwise get empty tables here beside its full ones. All six of them, so that this one
-stands for core's history only where core's own squashed migration does.
-
-The replaced files, and ``replaces`` here, can go once every deployment has applied this
-migration (``manage.py showmigrations asyncwork``), in the same change as core's and
-operators' replaced files."""
+"""The machinery's tables as they stand, in place of asyncwork's earlier migrations.
+Upgrading: CHANGELOG.md, "Upgrading a database migrated before one migration per app"."""
 
 import django.db.models.deletion
 from django.conf import settings
@@ -25,17 +10,15 @@ class Migration(migrations.Migration):
     initial = True
 
     replaces = [
-        ("core", "0001_initial"),
-        ("core", "0002_scheduledjob_outboxmessage_outbox_task_args_idx"),
-        ("core", "0003_operator_powers_and_actions"),
-        ("core", "0004_idempotencyrecord"),
-        ("core", "0005_lockholder"),
-        ("core", "0006_models_moved_to_asyncwork_and_operators"),
         ("asyncwork", "0001_initial"),
+        ("asyncwork", "0001_squashed_0005_deadletter_drop_broker_copy"),
         ("asyncwork", "0002_worker_heartbeat"),
         ("asyncwork", "0003_outbox_due"),
         ("asyncwork", "0004_heartbeat_holding"),
         ("asyncwork", "0005_deadletter_drop_broker_copy"),
+        ("asyncwork", "0006_deadletter_resolved"),
+        ("asyncwork", "0007_idempotencyrecord_response"),
+        ("asyncwork", "0008_job"),
     ]
 
     dependencies = [
@@ -99,7 +82,7 @@ class Migration(migrations.Migration):
             ],
         ),
         migrations.CreateModel(
-            name="OutboxMessage",
+            name="Job",
             fields=[
                 (
                     "id",
@@ -107,7 +90,7 @@ class Migration(migrations.Migration):
                         auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
                     ),
                 ),
-                ("task", models.CharField(max_length=200)),
+                ("task", models.CharField(help_text="The task's module path.", max_length=200)),
                 (
                     "args",
                     models.JSONField(
@@ -116,50 +99,83 @@ class Migration(migrations.Migration):
                 ),
                 ("kwargs", models.JSONField(default=dict)),
                 ("queue", models.CharField(max_length=100)),
+                ("backend", models.CharField(default="default", max_length=100)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("READY", "Ready"),
+                            ("RUNNING", "Running"),
+                            ("SUCCESSFUL", "Successful"),
+                            ("FAILED", "Failed"),
+                        ],
+                        default="READY",
+                        max_length=10,
+                    ),
+                ),
                 ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
-                ("published_at", models.DateTimeField(blank=True, null=True)),
-                ("publish_attempts", models.PositiveIntegerField(default=0)),
-                ("last_error", models.TextField(blank=True)),
                 (
                     "due_at",
                     models.DateTimeField(
                         blank=True,
-                        help_text="Not published before this time (a retry's backoff, a deferral's cool-down); empty: at once.",
+                        help_text="Not published before this time (run_after, a retry's backoff, a deferral's cool-down); empty: at once.",
                         null=True,
                     ),
                 ),
+                ("published_at", models.DateTimeField(blank=True, null=True)),
+                ("publish_attempts", models.PositiveIntegerField(default=0)),
                 (
-                    "headers",
+                    "last_error",
+                    models.TextField(blank=True, help_text="Why the last publish failed."),
+                ),
+                ("owner", models.CharField(blank=True, max_length=255)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "attempts",
+                    models.PositiveIntegerField(default=0, help_text="Runs that spent an attempt."),
+                ),
+                ("worker_ids", models.JSONField(blank=True, default=list)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("last_attempted_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("first_failed_at", models.DateTimeField(blank=True, null=True)),
+                ("deferred_since", models.DateTimeField(blank=True, null=True)),
+                (
+                    "errors",
                     models.JSONField(
                         blank=True,
-                        default=dict,
-                        help_text="Message headers a retry carries on (its retry count, when it first failed).",
+                        default=list,
+                        help_text="Each failed run's exception class and traceback.",
                     ),
                 ),
-                (
-                    "task_id",
-                    models.CharField(
-                        blank=True,
-                        help_text="The Celery task id a retry keeps; empty: outbox-<id>.",
-                        max_length=255,
-                    ),
-                ),
+                ("return_value", models.JSONField(blank=True, null=True)),
+                ("context", models.JSONField(blank=True, default=dict)),
             ],
             options={
-                "permissions": [("republish_outboxmessage", "Can republish outbox message")],
+                "permissions": [("republish_job", "Can republish job")],
                 "indexes": [
-                    models.Index(fields=["task", "args"], name="outbox_task_args_idx"),
+                    models.Index(fields=["task", "args"], name="job_task_args_idx"),
                     models.Index(
                         condition=models.Q(("published_at__isnull", True)),
                         fields=["created_at"],
-                        name="outbox_unpublished_idx",
+                        name="job_unpublished_idx",
                     ),
                     models.Index(
                         condition=models.Q(
                             ("due_at__isnull", False), ("published_at__isnull", True)
                         ),
                         fields=["due_at"],
-                        name="outbox_due_idx",
+                        name="job_due_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("published_at__isnull", False), ("status", "READY")),
+                        fields=["published_at"],
+                        name="job_ready_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "RUNNING")),
+                        fields=["lease_expires_at"],
+                        name="job_running_idx",
                     ),
                 ],
             },
@@ -183,6 +199,14 @@ class Migration(migrations.Migration):
                     models.CharField(help_text="Method and path, for people.", max_length=300),
                 ),
                 ("target_id", models.PositiveBigIntegerField(blank=True, null=True)),
+                (
+                    "response",
+                    models.JSONField(
+                        blank=True,
+                        help_text="The answer given, when the request created no one row.",
+                        null=True,
+                    ),
+                ),
                 ("created_at", models.DateTimeField(auto_now_add=True)),
                 (
                     "target_type",
@@ -246,22 +270,30 @@ class Migration(migrations.Migration):
                 ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
                 ("replayed_at", models.DateTimeField(blank=True, null=True)),
                 ("replayed_by", models.CharField(blank=True, max_length=150)),
+                ("resolved_at", models.DateTimeField(blank=True, null=True)),
+                ("resolved_by", models.CharField(blank=True, max_length=150)),
+                ("resolved_why", models.CharField(blank=True, max_length=500)),
                 (
-                    "replay_outbox",
+                    "replay_job",
                     models.ForeignKey(
                         blank=True,
                         null=True,
                         on_delete=django.db.models.deletion.SET_NULL,
                         related_name="+",
-                        to="asyncwork.outboxmessage",
+                        to="asyncwork.job",
                     ),
                 ),
             ],
             options={
-                "permissions": [("replay_deadletter", "Can replay dead letter")],
+                "permissions": [
+                    ("replay_deadletter", "Can replay dead letter"),
+                    ("resolve_deadletter", "Can resolve dead letter"),
+                ],
                 "indexes": [
                     models.Index(
-                        condition=models.Q(("replayed_at__isnull", True)),
+                        condition=models.Q(
+                            ("replayed_at__isnull", True), ("resolved_at__isnull", True)
+                        ),
                         fields=["created_at"],
                         name="deadletter_waiting_idx",
                     )
