@@ -1,8 +1,40 @@
-"""Read by gunicorn when started from this directory without ``-c`` (its default
-``./gunicorn.conf.py``): ``gunicorn core.wsgi``, as the README, the demo and the Docker image
-run it, starts as ``gunicorn -c python:core.gunicorn_conf core.wsgi`` does: settings that do
-not load stop the master with one line before any worker starts, and X-Forwarded-Proto is left
-to Django.
+"""gunicorn's configuration, read by ``gunicorn core.wsgi`` started from the project's directory
+(gunicorn's default ``./gunicorn.conf.py``; elsewhere ``-c /path/to/gunicorn.conf.py``).
+
+Read in the master before anything forks: settings that do not load stop it with one line
+(``core.startup``), not a traceback in every worker.
 """
 
-from core.gunicorn_conf import *  # noqa: F403
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from core.startup import settings_load_or_exit
+
+__all__ = ["access_log_format", "child_exit", "on_starting", "secure_scheme_headers"]
+
+settings_load_or_exit()
+
+# Otherwise gunicorn trusts X-Forwarded-Proto from loopback and Unix-socket peers whatever
+# TRUSTED_PROXIES says; Django alone decides (asyncwork.contrib.http.ForwardedProtoMiddleware).
+secure_scheme_headers: dict[str, str] = {}
+
+# gunicorn's combined-log shape without query strings or Referer: an admin search's query is
+# the email address searched for.
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "-" "%(a)s"'
+
+
+def on_starting(server: Any) -> None:
+    """Before any worker forks: an earlier run's counts must not add to this one's."""
+    from asyncwork.contrib.monitoring.metrics import multiprocess_dir_reset
+
+    multiprocess_dir_reset()
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """A dead worker's counters stay in the sum; only live gauges of its pid are dropped."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

@@ -36,7 +36,6 @@ CONTROL = "control"
 
 # Scaled-down timing, the same in both arms: Django settings (chaos/settings.py)...
 TIMING = {
-    "CELERY_VISIBILITY_TIMEOUT": 30,
     "EMAIL_CLAIM_LEASE_SECONDS": 30,
     # The email task's soft limit; a run is killed 15 s later (asyncwork.backend's
     # TIME_LIMIT_GRACE), which is its hard limit.
@@ -45,6 +44,8 @@ TIMING = {
     "CELERY_TASK_TIME_LIMIT": 20,
     "CELERY_TASK_SOFT_TIME_LIMIT": 15,
 }
+# Redis's visibility timeout (CELERY_BROKER_TRANSPORT_OPTIONS, chaos/settings.py).
+VISIBILITY_TIMEOUT = 30
 # A running job's lease: its hard time limit plus asyncwork.runner's LEASE_MARGIN_SECONDS (30).
 # The rescue by lease takes back a job whose owner's heartbeat it could not judge after this.
 JOB_LEASE_SECONDS = TIMING["EMAIL_TASK_TIME_LIMIT"] + 30

@@ -563,7 +563,11 @@ def build(inputs: Inputs) -> dict[str, Any]:
             "worker_settings": config.worker_settings(inputs.arm),
             "worker_app": config.worker_app(inputs.arm),
             "gunicorn_workers": profile.web_workers,
-            "timing_env": {**config.TIMING, **config.TIMING_ENV},
+            "timing_env": {
+                **config.TIMING,
+                **config.TIMING_ENV,
+                "VISIBILITY_TIMEOUT": config.VISIBILITY_TIMEOUT,
+            },
             "safety_nets_off": list(inputs.without),
             "periodic_tasks": inputs.schedules,
             "fault_plan": [

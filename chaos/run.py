@@ -145,7 +145,7 @@ def idle_window(arm: str) -> float:
 
     Safe arm: past a running job's lease (the rescue by lease, the latest any safety net
     acts) plus a redelivery. Control arm: past a redelivery and two restore sweeps."""
-    visibility = int(config.TIMING["CELERY_VISIBILITY_TIMEOUT"])
+    visibility = config.VISIBILITY_TIMEOUT
     if arm == config.SAFE:
         return config.JOB_LEASE_SECONDS + visibility + 10
     return visibility + 2 * config.RESTORE_INTERVAL

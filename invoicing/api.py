@@ -16,10 +16,10 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from asyncwork.contrib.api import query_filter
 from asyncwork.contrib.idempotency import (
     IdempotencyKeyReused,
     idempotency_key_from,
@@ -179,15 +179,9 @@ class InvoiceViewSet(viewsets.ReadOnlyModelViewSet[Invoice]):
         queryset = invoices_with_email_status().order_by("-pk")
         if self.action != "list":
             return queryset
-        status = self.request.query_params.get("status")
-        if status is not None:
-            if status not in Invoice.Status.values:
-                raise ValidationError({"status": f"one of {', '.join(Invoice.Status.values)}"})
+        if (status := query_filter(self.request, "status", Invoice.Status.values)) is not None:
             queryset = queryset.filter(status=status)
-        wanted = self.request.query_params.get("email_status")
-        if wanted is not None:
-            if wanted not in EMAIL_STATUSES:
-                raise ValidationError({"email_status": f"one of {', '.join(EMAIL_STATUSES)}"})
+        if (wanted := query_filter(self.request, "email_status", EMAIL_STATUSES)) is not None:
             queryset = filter_by_email_status(queryset, wanted)
         return queryset
 

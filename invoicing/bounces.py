@@ -34,7 +34,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from asyncwork import deadletters
 from asyncwork.models import DeadLetter
-from invoicing.delivery import EMAIL_KEY_PREFIX
+from invoicing.delivery import invoice_email_key
 from invoicing.mail import DELIVERY_KEY_METADATA, RecipientRejected, address_spec, header_text
 from invoicing.models import EmailDelivery
 from invoicing.tasks import resend_invoice_email, send_invoice_email
@@ -90,7 +90,7 @@ def email_undelivered_record(
                 "email %s for a message no longer the last sent; ignored", kind, extra=about
             )
             return None
-        if delivery.key.startswith(EMAIL_KEY_PREFIX):
+        if delivery.key == invoice_email_key(delivery.invoice_id):
             task, args = send_invoice_email.module_path, [delivery.invoice_id]
         else:
             task, args = resend_invoice_email.module_path, [delivery.pk]

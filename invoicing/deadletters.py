@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import CharField, OuterRef, Subquery, Value
-from django.db.models.functions import Cast, Concat
+from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 
 from asyncwork import deadletters
 from asyncwork.deadletters import Subject
 from asyncwork.models import DeadLetter
-from invoicing.delivery import EMAIL_KEY_PREFIX
+from invoicing.delivery import payment_emails
 from invoicing.mail import RecipientRejected
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import resend_invoice_email, send_invoice_email
@@ -66,8 +65,8 @@ def _letters_deliveries(
     letters: Sequence[DeadLetter], *, resend: bool
 ) -> dict[int, tuple[Invoice, EmailDelivery | None]]:
     """Each letter's invoice and email delivery, by letter pk, in one query: a send names its
-    invoice (its delivery, read as far as a subject needs, is the key
-    ``invoice_email_sent:<invoice>``), a resend its delivery."""
+    invoice (its delivery, read as far as a subject needs, is its payment email), a resend
+    its delivery."""
     wanted = {letter.pk: _id_argument(letter) for letter in letters}
     ids = {pk for pk in wanted.values() if pk is not None}
     fields = (*_DELIVERY_FIELDS, *(f"invoice__{name}" for name in _INVOICE_FIELDS if name != "pk"))
@@ -80,9 +79,7 @@ def _letters_deliveries(
                 found[letter_pk] = (delivery.invoice, delivery)
         return found
     # The payment email's delivery read beside its invoice, in the same statement.
-    send = EmailDelivery.objects.filter(
-        key=Concat(Value(EMAIL_KEY_PREFIX), Cast(OuterRef("pk"), CharField()))
-    )
+    send = payment_emails().filter(invoice=OuterRef("pk"))
     invoices = (
         Invoice.objects.only(*_INVOICE_FIELDS)
         .annotate(**{f"email_{name}": Subquery(send.values(name)[:1]) for name in _SEND_FIELDS})

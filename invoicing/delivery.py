@@ -63,8 +63,14 @@ BREAKER_CHECK_SECONDS = 1.0
 EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
 
-def invoice_email_key(invoice: Invoice) -> str:
-    return f"{EMAIL_KEY_PREFIX}{invoice.pk}"
+def invoice_email_key(invoice_id: int) -> str:
+    """The payment email's key: one per invoice, whichever event or run asks for it."""
+    return f"{EMAIL_KEY_PREFIX}{invoice_id}"
+
+
+def payment_emails() -> QuerySet[EmailDelivery]:
+    """Every invoice's payment email (the keys of ``invoice_email_key``); a resend has its own."""
+    return EmailDelivery.objects.filter(key__startswith=EMAIL_KEY_PREFIX)
 
 
 def invoice_email_message_id(invoice: Invoice, key: str) -> str:
@@ -257,7 +263,7 @@ def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -
             raise _provider_unavailable(decision.retry_in)
         return _invoice_email_send_claimed(
             invoice_id=invoice_id,
-            key=key or f"{EMAIL_KEY_PREFIX}{invoice_id}",
+            key=key or invoice_email_key(invoice_id),
             owner=owner,
             breaker=breaker,
             decision=decision,

@@ -14,6 +14,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asyncwork.contrib.monitoring.gauges import breaker_check, breaker_figures, breaker_metrics
+from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.contrib.monitoring.probes import Figure, Probe, breaker_probe, probe_declare
 from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery
@@ -92,15 +93,15 @@ def email_metrics(probe: EmailProbe) -> list[Metric]:
     """Emails sent, attempts and deliveries by state, per key kind; past the statement timeout
     this source drops out of the scrape, reported."""
     sent = CounterMetricFamily(
-        "invoicing_emails_sent", "Emails sent (EmailDelivery rows marked sent).", labels=["kind"]
+        metric_name("emails_sent"), "Emails sent (EmailDelivery rows marked sent).", labels=["kind"]
     )
     attempts = CounterMetricFamily(
-        "invoicing_email_send_attempts",
+        metric_name("email_send_attempts"),
         "Attempts to send an email: claims taken on its key, over all workers and retries.",
         labels=["kind"],
     )
     deliveries = GaugeMetricFamily(
-        "invoicing_email_deliveries",
+        metric_name("email_deliveries"),
         "EmailDelivery rows by state (pending, sending, sent, failed).",
         labels=["kind", "state"],
     )

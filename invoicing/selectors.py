@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import (
-    CharField,
-    Exists,
-    IntegerField,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-    Value,
-)
-from django.db.models.functions import Cast, Coalesce, Concat, JSONArray
+from django.db.models import Exists, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce, JSONArray
 
 from asyncwork.models import DeadLetter
-from invoicing.delivery import EMAIL_KEY_PREFIX
+from invoicing.delivery import payment_emails
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import resend_invoice_email, send_invoice_email
 
@@ -27,9 +18,7 @@ EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
 def invoices_with_email_status() -> QuerySet[Invoice]:
     """Invoices annotated with ``email_state``, ``email_attempts``, ``email_sent_at`` (of the
     ``invoice_email_sent`` key) and ``email_dead_lettered`` (a dead letter waits for it)."""
-    delivery = EmailDelivery.objects.filter(
-        key=Concat(Value(EMAIL_KEY_PREFIX), Cast(OuterRef("pk"), CharField()))
-    )
+    delivery = payment_emails().filter(invoice=OuterRef("pk"))
     return Invoice.objects.annotate(
         email_state=Subquery(delivery.values("state")[:1]),
         email_attempts=Coalesce(

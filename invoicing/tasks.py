@@ -10,13 +10,14 @@ from django.conf import settings
 from django_tasks import task
 from prometheus_client import Counter
 
+from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.errors import PermanentError
 from asyncwork.heartbeat import heartbeat_owner
 from invoicing import delivery
 from invoicing.models import EmailDelivery
 
 WORKER_EMAILS_SENT = Counter(
-    "invoicing_worker_emails_sent",
+    metric_name("worker_emails_sent"),
     "Emails this worker handed to the SMTP server or provider (runs that returned 'sent').",
     ["task"],
 )

@@ -16,13 +16,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from knox.models import AuthToken
 
-from asyncwork.admin import (
-    DeadLetterAdmin,
-    JobAdmin,
-    ReadOnly,
-    ReadOnlyAdmin,
-    admin_actor,
-)
+from asyncwork.admin import DeadLetterAdmin, JobAdmin, ReadOnly, ReadOnlyAdmin, admin_actor
 from asyncwork.models import DeadLetter, Job
 from operators.models import OperatorAction
 from operators.tokens import api_tokens_revoke

@@ -1,8 +1,10 @@
 """docs/reference/settings.md, from the declarations in the code.
 
 An operator setting is declared once: in ``core/settings.py`` as ``setting(NAME, default,
-reason)`` (a secret as ``_secret(NAME, ..., reason=...)``), under the settings file's section
-comment (``# --- Email ---``); in ``deploy/nginx/render.sh``'s header as ``NAME  default: reason``
+reason)`` (a secret as ``_secret(NAME, ..., reason=...)``, a key of the machinery's
+``ASYNCWORK`` as ``machinery(NAME, type, reason)``, its default the machinery's, from
+``asyncwork/settings.py``), under the settings file's section comment (``# --- Email ---``); in
+``deploy/nginx/render.sh``'s header as ``NAME  default: reason``
 for the edge. This reads both (without importing the settings: the defaults shown are the code
 as written) and writes the reference. ``tests/core/test_configuration_doc.py`` fails when the
 file and the code disagree.
@@ -19,6 +21,7 @@ import re
 import sys
 from typing import NamedTuple
 
+from asyncwork.settings import SETTINGS as MACHINERY
 from stack.process import ROOT
 
 SETTINGS = ROOT / "core" / "settings.py"
@@ -104,6 +107,10 @@ def application() -> list[Setting]:
                 section, ast.literal_eval(name), _default(default), ast.literal_eval(reason)
             )
             found.append((node.lineno, setting))
+        elif node.func.id == "machinery":
+            key, why = ast.literal_eval(node.args[0]), ast.literal_eval(node.args[2])
+            shown = _default(ast.Constant(MACHINERY[key].default))
+            found.append((node.lineno, Setting(section, key, shown, why)))
         elif node.func.id == "_secret":
             reason = next(k.value for k in node.keywords if k.arg == "reason")
             required = "**required** unless `DJANGO_DEBUG` is on"

@@ -17,6 +17,7 @@ heartbeats) do nothing for an invoice, and would add what they happened to run i
 from __future__ import annotations
 
 import os
+import runpy
 import signal
 import threading
 from pathlib import Path
@@ -25,8 +26,11 @@ from typing import Any
 import coverage
 from celery.signals import worker_process_init, worker_ready
 
-from core.gunicorn_conf import *  # noqa: F403  # gunicorn's configuration is the project's
 from scripts.hot_path import DATA, MEASURED, ROOT, SAVED, SOURCE, WARM
+
+# gunicorn's configuration is the project's, ./gunicorn.conf.py, with post_worker_init added.
+_project = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+globals().update({name: _project[name] for name in _project["__all__"]})
 
 
 def _start(role: str) -> None:

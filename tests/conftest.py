@@ -15,6 +15,8 @@ from stack.process import Process
 from stack.smtp import SmtpServer
 from stack.stripe_api import StripeApi
 from tests.helpers import broker, database, web
+from tests.helpers.admin import admin_as, api_as
+from tests.helpers.factories import staff_user
 from tests.helpers.mail import use_smtp
 from tests.helpers.redis_server import PrivateRedis
 
@@ -113,3 +115,27 @@ def private_redis() -> Iterator[PrivateRedis]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def staff() -> Any:
+    """The admin as an operator: a staff user in the "operators" group, not a superuser."""
+    return admin_as(staff_user("op", groups=["operators"]))
+
+
+@pytest.fixture
+def viewer() -> Any:
+    """The admin as a staff user in the "viewers" group: sees every list, acts on nothing."""
+    return admin_as(staff_user("watcher", groups=["viewers"]))
+
+
+@pytest.fixture
+def api_staff() -> Any:
+    """The API as an operator."""
+    return api_as(staff_user("op", groups=["operators"]))
+
+
+@pytest.fixture
+def api_viewer() -> Any:
+    """The API as a viewer: reading is all it may do."""
+    return api_as(staff_user("op", groups=["viewers"]))

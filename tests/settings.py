@@ -94,14 +94,14 @@ from core.settings import (  # noqa: E402
 # A poison message is dead-lettered after three deliveries, not ten.
 ASYNCWORK = {**ASYNCWORK, "BROKER_DELIVERY_LIMIT": 3, "OUTBOX_RELAY_GRACE_SECONDS": 0}
 # Redis's visibility timeout, which a test's processes may scale down (TEST_SETTINGS).
-CELERY_VISIBILITY_TIMEOUT = CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
+TEST_VISIBILITY_TIMEOUT = CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
 # A process a test starts may take settings of its own that production reads from no
 # variable (timing scaled down, a URLconf): tests/helpers/processes.py worker_env(settings=...).
 globals().update(json.loads(os.environ.get("TEST_SETTINGS", "{}")))
 if "visibility_timeout" in CELERY_BROKER_TRANSPORT_OPTIONS:  # Redis: the scaled one, if any
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         **CELERY_BROKER_TRANSPORT_OPTIONS,
-        "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+        "visibility_timeout": TEST_VISIBILITY_TIMEOUT,
         # A worker stops once its pending BRPOP returns: within 0.1 s, not kombu's 1 s, at the
         # end of every test that runs one.
         "polling_interval": 0.1,

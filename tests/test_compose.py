@@ -136,7 +136,7 @@ def test_metrics_are_summed_across_processes(services: dict[str, dict[str, Any]]
     groups = ("web", "webhooks", "worker")
     for name in ("web", "webhooks"):
         cmd = command(services[name])
-        assert cmd[cmd.index("-c") + 1] == "python:core.gunicorn_conf"  # clears and marks dead
+        assert cmd[cmd.index("-c") + 1] == "gunicorn.conf.py"  # clears and marks dead
     assert int(environment(services["worker"])["WORKER_METRICS_PORT"]) > 0
     directories = {environment(services[n])["PROMETHEUS_MULTIPROC_DIR"] for n in groups}
     assert len(directories) == len(groups)

@@ -112,7 +112,5 @@ class WebhookEventAdmin(ReadOnlyAdmin):
             )
         if result.missing:
             self.message_user(
-                request,
-                f"Skipped {len(result.missing)} no longer stored.",
-                messages.WARNING,
+                request, f"Skipped {len(result.missing)} no longer stored.", messages.WARNING
             )

@@ -14,15 +14,17 @@ from typing import Any
 from django.conf import settings
 from prometheus_client import Counter
 
+from asyncwork.contrib.monitoring.metrics import metric_name
+
 WEBHOOK_DELIVERIES = Counter(
-    "invoicing_webhook_deliveries",
+    metric_name("webhook_deliveries"),
     "Webhook deliveries by outcome: accepted, duplicate, rejected (reason: why), shed"
     " (reason: backpressure level), unavailable (database down).",
     ["outcome", "reason"],
 )
 
 WEBHOOK_OTHER_API_VERSION = Counter(
-    "invoicing_webhook_other_api_version_events",
+    metric_name("webhook_other_api_version_events"),
     "Webhook events a handler applied whose api_version is not STRIPE_API_VERSION, by that"
     " version (other: one that does not read as a Stripe API version).",
     ["api_version"],

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.contrib.monitoring.probes import CheckResult, Figure, Probe, probe_declare
 from asyncwork.models import ScheduledJob
 from webhooks.models import EventsCursor, WebhookEvent
@@ -57,11 +58,7 @@ def api_versions_check(found: dict[str, int]) -> CheckResult:
 
 probe_declare(
     Probe(
-        "api_versions",
-        other_api_versions,
-        database=True,
-        check=api_versions_check,
-        critical=False,
+        "api_versions", other_api_versions, database=True, check=api_versions_check, critical=False
     )
 )
 
@@ -130,12 +127,12 @@ def reconcile_metrics(probe: ReconcileProbe | None) -> list[Metric]:
         return []
     cursor = probe.cursor
     recovered = CounterMetricFamily(
-        "invoicing_stripe_events_recovered",
+        metric_name("stripe_events_recovered"),
         "Events recorded from Stripe's Events API that no webhook had delivered.",
     )
     recovered.add_metric([], cursor.recovered_total)
     age = GaugeMetricFamily(
-        "invoicing_stripe_reconcile_cursor_age_seconds",
+        metric_name("stripe_reconcile_cursor_age_seconds"),
         "Seconds since the time up to which every event of the handled types is recorded.",
     )
     if cursor.covered_until is not None:

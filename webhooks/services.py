@@ -42,11 +42,7 @@ class Recorded:
 
 
 def webhook_event_record(
-    *,
-    event: Event,
-    body: str,
-    headers: dict[str, str],
-    source: str = WebhookEvent.Source.WEBHOOK,
+    *, event: Event, body: str, headers: dict[str, str], source: str = WebhookEvent.Source.WEBHOOK
 ) -> Recorded:
     """Store a verified event and apply it, or recognise it as a duplicate and do nothing;
     ``source``: how it reached us (a webhook, or the Events API)."""

@@ -58,17 +58,6 @@ TASK = divide.module_path
 
 
 @pytest.fixture
-def staff() -> Client:
-    """An operator: a staff user in the "operators" group, not a superuser."""
-    return admin_as(staff_user("op", groups=["operators"]))
-
-
-@pytest.fixture
-def viewer() -> Client:
-    return admin_as(staff_user("watcher", groups=["viewers"]))
-
-
-@pytest.fixture
 def superuser() -> Client:
     return admin_as(
         get_user_model().objects.create_superuser("root", "root@example.com", "pw-12345-long")

@@ -19,20 +19,10 @@ from rest_framework.test import APIClient
 from asyncwork.models import DeadLetter
 from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
+from tests.helpers.admin import api_as
 from tests.helpers.factories import paid_invoice, staff_user
 
 pytestmark = pytest.mark.django_db
-
-
-def api_as(user: Any) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
-@pytest.fixture
-def staff() -> APIClient:
-    return api_as(staff_user("op", groups=["operators"]))
 
 
 def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
@@ -49,17 +39,17 @@ def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
     return DeadLetter.objects.create(task_id=task_id, **values)
 
 
-def test_dead_letters_list_filter_and_replay_once(staff: APIClient) -> None:
+def test_dead_letters_list_filter_and_replay_once(api_staff: APIClient) -> None:
     first = letter("t1")
     letter("t2", reason="exhausted")
-    assert staff.get("/api/dead-letters/").json()["count"] == 2
-    rows = staff.get("/api/dead-letters/?reason=exhausted").json()["results"]
+    assert api_staff.get("/api/dead-letters/").json()["count"] == 2
+    rows = api_staff.get("/api/dead-letters/?reason=exhausted").json()["results"]
     assert [row["task_id"] for row in rows] == ["t2"]
 
-    replay = staff.post(f"/api/dead-letters/{first.pk}/replay/")
+    replay = api_staff.post(f"/api/dead-letters/{first.pk}/replay/")
     assert replay.status_code == 200
     assert replay.json() == {"id": first.pk, "replayed": True, "detail": "replayed"}
-    again = staff.post(f"/api/dead-letters/{first.pk}/replay/").json()
+    again = api_staff.post(f"/api/dead-letters/{first.pk}/replay/").json()
     assert again["replayed"] is False
     first.refresh_from_db()
     assert first.replayed_by == "api:op"
@@ -68,7 +58,7 @@ def test_dead_letters_list_filter_and_replay_once(staff: APIClient) -> None:
         ("dead_letter.replay", "api:op", first, "replayed"),
         ("dead_letter.replay", "api:op", first, "skipped"),
     ]
-    waiting = staff.get("/api/dead-letters/?replayed=false").json()["results"]
+    waiting = api_staff.get("/api/dead-letters/?replayed=false").json()["results"]
     assert [row["task_id"] for row in waiting] == ["t2"]
 
 
@@ -87,7 +77,7 @@ def test_a_viewer_reads_and_gets_403_on_replay() -> None:
     assert not OperatorAction.objects.exists()
 
 
-def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClient) -> None:
+def test_each_dead_letter_says_what_it_was_about_and_why_in_words(api_staff: APIClient) -> None:
     invoice = paid_invoice(number="INV-77", customer_email="typo@exmaple.com")
     refused = letter(
         "t1",
@@ -96,8 +86,8 @@ def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClie
     )
     unknown = letter("t2", task="core.gone", args=[3], exception_message="it broke")
 
-    listed = {row["id"]: row for row in staff.get("/api/dead-letters/").json()["results"]}
-    one = staff.get(f"/api/dead-letters/{refused.pk}/").json()
+    listed = {row["id"]: row for row in api_staff.get("/api/dead-letters/").json()["results"]}
+    one = api_staff.get(f"/api/dead-letters/{refused.pk}/").json()
 
     expected = {
         "kind": "invoice",
@@ -117,11 +107,11 @@ def test_each_dead_letter_says_what_it_was_about_and_why_in_words(staff: APIClie
 
 
 def test_a_page_of_dead_letters_costs_the_same_queries_whatever_its_size(
-    staff: APIClient,
+    api_staff: APIClient,
 ) -> None:
     def queries() -> int:
         with CaptureQueriesContext(connection) as captured:
-            response = staff.get("/api/dead-letters/")
+            response = api_staff.get("/api/dead-letters/")
         assert response.status_code == 200
         assert all(row["subject"] for row in response.json()["results"])
         return len(captured)
@@ -134,8 +124,8 @@ def test_a_page_of_dead_letters_costs_the_same_queries_whatever_its_size(
     assert queries() == one
 
 
-def test_the_schema_describes_subject_and_failure(staff: APIClient) -> None:
-    components = staff.get("/api/schema/?format=json").json()["components"]["schemas"]
+def test_the_schema_describes_subject_and_failure(api_staff: APIClient) -> None:
+    components = api_staff.get("/api/schema/?format=json").json()["components"]["schemas"]
     properties = components["DeadLetter"]["properties"]
     assert properties["failure"]["type"] == "string"
     assert set(components["Subject"]["properties"]) == {
@@ -188,32 +178,32 @@ def test_resolving_needs_its_own_power(perms: list[str], resolve: int) -> None:
 
 
 def test_a_resolved_letter_says_why_is_filtered_apart_and_is_not_replayed(
-    staff: APIClient,
+    api_staff: APIClient,
 ) -> None:
     dropped, other = letter("t1"), letter("t2")
-    assert staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {}).json() == {
+    assert api_staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {}).json() == {
         "why": "say why the job will not be run"
     }
-    answer = staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {"why": "refunded"})
+    answer = api_staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {"why": "refunded"})
     assert answer.json() == {"id": dropped.pk, "changed": True, "detail": "resolved"}
-    again = staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {"why": "refunded"})
+    again = api_staff.post(f"/api/dead-letters/{dropped.pk}/resolve/", {"why": "refunded"})
     assert again.json()["changed"] is False
 
-    shown = staff.get(f"/api/dead-letters/{dropped.pk}/").json()
+    shown = api_staff.get(f"/api/dead-letters/{dropped.pk}/").json()
     assert (shown["resolved_by"], shown["resolved_why"]) == ("api:op", "refunded")
-    listed = staff.get("/api/dead-letters/?resolved=false").json()["results"]
+    listed = api_staff.get("/api/dead-letters/?resolved=false").json()["results"]
     assert [row["id"] for row in listed] == [other.pk]
-    assert staff.get("/api/dead-letters/?resolved=maybe").status_code == 400
+    assert api_staff.get("/api/dead-letters/?resolved=maybe").status_code == 400
 
-    replay = staff.post(f"/api/dead-letters/{dropped.pk}/replay/").json()
+    replay = api_staff.post(f"/api/dead-letters/{dropped.pk}/replay/").json()
     assert replay == {
         "id": dropped.pk,
         "replayed": False,
         "detail": "resolved; unresolve it to replay it",
     }
-    undone = staff.post(f"/api/dead-letters/{dropped.pk}/unresolve/").json()
+    undone = api_staff.post(f"/api/dead-letters/{dropped.pk}/unresolve/").json()
     assert undone == {"id": dropped.pk, "changed": True, "detail": "waits again"}
-    assert staff.post(f"/api/dead-letters/{dropped.pk}/replay/").json()["replayed"] is True
+    assert api_staff.post(f"/api/dead-letters/{dropped.pk}/replay/").json()["replayed"] is True
 
 
 def test_no_staff_no_api_whatever_the_permissions() -> None:
@@ -227,15 +217,15 @@ def test_no_staff_no_api_whatever_the_permissions() -> None:
     assert waiting.replayed_at is None
 
 
-def test_bad_filters_and_unknown_ids(staff: APIClient) -> None:
-    assert staff.get("/api/dead-letters/?reason=nope").status_code == 400
-    assert staff.get("/api/dead-letters/?replayed=maybe").status_code == 400
-    assert staff.post("/api/dead-letters/424242/replay/").status_code == 404
-    assert staff.get("/api/dead-letters/1/replay/").status_code == 405
+def test_bad_filters_and_unknown_ids(api_staff: APIClient) -> None:
+    assert api_staff.get("/api/dead-letters/?reason=nope").status_code == 400
+    assert api_staff.get("/api/dead-letters/?replayed=maybe").status_code == 400
+    assert api_staff.post("/api/dead-letters/424242/replay/").status_code == 404
+    assert api_staff.get("/api/dead-letters/1/replay/").status_code == 405
 
 
-def test_schema_is_served_to_staff_and_valid(staff: APIClient) -> None:
-    response = staff.get("/api/schema/?format=json")
+def test_schema_is_served_to_staff_and_valid(api_staff: APIClient) -> None:
+    response = api_staff.get("/api/schema/?format=json")
     assert response.status_code == 200
     paths = response.json()["paths"]
     assert {

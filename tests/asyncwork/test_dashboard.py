@@ -34,14 +34,6 @@ from tests.helpers.processes import a_lapsed_and_a_live_worker
 pytestmark = pytest.mark.django_db(transaction=True)  # probes run on the real connections
 
 
-@pytest.fixture
-def viewer() -> Client:
-    """A staff user in the "viewers" group: sees every list, acts on nothing."""
-    client = Client()
-    client.force_login(staff_user("watcher", groups=["viewers"]))
-    return client
-
-
 def letter(n: int, *, reason: str, replayed: bool = False) -> DeadLetter:
     exc = TransientError("SMTP unavailable") if reason == "exhausted" else PermanentError("no")
     stored = record(

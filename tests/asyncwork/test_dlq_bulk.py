@@ -48,7 +48,7 @@ from operators.tokens import api_token_create
 from stack import launch
 from stack.net import HOST
 from stack.process import ROOT
-from tests.helpers.admin import admin_as, form_data, messages, rows, run_action
+from tests.helpers.admin import admin_as, api_as, form_data, messages, rows, run_action
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_env
 from tests.tasks import divide
@@ -86,12 +86,6 @@ def checked() -> Iterator[None]:
 
     yield
     deadletters._replay_checks.pop(DIVIDE)
-
-
-def api_as(user: Any) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 @pytest.fixture
@@ -396,11 +390,6 @@ def test_the_schema_describes_the_bulk_endpoint_and_force(operator: APIClient) -
 
 
 # The admin
-
-
-@pytest.fixture
-def staff() -> Client:
-    return admin_as(staff_user("op", groups=["operators"]))
 
 
 def submitted(client: Client, page: Any, button: str, url: str = DEAD_LETTERS) -> Any:

@@ -87,7 +87,7 @@ def test_the_jobs_a_killed_worker_held_run_elsewhere_once_its_heartbeat_lapsed()
                 worker.stop()
     assert done, log[-4000:]
     assert emptied, log[-6000:]
-    visibility = int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
+    visibility = int(SCALED["TEST_VISIBILITY_TIMEOUT"])
     if not broker.RABBITMQ:  # the broker gives the messages back only after this
         assert seconds < visibility, log[-4000:]
         # The survivor's poll, not the broker, gave both back.

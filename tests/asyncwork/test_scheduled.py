@@ -139,7 +139,7 @@ def test_a_retry_outlives_the_worker_that_scheduled_it() -> None:
         for worker in (first, second):
             if worker is not None:
                 worker.stop()
-    assert took < test_tasks.FLAKY_RETRY_SECONDS + 5 < int(SCALED["CELERY_VISIBILITY_TIMEOUT"])
+    assert took < test_tasks.FLAKY_RETRY_SECONDS + 5 < int(SCALED["TEST_VISIBILITY_TIMEOUT"])
     assert not DeadLetter.objects.exists()
 
 

@@ -71,7 +71,7 @@ def smtp_server() -> Iterator[SmtpServer]:
 def web(
     django_db_setup: None, smtp_server: SmtpServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Web]:
-    """gunicorn as compose runs it (``-c python:core.gunicorn_conf``, an access log), with the
+    """gunicorn as compose runs it (``-c gunicorn.conf.py``, an access log), with the
     alert address set and email going to ``smtp_server``; its URLs have a view that fails."""
     directory = tmp_path_factory.mktemp("web-logs")
     env = worker_env(
@@ -83,7 +83,7 @@ def web(
     access_log = directory / "access.log"
     with launch.gunicorn(
         env,
-        args=("-c", "python:core.gunicorn_conf", "core.wsgi", f"--access-logfile={access_log}"),
+        args=("-c", "gunicorn.conf.py", "core.wsgi", f"--access-logfile={access_log}"),
         config=GunicornConfig(workers=2),
         log=directory / "gunicorn.log",
         ready_path=WEBHOOK_URL,

@@ -128,7 +128,8 @@ def test_a_listed_origin_is_taken_and_check_deploy_names_its_setting() -> None:
     assert settings_read("STRIPE_API_BASE", "ANYMAIL['POSTMARK_API_URL']", ALLOWED, env=env) == [
         "'https://stripe-egress.internal:8443'",
         "'http://127.0.0.1:9/'",
-        "['https://stripe-egress.internal:8443', 'http://127.0.0.1:9', 'https://x.example']",
+        # As written; compared as origins (core.checks.allowed_origins).
+        "['https://Stripe-Egress.internal:8443', 'http://127.0.0.1:9', 'https://x.example:443']",
     ]
     reported = manage("check", "--deploy", env=env)
     assert reported.returncode == 0, reported.stderr

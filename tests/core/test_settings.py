@@ -117,11 +117,7 @@ def test_https_settings_can_be_turned_off_for_plain_http() -> None:
 # compose.yaml does.
 GUNICORN_COMMANDS = {
     "gunicorn core.wsgi": ["core.wsgi"],
-    "gunicorn -c python:core.gunicorn_conf core.wsgi": [
-        "-c",
-        "python:core.gunicorn_conf",
-        "core.wsgi",
-    ],
+    "gunicorn -c gunicorn.conf.py core.wsgi": ["-c", "gunicorn.conf.py", "core.wsgi"],
 }
 
 
@@ -183,7 +179,7 @@ def secure(cookie: str) -> bool:
 def test_x_forwarded_proto_is_ignored_without_a_trusted_proxy(
     command: str, collected_static: Path
 ) -> None:
-    # From loopback, the peer gunicorn itself would trust (core/gunicorn_conf.py).
+    # From loopback, the peer gunicorn itself would trust (gunicorn.conf.py).
     args = GUNICORN_COMMANDS[command]
     with gunicorn(args, static_root=collected_static, DJANGO_SECURE_SSL_REDIRECT="1") as port:
         spoofed = login_page(port, forwarded_proto="https")
@@ -201,7 +197,7 @@ def test_behind_a_tls_balancer_and_the_edge_https_holds_and_a_client_cannot_clai
     the edge behind a TLS load balancer (PROXY, in EDGE_TRUSTED_PROXIES): what the balancer
     says (https) is served with Secure cookies, not redirected again; a client reaching the
     edge directly and claiming https is redirected (the edge replaced its header)."""
-    args = GUNICORN_COMMANDS["gunicorn -c python:core.gunicorn_conf core.wsgi"]
+    args = GUNICORN_COMMANDS["gunicorn -c gunicorn.conf.py core.wsgi"]
     with (
         gunicorn(
             args,
@@ -307,8 +303,8 @@ def test_a_bad_network_stops_start_up_naming_it(setting: str, entry: str) -> Non
     result = manage("check", env={**PRODUCTION, setting: f"10.0.0.2, {entry}"})
     assert result.returncode != 0
     assert result.stderr.splitlines() == [
-        f"Configuration error: {setting}: {entry!r} is not an address or network (like "
-        "10.0.0.2 or 10.0.0.0/24)."
+        f"Configuration error: ASYNCWORK[{setting!r}] is ['10.0.0.2', {entry!r}]: it must be a "
+        "list of addresses or networks (like 10.0.0.2 or 10.0.0.0/24)."
     ]
 
 

@@ -26,14 +26,6 @@ ENTRY_POINTS = {
     "manage.py setup_periodic_tasks": [sys.executable, "manage.py", "setup_periodic_tasks"],
     # Reads ./gunicorn.conf.py: the master stops before it logs or forks anything.
     "gunicorn core.wsgi": [str(BIN / "gunicorn"), "core.wsgi", "-b", "127.0.0.1:0"],
-    "gunicorn -c python:core.gunicorn_conf core.wsgi": [
-        str(BIN / "gunicorn"),
-        "-c",
-        "python:core.gunicorn_conf",
-        "core.wsgi",
-        "-b",
-        "127.0.0.1:0",
-    ],
     "celery -A core worker": [str(BIN / "celery"), "-A", "core", "worker"],
     "celery -A core beat": [str(BIN / "celery"), "-A", "core", "beat"],
 }

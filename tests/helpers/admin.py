@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 from django.test import Client
+from rest_framework.test import APIClient
 
 EMPTY = "-"  # Django's display of an empty value
 
@@ -90,6 +91,13 @@ def admin_as(user: Any) -> Client:
     """A test client logged in as ``user``."""
     client = Client()
     client.force_login(user)
+    return client
+
+
+def api_as(user: Any) -> APIClient:
+    """An API client authenticated as ``user``."""
+    client = APIClient()
+    client.force_authenticate(user)
     return client
 
 

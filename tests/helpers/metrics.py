@@ -55,7 +55,7 @@ def multiprocess_gunicorn(directory: Path, *, log: Path, workers: int = 2) -> It
     cleared at start), on this test's database and broker; yields its base URL."""
     with launch.gunicorn(
         worker_env(0, PROMETHEUS_MULTIPROC_DIR=str(directory)),
-        args=("-c", "python:core.gunicorn_conf", "core.wsgi"),
+        args=("-c", "gunicorn.conf.py", "core.wsgi"),
         config=GunicornConfig(workers=workers),
         ready_path=METRICS_URL,
         ready_status=None,  # Django's answer, whatever it is: the application is loaded

@@ -22,7 +22,7 @@ from stack.net import HOST, wait_until
 # Worker timing scaled down for the tests that wait on a redelivery (visibility 20 s instead
 # of 180 s, lease 10 s), keeping every relation core.settings checks.
 SCALED: dict[str, int] = {
-    "CELERY_VISIBILITY_TIMEOUT": 20,
+    "TEST_VISIBILITY_TIMEOUT": 20,
     "CELERY_TASK_TIME_LIMIT": 15,
     "CELERY_TASK_SOFT_TIME_LIMIT": 12,
     "EMAIL_TASK_TIME_LIMIT": 8,

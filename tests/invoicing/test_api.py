@@ -14,21 +14,10 @@ from asyncwork.models import DeadLetter, Job
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
 from operators.models import OperatorAction
+from tests.helpers.admin import api_as
 from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.django_db
-
-
-def api_as(user: Any) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
-@pytest.fixture
-def staff() -> APIClient:
-    """A viewer: reading is all these tests do."""
-    return api_as(staff_user("op", groups=["viewers"]))
 
 
 def invoice(provider_id: str, status: str = "paid") -> Invoice:
@@ -48,7 +37,7 @@ def test_anonymous_and_non_staff_are_refused() -> None:
     assert client.get("/api/invoices/").status_code == 403
 
 
-def test_list_and_detail_show_email_status_and_attempts(staff: APIClient) -> None:
+def test_list_and_detail_show_email_status_and_attempts(api_viewer: APIClient) -> None:
     sent, pending, dead, unpaid = (
         invoice("in_a"),
         invoice("in_b"),
@@ -81,7 +70,7 @@ def test_list_and_detail_show_email_status_and_attempts(staff: APIClient) -> Non
         last_failed_at=timezone.now(),
     )
 
-    body: dict[str, Any] = staff.get("/api/invoices/").json()
+    body: dict[str, Any] = api_viewer.get("/api/invoices/").json()
     by_id = {row["provider_invoice_id"]: row for row in body["results"]}
     assert body["count"] == 4
     assert (by_id["in_a"]["email_status"], by_id["in_a"]["email_attempts"]) == ("sent", 2)
@@ -89,7 +78,7 @@ def test_list_and_detail_show_email_status_and_attempts(staff: APIClient) -> Non
     assert (by_id["in_b"]["email_status"], by_id["in_b"]["email_attempts"]) == ("pending", 0)
     assert by_id["in_c"]["email_status"] == "dead_lettered"
     assert by_id["in_d"]["email_status"] == "none"
-    detail = staff.get(f"/api/invoices/{sent.pk}/").json()
+    detail = api_viewer.get(f"/api/invoices/{sent.pk}/").json()
     assert (detail["id"], detail["email_status"]) == (sent.pk, "sent")
     assert pending.pk
     assert unpaid.pk
@@ -105,7 +94,7 @@ def test_list_and_detail_show_email_status_and_attempts(staff: APIClient) -> Non
         ("email_status=none", {"in_d"}),
     ],
 )
-def test_filters(staff: APIClient, query: str, expected: set[str]) -> None:
+def test_filters(api_viewer: APIClient, query: str, expected: set[str]) -> None:
     a = invoice("in_a")
     invoice("in_b")
     invoice("in_c")
@@ -113,19 +102,19 @@ def test_filters(staff: APIClient, query: str, expected: set[str]) -> None:
     EmailDelivery.objects.create(
         key=f"invoice_email_sent:{a.pk}", invoice=a, state="sent", message_id="<a>"
     )
-    rows = staff.get(f"/api/invoices/?{query}").json()["results"]
+    rows = api_viewer.get(f"/api/invoices/?{query}").json()["results"]
     assert {row["provider_invoice_id"] for row in rows} == expected
 
 
 @pytest.mark.parametrize("query", ["status=bogus", "email_status=bogus"])
-def test_bad_filters_are_400_with_a_reason(staff: APIClient, query: str) -> None:
-    response = staff.get(f"/api/invoices/?{query}")
+def test_bad_filters_are_400_with_a_reason(api_viewer: APIClient, query: str) -> None:
+    response = api_viewer.get(f"/api/invoices/?{query}")
     assert response.status_code == 400
     assert "one of" in str(response.json())
 
 
-def test_unknown_invoice_is_404(staff: APIClient) -> None:
-    assert staff.get("/api/invoices/999999/").status_code == 404
+def test_unknown_invoice_is_404(api_viewer: APIClient) -> None:
+    assert api_viewer.get("/api/invoices/999999/").status_code == 404
 
 
 def test_resend_needs_its_permission_and_is_recorded_once() -> None:

@@ -72,7 +72,7 @@ def test_worker_killed_during_smtp_recovers_with_at_most_one_same_id_duplicate(
         ), second.log_text()[-3000:]
         recovered_after = time.monotonic() - killed_at
         # Until the dead worker's message came back and was done with.
-        pipeline_quiet(timeout=int(SCALED["CELERY_VISIBILITY_TIMEOUT"]) + RESTORE_INTERVAL + 20)
+        pipeline_quiet(timeout=int(SCALED["TEST_VISIBILITY_TIMEOUT"]) + RESTORE_INTERVAL + 20)
         log = second.log_text()
     finally:
         first.kill()

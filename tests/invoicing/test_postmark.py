@@ -55,7 +55,7 @@ def postmark(settings: Any) -> Iterator[PostmarkApi]:
 
 
 def _sent(invoice: Invoice) -> EmailDelivery:
-    return EmailDelivery.objects.get(key=invoice_email_key(invoice))
+    return EmailDelivery.objects.get(key=invoice_email_key(invoice.pk))
 
 
 def _run(*invoices: Invoice, until: Any, timeout: float = 30) -> None:
@@ -68,7 +68,7 @@ def _run(*invoices: Invoice, until: Any, timeout: float = 30) -> None:
 
 def _state(invoice: Invoice) -> str | None:
     return (
-        EmailDelivery.objects.filter(key=invoice_email_key(invoice))
+        EmailDelivery.objects.filter(key=invoice_email_key(invoice.pk))
         .values_list("state", flat=True)
         .first()
     )
@@ -83,7 +83,7 @@ def _letter(invoice: Invoice) -> DeadLetter:
 
 def _deliver(invoice: Invoice) -> None:
     message = mail.invoice_email_build(
-        invoice=invoice, message_id="<t.1@example.com>", key=invoice_email_key(invoice)
+        invoice=invoice, message_id="<t.1@example.com>", key=invoice_email_key(invoice.pk)
     )
     mail.deliver(message)
 

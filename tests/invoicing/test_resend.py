@@ -36,11 +36,6 @@ def as_staff(username: str) -> APIClient:
     return client
 
 
-@pytest.fixture
-def staff() -> APIClient:
-    return as_staff("op")
-
-
 def resend_url(invoice: Invoice) -> str:
     return f"/api/invoices/{invoice.pk}/resend-email/"
 
@@ -64,16 +59,16 @@ def paid_invoice(status: str = "paid") -> Invoice:
 
 
 def test_same_key_twice_sends_once_and_a_new_key_sends_again(
-    staff: APIClient, smtp: SmtpServer
+    api_staff: APIClient, smtp: SmtpServer
 ) -> None:
     invoice = paid_invoice()
     assert invoice_email_send(invoice_id=invoice.pk, owner="payment") == "sent"
     url = f"/api/invoices/{invoice.pk}/resend-email/"
     with worker_thread():
-        first = staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-123")
-        again = staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-123")
+        first = api_staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-123")
+        again = api_staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-123")
         smtp.handler.wait_for(2, timeout=20)
-        other = staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-456")
+        other = api_staff.post(url, HTTP_IDEMPOTENCY_KEY="ticket-456")
         smtp.handler.wait_for(3, timeout=20)
         pipeline_quiet()
 
@@ -88,38 +83,38 @@ def test_same_key_twice_sends_once_and_a_new_key_sends_again(
     assert len(smtp.messages) == 3  # the payment email and two deliberate resends
     ids = [m["Message-ID"] for m in smtp.messages]
     assert len(set(ids)) == 3  # each email under its own key has its own Message-ID
-    payment = EmailDelivery.objects.get(key=invoice_email_key(invoice))
+    payment = EmailDelivery.objects.get(key=invoice_email_key(invoice.pk))
     assert (payment.state, payment.attempts) == ("sent", 1)  # never bypassed or reset
     resends = EmailDelivery.objects.exclude(pk=payment.pk)
     assert sorted(resends.values_list("state", flat=True)) == ["sent", "sent"]
 
 
-def test_missing_or_oversized_key_is_400_and_unpaid_is_409(staff: APIClient) -> None:
+def test_missing_or_oversized_key_is_400_and_unpaid_is_409(api_staff: APIClient) -> None:
     invoice = paid_invoice()
     url = f"/api/invoices/{invoice.pk}/resend-email/"
-    missing = staff.post(url)
+    missing = api_staff.post(url)
     assert missing.status_code == 400
     assert "Idempotency-Key" in missing.json()
-    assert staff.post(url, HTTP_IDEMPOTENCY_KEY="k" * 256).status_code == 400
-    nul = staff.post(url, HTTP_IDEMPOTENCY_KEY="a\x00b")  # PostgreSQL text refuses NUL
+    assert api_staff.post(url, HTTP_IDEMPOTENCY_KEY="k" * 256).status_code == 400
+    nul = api_staff.post(url, HTTP_IDEMPOTENCY_KEY="a\x00b")  # PostgreSQL text refuses NUL
     assert (nul.status_code, nul.json()) == (
         400,
         {"Idempotency-Key": "printable characters only"},
     )
     Invoice.objects.filter(pk=invoice.pk).update(status="open")
-    assert staff.post(url, HTTP_IDEMPOTENCY_KEY="x").status_code == 409
+    assert api_staff.post(url, HTTP_IDEMPOTENCY_KEY="x").status_code == 409
     assert (
-        staff.post("/api/invoices/999999/resend-email/", HTTP_IDEMPOTENCY_KEY="x").status_code
+        api_staff.post("/api/invoices/999999/resend-email/", HTTP_IDEMPOTENCY_KEY="x").status_code
         == 404
     )
     assert not EmailDelivery.objects.exists()
 
 
-def test_the_same_key_for_another_invoice_is_422_and_sends_nothing(staff: APIClient) -> None:
+def test_the_same_key_for_another_invoice_is_422_and_sends_nothing(api_staff: APIClient) -> None:
     a, b = new_paid_invoice(), new_paid_invoice()
-    first = staff.post(resend_url(a), HTTP_IDEMPOTENCY_KEY="ticket-9")
+    first = api_staff.post(resend_url(a), HTTP_IDEMPOTENCY_KEY="ticket-9")
 
-    reused = staff.post(resend_url(b), HTTP_IDEMPOTENCY_KEY="ticket-9")
+    reused = api_staff.post(resend_url(b), HTTP_IDEMPOTENCY_KEY="ticket-9")
 
     assert first.status_code == 202
     assert reused.status_code == 422
@@ -128,16 +123,16 @@ def test_the_same_key_for_another_invoice_is_422_and_sends_nothing(staff: APICli
     assert f"POST /api/invoices/{a.pk}/resend-email/" in detail
     assert not EmailDelivery.objects.filter(invoice=b).exists()
     # A body makes a different request too.
-    with_body = staff.post(
+    with_body = api_staff.post(
         resend_url(a), {"note": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="ticket-9"
     )
     assert with_body.status_code == 422
     assert EmailDelivery.objects.count() == 1
 
 
-def test_another_user_with_the_same_key_makes_a_request_of_its_own(staff: APIClient) -> None:
+def test_another_user_with_the_same_key_makes_a_request_of_its_own(api_staff: APIClient) -> None:
     invoice = new_paid_invoice()
-    mine = staff.post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="retry-1")
+    mine = api_staff.post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="retry-1")
     theirs = as_staff("colleague").post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="retry-1")
     theirs_again = as_staff("colleague").post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="retry-1")
 
@@ -152,12 +147,14 @@ def test_another_user_with_the_same_key_makes_a_request_of_its_own(staff: APICli
     assert IdempotencyRecord.objects.count() == 2
 
 
-def test_a_retry_says_what_the_first_request_did_now(staff: APIClient, smtp: SmtpServer) -> None:
+def test_a_retry_says_what_the_first_request_did_now(
+    api_staff: APIClient, smtp: SmtpServer
+) -> None:
     delivered = new_paid_invoice()
     refused = new_paid_invoice(customer_email="typo@exmaple.com")
     smtp.handler.faults.refuse = {"typo@exmaple.com"}
-    queued = staff.post(resend_url(delivered), HTTP_IDEMPOTENCY_KEY="a")
-    doomed = staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")
+    queued = api_staff.post(resend_url(delivered), HTTP_IDEMPOTENCY_KEY="a")
+    doomed = api_staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")
     assert (queued.json()["status"], doomed.json()["status"]) == ("queued", "queued")
     assert queued.json()["sent_at"] is None
 
@@ -166,8 +163,8 @@ def test_a_retry_says_what_the_first_request_did_now(staff: APIClient, smtp: Smt
         assert wait_until(DeadLetter.objects.exists, timeout=20)
         pipeline_quiet()
 
-    sent = staff.post(resend_url(delivered), HTTP_IDEMPOTENCY_KEY="a")
-    failed = staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")
+    sent = api_staff.post(resend_url(delivered), HTTP_IDEMPOTENCY_KEY="a")
+    failed = api_staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")
     assert (sent.status_code, failed.status_code) == (202, 202)
     assert (sent.json()["status"], sent.json()["attempts"]) == ("sent", 1)
     assert sent.json()["sent_at"] is not None
@@ -178,21 +175,21 @@ def test_a_retry_says_what_the_first_request_did_now(staff: APIClient, smtp: Smt
 
     # Replaying the dead letter queues the email again.
     DeadLetter.objects.update(replayed_at=timezone.now())
-    again = staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")
+    again = api_staff.post(resend_url(refused), HTTP_IDEMPOTENCY_KEY="b")
     assert again.json()["status"] == "queued"
 
 
-def test_an_unpaid_invoice_leaves_the_key_unused(staff: APIClient) -> None:
+def test_an_unpaid_invoice_leaves_the_key_unused(api_staff: APIClient) -> None:
     invoice = new_paid_invoice(status="open")
-    assert staff.post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="k").status_code == 409
+    assert api_staff.post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="k").status_code == 409
     assert not IdempotencyRecord.objects.exists()
     Invoice.objects.filter(pk=invoice.pk).update(status="paid")
-    later = staff.post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="k")
+    later = api_staff.post(resend_url(invoice), HTTP_IDEMPOTENCY_KEY="k")
     assert later.status_code == 202
     assert "Idempotent-Replayed" not in later
 
 
-def test_two_requests_racing_with_one_key_create_one_email(staff: APIClient) -> None:
+def test_two_requests_racing_with_one_key_create_one_email(api_staff: APIClient) -> None:
     """Two threads post the same (user, key) at once through the API. The first is held in its
     transaction (a lock on the job table) until the second waits on PostgreSQL for the key:
     they overlap, and one email is requested."""

@@ -52,7 +52,7 @@ def running(invoice: Invoice, *, owner: str, lease: timedelta, age: timedelta) -
         last_attempted_at=Now() - age,
         lease_expires_at=Now() + lease,
     )
-    claimed = email_claim(invoice_id=invoice.pk, key=invoice_email_key(invoice), owner=owner)
+    claimed = email_claim(invoice_id=invoice.pk, key=invoice_email_key(invoice.pk), owner=owner)
     assert claimed.claim is not None
     EmailDelivery.objects.filter(invoice=invoice).update(
         lease_expires_at=Now() + lease, updated_at=Now() - age
@@ -148,7 +148,7 @@ def test_a_job_finding_its_email_claimed_waits_and_sends_once_the_claim_ends(
     invoice = paid_invoice("in_left")
     with a_lapsed_and_a_live_worker() as live:
         claimed = email_claim(
-            invoice_id=invoice.pk, key=invoice_email_key(invoice), owner=live.owner
+            invoice_id=invoice.pk, key=invoice_email_key(invoice.pk), owner=live.owner
         )
         assert claimed.claim is not None
         EmailDelivery.objects.filter(invoice=invoice).update(

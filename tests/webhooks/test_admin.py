@@ -28,12 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 EVENTS = "/admin/webhooks/webhookevent/"
 
 
-@pytest.fixture
-def staff() -> Client:
-    """An operator: a staff user in the "operators" group, not a superuser."""
-    return admin_as(staff_user("op", groups=["operators"]))
-
-
 def stored(event: dict[str, Any], *, body: bytes | None = None, **fields: Any) -> WebhookEvent:
     """A delivery stored as the view stores it, in the state ``fields`` say (as an earlier
     failure would have left it)."""

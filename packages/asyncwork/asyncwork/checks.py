@@ -104,6 +104,12 @@ def asyncwork_settings_check(app_configs: Any = None, **kwargs: Any) -> list[Che
     return errors
 
 
+def settings_refusals() -> list[str]:
+    """The errors of ``asyncwork_settings_check`` as lines: for a project that stops each process
+    on them as it starts, before Django's apps load (``manage.py check`` says the same)."""
+    return [str(error.msg) for error in asyncwork_settings_check()]
+
+
 # Project settings that would weaken a guarantee, each with its own id: (setting, a test of the
 # value the project gave, what it weakens).
 WEAKENING: dict[str, tuple[str, Callable[[Any], bool], str]] = {
@@ -116,12 +122,12 @@ WEAKENING: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "asyncwork.W002": (
         "CELERY_TASK_ACKS_LATE",
         lambda value: value is False,
-        "periodic jobs are acknowledged before they run: one cut short is lost",
+        "jobs are acknowledged before they run: one cut short is lost",
     ),
     "asyncwork.W003": (
         "CELERY_TASK_REJECT_ON_WORKER_LOST",
         lambda value: value is False,
-        "a periodic job whose worker was killed is acknowledged, not run again",
+        "a job whose worker was killed is acknowledged, not run again",
     ),
 }
 

@@ -32,8 +32,8 @@ from asyncwork.tasks import RUN
 
 # Celery settings the guarantees rely on, set unless the project set its own.
 REQUIRED: dict[str, Any] = {
-    # At-least-once: acknowledged after the task ran, and requeued if its process was killed
-    # (asyncwork.runner sets both on the job runner itself; here for the periodic jobs too).
+    # At-least-once, for the job runner and the periodic jobs alike: acknowledged after the
+    # task ran, and requeued if its process was killed.
     "task_acks_late": True,
     "task_reject_on_worker_lost": True,
     # A worker reserves one message at a time: a dying worker strands at most one.
@@ -95,11 +95,9 @@ UNLIMITED_LEASE_SECONDS = 3600.0
 
 class Runner(CeleryTask):
     """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
-    it is killed or its claim could not be written; it raises nothing else, every outcome being on
-    the job's row."""
+    it is killed (``REQUIRED``) or its claim could not be written; it raises nothing else, every
+    outcome being on the job's row."""
 
-    acks_late = True
-    reject_on_worker_lost = True
     ignore_result = True
 
 

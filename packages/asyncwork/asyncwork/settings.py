@@ -78,7 +78,9 @@ SETTINGS: dict[str, Setting] = {
         0.5, "positive", "seconds one probe may wait on Redis, the broker or a SQL statement"
     ),
     "REDIS_URL": Setting(
-        "redis://127.0.0.1:6379/0", "text", "the Redis holding the circuit breakers' state"
+        "redis://127.0.0.1:6379/1",
+        "text",
+        "the Redis holding the circuit breakers' state (apart from a broker's database 0)",
     ),
     "REPUBLISH_UNSTARTED_SECONDS": Setting(
         600,

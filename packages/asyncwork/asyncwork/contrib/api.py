@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import OperationalError
@@ -58,6 +59,16 @@ from asyncwork.deadletters import (
 )
 from asyncwork.models import DeadLetter
 from asyncwork.settings import asyncwork_settings
+
+
+def query_filter(request: Request, name: str, choices: Sequence[str]) -> str | None:
+    """A list's filter ``name`` from the query string: one of ``choices``, or None when not
+    given; any other value is a 400 naming the choices."""
+    value = request.query_params.get(name)
+    if value is not None and value not in choices:
+        raise ValidationError({name: f"one of {', '.join(choices)}"})
+    return value
+
 
 SubjectSchema = inline_serializer(
     "Subject",
@@ -342,21 +353,11 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet[DeadLetter]):
         queryset = DeadLetter.objects.order_by("-pk")
         if self.action != "list":
             return queryset
-        reason = self.request.query_params.get("reason")
-        if reason is not None:
-            if reason not in DeadLetter.Reason.values:
-                raise ValidationError({"reason": f"one of {', '.join(DeadLetter.Reason.values)}"})
+        if (reason := query_filter(self.request, "reason", DeadLetter.Reason.values)) is not None:
             queryset = queryset.filter(reason=reason)
-        replayed = self.request.query_params.get("replayed")
-        if replayed is not None:
-            if replayed not in {"true", "false"}:
-                raise ValidationError({"replayed": "true or false"})
-            queryset = queryset.filter(replayed_at__isnull=replayed == "false")
-        resolved = self.request.query_params.get("resolved")
-        if resolved is not None:
-            if resolved not in {"true", "false"}:
-                raise ValidationError({"resolved": "true or false"})
-            queryset = queryset.filter(resolved_at__isnull=resolved == "false")
+        for name, field in (("replayed", "replayed_at"), ("resolved", "resolved_at")):
+            if (given := query_filter(self.request, name, ("true", "false"))) is not None:
+                queryset = queryset.filter(**{f"{field}__isnull": given == "false"})
         return queryset
 
     @extend_schema(

@@ -46,7 +46,10 @@ from asyncwork.contrib.http import (
     networks,
     peer_is_trusted_proxy,
 )
-from asyncwork.settings import asyncwork_settings, metric_name
+from asyncwork.settings import asyncwork_settings
+
+# Public here: an application's own metrics take the same prefix.
+from asyncwork.settings import metric_name as metric_name
 from asyncwork.tasks import job_publish_failed, job_published, job_ran, rescued, task_started
 
 logger = logging.getLogger(__name__)

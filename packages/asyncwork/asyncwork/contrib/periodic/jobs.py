@@ -83,9 +83,9 @@ def jobs_declared() -> tuple[Job, ...]:
     return tuple(_jobs.values())
 
 
-# How schedules_sync finds the periodic tasks it manages; existing rows carry this text, so it
-# never changes.
-MANAGED = "Managed by manage.py setup_periodic_tasks (core/jobs.py)."
+# The description of each periodic task schedules_sync manages; it finds them by its start.
+MANAGED_BY = "Managed by manage.py setup_periodic_tasks"
+MANAGED = f"{MANAGED_BY} (declared with asyncwork.contrib.periodic.jobs.job)."
 SYNC_LOCK = "schedules-sync"
 
 
@@ -127,9 +127,9 @@ def schedules_sync() -> dict[str, int]:
             else:
                 counts["unchanged"] += 1
             insert_or_skip(ScheduledJob(name=schedule.name), conflict_fields=["name"])
-        stale = PeriodicTask.objects.filter(description=MANAGED, enabled=True).exclude(
-            name__in=[s.name for s in jobs_declared()]
-        )
+        stale = PeriodicTask.objects.filter(
+            description__startswith=MANAGED_BY, enabled=True
+        ).exclude(name__in=[s.name for s in jobs_declared()])
         for task in stale:
             task.enabled = False
             task.save()
@@ -211,10 +211,9 @@ def job_run(*, name: str, body: Callable[[], Any]) -> JobOutcome:
 
 class JobTask(Task):
     """Scheduled jobs' base: at-least-once, never retried nor dead-lettered; the next tick is the
-    retry, ``ScheduledJob.last_error`` and the ERROR line the record."""
+    retry, ``ScheduledJob.last_error`` and the ERROR line the record (at-least-once:
+    ``asyncwork.install.REQUIRED``)."""
 
-    acks_late = True
-    reject_on_worker_lost = True
     max_retries = 0
     # Celery's "received" and "succeeded" lines of a run, at DEBUG: job_run's own line says what
     # it found (asyncwork.contrib.logging.RoutineRunFilter, in the project's LOGGING).
