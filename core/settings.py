@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "asyncwork",
     "asyncwork.contrib.periodic",
     "asyncwork.contrib.monitoring",
+    "asyncwork.contrib.admin",
     "invoicing",
     "webhooks",
     # Last, so its ready() sees every app's.

@@ -23,7 +23,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from asyncwork import deadletters
-from asyncwork.admin import ReadOnlyAdmin, admin_actor, has_power
+from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from asyncwork.contrib.idempotency import IdempotencyKeyReused
 from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice

@@ -16,7 +16,8 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from knox.models import AuthToken
 
-from asyncwork.admin import DeadLetterAdmin, JobAdmin, ReadOnly, ReadOnlyAdmin, admin_actor
+from asyncwork.contrib.admin.admin import DeadLetterAdmin, JobAdmin
+from asyncwork.contrib.admin.options import ReadOnly, ReadOnlyAdmin, admin_actor
 from asyncwork.models import DeadLetter, Job
 from operators.models import OperatorAction
 from operators.tokens import api_tokens_revoke

@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from asyncwork.admin import ReadOnlyAdmin, admin_actor, has_power
+from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from operators.admin import OperatorActionInline
 from webhooks.models import WebhookEvent
 from webhooks.services import webhook_event_reprocess

@@ -1,7 +1,8 @@
 """The operator's dashboard in the admin, read after real rows were stored and the real breaker
 opened: each figure is right, links to the list that holds exactly what it counts, and agrees
 with /health/ and /metrics (the same probes); a probe that fails is shown failing and hides
-nothing else; only staff who may view the lists see it, and the admin's index links it."""
+nothing else; only staff who may view the lists see it, and the admin's index links it (where
+it is routed)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import path
 from django.utils import timezone
 
 from asyncwork import queues
@@ -273,3 +276,16 @@ def test_only_staff_who_may_view_the_lists_see_it_and_the_index_links_it(viewer:
     assert customer.get(DASHBOARD)["Location"].startswith("/admin/login/")
     assert Client().get(DASHBOARD)["Location"].startswith("/admin/login/")
     assert viewer.post(DASHBOARD).status_code == 405
+
+
+# The admin's URLs without asyncwork.contrib.monitoring's.
+urlpatterns = [path("admin/", admin.site.urls)]
+
+
+@pytest.mark.urls(__name__)
+def test_where_the_dashboard_is_not_routed_the_index_links_nothing(viewer: Client) -> None:
+    index = viewer.get("/admin/")
+
+    assert index.status_code == 200
+    assert "Dead letters" in index.content.decode()
+    assert 'id="operator-dashboard"' not in index.content.decode()

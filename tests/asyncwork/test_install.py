@@ -159,6 +159,7 @@ settings.configure(
         "asyncwork",
         "asyncwork.contrib.periodic",
         "asyncwork.contrib.monitoring",
+        "asyncwork.contrib.admin",
     ],
     DATABASES={"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "unused"}},
     USE_TZ=True,

@@ -1,6 +1,8 @@
 """The opt-in parts of asyncwork: what a project adds when it wants it, none of which the
 guarantees of ``asyncwork`` itself need.
 
+* ``asyncwork.contrib.admin`` (an app; needs ``django.contrib.admin``): the dead letters and
+  jobs in Django's admin, with their actions; ``options`` for an application's own admin.
 * ``asyncwork.contrib.periodic`` (an app; needs django-celery-beat): scheduled jobs under a
   PostgreSQL lock with one leader beat, retention, the dead-letter alert mail.
 * ``asyncwork.contrib.monitoring`` (an app): ``/health/``, ``/metrics``, the operator's

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
-from asyncwork.admin import ReadOnlyAdmin
+from asyncwork.contrib.admin.options import ReadOnlyAdmin
 from asyncwork.contrib.periodic.locks import lock_holder
 from asyncwork.models import ScheduledJob
 

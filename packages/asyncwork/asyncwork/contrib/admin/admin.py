@@ -1,7 +1,7 @@
-"""Admin for the async machinery: rows that record what happened are read-only; operators act
-through actions that call the same services as the commands, each declaring the power it needs
-and announced as an operator action (``asyncwork.audit``). The helpers an application's own
-admin builds on are here too: ``ReadOnlyAdmin``, ``has_power`` and ``admin_actor``.
+"""The machinery's pages in the admin: rows that record what happened are read-only; operators
+act through actions that call the same services as the commands, each declaring the power it
+needs and announced as an operator action (``asyncwork.audit``). Built on ``options``, as an
+application's own admin is.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import OperationalError
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
+from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from asyncwork.db import bounded, statement_timed_out
 from asyncwork.deadletters import (
     BULK_LIMIT,
@@ -45,34 +46,6 @@ from asyncwork.deadletters import (
 from asyncwork.models import DeadLetter, Job, job_arguments
 from asyncwork.outbox import republish
 from asyncwork.settings import asyncwork_settings
-
-
-def has_power(request: HttpRequest, model: type[Model], codename: str) -> bool:
-    """Whether the user holds ``codename``, a permission ``model`` declares in its Meta."""
-    return request.user.has_perm(f"{model._meta.app_label}.{codename}")
-
-
-def admin_actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
-
-
-class ReadOnly:
-    """Nothing added, changed or deleted through the admin: only the acting services write."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyAdmin(ReadOnly, admin.ModelAdmin):
-    """Without the change permission Django shows every field of the page read-only, so
-    ``readonly_fields`` need not list them."""
-
 
 # The admin's index links the operator's dashboard (asyncwork.contrib.monitoring.dashboard).
 admin.site.index_template = "admin/asyncwork/site_index.html"
