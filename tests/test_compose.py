@@ -91,9 +91,11 @@ def one_shot_services(services: dict[str, dict[str, Any]]) -> set[str]:
 
 
 def settings_env_names() -> set[str]:
-    """The environment variable names core/settings.py reads (env.str("X"), _secret("X"), ...)."""
+    """The environment variable names core/settings.py reads (env.str("X"), _secret("X"), machinery("X"), ...)."""
     source = SETTINGS.read_text()
-    return set(re.findall(r'\b(?:env(?:\.\w+)?|_secret|setting)\(\s*"([A-Z][A-Z0-9_]*)"', source))
+    return set(
+        re.findall(r'\b(?:env(?:\.\w+)?|_secret|setting|machinery)\(\s*"([A-Z][A-Z0-9_]*)"', source)
+    )
 
 
 def mail_catcher(services: dict[str, dict[str, Any]]) -> str:
