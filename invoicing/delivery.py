@@ -30,6 +30,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from asyncwork.contrib.breaker import Breaker, Decision
+from asyncwork.contrib.mail import RecipientRejected, deliver
 from asyncwork.db import text_storable
 from asyncwork.errors import (
     Deferred,
@@ -227,13 +228,13 @@ def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
 
 
 def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> str:
-    """``mail.deliver`` (the provider's message id, or ""), its outcome told to the breaker.
+    """``deliver`` (the provider's message id, or ""), its outcome told to the breaker.
     Only ``Unreachable`` (refused, reset, timed out, 421) counts against it; any reply about
     the message (451 or 5xx) proves the provider up. A failed probe is deferred, not retried:
     it tested the provider for all, and charging its attempt would let a long outage exhaust
     the jobs that draw probes."""
     try:
-        return mail.deliver(message)
+        return deliver(message)
     except Unreachable as exc:
         breaker.record_failure()
         if decision.probe:
@@ -299,7 +300,7 @@ def invoice_recipient_fetch(invoice: Invoice) -> None:
         raise stripe_error_sorted(exc, doing=f"reading customer {customer_id}") from exc
     email = customer.to_dict().get("email")
     if not isinstance(email, str) or not email.strip():
-        raise mail.RecipientRejected(
+        raise RecipientRejected(
             f"invoice has no customer email, nor has its customer {customer_id}: correct the "
             "recipient, then replay"
         )
