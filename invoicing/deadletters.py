@@ -16,9 +16,8 @@ from asyncwork import deadletters
 from asyncwork.contrib.mail import RecipientRejected
 from asyncwork.deadletters import Subject
 from asyncwork.models import DeadLetter
-from invoicing.delivery import payment_emails
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import resend_invoice_email, send_invoice_email
+from invoicing.tasks import payment_emails, resend_invoice_email, send_invoice_email
 
 _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")
 _SEND_FIELDS = ("state", "recipient", "sent_at", "bounced_at")

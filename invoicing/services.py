@@ -1,7 +1,7 @@
 """The invoicing app's services: a payment event applied (the invoice recorded and its email
 enqueued in the same transaction, never moving it backwards), an open invoice made locally, a
-deliberate resend, a recipient corrected. What sending an email holds to is
-``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
+deliberate resend, a recipient corrected. What sending an email holds to, and its tasks, are
+``invoicing.tasks``'s.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from asyncwork.db import insert_or_skip
 from asyncwork.errors import PermanentError
 from asyncwork.logging import log_context_bind
 from invoicing import mail
-from invoicing.delivery import invoice_email_message_id
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import resend_invoice_email, send_invoice_email
+from invoicing.tasks import invoice_email_message_id, resend_invoice_email, send_invoice_email
 from webhooks.stripe import (
     Event,
     WebhookRejected,

@@ -22,10 +22,9 @@ from asyncwork.deadletters import replay, subjects
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
-from invoicing.delivery import email_breaker, invoice_email_key
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_recipient_correct
-from invoicing.tasks import send_invoice_email
+from invoicing.tasks import email_breaker, invoice_email_key, send_invoice_email
 from stack.net import wait_until
 from stack.postmark import ERROR, HANG, RATE_LIMITED, PostmarkApi
 from tests.helpers.factories import paid_invoice
