@@ -74,8 +74,7 @@ def provider_bases(*, stripe_base: Any, anymail: Mapping[str, Any]) -> list[Base
 
 
 def base_refusal(base: Base, *, allowed: list[str]) -> str:
-    """Why ``base`` may not be used with DEBUG off, naming the settings to change; "" if it
-    may."""
+    """Why ``base`` may not be used with DEBUG off, naming the settings to change; "" if it may."""
     where = base.origin
     if where is None:
         return (

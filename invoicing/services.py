@@ -298,10 +298,9 @@ def invoice_email_resend_request_once(
     fingerprint: str,
     request: str,
 ) -> ResendRequest:
-    """The API's resend: ``invoice_email_resend_request`` once per (``user``,
-    ``idempotency_key``) (``asyncwork.contrib.idempotency``). The same key and request returns the
-    first
-    delivery; the same key for another invoice raises ``IdempotencyKeyReused``. Raises like
+    """The API's resend: ``invoice_email_resend_request`` once per (``user``, ``idempotency_key``)
+    (``asyncwork.contrib.idempotency``). The same key and request returns the first delivery; the
+    same key for another invoice raises ``IdempotencyKeyReused``. Raises like
     ``invoice_email_resend_request``, leaving the key unused."""
     performed = idempotent_perform(
         user=user,

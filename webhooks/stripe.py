@@ -1,34 +1,33 @@
 """Verifying and reading Stripe webhook deliveries, and which app acts on each event type.
 
-An app declares ``@webhook_handler("invoice.paid", parse=...)`` on the function that applies
-those events (``invoicing/services.py``). A type with a handler is stored as ``processed`` and is
-essential under backpressure; any other is stored as ``ignored`` and shed first. Snapshot events
-and thin events (``v2.core.event``) are declared alike.
+An app declares ``@webhook_handler("invoice.paid", parse=...)`` on the function that applies those
+events (``invoicing/services.py``). A type with a handler is stored as ``processed`` and is
+essential under backpressure; any other is stored as ``ignored`` and shed first. Snapshot events and
+thin events (``v2.core.event``) are declared alike.
 
-Signatures are checked by stripe-python's ``WebhookSignature.verify_header``, once per
-configured secret (so a secret can be rolled). Around it we refuse what it lets through or turns
-into a 500: a timestamp in the future, a body that is not UTF-8, a header that is not ASCII.
-stripe-python's own verify-and-parse calls (``StripeClient.construct_event``,
-``parse_event_notification``) verify against one secret, let a future timestamp pass, and raise
-``UnicodeDecodeError`` on a body that is not UTF-8: they are not used to verify.
+Signatures are checked by stripe-python's ``WebhookSignature.verify_header``, once per configured
+secret (so a secret can be rolled). Around it we refuse what it lets through or turns into a 500: a
+timestamp in the future, a body that is not UTF-8, a header that is not ASCII. stripe-python's own
+verify-and-parse calls (``StripeClient.construct_event``, ``parse_event_notification``) verify
+against one secret, let a future timestamp pass, and raise ``UnicodeDecodeError`` on a body that is
+not UTF-8: they are not used to verify.
 
-A signed event is authentic, not harmless: ``event_parse`` refuses (400) an id or type we could
-not key on, and marks an event of another mode or Connect account out of scope before reading
-its object (stored as ignored, changing nothing). It reads snapshot events (``object`` "event",
-the object in ``data``) and thin events (``object`` "v2.core.event": ``created`` an ISO 8601
-string, the Connect account in ``context``, a ``related_object`` reference and no ``data``).
+A signed event is authentic, not harmless: ``event_parse`` refuses (400) an id or type we could not
+key on, and marks an event of another mode or Connect account out of scope before reading its object
+(stored as ignored, changing nothing). It reads snapshot events (``object`` "event", the object in
+``data``) and thin events (``object`` "v2.core.event": ``created`` an ISO 8601 string, the Connect
+account in ``context``, a ``related_object`` reference and no ``data``).
 
-What every event is stored under (id, type, time, mode, account) is read here, not by
-stripe-python, because it decides a 200 before any handler is known, and stripe-python's readers
-check none of it: an ``EventNotification`` takes an id of any JSON type, keeps ``created`` as the
-text it was sent, reads ``livemode`` "false" as live, and raises ``KeyError``, ``TypeError`` or
-``AttributeError`` for a missing ``created``, a null ``related_object`` of a type it knows, a
-``context`` that is not text or a ``reason`` without its ``request``: for a type nothing here
-handles, that would be a 400 (or a 500) where the contract is a 200 and a stored row. What a
-handler reads is stripe-python's: a thin event's handler gets its ``EventNotification``
-(``event_notification``); a snapshot event's gets ``data.object`` as decoded JSON, which its
-``parse`` checks field by field, rather than ``construct_event``'s ``StripeObject``, which checks
-nothing and is no dict.
+What every event is stored under (id, type, time, mode, account) is read here, not by stripe-python,
+because it decides a 200 before any handler is known, and stripe-python's readers check none of it:
+an ``EventNotification`` takes an id of any JSON type, keeps ``created`` as the text it was sent,
+reads ``livemode`` "false" as live, and raises ``KeyError``, ``TypeError`` or ``AttributeError`` for
+a missing ``created``, a null ``related_object`` of a type it knows, a ``context`` that is not text
+or a ``reason`` without its ``request``: for a type nothing here handles, that would be a 400 (or a
+500) where the contract is a 200 and a stored row. What a handler reads is stripe-python's: a thin
+event's handler gets its ``EventNotification`` (``event_notification``); a snapshot event's gets
+``data.object`` as decoded JSON, which its ``parse`` checks field by field, rather than
+``construct_event``'s ``StripeObject``, which checks nothing and is no dict.
 """
 
 from __future__ import annotations
