@@ -64,9 +64,8 @@ def fill(invoices: int) -> dict[str, int]:
 
     from asyncwork.contrib.periodic.jobs import jobs_declared
     from asyncwork.models import DeadLetter, Job, ScheduledJob
-    from invoicing.delivery import email_breaker
     from invoicing.models import EmailDelivery, Invoice
-    from invoicing.tasks import send_invoice_email
+    from invoicing.tasks import email_breaker, send_invoice_email
 
     now = timezone.now()
     Invoice.objects.bulk_create(

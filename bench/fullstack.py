@@ -50,7 +50,7 @@ TUTORIAL_DOMAIN = "tutorial.example.com"
 
 def provider_invoice_id(message_id: str) -> str:
     """The provider invoice id in an invoice email's Message-ID, ``<in_….<digest>@domain>``
-    (``invoicing.delivery.invoice_email_message_id``)."""
+    (``invoicing.tasks.invoice_email_message_id``)."""
     local = message_id.strip("<>").rpartition("@")[0]
     return local.rpartition(".")[0]
 

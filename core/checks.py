@@ -11,7 +11,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 
-from core.providers import ALLOWED_ORIGINS, base_refusal, origin_listed, provider_bases
+from asyncwork.contrib.http import origin_listed
+from core.providers import ALLOWED_ORIGINS, base_refusal, provider_bases
 
 # The tracking webhooks' password (invoicing/bounces.py) is all a forger of bounces has to guess.
 WEBHOOK_PASSWORD_MIN = 24

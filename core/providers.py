@@ -8,10 +8,11 @@ not the provider's own (``core/checks.py``)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
+
+from asyncwork.contrib.http import origin
 
 ALLOWED_ORIGINS = "PROVIDER_API_ALLOWED_ORIGINS"
 STRIPE = ("Stripe", ("stripe.com",))
@@ -33,7 +34,6 @@ ESPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "SPARKPOST": ("SparkPost", ("sparkpost.com",)),
     "UNISENDER_GO": ("Unisender Go", ("unisender.ru",)),
 }
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class Base(NamedTuple):
@@ -62,39 +62,6 @@ class Base(NamedTuple):
         return any(host == d or host.endswith(f".{d}") for d in self.domains)
 
 
-# A host name, an IPv4 address or a bracketed IPv6 one, and perhaps a port: nothing two parsers
-# read differently ("https://attacker.example\@api.stripe.com" is api.stripe.com to urlsplit
-# and attacker.example to urllib3, which makes the requests; urlsplit drops tabs and newlines).
-_AUTHORITY = re.compile(r"(?:[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?", re.IGNORECASE)
-
-
-def origin(url: Any) -> str:
-    """The origin of an http or https URL, lower-case and without a default port; ValueError for
-    anything else, a user or password in it included."""
-    if not isinstance(url, str) or not (url.isascii() and url.isprintable()) or " " in url:
-        raise ValueError(f"{url!r} is not a URL")
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS or not _AUTHORITY.fullmatch(parts.netloc):
-        raise ValueError(f"{url!r} is not an http or https URL of a host")
-    host = parts.hostname
-    port = parts.port  # ValueError for one out of range
-    if not host:
-        raise ValueError(f"{url!r} is not an http or https URL of a host")
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}" + (f":{port}" if port not in (None, _DEFAULT_PORTS[scheme]) else "")
-
-
-def origin_listed(entry: str) -> str:
-    """An entry of ``PROVIDER_API_ALLOWED_ORIGINS`` as an origin: a scheme, a host and perhaps
-    a port, nothing else; ValueError for anything more or less."""
-    parts = urlsplit(entry)
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(entry)
-    return origin(entry)
-
-
 def provider_bases(*, stripe_base: Any, anymail: Mapping[str, Any]) -> list[Base]:
     """``STRIPE_API_BASE`` and each ``ANYMAIL_<ESP>_API_URL`` set."""
     bases = [Base("STRIPE_API_BASE", stripe_base, STRIPE[0], STRIPE[1])]
@@ -107,8 +74,7 @@ def provider_bases(*, stripe_base: Any, anymail: Mapping[str, Any]) -> list[Base
 
 
 def base_refusal(base: Base, *, allowed: list[str]) -> str:
-    """Why ``base`` may not be used with DEBUG off, naming the settings to change; "" if it
-    may."""
+    """Why ``base`` may not be used with DEBUG off, naming the settings to change; "" if it may."""
     where = base.origin
     if where is None:
         return (

@@ -288,9 +288,9 @@ STRIPE_API_TIMEOUT_SECONDS = 10
 # --- Email ------------------------------------------------------------------------------------
 EMAIL_BACKEND = setting(
     "EMAIL_BACKEND",
-    "invoicing.mail.EmailBackend",
+    "asyncwork.contrib.mail.EmailBackend",
     "the email backend: the default is Django's SMTP backend plus UTF-8 local parts "
-    "(invoicing/mail.py); a provider's API through django-anymail, e.g. "
+    "(asyncwork.contrib.mail); a provider's API through django-anymail, e.g. "
     "anymail.backends.postmark.EmailBackend, takes its settings from ANYMAIL_*",
 )
 EMAIL_HOST = setting("EMAIL_HOST", "127.0.0.1", "the SMTP server")

@@ -1,6 +1,5 @@
-"""What gunicorn and ``celery -A core worker|beat`` do first: load the settings, and refuse any
-that no process may start with, or stop with one line saying what to fix; a traceback would
-bury it."""
+"""What gunicorn and ``celery -A core worker|beat`` do first: load the settings, and refuse any that
+no process may start with, or stop with one line saying what to fix; a traceback would bury it."""
 
 from __future__ import annotations
 

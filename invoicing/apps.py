@@ -8,4 +8,4 @@ class InvoicingConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing the declaring modules declares them.
-        from invoicing import bounces, deadletters, probes, tasks, webhooks  # noqa: F401
+        from invoicing import bounces, deadletters, probes, services, tasks  # noqa: F401

@@ -10,19 +10,18 @@ from typing import Any
 
 from django.db.models import OuterRef, Subquery
 from django.urls import reverse
+from django.utils.module_loading import import_string
 
 from asyncwork import deadletters
+from asyncwork.contrib.mail import RecipientRejected
 from asyncwork.deadletters import Subject
 from asyncwork.models import DeadLetter
-from invoicing.delivery import payment_emails
-from invoicing.mail import RecipientRejected
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import resend_invoice_email, send_invoice_email
+from invoicing.tasks import payment_emails, resend_invoice_email, send_invoice_email
 
 _INVOICE_FIELDS = ("pk", "number", "provider_invoice_id", "customer_email", "recipient_override")
 _SEND_FIELDS = ("state", "recipient", "sent_at", "bounced_at")
 _DELIVERY_FIELDS = ("pk", "key", "invoice", *_SEND_FIELDS)
-ADDRESS_FAILURE = f"{RecipientRejected.__module__}.{RecipientRejected.__qualname__}"
 _FAILED_ON_ADDRESS = (EmailDelivery.State.FAILED, EmailDelivery.State.BOUNCED)
 
 
@@ -112,8 +111,18 @@ def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subj
     }
 
 
+def _failed_on_address(letter: DeadLetter) -> bool:
+    """Whether the letter's failure is a ``RecipientRejected``, under any path the class is
+    importable by (``invoicing.mail`` imports it too)."""
+    try:
+        failure = import_string(letter.exception_class)
+    except ImportError:
+        return False
+    return isinstance(failure, type) and issubclass(failure, RecipientRejected)
+
+
 def _address_unchanged(letters: Sequence[DeadLetter], *, resend: bool) -> dict[int, str]:
-    failed_on_address = [x for x in letters if x.exception_class == ADDRESS_FAILURE]
+    failed_on_address = [x for x in letters if _failed_on_address(x)]
     refusals: dict[int, str] = {}
     for pk, (invoice, delivery) in _letters_deliveries(failed_on_address, resend=resend).items():
         if delivery is not None and delivery.state not in _FAILED_ON_ADDRESS:

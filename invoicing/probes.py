@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from asyncwork.contrib.monitoring.gauges import breaker_check, breaker_figures, breaker_metrics
 from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.contrib.monitoring.probes import Figure, Probe, breaker_probe, probe_declare
-from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery
+from invoicing.tasks import email_breaker
 
 
 @dataclass(frozen=True)

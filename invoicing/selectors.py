@@ -8,9 +8,8 @@ from django.db.models import Exists, IntegerField, OuterRef, Q, QuerySet, Subque
 from django.db.models.functions import Coalesce, JSONArray
 
 from asyncwork.models import DeadLetter
-from invoicing.delivery import payment_emails
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import resend_invoice_email, send_invoice_email
+from invoicing.tasks import payment_emails, resend_invoice_email, send_invoice_email
 
 EMAIL_STATUSES = ("pending", "sending", "sent", "dead_lettered", "none")
 

@@ -1,6 +1,7 @@
-"""The invoicing app's services: a payment recorded (and its email enqueued in the same
-transaction), an open invoice made locally, a deliberate resend, a recipient corrected. What
-sending an email holds to is ``invoicing.delivery``'s; its tasks are ``invoicing.tasks``.
+"""The invoicing app's services: a payment event applied (the invoice recorded and its email
+enqueued in the same transaction, never moving it backwards), an open invoice made locally, a
+deliberate resend, a recipient corrected. What sending an email holds to, and its tasks, are
+``invoicing.tasks``'s.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
@@ -22,9 +24,17 @@ from asyncwork.db import insert_or_skip
 from asyncwork.errors import PermanentError
 from asyncwork.logging import log_context_bind
 from invoicing import mail
-from invoicing.delivery import invoice_email_message_id
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import resend_invoice_email, send_invoice_email
+from invoicing.tasks import invoice_email_message_id, resend_invoice_email, send_invoice_email
+from webhooks.stripe import (
+    Event,
+    WebhookRejected,
+    field_epoch,
+    field_int,
+    field_text,
+    name_valid,
+    webhook_handler,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +90,57 @@ def invoice_record_payment(*, data: InvoiceData, provider_time: datetime) -> Inv
     if not was_paid and invoice.status == Invoice.Status.PAID:
         send_invoice_email.enqueue(invoice.pk)
     return invoice
+
+
+# The webhook events invoicing acts on (``webhooks.stripe.webhook_handler``). Free-text fields are
+# made storable rather than refused, so a customer's typo never costs the payment its record or
+# receipt.
+PAYMENT_EVENT_TYPES = ("invoice.paid", "invoice.payment_succeeded")
+
+
+def invoice_parse(obj: Any) -> InvoiceData:
+    """``data.object`` as the invoice we keep; ``WebhookRejected`` (400) if we cannot key on it."""
+    if not isinstance(obj, dict):
+        raise WebhookRejected("data.object is missing")
+    invoice_id = obj.get("id")
+    if invoice_id is None or invoice_id == "":
+        raise WebhookRejected("data.object.id is missing")
+    if not name_valid(invoice_id):
+        raise WebhookRejected("data.object.id is malformed")
+    currency = field_text(obj, "currency", limit=3).lower()
+    if currency and not re.fullmatch(r"[a-z]{3}", currency):
+        raise WebhookRejected("data.object.currency is not a 3-letter code")
+    transitions = obj.get("status_transitions")
+    paid_at = field_epoch(transitions, "paid_at") if isinstance(transitions, dict) else None
+    status = field_text(obj, "status", limit=20) or "paid"
+    if status not in {"draft", "open", "paid", "uncollectible", "void"}:
+        raise WebhookRejected("data.object.status is not an invoice status")
+    return InvoiceData(
+        provider_invoice_id=invoice_id,
+        number=field_text(obj, "number", limit=255),
+        customer_email=field_text(obj, "customer_email", limit=320),
+        provider_customer_id=field_text(obj, "customer", limit=255),
+        customer_name=field_text(obj, "customer_name", limit=255),
+        amount_paid=field_int(obj, "amount_paid") or 0,
+        currency=currency,
+        status=status,
+        hosted_invoice_url=field_text(obj, "hosted_invoice_url", limit=2000),
+        paid_at=paid_at,
+    )
+
+
+@webhook_handler(*PAYMENT_EVENT_TYPES, parse=invoice_parse)
+def invoice_payment_apply(data: InvoiceData, event: Event) -> None:
+    invoice = invoice_record_payment(data=data, provider_time=event.created)
+    logger.info(
+        "payment event applied",
+        extra={
+            "event_id": event.id,
+            "event_type": event.type,
+            "invoice_id": invoice.pk if invoice else None,
+            "stale": invoice is None,
+        },
+    )
 
 
 def invoice_open(
@@ -237,10 +298,9 @@ def invoice_email_resend_request_once(
     fingerprint: str,
     request: str,
 ) -> ResendRequest:
-    """The API's resend: ``invoice_email_resend_request`` once per (``user``,
-    ``idempotency_key``) (``asyncwork.contrib.idempotency``). The same key and request returns the
-    first
-    delivery; the same key for another invoice raises ``IdempotencyKeyReused``. Raises like
+    """The API's resend: ``invoice_email_resend_request`` once per (``user``, ``idempotency_key``)
+    (``asyncwork.contrib.idempotency``). The same key and request returns the first delivery; the
+    same key for another invoice raises ``IdempotencyKeyReused``. Raises like
     ``invoice_email_resend_request``, leaving the key unused."""
     performed = idempotent_perform(
         user=user,

@@ -1,20 +1,378 @@
-"""The invoicing app's tasks: Django's ``@task`` on asyncwork's backend, on a queue of their own
-(other work never delays an email). Thin: each loads by id and calls one service. What they may
-raise decides what follows (``asyncwork.runner``): a transient failure is retried on the policy
-below, ``ProviderUnavailable`` (the breaker open) runs again later without spending an attempt,
-anything else fails the task and dead-letters it."""
+"""The email guarantee: one email per paid invoice, whatever runs twice.
+
+The key ``invoice_email_sent:<invoice pk>`` is a UNIQUE ``EmailDelivery`` row. A worker sends
+only after claiming it in one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` statement, which
+succeeds for a new or failed key, or a claim whose lease expired or whose owner's heartbeat
+lapsed; so racing workers send one email, and a run after success is a no-op. The owner's later
+writes are fenced on the claim (``Claim.held``): a late owner, once overtaken, changes nothing.
+
+Crash window: a worker that dies between the SMTP server's 250 and marking the key sent leaves
+the claim in ``sending``. Its job is run again once the worker's heartbeat lapses
+(``asyncwork``'s rescue), and that run takes the claim over: at most one duplicate per crash,
+with the same Message-ID. The breaker (``email_breaker``) is asked before the claim, so a
+deferred job holds no claim and spends no attempt (``ProviderUnavailable``).
+
+Its tasks, Django's ``@task`` on asyncwork's backend on a queue of their own (other work never
+delays an email), load by id and call ``invoice_email_send``: a transient failure is retried on
+the policy below, ``ProviderUnavailable`` (the breaker open) runs again later without spending an
+attempt, anything else fails the task and dead-letters it.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import stripe
 from django.conf import settings
+from django.core.mail import EmailMultiAlternatives
+from django.db import InterfaceError, OperationalError, connection
+from django.db.models import QuerySet
+from django.utils import timezone
 from django_tasks import task
 from prometheus_client import Counter
 
+from asyncwork.contrib.breaker import Breaker, Decision
+from asyncwork.contrib.mail import RecipientRejected, deliver
 from asyncwork.contrib.monitoring.metrics import metric_name
-from asyncwork.errors import PermanentError
-from asyncwork.heartbeat import heartbeat_owner
-from invoicing import delivery
-from invoicing.models import EmailDelivery
+from asyncwork.db import text_storable
+from asyncwork.errors import (
+    Deferred,
+    PermanentError,
+    ProviderUnavailable,
+    TransientError,
+    Unreachable,
+)
+from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
+from asyncwork.logging import log_context_bind
+from invoicing import mail
+from invoicing.models import EmailDelivery, Invoice
+from webhooks.stripe_api import stripe_client, stripe_error_sorted
+
+logger = logging.getLogger(__name__)
+
+# How often a run finding its email claimed by another looks again: it is sent, or the claim is
+# given up (its lease or its owner's heartbeat) and this run takes it over.
+CLAIMED_RECHECK_SECONDS = 5.0
+
+
+class EmailInProgress(Deferred):
+    """The email's claim is held by another run: this one waits for it, spending no attempt,
+    rather than end as done while nothing may have been sent."""
+
+    dead_letter_reason = "exhausted"  # DeadLetter.Reason.EXHAUSTED: the claim never ended
+
+
+# Seconds a process trusts a closed-breaker read: another process's opening is seen this late.
+BREAKER_CHECK_SECONDS = 1.0
+EMAIL_KEY_PREFIX = "invoice_email_sent:"
+
+
+def invoice_email_key(invoice_id: int) -> str:
+    """The payment email's key: one per invoice, whichever event or run asks for it."""
+    return f"{EMAIL_KEY_PREFIX}{invoice_id}"
+
+
+def payment_emails() -> QuerySet[EmailDelivery]:
+    """Every invoice's payment email (the keys of ``invoice_email_key``); a resend has its own."""
+    return EmailDelivery.objects.filter(key__startswith=EMAIL_KEY_PREFIX)
+
+
+def invoice_email_message_id(invoice: Invoice, key: str) -> str:
+    """Deterministic from the invoice and key: a duplicate after a crash carries the same one."""
+    provider = re.sub(r"[^A-Za-z0-9_.-]", "", invoice.provider_invoice_id)[:64] or "invoice"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"<{provider}.{digest}@{mail.message_id_domain()}>"
+
+
+# Returns the claim's row, token, Message-ID and take-over flag, or no row when not claimed. A
+# claimed key keeps the Message-ID it recorded first.
+_CLAIM_SQL = f"""
+INSERT INTO {EmailDelivery._meta.db_table} AS d
+    (key, invoice_id, state, attempts, claimed_by, lease_expires_at, message_id,
+     provider_message_id, recipient, last_error, requested_by, created_at, updated_at)
+VALUES (%(key)s, %(invoice_id)s, 'sending', 1, %(owner)s,
+        now() + make_interval(secs => %(lease)s), %(message_id)s, '', '', '', '', now(), now())
+ON CONFLICT (key) DO UPDATE
+    SET state = 'sending', attempts = d.attempts + 1, claimed_by = EXCLUDED.claimed_by,
+        lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
+    WHERE d.state IN ('pending', 'failed', 'bounced')
+       OR (d.state = 'sending' AND d.lease_expires_at < now())
+       OR (d.state = 'sending' AND {owner_lapsed_sql(owner="d.claimed_by", since="d.updated_at")})
+RETURNING d.id, d.attempts, d.message_id, (d.xmax <> 0) AS reclaimed
+"""  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim held; ``attempts`` is its token, raised by every claim of the row."""
+
+    delivery_id: int
+    attempts: int
+    message_id: str
+    owner: str
+
+    def held(self) -> QuerySet[EmailDelivery]:
+        """The row while this very claim is on it: the fence of the owner's later writes. A
+        claim taken over since has another token, so they match nothing."""
+        return EmailDelivery.objects.filter(
+            pk=self.delivery_id, claimed_by=self.owner, attempts=self.attempts
+        )
+
+
+class ClaimRead(NamedTuple):
+    invoice: Invoice
+    claim: Claim | None
+
+
+def _invoice_read(invoice_id: int) -> Invoice:
+    """Raises ``PermanentError`` if there is none: no retry would find it."""
+    try:
+        return Invoice.objects.get(pk=invoice_id)
+    except Invoice.DoesNotExist:
+        raise PermanentError(f"invoice {invoice_id} does not exist") from None
+
+
+def email_claim(*, invoice_id: int, key: str, owner: str) -> ClaimRead:
+    """Read the invoice, then claim its email under ``key``: claim None if the invoice is not
+    paid, or the key is sent or held by a live claim. Raises ``PermanentError`` if there is no
+    invoice. A paid invoice stays paid, so the status read before the claim holds under it."""
+    invoice = _invoice_read(invoice_id)
+    if invoice.status != Invoice.Status.PAID:
+        return ClaimRead(invoice, None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL,
+            {
+                "key": key,
+                "invoice_id": invoice.pk,
+                "owner": owner[:255],
+                "lease": settings.EMAIL_CLAIM_LEASE_SECONDS,
+                "message_id": invoice_email_message_id(invoice, key),
+                "heartbeat_lapse": lapse_seconds(),
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return ClaimRead(invoice, None)
+    delivery_id, attempts, message_id, reclaimed = row
+    if reclaimed:
+        logger.info(
+            "email claim taken (attempt %d)",
+            attempts,
+            extra={"invoice_id": invoice_id, "key": key, "attempt": attempts},
+        )
+    claim = Claim(
+        delivery_id=delivery_id, attempts=attempts, message_id=message_id, owner=owner[:255]
+    )
+    return ClaimRead(invoice, claim)
+
+
+def _claim_release(claim: Claim, *, error: str, recipient: str) -> None:
+    claim.held().filter(state=EmailDelivery.State.SENDING).update(
+        state=EmailDelivery.State.FAILED,
+        lease_expires_at=None,
+        last_error=error[:2000],
+        recipient=recipient[:320],
+    )
+
+
+def _claim_mark_sent(claim: Claim, *, recipient: str, provider_message_id: str) -> bool:
+    """Mark the key sent if this claim is still the row's (also after a rescue released it:
+    it was sent); False if taken over. The message is already accepted, so a database blip is
+    waited out (about 6 s), not turned into a retry that would send a duplicate."""
+    for delay in (0.5, 1, 1.5, 3, None):
+        try:
+            marked = (
+                claim.held()
+                .filter(state__in=[EmailDelivery.State.SENDING, EmailDelivery.State.FAILED])
+                .update(
+                    state=EmailDelivery.State.SENT,
+                    sent_at=timezone.now(),
+                    lease_expires_at=None,
+                    last_error="",
+                    recipient=recipient[:320],
+                    provider_message_id=provider_message_id[:255],
+                    bounced_at=None,
+                )
+            )
+            return marked > 0
+        except (OperationalError, InterfaceError):
+            if delay is None:
+                raise
+            logger.warning(
+                "could not mark the email sent; retrying in %.1f s",
+                delay,
+                extra={"delivery_id": claim.delivery_id},
+            )
+            connection.close()
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # the last delay is None: raised above
+
+
+def email_breaker() -> Breaker:
+    """The email provider's breaker, shared by every worker, from the settings as they are now."""
+    return Breaker(
+        "email",
+        threshold=settings.EMAIL_BREAKER_FAILURE_THRESHOLD,
+        reset_seconds=settings.EMAIL_BREAKER_RESET_SECONDS,
+        # A probe whose worker died frees the probe once the task's hard limit has passed.
+        probe_ttl_seconds=settings.EMAIL_TASK_TIME_LIMIT + 10,
+        check_seconds=BREAKER_CHECK_SECONDS,
+    )
+
+
+def _provider_unavailable(retry_in: float) -> ProviderUnavailable:
+    return ProviderUnavailable(
+        f"email provider circuit open; next try in {retry_in:.1f} s",
+        retry_in=retry_in,
+        jitter=settings.EMAIL_BREAKER_RESET_SECONDS,
+        deadline=settings.EMAIL_PROVIDER_DEADLINE_SECONDS,
+    )
+
+
+def _deliver(message: EmailMultiAlternatives, *, breaker: Breaker, decision: Decision) -> str:
+    """``deliver`` (the provider's message id, or ""), its outcome told to the breaker.
+    Only ``Unreachable`` (refused, reset, timed out, 421) counts against it; any reply about
+    the message (451 or 5xx) proves the provider up. A failed probe is deferred, not retried:
+    it tested the provider for all, and charging its attempt would let a long outage exhaust
+    the jobs that draw probes."""
+    try:
+        return deliver(message)
+    except Unreachable as exc:
+        breaker.record_failure()
+        if decision.probe:
+            raise _provider_unavailable(breaker.reset_seconds) from exc
+        raise
+    except (TransientError, PermanentError):
+        breaker.record_success()
+        raise
+    # A success is told to the breaker by the caller, after the key is marked sent: nothing
+    # that can fail or be interrupted (a stalled Redis, a soft time limit) may stand between
+    # the SMTP server's 250 and the mark, or a retry would send the email again.
+
+
+def invoice_email_send(*, invoice_id: int, owner: str, key: str | None = None) -> str:
+    """Send the paid-invoice email at most once under ``key`` (default: the payment email's).
+    Returns ``sent``, ``not_paid`` or ``skipped`` (sent, or claimed elsewhere). Raises
+    ``TransientError`` (retry), ``PermanentError`` (dead-letter) or ``ProviderUnavailable``
+    (breaker open: defer, no attempt spent)."""
+    log_context_bind(invoice_id=invoice_id)
+    breaker = email_breaker()
+    decision = breaker.allow()
+    try:
+        if not decision.allowed:
+            # Deferred only if there is an email to send.
+            if _invoice_read(invoice_id).status != Invoice.Status.PAID:
+                return _not_paid(invoice_id)
+            raise _provider_unavailable(decision.retry_in)
+        return _invoice_email_send_claimed(
+            invoice_id=invoice_id,
+            key=key or invoice_email_key(invoice_id),
+            owner=owner,
+            breaker=breaker,
+            decision=decision,
+        )
+    finally:
+        # A probe that never reached the provider (already sent, bad address, database error)
+        # gives the probe back at once; after it recorded an outcome this is a no-op.
+        breaker.release_probe(decision)
+
+
+NO_RECIPIENT_WITHOUT_API = (
+    "invoice has no customer email: set STRIPE_API_KEY so the recipient is read from the "
+    "customer, or trigger with `stripe trigger invoice.paid --override "
+    "customer:email=you@example.com`"
+)
+
+
+def invoice_recipient_fetch(invoice: Invoice) -> None:
+    """Give an invoice with no recipient but a customer (Stripe's ``customer_email`` is null
+    when the customer had no email as the invoice was finalized, as the Stripe CLI's have) the
+    customer's email, read from the Stripe API in one call and kept on its row, so later sends
+    read nothing. Raises ``TransientError`` (no answer, 429, 5xx: retried) or
+    ``PermanentError`` (the API off, no such customer, one without a valid email)."""
+    customer_id = invoice.provider_customer_id
+    if invoice.recipient or not customer_id:
+        return
+    client = stripe_client()
+    if client is None:
+        raise PermanentError(NO_RECIPIENT_WITHOUT_API)
+    try:
+        customer = client.v1.customers.retrieve(customer_id)
+    except stripe.StripeError as exc:
+        raise stripe_error_sorted(exc, doing=f"reading customer {customer_id}") from exc
+    email = customer.to_dict().get("email")
+    if not isinstance(email, str) or not email.strip():
+        raise RecipientRejected(
+            f"invoice has no customer email, nor has its customer {customer_id}: correct the "
+            "recipient, then replay"
+        )
+    email = text_storable(email.strip())
+    mail.recipient_address(email=email, name="")  # the send's own rules, before it is kept
+    Invoice.objects.filter(pk=invoice.pk, customer_email="").update(customer_email=email)
+    invoice.customer_email = email
+    logger.info("invoice recipient read from its customer", extra={"invoice_id": invoice.pk})
+
+
+def _not_paid(invoice_id: int) -> str:
+    logger.info("invoice not paid; no email", extra={"invoice_id": invoice_id})
+    return "not_paid"
+
+
+def _invoice_email_send_claimed(
+    *, invoice_id: int, key: str, owner: str, breaker: Breaker, decision: Decision
+) -> str:
+    invoice, claim = email_claim(invoice_id=invoice_id, key=key, owner=owner)
+    if invoice.status != Invoice.Status.PAID:
+        return _not_paid(invoice_id)
+    if claim is None:
+        if EmailDelivery.objects.filter(key=key, state=EmailDelivery.State.SENDING).exists():
+            # Claimed by a run that looks alive, or by an earlier run of this job that could not
+            # release its claim (the database went away): not done until that claim ends.
+            raise EmailInProgress(
+                f"email {key} is claimed by another run; checked again shortly",
+                retry_in=CLAIMED_RECHECK_SECONDS,
+                jitter=CLAIMED_RECHECK_SECONDS,
+                deadline=4 * settings.EMAIL_CLAIM_LEASE_SECONDS,
+            )
+        logger.info("invoice email already sent", extra={"invoice_id": invoice_id, "key": key})
+        return "skipped"
+    # Built under the claim: a process paused here past the lapse sends at most the one
+    # duplicate, with the same Message-ID.
+    try:
+        invoice_recipient_fetch(invoice)
+        built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id, key=key)
+        provider_message_id = _deliver(built, breaker=breaker, decision=decision)
+    except Exception as exc:
+        # Release whatever failed, so a retry or replay can claim again.
+        words = isinstance(exc, (PermanentError, TransientError))
+        _claim_release(claim, error=str(exc) if words else repr(exc), recipient=invoice.recipient)
+        raise
+    marked = _claim_mark_sent(
+        claim, recipient=invoice.recipient, provider_message_id=provider_message_id
+    )
+    breaker.record_success()
+    sent = {
+        "invoice_id": invoice_id,
+        "key": key,
+        "attempt": claim.attempts,
+        "message_id": claim.message_id,
+    }
+    if marked:
+        logger.info("invoice email sent", extra=sent)
+    else:
+        logger.warning(
+            "invoice email sent, but its claim was taken over meanwhile: this send is the "
+            "one duplicate, with the same Message-ID",
+            extra=sent,
+        )
+    return "sent"
+
 
 WORKER_EMAILS_SENT = Counter(
     metric_name("worker_emails_sent"),
@@ -41,7 +399,7 @@ def _sent(task_name: str, result: str) -> str:
 @task(**_EMAIL)
 def send_invoice_email(invoice_id: int) -> str:
     """Email a paid invoice once."""
-    result = delivery.invoice_email_send(invoice_id=invoice_id, owner=heartbeat_owner())
+    result = invoice_email_send(invoice_id=invoice_id, owner=heartbeat_owner())
     return _sent(send_invoice_email.module_path, result)
 
 
@@ -51,7 +409,7 @@ def resend_invoice_email(delivery_id: int) -> str:
     requested = EmailDelivery.objects.filter(pk=delivery_id).first()
     if requested is None:
         raise PermanentError(f"email delivery {delivery_id} does not exist")
-    result = delivery.invoice_email_send(
+    result = invoice_email_send(
         invoice_id=requested.invoice_id, owner=heartbeat_owner(), key=requested.key
     )
     return _sent(resend_invoice_email.module_path, result)

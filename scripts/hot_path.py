@@ -71,7 +71,7 @@ BROKER_URL = "redis://127.0.0.1:6379/0"
 CACHE_URL = "redis://127.0.0.1:6379/1"
 TIMEOUT = 60.0
 # Between the invoices: longer than every process's reuse of a reading (the backlog's,
-# BACKPRESSURE_CHECK_SECONDS; the email breaker's, invoicing.delivery.BREAKER_CHECK_SECONDS; 1 s
+# BACKPRESSURE_CHECK_SECONDS; the email breaker's, invoicing.tasks.BREAKER_CHECK_SECONDS; 1 s
 # each), so the second invoice reads them anew, as an invoice arriving alone does, however
 # loaded the machine.
 PAUSE = 2.0

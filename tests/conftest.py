@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from invoicing.delivery import email_breaker
+from invoicing.tasks import email_breaker
 from stack.net import free_port
 from stack.process import Process
 from stack.smtp import SmtpServer

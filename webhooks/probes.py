@@ -1,9 +1,8 @@
-"""The webhooks app's probes (``asyncwork.contrib.monitoring.probes``): events of another Stripe
-API version than
-``STRIPE_API_VERSION`` received in the last 24 h, in /health/'s details (an account upgrade made
-visible; never degraded: such an event is taken when its fields parse); and the Events API
-reconcile (``webhooks.reconcile``): its last run, its cursor and what it recovered, on
-/health/, /metrics and the dashboard, degraded while its last run stopped on a failure.
+"""The webhooks app's probes (``asyncwork.contrib.monitoring.probes``): events of another Stripe API
+version than ``STRIPE_API_VERSION`` received in the last 24 h, in /health/'s details (an account
+upgrade made visible; never degraded: such an event is taken when its fields parse); and the Events
+API reconcile (``webhooks.reconcile``): its last run, its cursor and what it recovered, on /health/,
+/metrics and the dashboard, degraded while its last run stopped on a failure.
 """
 
 from __future__ import annotations

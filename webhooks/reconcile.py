@@ -38,10 +38,9 @@ from django.utils import timezone
 from stripe.params import EventListParams
 
 from asyncwork.contrib.periodic.jobs import job
-from webhooks.events import WebhookRejected, handled_types
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.services import webhook_event_record
-from webhooks.stripe import event_parse
+from webhooks.stripe import WebhookRejected, event_parse, handled_types
 from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
 logger = logging.getLogger(__name__)

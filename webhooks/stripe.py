@@ -1,29 +1,33 @@
-"""Verifying and reading Stripe webhook deliveries.
+"""Verifying and reading Stripe webhook deliveries, and which app acts on each event type.
 
-Signatures are checked by stripe-python's ``WebhookSignature.verify_header``, once per
-configured secret (so a secret can be rolled). Around it we refuse what it lets through or turns
-into a 500: a timestamp in the future, a body that is not UTF-8, a header that is not ASCII.
-stripe-python's own verify-and-parse calls (``StripeClient.construct_event``,
-``parse_event_notification``) verify against one secret, let a future timestamp pass, and raise
-``UnicodeDecodeError`` on a body that is not UTF-8: they are not used to verify.
+An app declares ``@webhook_handler("invoice.paid", parse=...)`` on the function that applies those
+events (``invoicing/services.py``). A type with a handler is stored as ``processed`` and is
+essential under backpressure; any other is stored as ``ignored`` and shed first. Snapshot events and
+thin events (``v2.core.event``) are declared alike.
 
-A signed event is authentic, not harmless: ``event_parse`` refuses (400) an id or type we could
-not key on, and marks an event of another mode or Connect account out of scope before reading
-its object (stored as ignored, changing nothing). It reads snapshot events (``object`` "event",
-the object in ``data``) and thin events (``object`` "v2.core.event": ``created`` an ISO 8601
-string, the Connect account in ``context``, a ``related_object`` reference and no ``data``).
+Signatures are checked by stripe-python's ``WebhookSignature.verify_header``, once per configured
+secret (so a secret can be rolled). Around it we refuse what it lets through or turns into a 500: a
+timestamp in the future, a body that is not UTF-8, a header that is not ASCII. stripe-python's own
+verify-and-parse calls (``StripeClient.construct_event``, ``parse_event_notification``) verify
+against one secret, let a future timestamp pass, and raise ``UnicodeDecodeError`` on a body that is
+not UTF-8: they are not used to verify.
 
-What every event is stored under (id, type, time, mode, account) is read here, not by
-stripe-python, because it decides a 200 before any handler is known, and stripe-python's readers
-check none of it: an ``EventNotification`` takes an id of any JSON type, keeps ``created`` as the
-text it was sent, reads ``livemode`` "false" as live, and raises ``KeyError``, ``TypeError`` or
-``AttributeError`` for a missing ``created``, a null ``related_object`` of a type it knows, a
-``context`` that is not text or a ``reason`` without its ``request``: for a type nothing here
-handles, that would be a 400 (or a 500) where the contract is a 200 and a stored row. What a
-handler reads is stripe-python's: a thin event's handler gets its ``EventNotification``
-(``event_notification``); a snapshot event's gets ``data.object`` as decoded JSON, which its
-``parse`` checks field by field, rather than ``construct_event``'s ``StripeObject``, which checks
-nothing and is no dict.
+A signed event is authentic, not harmless: ``event_parse`` refuses (400) an id or type we could not
+key on, and marks an event of another mode or Connect account out of scope before reading its object
+(stored as ignored, changing nothing). It reads snapshot events (``object`` "event", the object in
+``data``) and thin events (``object`` "v2.core.event": ``created`` an ISO 8601 string, the Connect
+account in ``context``, a ``related_object`` reference and no ``data``).
+
+What every event is stored under (id, type, time, mode, account) is read here, not by stripe-python,
+because it decides a 200 before any handler is known, and stripe-python's readers check none of it:
+an ``EventNotification`` takes an id of any JSON type, keeps ``created`` as the text it was sent,
+reads ``livemode`` "false" as live, and raises ``KeyError``, ``TypeError`` or ``AttributeError`` for
+a missing ``created``, a null ``related_object`` of a type it knows, a ``context`` that is not text
+or a ``reason`` without its ``request``: for a type nothing here handles, that would be a 400 (or a
+500) where the contract is a 200 and a stored row. What a handler reads is stripe-python's: a thin
+event's handler gets its ``EventNotification`` (``event_notification``); a snapshot event's gets
+``data.object`` as decoded JSON, which its ``parse`` checks field by field, rather than
+``construct_event``'s ``StripeObject``, which checks nothing and is no dict.
 """
 
 from __future__ import annotations
@@ -32,16 +36,85 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import stripe
 from django.conf import settings
 from stripe.v2.core import EventNotification
 
 from asyncwork.db import text_storable
-from webhooks.events import Event, WebhookRejected, handler_for
+
+
+class WebhookRejected(Exception):
+    """A delivery we refuse, with a short reason for the 4xx body."""
+
+    def __init__(self, reason: str, *, status: int = 400) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    type: str
+    created: datetime
+    livemode: bool
+    # The Stripe API version its object is rendered in; "" if it has none (a thin event).
+    api_version: str = ""
+    # Set when this endpoint acts on the event: what its handler's parse made of data.object.
+    handled: bool = False
+    data: Any = None
+    # Why this endpoint does not act on it (another mode or account), or "" if it may.
+    out_of_scope: str = ""
+
+
+@dataclass(frozen=True)
+class Handler:
+    parse: Callable[[Any], Any]
+    apply: Callable[[Any, Event], None]
+
+
+_handlers: dict[str, Handler] = {}
+Apply = TypeVar("Apply", bound=Callable[[Any, Event], None])
+
+
+def webhook_handler(*event_types: str, parse: Callable[[Any], Any]) -> Callable[[Apply], Apply]:
+    """Act on events of ``event_types`` (replacing any handler they had).
+
+    ``parse(data.object)`` runs before anything is stored; ``WebhookRejected`` there is a 400.
+    A thin event has no ``data``: ``parse`` gets stripe-python's ``EventNotification`` of it
+    (``webhooks.stripe.event_notification``), whose ``related_object`` and ``context`` name what
+    a task fetches through the API (the notification itself calls nothing in the request).
+    The decorated ``apply(parsed, event)`` runs in the transaction that stores the event, and
+    must be idempotent (a reprocess applies it again) and never move state backwards."""
+
+    def declare(apply: Apply) -> Apply:
+        for event_type in event_types:
+            _handlers[event_type] = Handler(parse=parse, apply=apply)
+        return apply
+
+    return declare
+
+
+def handler_for(event_type: str) -> Handler | None:
+    return _handlers.get(event_type)
+
+
+def handled_types() -> list[str]:
+    """The event types with a handler, sorted."""
+    return sorted(_handlers)
+
+
+def event_apply(event: Event) -> None:
+    """Apply a handled event (in the caller's transaction); an unhandled one changes nothing."""
+    handler = _handlers.get(event.type)
+    if event.handled and handler is not None:
+        handler.apply(event.data, event)
+
 
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 THIN_EVENT = "v2.core.event"  # a thin event's ``object``; a snapshot event's is "event"
@@ -86,7 +159,7 @@ def signature_verify(
     raise WebhookRejected("no signature matches")
 
 
-# --- Reading the fields of a Stripe object (the handlers of ``webhooks.events`` use them) ---
+# --- Reading the fields of a Stripe object (the handlers use them) ---
 
 
 def field_text(obj: dict[str, Any], key: str, *, limit: int = 1000) -> str:

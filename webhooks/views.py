@@ -18,10 +18,13 @@ from django.views.decorators.csrf import csrf_exempt
 from asyncwork.contrib.backpressure import backpressure_shed
 from asyncwork.db import text_storable
 from asyncwork.logging import log_context
-from webhooks.events import Event, WebhookRejected
-from webhooks.metrics import other_api_version_count, webhook_delivery_count
-from webhooks.services import KEPT_HEADERS, webhook_event_record
-from webhooks.stripe import event_parse, signature_verify
+from webhooks.services import (
+    KEPT_HEADERS,
+    other_api_version_count,
+    webhook_delivery_count,
+    webhook_event_record,
+)
+from webhooks.stripe import Event, WebhookRejected, event_parse, signature_verify
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import redis
 from django.test import Client
 
 from asyncwork.contrib.breaker import Breaker, Decision, Verdict
-from invoicing.delivery import email_breaker
+from invoicing.tasks import email_breaker
 from stack.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,9 +25,8 @@ from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError, TransientError
 from asyncwork.models import DeadLetter, Job, WorkerHeartbeat
-from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery
-from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
+from invoicing.tasks import EMAIL_QUEUE, email_breaker, send_invoice_email
 from tests.helpers.admin import rows
 from tests.helpers.dashboard import DASHBOARD, dashboard
 from tests.helpers.factories import paid_invoice, staff_user

@@ -26,10 +26,9 @@ from asyncwork.contrib.periodic.alert import dlq_alert
 from asyncwork.deadletters import purge, record
 from asyncwork.errors import PermanentError
 from asyncwork.models import DeadLetter, Job
-from invoicing.delivery import invoice_email_send
 from invoicing.models import Invoice
 from invoicing.services import invoice_recipient_correct
-from invoicing.tasks import send_invoice_email
+from invoicing.tasks import invoice_email_send, send_invoice_email
 from operators.models import OperatorAction
 from stack import launch
 from stack.net import wait_until

@@ -31,9 +31,8 @@ from asyncwork.errors import PermanentError
 from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
-from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
+from invoicing.tasks import EMAIL_QUEUE, email_breaker, send_invoice_email
 from stack import launch
 from stack.net import free_port, wait_until
 from stack.smtp import SmtpServer

@@ -32,8 +32,7 @@ from asyncwork.deadletters import record, replay
 from asyncwork.errors import PermanentError
 from asyncwork.models import Job, ScheduledJob
 from core.celery import app
-from invoicing.delivery import email_breaker
-from invoicing.tasks import EMAIL_QUEUE
+from invoicing.tasks import EMAIL_QUEUE, email_breaker
 from stack.net import free_port
 from tests import tasks as test_tasks
 

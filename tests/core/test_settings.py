@@ -529,6 +529,6 @@ def test_the_email_backend_and_every_anymail_variable_come_from_the_environment(
     }
     # Unset, SMTP and no anymail settings.
     assert settings_read("EMAIL_BACKEND", "ANYMAIL", env=PRODUCTION) == [
-        "'invoicing.mail.EmailBackend'",
+        "'asyncwork.contrib.mail.EmailBackend'",
         "{}",
     ]

@@ -24,9 +24,8 @@ from django.utils import timezone
 
 from asyncwork.models import IdempotencyRecord, Job
 from invoicing.admin import RESEND_SELECTION_MAX
-from invoicing.delivery import invoice_email_key, invoice_email_send
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import resend_invoice_email
+from invoicing.tasks import invoice_email_key, invoice_email_send, resend_invoice_email
 from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer

@@ -18,9 +18,8 @@ import pytest
 
 from asyncwork.models import DeadLetter, Job
 from asyncwork.tasks import job_ran
-from invoicing.delivery import email_breaker
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import send_invoice_email
+from invoicing.tasks import email_breaker, send_invoice_email
 from stack.net import wait_until
 from stack.smtp import Faults, SmtpServer
 from tests.helpers.factories import paid_invoice

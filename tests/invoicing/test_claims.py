@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from asyncwork.errors import PermanentError
 from asyncwork.models import Job, WorkerHeartbeat
-from invoicing.delivery import (
+from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import (
     EmailInProgress,
     _claim_mark_sent,
     _claim_release,
@@ -22,9 +23,8 @@ from invoicing.delivery import (
     invoice_email_key,
     invoice_email_message_id,
     invoice_email_send,
+    send_invoice_email,
 )
-from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import send_invoice_email
 from stack import launch
 from stack.net import wait_until
 from stack.smtp import SmtpServer

@@ -4,7 +4,7 @@ heartbeat sets, and never more than the documented duplicate carrying the same M
 
 Nothing else runs: the new worker's poll finds the dead worker's heartbeat lapsed, gives its job
 back and publishes it again (``asyncwork.rescue``), and the job's next run takes the email's claim
-over (``invoicing.delivery``). The worker runs with the timing scaled down (visibility 20 s), so
+over (``invoicing.tasks``). The worker runs with the timing scaled down (visibility 20 s), so
 that the dead worker's own message comes back within the test too, on Redis after the visibility
 timeout, on RabbitMQ at once as its connection closes: it finds the job taken (or done) and does
 nothing more. ``test_default_recovery_bound`` checks the bound at the defaults.

@@ -29,8 +29,8 @@ from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
-from webhooks import events
-from webhooks.events import Event, webhook_handler
+from webhooks import stripe as webhook_events
+from webhooks.stripe import Event, webhook_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the subprocesses read what we wrote
 
@@ -322,7 +322,7 @@ def void_handler() -> Iterator[None]:
     try:
         yield
     finally:
-        events._handlers.pop("invoice.voided")
+        webhook_events._handlers.pop("invoice.voided")
 
 
 def test_open_makes_an_open_invoice_that_a_triggered_event_acts_on(

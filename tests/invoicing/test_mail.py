@@ -16,6 +16,7 @@ import pytest
 from django.core.mail import EmailMultiAlternatives
 from django.test import Client
 
+from asyncwork.contrib import mail as contrib_mail
 from asyncwork.errors import TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
@@ -126,7 +127,7 @@ def test_a_utf8_local_part_is_a_dead_letter_when_the_server_lacks_smtputf8(
 
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("permanent", 1)
-    assert letter.exception_class == "invoicing.mail.RecipientRejected"
+    assert letter.exception_class == "asyncwork.contrib.mail.RecipientRejected"
     assert "the mail server cannot take this address" in letter.exception_message
     assert "does not offer SMTPUTF8, which the address 'jénny@example.com' needs" in (
         letter.exception_message
@@ -301,7 +302,7 @@ def test_a_multi_line_refusal_is_one_line_of_words_on_the_dead_letter(
 def test_an_smtp_reply_in_words_is_one_line_of_storable_text(
     reply: bytes | str, words: str
 ) -> None:
-    assert mail.smtp_reply_text(550, reply) == words
+    assert contrib_mail.smtp_reply_text(550, reply) == words
 
 
 # --- The SMTP connection kept across messages --------------------------------------------------
@@ -324,9 +325,9 @@ def received_ids(server: SmtpServer) -> list[str]:
 def test_messages_share_one_connection_up_to_its_bound(
     monkeypatch: pytest.MonkeyPatch, smtp: SmtpServer
 ) -> None:
-    monkeypatch.setattr(mail, "CONNECTION_MAX_MESSAGES", 3)
+    monkeypatch.setattr(contrib_mail, "CONNECTION_MAX_MESSAGES", 3)
     for number in range(5):
-        mail.deliver(plain_message(number))
+        contrib_mail.deliver(plain_message(number))
 
     assert received_ids(smtp) == [f"<kept.{n}@example.com>" for n in range(5)]
     assert smtp.handler.counts["sessions"] == 2  # 3 messages, then a new connection for 2
@@ -340,13 +341,13 @@ def test_a_connection_the_server_dropped_is_replaced_without_a_loss_or_a_duplica
     first = SmtpServer().start()
     use_smtp(settings, first.port)
     try:
-        mail.deliver(plain_message(1))
+        contrib_mail.deliver(plain_message(1))
     finally:
         first.stop()  # the kept connection is closed by the server
     second = SmtpServer(port=first.port).start()
     try:
-        mail.deliver(plain_message(2))
-        mail.deliver(plain_message(3))
+        contrib_mail.deliver(plain_message(2))
+        contrib_mail.deliver(plain_message(3))
     finally:
         second.stop()
 
@@ -360,9 +361,9 @@ def test_a_failed_message_closes_the_connection_and_the_next_opens_a_new_one(
 ) -> None:
     smtp.handler.faults.replies.append("451 4.3.0 try again later")
     with pytest.raises(TransientError):
-        mail.deliver(plain_message(1))
-    mail.deliver(plain_message(1))
-    mail.deliver(plain_message(2))
+        contrib_mail.deliver(plain_message(1))
+    contrib_mail.deliver(plain_message(1))
+    contrib_mail.deliver(plain_message(2))
 
     assert received_ids(smtp) == ["<kept.1@example.com>", "<kept.2@example.com>"]
     assert smtp.handler.counts["sessions"] == 2
@@ -379,19 +380,19 @@ def test_only_a_server_not_answering_is_unreachable(
     gone; a 451 defers this one message, from a server that answers."""
     smtp.handler.faults.replies.append(reply)
     with pytest.raises(TransientError) as raised:
-        mail.deliver(plain_message(1))
+        contrib_mail.deliver(plain_message(1))
     assert isinstance(raised.value, Unreachable) is unreachable
     smtp.stop()
     with pytest.raises(Unreachable):  # nobody listening: refused
-        mail.deliver(plain_message(2))
+        contrib_mail.deliver(plain_message(2))
 
 
 def test_a_changed_setting_opens_a_connection_to_the_new_server(
     settings: Any, smtp: SmtpServer
 ) -> None:
-    mail.deliver(plain_message(1))
+    contrib_mail.deliver(plain_message(1))
     with SmtpServer() as other:
         use_smtp(settings, other.port)
-        mail.deliver(plain_message(2))
+        contrib_mail.deliver(plain_message(2))
         assert received_ids(other) == ["<kept.2@example.com>"]
     assert received_ids(smtp) == ["<kept.1@example.com>"]

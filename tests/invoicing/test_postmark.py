@@ -16,16 +16,15 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
+from asyncwork.contrib import mail as contrib_mail
 from asyncwork.contrib.periodic.alert import dlq_alert
 from asyncwork.deadletters import replay, subjects
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import mail
-from invoicing.delivery import email_breaker, invoice_email_key
-from invoicing.mail import RecipientRejected
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_recipient_correct
-from invoicing.tasks import send_invoice_email
+from invoicing.tasks import email_breaker, invoice_email_key, send_invoice_email
 from stack.net import wait_until
 from stack.postmark import ERROR, HANG, RATE_LIMITED, PostmarkApi
 from tests.helpers.factories import paid_invoice
@@ -85,7 +84,7 @@ def _deliver(invoice: Invoice) -> None:
     message = mail.invoice_email_build(
         invoice=invoice, message_id="<t.1@example.com>", key=invoice_email_key(invoice.pk)
     )
-    mail.deliver(message)
+    contrib_mail.deliver(message)
 
 
 def test_each_postmark_answer_is_sorted_as_the_task_takes_it(postmark: PostmarkApi) -> None:
@@ -97,13 +96,13 @@ def test_each_postmark_answer_is_sorted_as_the_task_takes_it(postmark: PostmarkA
     postmark.invalid.add(invoice.recipient)
     for quotes_address in (True, False):
         postmark.quotes_address = quotes_address
-        with pytest.raises(RecipientRejected, match="Invalid 'To' address") as refused:
+        with pytest.raises(contrib_mail.RecipientRejected, match="Invalid 'To' address") as refused:
             _deliver(invoice)
         assert str(refused.value).startswith("recipient refused: Postmark 422: ")
     postmark.invalid.clear()
 
     postmark.inactive.add(invoice.recipient)
-    with pytest.raises(RecipientRejected, match="marked as inactive"):
+    with pytest.raises(contrib_mail.RecipientRejected, match="marked as inactive"):
         _deliver(invoice)
     postmark.inactive.clear()
 
@@ -166,7 +165,7 @@ def test_an_invalid_recipient_is_dead_lettered_at_once_in_postmarks_words(
     _run(invoice, until=lambda: DeadLetter.objects.exists())
     letter = _letter(invoice)
     assert (letter.reason, letter.attempts) == ("permanent", 1)
-    assert letter.exception_class == "invoicing.mail.RecipientRejected"
+    assert letter.exception_class == "asyncwork.contrib.mail.RecipientRejected"
     assert letter.exception_message == (
         "recipient refused: Postmark 422: Invalid 'To' address: "
         f"'{quoted.format(address=invoice.recipient)}'."
@@ -264,7 +263,7 @@ def test_a_bounce_marks_the_delivery_and_the_operator_fixes_it_like_any_dead_let
     assert _post(client, bounce) == 200  # the provider delivering it again: nothing more
     letter = _letter(invoice)
     assert letter.reason == "permanent"
-    assert letter.exception_class == "invoicing.mail.RecipientRejected"
+    assert letter.exception_class == "asyncwork.contrib.mail.RecipientRejected"
     assert letter.exception_message == (
         "bounced: The server was unable to deliver your message (ex: unknown user, mailbox not "
         "found). (smtp;550 5.1.1 The email account that you tried to reach does not exist.)"

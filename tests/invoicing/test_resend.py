@@ -15,8 +15,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from asyncwork.models import DeadLetter, IdempotencyRecord, Job
-from invoicing.delivery import invoice_email_key, invoice_email_send
 from invoicing.models import EmailDelivery, Invoice
+from invoicing.tasks import invoice_email_key, invoice_email_send
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.database import lock_waiters

@@ -22,9 +22,9 @@ import pytest
 from django.test import Client
 
 from asyncwork.models import DeadLetter
-from invoicing.delivery import NO_RECIPIENT_WITHOUT_API
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_email_resend_request
+from invoicing.tasks import NO_RECIPIENT_WITHOUT_API
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from stack.stripe_api import ERROR, HANG, RATE_LIMITED, StripeApi

@@ -1,6 +1,6 @@
 """A dead worker's email, through the machinery: the job it was running is given back by the
 workers' rescue (``asyncwork.rescue``, run by every worker's poll), and its next run takes the
-email's claim over (``invoicing.delivery``), so the invoice gets its email without waiting for
+email's claim over (``invoicing.tasks``), so the invoice gets its email without waiting for
 anything else to notice. Each case with a real worker (on threads, in this process), its poll,
 the broker and an SMTP server; the dead worker is the rows its run left behind.
 
@@ -22,9 +22,8 @@ from django.utils import timezone
 from asyncwork.contrib.monitoring.metrics import worker_rescues
 from asyncwork.models import Job, WorkerHeartbeat
 from asyncwork.rescue import workers_rescue
-from invoicing.delivery import email_claim, invoice_email_key
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import send_invoice_email
+from invoicing.tasks import email_claim, invoice_email_key, send_invoice_email
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.factories import paid_invoice

@@ -20,10 +20,9 @@ from invoicing.services import InvoiceData, invoice_record_payment
 from invoicing.tasks import send_invoice_email
 from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing
-from webhooks.events import Event
 from webhooks.models import WebhookEvent
 from webhooks.services import Recorded, webhook_event_record
-from webhooks.stripe import event_parse
+from webhooks.stripe import Event, event_parse
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

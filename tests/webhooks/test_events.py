@@ -1,4 +1,4 @@
-"""Dispatch by registry (``webhooks.events``): an event type is acted on when an app registered
+"""Dispatch by registry (``webhooks.stripe``): an event type is acted on when an app registered
 a handler for it, and only then; the handler's effect commits with the event row or not at
 all, and a handled type is essential under backpressure."""
 
@@ -14,10 +14,10 @@ from django.test import Client
 
 from asyncwork.models import Job
 from tests.helpers.stripe import post_event
-from webhooks import events
+from webhooks import stripe as webhook_events
 from webhooks import testing as stripe_testing
-from webhooks.events import Event, WebhookRejected
 from webhooks.models import WebhookEvent
+from webhooks.stripe import Event, WebhookRejected
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ def applied() -> Iterator[list[tuple[str, Any]]]:
             raise WebhookRejected("data.object.email is missing")
         return str(obj["email"])
 
-    @events.webhook_handler(TYPE, parse=parse)
+    @webhook_events.webhook_handler(TYPE, parse=parse)
     def apply(email: str, event: Event) -> None:
         assert connection.in_atomic_block  # inside the transaction that stores the event
         seen.append((event.id, email))
@@ -44,7 +44,7 @@ def applied() -> Iterator[list[tuple[str, Any]]]:
     try:
         yield seen
     finally:
-        events._handlers.pop(TYPE)
+        webhook_events._handlers.pop(TYPE)
 
 
 def customer_event(email: str) -> dict[str, Any]:
@@ -87,8 +87,8 @@ def test_a_failing_handler_leaves_no_event_row(
 def test_without_a_handler_the_type_is_ignored_and_not_essential(
     client: Client, settings: Any
 ) -> None:
-    assert events.handler_for(TYPE) is None
-    assert events.handler_for("invoice.paid") is not None  # registered by invoicing
+    assert webhook_events.handler_for(TYPE) is None
+    assert webhook_events.handler_for("invoice.paid") is not None  # registered by invoicing
     event = customer_event("nobody@example.com")
     assert post_event(client, stripe_testing.encode(event)).status_code == 200
     assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
@@ -107,10 +107,10 @@ def test_a_handled_type_is_essential_under_backpressure(
     Job.objects.create(task="some.task", args=[1], queue=f"q-{uuid.uuid4().hex[:8]}")
     handled = customer_event("kept@example.com")
     assert post_event(client, stripe_testing.encode(handled)).status_code == 200
-    events._handlers.pop(TYPE)
+    webhook_events._handlers.pop(TYPE)
     try:
         unhandled = customer_event("shed@example.com")
         assert post_event(client, stripe_testing.encode(unhandled)).status_code == 503
     finally:
-        events.webhook_handler(TYPE, parse=str)(lambda data, event: None)
+        webhook_events.webhook_handler(TYPE, parse=str)(lambda data, event: None)
     assert list(WebhookEvent.objects.values_list("event_id", flat=True)) == [handled["id"]]

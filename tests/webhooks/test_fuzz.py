@@ -24,12 +24,11 @@ from hypothesis import strategies as st
 from asyncwork.errors import PermanentError
 from invoicing.mail import invoice_email_build
 from invoicing.models import Invoice
-from invoicing.webhooks import PAYMENT_EVENT_TYPES
+from invoicing.services import PAYMENT_EVENT_TYPES
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
 from webhooks import testing as stripe_testing
-from webhooks.events import WebhookRejected
 from webhooks.models import WebhookEvent
-from webhooks.stripe import signature_verify
+from webhooks.stripe import WebhookRejected, signature_verify
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from invoicing.models import Invoice
 from stack.process import ROOT
 from tests.helpers.processes import worker_env
-from webhooks import events
+from webhooks import stripe as webhook_events
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
@@ -111,7 +111,7 @@ def test_every_type_the_cli_triggers_is_taken(live_server: Any) -> None:
         assert out.startswith("delivery 1: 200 "), (event_type, out)
 
     stored = dict(WebhookEvent.objects.values_list("type", "state"))
-    handled = {t for t in known if events.handler_for(t) is not None}
+    handled = {t for t in known if webhook_events.handler_for(t) is not None}
     assert handled == {"invoice.paid", "invoice.payment_succeeded"}
     assert stored == {t: "processed" if t in handled else "ignored" for t in known}
     invoice = Invoice.objects.get()

@@ -24,11 +24,10 @@ from stripe.events import (
 
 from stack.stripe_api import StripeApi
 from tests.helpers.stripe import post_event
-from webhooks import events
+from webhooks import stripe as webhook_events
 from webhooks import testing as stripe_testing
-from webhooks.events import Event
 from webhooks.models import WebhookEvent
-from webhooks.stripe import event_notification, event_parse
+from webhooks.stripe import Event, event_notification, event_parse
 from webhooks.stripe_api import stripe_client
 
 pytestmark = pytest.mark.django_db
@@ -139,15 +138,15 @@ def handled() -> Iterator[list[tuple[Any, Event]]]:
             notification.fetch_event()  # nothing in the request calls Stripe
         return notification
 
-    @events.webhook_handler(TYPE, UNKNOWN_TYPE, parse=parse)
+    @webhook_events.webhook_handler(TYPE, UNKNOWN_TYPE, parse=parse)
     def apply(notification: Any, event: Event) -> None:
         seen.append((notification, event))
 
     try:
         yield seen
     finally:
-        events._handlers.pop(TYPE)
-        events._handlers.pop(UNKNOWN_TYPE)
+        webhook_events._handlers.pop(TYPE)
+        webhook_events._handlers.pop(UNKNOWN_TYPE)
 
 
 def test_a_handler_gets_stripe_pythons_notification_which_calls_nothing(

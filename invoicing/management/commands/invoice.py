@@ -3,14 +3,13 @@ command line.
 
 INVOICE is the invoice's id, its provider's id (``in_...``) or its number; one that names no
 invoice, or more than one, is refused with the candidates. ``show`` prints where the invoice's
-emails go and each email's and dead letter's state. ``recipient`` corrects where they go through
-the admin's and the API's service (the send's own rules, a reason, recorded as an operator
-action of ``cli:<--actor or login name>``); the same correction again changes nothing and
-exits 0. ``open`` makes an open invoice under a provider's id (``in_...``, a new one unless
-given), as Stripe's events would have stored it before a payment, and prints its ids: what
-``manage.py stripe_trigger invoice.voided --invoice-id in_...`` then acts on, to try a webhook
-handler locally (Stripe knows nothing of it). Whatever it prints that was stored or given passes
-through ``printable``.
+emails go and each email's and dead letter's state. ``recipient`` corrects where they go through the
+admin's and the API's service (the send's own rules, a reason, recorded as an operator action of
+``cli:<--actor or login name>``); the same correction again changes nothing and exits 0. ``open``
+makes an open invoice under a provider's id (``in_...``, a new one unless given), as Stripe's events
+would have stored it before a payment, and prints its ids: what ``manage.py stripe_trigger
+invoice.voided --invoice-id in_...`` then acts on, to try a webhook handler locally (Stripe knows
+nothing of it). Whatever it prints that was stored or given passes through ``printable``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """``manage.py api_token create|revoke USERNAME``: API tokens from the command line.
 
-``create`` prints the token alone on standard output (``TOKEN=$(manage.py api_token create
-ops)``) and when it expires on standard error; it is not stored, so it cannot be shown again.
-``--hours`` may not exceed ``API_TOKEN_MAX_HOURS``. Both actions are recorded as operator
-actions of ``cli:<--actor, else the login name>``. A stored username is printed through
-``printable``.
+``create`` prints the token alone on standard output (``TOKEN=$(manage.py api_token create ops)``)
+and when it expires on standard error; it is not stored, so it cannot be shown again. ``--hours``
+may not exceed ``API_TOKEN_MAX_HOURS``. Both actions are recorded as operator actions of
+``cli:<--actor, else the login name>``. A stored username is printed through ``printable``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Who is asking: the client address every per-client decision uses (the ``/metrics``
-allow-list, an application's own limits), and whether the request came over HTTPS.
+allow-list, an application's own limits), and whether the request came over HTTPS; and the
+origin of a URL a setting names (``origin``), read as every parser reads it.
 
 ``X-Forwarded-For`` and ``X-Forwarded-Proto`` count only from a peer in ``TRUSTED_PROXIES``;
 from any other, the client is the peer. Every address given is one PostgreSQL accepts (IPv4
@@ -9,8 +10,11 @@ through a dual-stack socket is IPv4; an IPv6 scope is dropped).
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
+from typing import Any
+from urllib.parse import urlsplit
 
 from django.http import HttpRequest, HttpResponseBase
 
@@ -93,3 +97,37 @@ class ForwardedProtoMiddleware:
         if "HTTP_X_FORWARDED_PROTO" in request.META and not peer_is_trusted_proxy(request):
             del request.META["HTTP_X_FORWARDED_PROTO"]
         return self.get_response(request)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# A host name, an IPv4 address or a bracketed IPv6 one, and perhaps a port: nothing two parsers
+# read differently ("https://attacker.example\@api.stripe.com" is api.stripe.com to urlsplit
+# and attacker.example to urllib3, which makes the requests; urlsplit drops tabs and newlines).
+_AUTHORITY = re.compile(r"(?:[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?", re.IGNORECASE)
+
+
+def origin(url: Any) -> str:
+    """The origin of an http or https URL, lower-case and without a default port; ValueError for
+    anything else, a user or password in it included."""
+    if not isinstance(url, str) or not (url.isascii() and url.isprintable()) or " " in url:
+        raise ValueError(f"{url!r} is not a URL")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not _AUTHORITY.fullmatch(parts.netloc):
+        raise ValueError(f"{url!r} is not an http or https URL of a host")
+    host = parts.hostname
+    port = parts.port  # ValueError for one out of range
+    if not host:
+        raise ValueError(f"{url!r} is not an http or https URL of a host")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + (f":{port}" if port not in (None, _DEFAULT_PORTS[scheme]) else "")
+
+
+def origin_listed(entry: str) -> str:
+    """An entry of ``PROVIDER_API_ALLOWED_ORIGINS`` as an origin: a scheme, a host and perhaps
+    a port, nothing else; ValueError for anything more or less."""
+    parts = urlsplit(entry)
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(entry)
+    return origin(entry)

@@ -1,6 +1,6 @@
-"""``invoicing.mail.EmailBackend`` against a real SMTP server (aiosmtpd) with and without SMTPUTF8:
-an address with a UTF-8 local part goes out as written, with SMTPUTF8, or not at all; every
-other message takes Django's own path."""
+"""``asyncwork.contrib.mail.EmailBackend`` against a real SMTP server (aiosmtpd) with and without
+SMTPUTF8: an address with a UTF-8 local part goes out as written, with SMTPUTF8, or not at all;
+every other message takes Django's own path."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.mail import EmailMultiAlternatives, get_connection
 
-from invoicing.mail import address_spec, needs_smtputf8
+from asyncwork.contrib.mail import address_spec, needs_smtputf8
 from stack.smtp import SmtpServer
 
 # Longer than a header line (78): the header is refolded on the way out.
@@ -35,7 +35,11 @@ def server_ascii() -> Iterator[SmtpServer]:
 
 def send(server: SmtpServer, message: EmailMultiAlternatives, **options: Any) -> int:
     connection = get_connection(
-        "invoicing.mail.EmailBackend", host="127.0.0.1", port=server.port, timeout=10, **options
+        "asyncwork.contrib.mail.EmailBackend",
+        host="127.0.0.1",
+        port=server.port,
+        timeout=10,
+        **options,
     )
     return connection.send_messages([message])
 
