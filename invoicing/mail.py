@@ -20,7 +20,6 @@ from django.core.mail import EmailMultiAlternatives
 from django.template.loader import render_to_string
 
 from asyncwork.contrib.mail import CONTROLS, RecipientRejected, header_text
-from asyncwork.contrib.mail import EmailBackend as EmailBackend  # EMAIL_BACKEND's default path
 from invoicing.models import Invoice
 
 logger = logging.getLogger(__name__)
