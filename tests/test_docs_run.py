@@ -9,7 +9,9 @@
 * Commands (``console``) are run in one shell per page, from the checkout, on this test's
   database and an SMTP server, web server and worker of its own, and what they show is
   compared, a shown command being run again for up to ``CATCH_UP_SECONDS`` while the worker
-  catches up. Two things differ from a developer's terminal: the web server is this test's
+  catches up. A page with examples has its commands run in a process laid over with them, as
+  its test is, so that the web server and the worker have what the page adds (a handler the
+  commands trigger). Two things differ from a developer's terminal: the web server is this test's
   (``127.0.0.1:8000`` in a command is its address, and ``stripe_trigger`` posts to it), and the
   commands in ``NOT_RUN`` are not run, for the reason given.
 
