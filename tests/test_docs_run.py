@@ -213,10 +213,16 @@ def running(live_server: Any, smtp: SmtpServer, stripe_api: StripeApi) -> Iterat
     get_user_model().objects.create_superuser("admin", "admin@example.com", "admin")
     with worker_thread():
         yield {
-            # tests/settings.py sets STRIPE_API_KEY empty: the stand-in's is a setting of its own.
+            # tests/settings.py sets STRIPE_API_KEY empty: the stand-in's is a setting of its own,
+            # its origin listed as trusted, as every process's start requires of a base that is
+            # not Stripe's own.
             **worker_env(
                 smtp.port,
-                settings={"STRIPE_API_KEY": stripe_api.key, "STRIPE_API_BASE": stripe_api.url},
+                settings={
+                    "STRIPE_API_KEY": stripe_api.key,
+                    "STRIPE_API_BASE": stripe_api.url,
+                    "PROVIDER_API_ALLOWED_ORIGINS": [stripe_api.url],
+                },
             ),
             "DOCS_TEST_SERVER": live_server.url,
         }
