@@ -91,7 +91,8 @@ def one_shot_services(services: dict[str, dict[str, Any]]) -> set[str]:
 
 
 def settings_env_names() -> set[str]:
-    """The environment variable names core/settings.py reads (env.str("X"), _secret("X"), machinery("X"), ...)."""
+    """The environment variable names core/settings.py reads (env.str("X"), _secret("X"),
+    machinery("X"), ...)."""
     source = SETTINGS.read_text()
     return set(
         re.findall(r'\b(?:env(?:\.\w+)?|_secret|setting|machinery)\(\s*"([A-Z][A-Z0-9_]*)"', source)

@@ -9,7 +9,9 @@
 * Commands (``console``) are run in one shell per page, from the checkout, on this test's
   database and an SMTP server, web server and worker of its own, and what they show is
   compared, a shown command being run again for up to ``CATCH_UP_SECONDS`` while the worker
-  catches up. Two things differ from a developer's terminal: the web server is this test's
+  catches up. A page with examples has its commands run in a process laid over with them, as
+  its test is, so that the web server and the worker have what the page adds (a handler the
+  commands trigger). Two things differ from a developer's terminal: the web server is this test's
   (``127.0.0.1:8000`` in a command is its address, and ``stripe_trigger`` posts to it), and the
   commands in ``NOT_RUN`` are not run, for the reason given.
 
@@ -89,36 +91,17 @@ def _overlay(tree: Path, blocks: list[docblocks.Block]) -> list[Path]:
         path.write_text(text)
         if path.name.startswith("test_"):
             tests.append(path)
-    if not tests:
-        modules = [".".join(Path(t).with_suffix("").parts) for t in texts]
-        smoke = tree / "tests" / "test_examples_import.py"
-        smoke.parent.mkdir(parents=True, exist_ok=True)
-        smoke.write_text(
-            "import importlib\n\n\ndef test_the_examples_import() -> None:\n"
-            f"    for name in {modules!r}:\n"
-            "        assert importlib.import_module(name).__file__.startswith("
-            f"{str(tree)!r})\n"
-        )
-        tests.append(smoke)
     return tests
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "doc",
-    [d for d in DOCS if any(b.doc == d and b.kind in ("example", "test") for b in BLOCKS)],
-    ids=lambda doc: str(doc.relative_to(ROOT)),
-)
-def test_a_pages_examples_pass_its_test(doc: Path, tmp_path: Path) -> None:
-    blocks = [b for b in BLOCKS if b.doc == doc and b.kind in ("example", "test")]
-    tree = tmp_path / "overlay"
-    tests = _overlay(tree, blocks)
+def _laid_over(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest ``args`` in a process of its own, ``tree`` laid over the application, on a
+    database, key prefixes and virtual host of its own (tests/settings.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TEST_RUN_ID"))}
-    # A run of its own: its database, key prefixes, virtual host (tests/settings.py).
     env |= {"DOCS_OVERLAY": str(tree), "TEST_RUN_ID": f"docs{uuid.uuid4().hex[:8]}"}
     for name in ("CELERY_BROKER_URL", "CELERY_BROKER_KEY_PREFIX", "REDIS_KEY_PREFIX"):
         env.pop(name, None)
-    run = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -131,11 +114,9 @@ def test_a_pages_examples_pass_its_test(doc: Path, tmp_path: Path) -> None:
             "0",
             "--rootdir",
             str(ROOT),
-            "--confcutdir",
-            str(tree),
             "-c",
             str(ROOT / "pyproject.toml"),
-            *map(str, tests),
+            *args,
         ],
         cwd=ROOT,
         env=env,
@@ -144,6 +125,30 @@ def test_a_pages_examples_pass_its_test(doc: Path, tmp_path: Path) -> None:
         timeout=600,
         check=False,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "doc",
+    [d for d in DOCS if any(b.doc == d and b.kind in ("example", "test") for b in BLOCKS)],
+    ids=lambda doc: str(doc.relative_to(ROOT)),
+)
+def test_a_pages_examples_pass_its_test(doc: Path, tmp_path: Path) -> None:
+    blocks = [b for b in BLOCKS if b.doc == doc and b.kind in ("example", "test")]
+    tree = tmp_path / "overlay"
+    tests = _overlay(tree, blocks)
+    if not tests:
+        modules = [".".join(Path(b.target).with_suffix("").parts) for b in blocks]
+        smoke = tree / "tests" / "test_examples_import.py"
+        smoke.parent.mkdir(parents=True, exist_ok=True)
+        smoke.write_text(
+            "import importlib\n\n\ndef test_the_examples_import() -> None:\n"
+            f"    for name in {sorted(set(modules))!r}:\n"
+            "        assert importlib.import_module(name).__file__.startswith("
+            f"{str(tree)!r})\n"
+        )
+        tests.append(smoke)
+    run = _laid_over(tree, "--confcutdir", str(tree), *map(str, tests))
     assert run.returncode == 0, f"{_where(blocks)}:\n{run.stdout[-6000:]}{run.stderr[-3000:]}"
 
 
@@ -208,10 +213,16 @@ def running(live_server: Any, smtp: SmtpServer, stripe_api: StripeApi) -> Iterat
     get_user_model().objects.create_superuser("admin", "admin@example.com", "admin")
     with worker_thread():
         yield {
-            # tests/settings.py sets STRIPE_API_KEY empty: the stand-in's is a setting of its own.
+            # tests/settings.py sets STRIPE_API_KEY empty: the stand-in's is a setting of its own,
+            # its origin listed as trusted, as every process's start requires of a base that is
+            # not Stripe's own.
             **worker_env(
                 smtp.port,
-                settings={"STRIPE_API_KEY": stripe_api.key, "STRIPE_API_BASE": stripe_api.url},
+                settings={
+                    "STRIPE_API_KEY": stripe_api.key,
+                    "STRIPE_API_BASE": stripe_api.url,
+                    "PROVIDER_API_ALLOWED_ORIGINS": [stripe_api.url],
+                },
             ),
             "DOCS_TEST_SERVER": live_server.url,
         }
@@ -220,7 +231,19 @@ def running(live_server: Any, smtp: SmtpServer, stripe_api: StripeApi) -> Iterat
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True, reset_sequences=True)
 @pytest.mark.parametrize("doc", COMMAND_DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
-def test_a_pages_commands_run_and_show_what_it_says(doc: Path, running: dict[str, str]) -> None:
+def test_a_pages_commands_run_and_show_what_it_says(
+    doc: Path, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    examples = [b for b in BLOCKS if b.doc == doc and b.kind == "example"]
+    if examples and "DOCS_OVERLAY" not in os.environ:
+        # The page's commands act on its examples (a handler it adds): the web app and the worker
+        # must have them, so this test runs again in a process laid over with them.
+        tree = tmp_path / "overlay"
+        _overlay(tree, examples)
+        run = _laid_over(tree, f"{Path(__file__).relative_to(ROOT)}::{request.node.name}")
+        assert run.returncode == 0, f"{_where(examples)}:\n{run.stdout[-6000:]}{run.stderr[-3000:]}"
+        return
+    running: dict[str, str] = request.getfixturevalue("running")
     shell = Shell(running)
     server = running["DOCS_TEST_SERVER"]
     try:
