@@ -188,6 +188,7 @@ def test_a_providers_answers_reach_no_terminal_through_stripe_trigger_and_reconc
         "stripe_reconcile",
         STRIPE_API_KEY="sk_test_hostile",
         STRIPE_API_BASE=provider.address,
+        PROVIDER_API_ALLOWED_ORIGINS=[provider.address],
         STRIPE_API_TIMEOUT_SECONDS=2,
     )
 
