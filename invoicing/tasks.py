@@ -69,17 +69,17 @@ class EmailInProgress(Deferred):
 
 # Seconds a process trusts a closed-breaker read: another process's opening is seen this late.
 BREAKER_CHECK_SECONDS = 1.0
-EMAIL_KEY_PREFIX = "invoice_email_sent:"
+_EMAIL_KEY_PREFIX = "invoice_email_sent:"
 
 
 def invoice_email_key(invoice_id: int) -> str:
     """The payment email's key: one per invoice, whichever event or run asks for it."""
-    return f"{EMAIL_KEY_PREFIX}{invoice_id}"
+    return f"{_EMAIL_KEY_PREFIX}{invoice_id}"
 
 
 def payment_emails() -> QuerySet[EmailDelivery]:
     """Every invoice's payment email (the keys of ``invoice_email_key``); a resend has its own."""
-    return EmailDelivery.objects.filter(key__startswith=EMAIL_KEY_PREFIX)
+    return EmailDelivery.objects.filter(key__startswith=_EMAIL_KEY_PREFIX)
 
 
 def invoice_email_message_id(invoice: Invoice, key: str) -> str:
