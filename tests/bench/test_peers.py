@@ -1,0 +1,60 @@
+"""The peers benchmark (``bench/peers.py``) end to end at a tiny size: every arm (asyncwork on
+Redis and on RabbitMQ, django-tasks-db, procrastinate, django-tasks-fennel, the tutorial) runs
+its tasks through its real workers, PostgreSQL, brokers and SMTP server, and asyncwork loses no
+task to a worker's ``kill -9``. The run makes and removes its own database, Redis keys and
+RabbitMQ virtual host."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bench import peers
+from stack.process import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_arm_completes_and_asyncwork_loses_no_task_to_a_kill(tmp_path: Path) -> None:
+    database = f"test_bench_peers_{secrets.token_hex(4)}"
+    output = tmp_path / "peers.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.peers", "--tasks", "50", "--emails", "20"),
+            *("--rounds", "1", "--latency-seconds", "2", "--kill-seconds", "3"),
+            *("--settle", "20", "--output", str(output)),
+            *("--database-url", f"postgres://postgres@127.0.0.1:5432/{database}"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert set(results["arms"]) == set(peers.ARM_NAMES)
+    for name, arm in results["arms"].items():
+        assert arm["completed"], name
+        assert arm["drain_rate"] > 0, name
+        assert arm["email_rate"] > 0, name
+    for name in ("asyncwork-redis", "asyncwork-rabbitmq"):
+        assert results["arms"][name]["lost"] == 0
+        assert results["arms"][name]["twice"] == 0
+    assert results["emails_received"] >= 20 * len(peers.ARM_NAMES)
+    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres") as db:
+        left = db.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchall()
+    assert not left, "the run's database was not dropped"
+    vhosts = subprocess.run(
+        ["rabbitmqctl", "-q", "list_vhosts"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "-peers" not in vhosts.split(), "the run's virtual host was not deleted"
