@@ -36,8 +36,9 @@ started, the time from the first task's start to the last one's end, per core to
 burn-down of email tasks, **emails/s**; (4) **enqueue-to-start latency**, p50 and p99, with the
 enqueues paced open loop at half the arm's no-op drain rate of that round; (5) a **kill -9** of
 a worker (a Celery worker's whole process group; one of the two ``db_worker`` or procrastinate
-processes) halfway through a paced load of tasks that each take 20 ms, a new worker started at
-once as a supervisor would, then: tasks never run and tasks run twice after ``--settle``
+processes) halfway through a paced load of tasks that each take 200 ms, offered to keep 80% of
+the arm's slots busy (at most half its drain rate), a new worker started at once as a
+supervisor would, then: tasks never run and tasks run twice after ``--settle``
 seconds. Each task records its runs in ``bench_peer_run`` (keyed by arm and task number), from
 which every figure is read. For each burn-down: CPU ms per task of the workers, PostgreSQL,
 Redis and RabbitMQ (the machine's node: shared with its other users), and PostgreSQL
@@ -102,8 +103,8 @@ RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672"
 TABLE = "bench_peer_run"
 CLIENT_THREADS = 2  # workload (1): enqueues from two client threads
 PACED_THREADS = 4  # the open-loop senders of (4) and (5), so an enqueue is rarely late
-KILL_HOLD = 0.02  # seconds each task of (5) takes, so a kill lands mid-task
-KILL_RATE_MAX = 100.0  # tasks/s offered in (5): within every arm's drain rate with KILL_HOLD
+KILL_HOLD = 0.2  # seconds each task of (5) takes, so a kill lands mid-task
+KILL_BUSY = 0.8  # (5) offers the tasks that keep this share of the arm's slots busy
 CELERY_CONCURRENCY = 4  # the project's worker: 1 x prefork 4
 PROCESSES = 2  # db_worker and procrastinate workers
 PROCRASTINATE_CONCURRENCY = 4
@@ -200,16 +201,14 @@ def client_main(args: argparse.Namespace) -> int:
             connection.close()
 
     threads = [threading.Thread(target=send) for _ in range(args.threads)]
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.perf_counter() - began
-    print(
-        "RESULT "
-        + json.dumps({"elapsed": elapsed, "committed": committed, "due": due, "errors": errors})
-    )
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    outcome = {"elapsed": elapsed, "cpu": cpu, "committed": committed, "due": due}
+    print("RESULT " + json.dumps({**outcome, "errors": errors}))
     return 1 if errors else 0
 
 
@@ -269,6 +268,14 @@ class ArmStack:
         return Process(
             [sys.executable, "manage.py", *argv], name=name, env=self.env, log=log, append=True
         )
+
+    def slots(self) -> int:
+        """Tasks the arm's workers run at once."""
+        if self.arm.worker == "celery":
+            return CELERY_CONCURRENCY
+        if self.arm.worker == "procrastinate":
+            return PROCESSES * PROCRASTINATE_CONCURRENCY
+        return PROCESSES
 
     def start(self) -> None:
         count = 1 if self.arm.worker == "celery" else PROCESSES
@@ -369,8 +376,6 @@ def db_activity(url: str) -> tuple[int, int]:
 def burn_down(stack: ArmStack, kind: str, count: int, options: Options) -> dict[str, Any]:
     """(1) enqueue ``count`` tasks with the workers stopped; (2)/(3) start the workers and time
     the drain; the CPU and the database's work per task."""
-    first, enqueued = stack.client(kind, count, threads=CLIENT_THREADS)
-    before = db_activity(options.database_url)
     database = urlsplit(options.database_url).path.lstrip("/")
 
     def groups() -> dict[str, list[int]]:
@@ -382,6 +387,18 @@ def burn_down(stack: ArmStack, kind: str, count: int, options: Options) -> dict[
             "rabbitmq": pids_named("beam.smp"),
         }
 
+    start = db_activity(options.database_url)
+    with cpu_metered(groups, every=0.5) as enqueue_cpu:
+        first, enqueued = stack.client(kind, count, threads=CLIENT_THREADS)
+    before = db_activity(options.database_url)
+    enqueue_cpu_ms = {
+        **{
+            k: v
+            for k, v in cpu_per_item(enqueue_cpu, count).items()
+            if k not in ("other", "workers")
+        },
+        "client": enqueued["cpu"] * 1000 / count,
+    }
     with cpu_metered(groups, every=0.5) as cpu:
         stack.start()
         done = wait_done(options.database_url, stack.arm.name, first, count, 120 + count / 20)
@@ -395,6 +412,8 @@ def burn_down(stack: ArmStack, kind: str, count: int, options: Options) -> dict[
         "completed": len(rows),
         "done": done,
         "enqueue_rate": count / enqueued["elapsed"],
+        "enqueue_cpu_ms_per_task": enqueue_cpu_ms,
+        "enqueue_transactions_per_task": (before[0] - start[0]) / count,
         "drain_seconds": seconds,
         "drain_rate": rate,
         "drain_rate_per_core": rate / (os.cpu_count() or 1),
@@ -436,12 +455,20 @@ def latency(stack: ArmStack, rate: float, options: Options) -> dict[str, Any]:
 def kill(stack: ArmStack, rate: float, options: Options) -> dict[str, Any]:
     """(5): a paced load of tasks taking ``KILL_HOLD`` s each; a worker killed halfway."""
     count = max(10, int(rate * options.kill_seconds))
-    timer = threading.Timer(options.kill_seconds / 2, stack.kill_one)
-    timer.start()
+    # Halfway: once the first half of the tasks has run (the client takes a second or two to
+    # start, so a timer would fire before the load), while the rest are arriving.
+    first = stack.next_n  # the client's tasks are the next numbers
+
+    def kill_halfway() -> None:
+        wait_done(options.database_url, stack.arm.name, first, count // 2, 120)
+        stack.kill_one()
+
+    halfway = threading.Thread(target=kill_halfway)
+    halfway.start()
     try:
-        first, _ = stack.client("noop", count, threads=PACED_THREADS, rate=rate, hold=KILL_HOLD)
+        stack.client("noop", count, threads=PACED_THREADS, rate=rate, hold=KILL_HOLD)
     finally:
-        timer.join()
+        halfway.join()
     wait_done(options.database_url, stack.arm.name, first, count, options.settle)
     time.sleep(1.0)  # a second run of a task already counted
     rows = runs_of(options.database_url, stack.arm.name, first, count)
@@ -462,7 +489,7 @@ def one_round(stack: ArmStack, options: Options) -> dict[str, Any]:
     try:
         warm(stack, options)
         paced = latency(stack, rate, options)
-        killed = kill(stack, min(rate, KILL_RATE_MAX), options)
+        killed = kill(stack, min(rate, KILL_BUSY * stack.slots() / KILL_HOLD), options)
     finally:
         stack.stop()
     return {"noop": noop, "email": emails, "latency": paced, "kill": killed}
@@ -495,6 +522,13 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             for group in rounds[0]["email"]["cpu_ms_per_task"]
         },
         "transactions_per_task": _median([r["noop"]["transactions_per_task"] for r in rounds]),
+        "enqueue_cpu_ms_per_task": {
+            group: _median([r["noop"]["enqueue_cpu_ms_per_task"][group] for r in rounds])
+            for group in rounds[0]["noop"]["enqueue_cpu_ms_per_task"]
+        },
+        "enqueue_transactions_per_task": _median(
+            [r["noop"]["enqueue_transactions_per_task"] for r in rounds]
+        ),
         "rows_written_per_task": _median([r["noop"]["rows_written_per_task"] for r in rounds]),
         "transactions_per_email": _median([r["email"]["transactions_per_task"] for r in rounds]),
     }
@@ -690,21 +724,28 @@ def measure(options: Options) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any]) -> str:
-    header = (
+    lines = [
         f"{'arm':<19} {'enqueue/s':>9} {'drain/s':>8} {'per core':>8} {'emails/s':>8} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'lost':>5} {'twice':>5} {'xact/task':>9} "
-        f"{'cpu ms/task (workers pg redis rabbit)':>38}"
-    )
-    lines = [header]
+        f"{'p50 ms':>7} {'p99 ms':>7} {'lost':>5} {'twice':>5}"
+    ]
     for name, s in results["arms"].items():
-        cpu = s["cpu_ms_per_task"]
         lines.append(
             f"{name:<19} {s['enqueue_rate']:>9.0f} {s['drain_rate']:>8.0f} "
             f"{s['drain_rate_per_core']:>8.0f} {s['email_rate']:>8.1f} {s['p50_ms']:>7.0f} "
-            f"{s['p99_ms']:>7.0f} {s['lost']:>5} {s['twice']:>5} "
-            f"{s['transactions_per_task']:>9.2f} "
-            f"{cpu['workers']:>9.2f} {cpu['postgres']:>6.2f} {cpu['redis']:>6.2f} "
-            f"{cpu['rabbitmq']:>6.2f}"
+            f"{s['p99_ms']:>7.0f} {s['lost']:>5} {s['twice']:>5}"
+        )
+    lines += [
+        "",
+        f"{'CPU ms per':<19} {'task: workers':>13} {'pg':>6} {'redis':>6} {'rabbit':>6} "
+        f"{'xact':>5}   {'enqueue: client':>15} {'pg':>6} {'redis':>6} {'rabbit':>6} {'xact':>5}",
+    ]
+    for name, s in results["arms"].items():
+        cpu, enq = s["cpu_ms_per_task"], s["enqueue_cpu_ms_per_task"]
+        lines.append(
+            f"{name:<19} {cpu['workers']:>13.2f} {cpu['postgres']:>6.2f} {cpu['redis']:>6.2f} "
+            f"{cpu['rabbitmq']:>6.2f} {s['transactions_per_task']:>5.1f}   "
+            f"{enq['client']:>15.2f} {enq['postgres']:>6.2f} {enq['redis']:>6.2f} "
+            f"{enq['rabbitmq']:>6.2f} {s['enqueue_transactions_per_task']:>5.1f}"
         )
     return "\n".join(lines)
 
@@ -800,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "latency_seconds": options.latency_seconds,
             "kill_seconds": options.kill_seconds,
             "kill_hold_seconds": KILL_HOLD,
+            "kill_busy_share": KILL_BUSY,
             "settle_seconds": options.settle,
             "client_threads": CLIENT_THREADS,
             "celery_worker": f"1 x celery worker -P prefork -c {CELERY_CONCURRENCY}",

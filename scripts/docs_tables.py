@@ -462,7 +462,28 @@ def peers_section(path: Path) -> list[str]:
         *(f"CPU ms/task: {label}" for _, label in PEERS_CPU_GROUPS),
         "transactions/task",
     )
-    return [*lines, *_table(header, rows, "ll" + "r" * (len(header) - 2))]
+    enqueue_groups = (("client", "client"), *PEERS_CPU_GROUPS[1:])
+    enqueue_rows = [
+        (
+            name,
+            *(f"{arm['enqueue_cpu_ms_per_task'][group]:.2f}" for group, _ in enqueue_groups),
+            f"{arm['enqueue_transactions_per_task']:.1f}",
+        )
+        for name, arm in document["arms"].items()
+    ]
+    enqueue_header = (
+        "arm",
+        *(f"CPU ms/enqueue: {label}" for _, label in enqueue_groups),
+        "transactions/enqueue",
+    )
+    return [
+        *lines,
+        *_table(header, rows, "ll" + "r" * (len(header) - 2)),
+        "",
+        "What one enqueue (its transaction included) costs, from the same runs:",
+        "",
+        *_table(enqueue_header, enqueue_rows, "l" + "r" * (len(enqueue_header) - 1)),
+    ]
 
 
 def peers_files() -> list[Path]:
