@@ -15,7 +15,13 @@ from stack.process import ROOT
 CHAOS = [ROOT / "chaos" / "results" / f"{name}.json" for name in ("full", "short", "broker-stall")]
 RESULT_FILES = [*(ROOT / "bench" / "results").glob("*.json"), *(p for p in CHAOS if p.exists())]
 PERFORMANCE, CHAOS_DOC = ROOT / "docs" / "performance.md", ROOT / "docs" / "chaos.md"
-BLOCKS = {"bench": PERFORMANCE, "dashboard": PERFORMANCE, "floor": PERFORMANCE, "chaos": CHAOS_DOC}
+BLOCKS = {
+    "bench": PERFORMANCE,
+    "dashboard": PERFORMANCE,
+    "floor": PERFORMANCE,
+    "peers": PERFORMANCE,
+    "chaos": CHAOS_DOC,
+}
 
 
 def test_generated_tables_in_the_docs_are_what_the_result_files_make() -> None:

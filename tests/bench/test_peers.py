@@ -1,8 +1,8 @@
 """The peers benchmark (``bench/peers.py``) end to end at a tiny size: every arm (asyncwork on
 Redis and on RabbitMQ, django-tasks-db, procrastinate, django-tasks-fennel, the tutorial) runs
 its tasks through its real workers, PostgreSQL, brokers and SMTP server, and asyncwork loses no
-task to a worker's ``kill -9``. The run makes and removes its own database, Redis keys and
-RabbitMQ virtual host."""
+task to a worker's ``kill -9`` (it may run one twice: at least once). The run makes and removes
+its own database, Redis keys and RabbitMQ virtual host."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ def test_every_arm_completes_and_asyncwork_loses_no_task_to_a_kill(tmp_path: Pat
         assert arm["completed"], name
         assert arm["drain_rate"] > 0, name
         assert arm["email_rate"] > 0, name
+    # At least once: a task whose run the kill cut short after its body may run again.
     for name in ("asyncwork-redis", "asyncwork-rabbitmq"):
         assert results["arms"][name]["lost"] == 0
-        assert results["arms"][name]["twice"] == 0
     assert results["emails_received"] >= 20 * len(peers.ARM_NAMES)
     with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres") as db:
         left = db.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchall()
