@@ -427,7 +427,7 @@ def peers_section(path: Path) -> list[str]:
         f"{config['emails']:,} emails per burn-down; latency paced at half each arm's drain "
         f"rate for {config['latency_seconds']:g} s; kill -9 halfway through "
         f"{config['kill_seconds']:g} s of {config['kill_hold_seconds'] * 1000:g} ms tasks, "
-        f"lost counted after {config['settle_seconds']:g} s; {config['celery_worker']}, "
+        f"lost: not run {_settles(config['settle_seconds'])} after it; {config['celery_worker']}, "
         f"{config['db_worker']}, {config['procrastinate']}. Versions: {versions}.",
         "",
     ]
@@ -484,6 +484,16 @@ def peers_section(path: Path) -> list[str]:
         "",
         *_table(enqueue_header, enqueue_rows, "l" + "r" * (len(enqueue_header) - 1)),
     ]
+
+
+def _settles(seconds: dict[str, float]) -> str:
+    """ "300 s (asyncwork-redis), 30 s (the others)": each arm's wait after the kill."""
+    by_wait: dict[float, list[str]] = {}
+    for arm, wait in seconds.items():
+        by_wait.setdefault(wait, []).append(arm)
+    common = max(by_wait, key=lambda wait: len(by_wait[wait]))
+    parts = [f"{wait:g} s ({', '.join(arms)})" for wait, arms in by_wait.items() if wait != common]
+    return ", ".join([*parts, f"{common:g} s ({'the others' if parts else 'every arm'})"])
 
 
 def peers_files() -> list[Path]:

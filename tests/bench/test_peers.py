@@ -39,7 +39,7 @@ def test_every_arm_completes_and_asyncwork_loses_no_task_to_a_kill(tmp_path: Pat
         [
             *(sys.executable, "-m", "bench.peers", "--tasks", "50", "--emails", "20"),
             *("--rounds", "1", "--latency-seconds", "2", "--kill-seconds", "3"),
-            *("--settle", "20", "--output", str(output)),
+            *("--output", str(output)),
             *("--database-url", f"postgres://postgres@127.0.0.1:5432/{database}"),
         ],
         cwd=ROOT,
