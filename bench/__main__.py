@@ -6,10 +6,12 @@ the profile's arguments and its usual JSON result under ``bench/results/``; then
 value, goal, ratio and PASS/MISS for every goal, with the date and the machine, and writes
 ``bench/results/summary.json``.
 
-Profiles: ``full`` (default; about 15 minutes on 2 vCPUs) and ``--quick`` (about 5). A missed
-goal is MISS, not a failure; the exit status is 1 when a benchmark failed (a request or a check
-of the stored state, or another run holding the benchmark database), 130 on Ctrl-C (the
-running benchmark stops everything it started, and the rest are not run).
+Profiles: ``full`` (default; about 15 minutes on 2 vCPUs, then ``peers``, whose 20,000-task
+burn-downs on the database backends take the longest) and ``--quick`` (about 5, then about 10
+for ``peers``). A missed goal is MISS, not a failure; the exit status is 1 when a benchmark
+failed (a request or a check of the stored state, or another run holding the benchmark
+database), 130 on Ctrl-C (the running benchmark stops everything it started, and the rest are
+not run).
 
     .venv/bin/python -m bench [--quick] [--only pipeline,ack_latency]
 """
