@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -34,7 +35,6 @@ def test_every_arm_completes_and_asyncwork_loses_no_task_to_a_kill(tmp_path: Pat
     database = f"test_bench_peers_{secrets.token_hex(4)}"
     output = tmp_path / "peers.json"
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    vhosts_before = _vhosts()
     run = subprocess.Popen(
         [
             *(sys.executable, "-m", "bench.peers", "--tasks", "50", "--emails", "20"),
@@ -69,4 +69,6 @@ def test_every_arm_completes_and_asyncwork_loses_no_task_to_a_kill(tmp_path: Pat
     with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres") as db:
         left = db.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchall()
     assert not left, "the run's database was not dropped"
-    assert _vhosts() <= vhosts_before, "the run's virtual host was not deleted"
+    run_id = re.search(r"Redis key\(s\) under (bench-[0-9a-f]+)", printed)
+    assert run_id is not None, printed[-2000:]
+    assert f"{run_id.group(1)}-peers" not in _vhosts(), "the run's virtual host was not deleted"
