@@ -39,8 +39,8 @@ a worker (a Celery worker's whole process group; one of the two ``db_worker`` or
 processes) halfway through a paced load of tasks that each take 200 ms, offered to keep 80% of
 the arm's slots busy (at most half its drain rate), a new worker started at once as a
 supervisor would, then: tasks not run once the arm's own bound on giving a dead worker's
-tasks back has passed (asyncwork on Redis: 300 s, past the 180 s visibility timeout after which
-kombu restores the messages a dead worker had reserved; 30 s for every other arm), and tasks run
+tasks back has passed (asyncwork on Redis: 300 s, longer than its 180 s visibility timeout, for the
+messages a dead worker had reserved; 30 s for every other arm), and tasks run
 twice. Each task records its runs in ``bench_peer_run`` (keyed by arm and task number), from
 which every figure is read. For each burn-down: CPU ms per task of the workers, PostgreSQL,
 Redis and RabbitMQ (the machine's node: shared with its other users), and PostgreSQL
@@ -130,9 +130,9 @@ class Arm:
 
 # The wait after a kill for an arm with no recovery of its own (a late run still counts).
 SETTLE = 30.0
-# asyncwork on Redis: a dead worker's claimed jobs come back by heartbeat within seconds, the
-# messages it had reserved but not started once Redis's visibility timeout (180 s,
-# core/settings.py) has passed and kombu restores them.
+# asyncwork on Redis: a dead worker's claimed jobs come back by heartbeat within seconds; the
+# messages it had reserved but not started wait in Redis's unacknowledged set, so the wait is
+# longer than the transport's visibility timeout (180 s, core/settings.py).
 REDIS_RESTORE_BOUND = 300.0
 
 
