@@ -1,15 +1,17 @@
 """Every benchmark in sequence, then one table of every goal: ``.venv/bin/python -m bench``.
 
 Runs ``webhook_ingest`` (shorter than its own defaults), ``pipeline``, ``e2e_latency``,
-``ack_latency``, ``ingest_load`` and ``worker_rss``, each as its own ``main()`` with the
-profile's arguments and its usual JSON result under ``bench/results/``; then prints metric,
+``ack_latency``, ``ingest_load``, ``worker_rss`` and ``peers``, each as its own ``main()`` with
+the profile's arguments and its usual JSON result under ``bench/results/``; then prints metric,
 value, goal, ratio and PASS/MISS for every goal, with the date and the machine, and writes
 ``bench/results/summary.json``.
 
-Profiles: ``full`` (default; about 15 minutes on 2 vCPUs) and ``--quick`` (about 5). A missed
-goal is MISS, not a failure; the exit status is 1 when a benchmark failed (a request or a check
-of the stored state, or another run holding the benchmark database), 130 on Ctrl-C (the
-running benchmark stops everything it started, and the rest are not run).
+Profiles: ``full`` (default; about 15 minutes on 2 vCPUs, then ``peers``, whose 20,000-task
+burn-downs on the database backends take the longest) and ``--quick`` (about 5, then about 10
+for ``peers``). A missed goal is MISS, not a failure; the exit status is 1 when a benchmark
+failed (a request or a check of the stored state, or another run holding the benchmark
+database), 130 on Ctrl-C (the running benchmark stops everything it started, and the rest are
+not run).
 
     .venv/bin/python -m bench [--quick] [--only pipeline,ack_latency]
 """
@@ -24,7 +26,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import ack_latency, e2e_latency, ingest_load, pipeline, webhook_ingest, worker_rss
+from bench import (
+    ack_latency,
+    e2e_latency,
+    ingest_load,
+    peers,
+    pipeline,
+    webhook_ingest,
+    worker_rss,
+)
 from bench.report import Goal, machine, revision, table, utc
 from bench.run import DATABASE_URL, REDIS_URL, RESULTS, ROOT, sigterm_as_interrupt
 
@@ -36,6 +46,7 @@ BENCHMARKS: dict[str, Main] = {
     "ack_latency": ack_latency.main,
     "ingest_load": ingest_load.main,
     "worker_rss": worker_rss.main,
+    "peers": peers.main,
 }
 PROFILES: dict[str, dict[str, list[str]]] = {
     "full": {
@@ -45,6 +56,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
         "ack_latency": ["--duration", "20", "--rounds", "2"],
         "ingest_load": ["--max-duration", "10", "--duration", "20", "--throttle", "1.0,0.6"],
         "worker_rss": ["--emails", "10000", "--baseline", "1000"],
+        "peers": [],
     },
     "quick": {
         "webhook_ingest": [
@@ -55,6 +67,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
         "ack_latency": ["--duration", "8", "--rounds", "1"],
         "ingest_load": ["--max-duration", "5", "--duration", "8"],
         "worker_rss": ["--emails", "3000", "--baseline", "1000"],
+        "peers": ["--quick"],
     },
 }
 

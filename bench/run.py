@@ -157,7 +157,7 @@ def _process_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def _pids_named(name: str) -> list[int]:
+def pids_named(name: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -211,7 +211,7 @@ def _postgres_pids(database: str) -> list[int]:
     """The server's own processes (postmaster, WAL writer, checkpointer...) and the backends
     of ``database``; not the backends of other databases, which other users' work keeps busy."""
     pids = []
-    for pid in _pids_named("postgres"):
+    for pid in pids_named("postgres"):
         try:
             title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (FileNotFoundError, ProcessLookupError):
@@ -261,7 +261,7 @@ def stack_pids(*, gunicorn: Iterable[int], database: str) -> dict[str, list[int]
     return {
         "gunicorn": list(gunicorn),
         "postgres": _postgres_pids(database),
-        "redis": _pids_named("redis-server"),
+        "redis": pids_named("redis-server"),
         "client": [os.getpid()],
     }
 

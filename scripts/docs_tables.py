@@ -11,7 +11,8 @@ disagree.
 
 The same files are drawn as the plots in ``docs/plots/`` (matplotlib, Agg backend): the
 webhook acknowledgement's latency, the worker's memory over 10,000 emails, the two brokers
-side by side, and the full chaos runs as timelines.
+side by side, the same django.tasks work on every backend, and the full chaos runs as
+timelines.
 
     .venv/bin/python -m scripts.docs_tables          # rewrite the tables, redraw the plots
     .venv/bin/python -m scripts.docs_tables --check  # exit 1 if a doc is out of date
@@ -41,6 +42,7 @@ BENCHMARKS = (
     "ack_latency",
     "ingest_load",
     "worker_rss",
+    "peers",
 )
 CHAOS_PROFILES = (
     "full",
@@ -404,6 +406,100 @@ def brokers_files() -> list[Path]:
     return [p for p in [BENCH_RESULTS / "brokers.json"] if p.exists()]
 
 
+# The process groups of bench.peers' CPU figures, and how the docs name them.
+PEERS_CPU_GROUPS = (
+    ("workers", "workers"),
+    ("postgres", "PostgreSQL"),
+    ("redis", "Redis"),
+    ("rabbitmq", "RabbitMQ"),
+)
+
+
+def peers_section(path: Path) -> list[str]:
+    """Every backend's figures from one run of ``python -m bench.peers`` (the medians of its
+    rounds; lost and run twice summed over them)."""
+    document = _load(path)
+    config = document["config"]
+    versions = ", ".join(f"{name} {version}" for name, version in document["versions"].items())
+    lines = [
+        _caption(path, document, "`python -m bench.peers`"),
+        f"{config['rounds']} round(s), arms interleaved; {config['tasks']:,} no-op tasks and "
+        f"{config['emails']:,} emails per burn-down; latency paced at half each arm's drain "
+        f"rate for {config['latency_seconds']:g} s; kill -9 halfway through "
+        f"{config['kill_seconds']:g} s of {config['kill_hold_seconds'] * 1000:g} ms tasks, "
+        f"lost: not run {_settles(config['settle_seconds'])} after it; {config['celery_worker']}, "
+        f"{config['db_worker']}, {config['procrastinate']}. Versions: {versions}.",
+        "",
+    ]
+    rows = [
+        (
+            name,
+            "yes" if name not in ("fennel", "tutorial") else "no",
+            f"{arm['enqueue_rate']:.0f}",
+            f"{arm['drain_rate']:.0f}",
+            f"{arm['drain_rate_per_core']:.0f}",
+            f"{arm['email_rate']:.1f}",
+            f"{arm['p50_ms']:.0f}",
+            f"{arm['p99_ms']:.0f}",
+            f"{arm['lost']}",
+            f"{arm['twice']}",
+            *(f"{arm['cpu_ms_per_task'][group]:.2f}" for group, _ in PEERS_CPU_GROUPS),
+            f"{arm['transactions_per_task']:.1f}",
+        )
+        for name, arm in document["arms"].items()
+    ]
+    header = (
+        "arm",
+        "enqueue in the transaction",
+        "enqueues/s",
+        "drained/s",
+        "drained/s per core",
+        "emails/s",
+        "p50 ms",
+        "p99 ms",
+        "lost",
+        "run twice",
+        *(f"CPU ms/task: {label}" for _, label in PEERS_CPU_GROUPS),
+        "transactions/task",
+    )
+    enqueue_groups = (("client", "client"), *PEERS_CPU_GROUPS[1:])
+    enqueue_rows = [
+        (
+            name,
+            *(f"{arm['enqueue_cpu_ms_per_task'][group]:.2f}" for group, _ in enqueue_groups),
+            f"{arm['enqueue_transactions_per_task']:.1f}",
+        )
+        for name, arm in document["arms"].items()
+    ]
+    enqueue_header = (
+        "arm",
+        *(f"CPU ms/enqueue: {label}" for _, label in enqueue_groups),
+        "transactions/enqueue",
+    )
+    return [
+        *lines,
+        *_table(header, rows, "ll" + "r" * (len(header) - 2)),
+        "",
+        "What one enqueue (its transaction included) costs, from the same runs:",
+        "",
+        *_table(enqueue_header, enqueue_rows, "l" + "r" * (len(enqueue_header) - 1)),
+    ]
+
+
+def _settles(seconds: dict[str, float]) -> str:
+    """ "300 s (asyncwork-redis), 30 s (the others)": each arm's wait after the kill."""
+    by_wait: dict[float, list[str]] = {}
+    for arm, wait in seconds.items():
+        by_wait.setdefault(wait, []).append(arm)
+    common = max(by_wait, key=lambda wait: len(by_wait[wait]))
+    parts = [f"{wait:g} s ({', '.join(arms)})" for wait, arms in by_wait.items() if wait != common]
+    return ", ".join([*parts, f"{common:g} s ({'the others' if parts else 'every arm'})"])
+
+
+def peers_files() -> list[Path]:
+    return [p for p in [BENCH_RESULTS / "peers.json"] if p.exists()]
+
+
 PLOTS = ROOT / "docs" / "plots"
 # Recovery is timed from the fault's start for these kinds, from its end for the others
 # (each result file's "definitions" say so).
@@ -513,6 +609,28 @@ def plot_brokers(path: Path) -> Path:
     return _save(figure, "brokers.png", _source(path, document))
 
 
+def plot_peers(path: Path) -> Path:
+    """Every backend from one run: tasks and emails drained per second, and p99 latency."""
+    document = _load(path)
+    arms = document["arms"]
+    names = list(arms)
+    figure = _figure(width=9.0, height=3.6)
+    rates, tails = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
+    for i, (key, label) in enumerate((("drain_rate", "no-ops/s"), ("email_rate", "emails/s"))):
+        xs = [a + i * 0.4 for a in range(len(names))]
+        bars = rates.bar(xs, [arms[a][key] for a in names], width=0.4, label=label)
+        rates.bar_label(bars, fmt="%.0f", fontsize=7)
+    rates.set_xticks([a + 0.2 for a in range(len(names))], names, rotation=30, ha="right")
+    rates.set_title("drained per second (burn-down)")
+    rates.legend(fontsize=8)
+    bars = tails.bar(names, [arms[a]["p99_ms"] for a in names], width=0.5, color="C2")
+    tails.bar_label(bars, fmt="%.0f", fontsize=7)
+    tails.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    tails.set_ylabel("ms")
+    tails.set_title("p99 enqueue to start, at half each drain rate")
+    return _save(figure, "peers.png", _source(path, document))
+
+
 def plot_chaos(path: Path) -> Path:
     """One chaos run's safe arm as a timeline: above, the emails waiting each second; below,
     each fault (its span), its recovery, when email flowed again, and the load's span."""
@@ -563,6 +681,7 @@ PLOT_SOURCES: tuple[tuple[Path, Callable[[Path], Path]], ...] = (
     (BENCH_RESULTS / "ack_latency.json", plot_ack_latency),
     (BENCH_RESULTS / "worker_rss.json", plot_worker_rss),
     (BENCH_RESULTS / "brokers.json", plot_brokers),
+    (BENCH_RESULTS / "peers.json", plot_peers),
     (CHAOS_RESULTS / "full.json", plot_chaos),
     (CHAOS_RESULTS / "full-rabbitmq.json", plot_chaos),
 )
@@ -590,6 +709,7 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
         "dashboard": lambda: block([dashboard_section(p) for p in bench_files("render_ms")]),
         # The application beside its reference arms (the tutorial's, the floor).
         "floor": lambda: block([reference_section()]),
+        "peers": lambda: block([peers_section(p) for p in peers_files()]),
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
     BROKERS: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},

@@ -19,7 +19,13 @@ CHAOS = [ROOT / "chaos" / "results" / f"{name}.json" for name in ("full", "short
 RESULT_FILES = [*(ROOT / "bench" / "results").glob("*.json"), *(p for p in CHAOS if p.exists())]
 PERFORMANCE = ROOT / "docs" / "explanation" / "performance.md"
 CHAOS_DOC = ROOT / "docs" / "explanation" / "chaos.md"
-BLOCKS = {"bench": PERFORMANCE, "dashboard": PERFORMANCE, "floor": PERFORMANCE, "chaos": CHAOS_DOC}
+BLOCKS = {
+    "bench": PERFORMANCE,
+    "dashboard": PERFORMANCE,
+    "floor": PERFORMANCE,
+    "peers": PERFORMANCE,
+    "chaos": CHAOS_DOC,
+}
 
 
 def test_generated_tables_in_the_docs_are_what_the_result_files_make() -> None:
