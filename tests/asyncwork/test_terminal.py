@@ -1,5 +1,5 @@
 """Stored or requested text never drives a terminal: every command that prints such text (through
-``asyncwork.terminal.printable``), run as ``python manage.py`` with hostile text in place,
+``asyncwork.logging.printable``), run as ``python manage.py`` with hostile text in place,
 writes no control character to stdout or stderr, its log lines included, only the line breaks
 it means: the address of a paid invoice (``x<ESC>]0;pwned<BEL><ESC>[2J@example.com`` retitles
 the window and clears the screen) through ``dlq`` and ``invoice show``, an operator's ``why``

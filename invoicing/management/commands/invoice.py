@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from asyncwork import deadletters
 from asyncwork.audit import cli_actor, cli_actor_argument
-from asyncwork.terminal import printable
+from asyncwork.logging import printable
 from invoicing.mail import amount_minor, format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from asyncwork.audit import cli_actor, cli_actor_argument
-from asyncwork.terminal import printable
+from asyncwork.logging import printable
 from operators.tokens import TokenRefused, api_token_create, api_token_revoke
 
 

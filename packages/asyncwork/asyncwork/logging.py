@@ -8,6 +8,14 @@ and ``attempt``. A context is kept with each job (``Job.context``) and crosses t
 and every retry. Leaving a context restores
 the one before; a field a call passes itself wins. ``ContextFilter`` adds the fields
 (``settings.LOGGING``); ``asyncwork.contrib.logging``'s formatters write them.
+
+Text that came from storage or from a request is made safe for a terminal before a log line or a
+command shows it (``printable``): a dead letter's reason can quote a recipient address the
+provider sent, an operator's ``why`` is whatever was typed into a form, and a terminal obeys the
+control characters in them (ESC starts a sequence that retitles the window, clears the screen or
+rewrites what was printed before; a line break forges the next line). Every such string a
+command of the machinery or of the application prints passes through ``printable`` once, where
+it is formatted; so does every part of a text log line.
 """
 
 from __future__ import annotations
@@ -124,6 +132,14 @@ def _context_task_end(task_id: str | None = None, **_: Any) -> None:
         _context.reset(token)
     except ValueError:  # set in another context (not expected): leave none open
         _context.set(None)
+
+
+def printable(text: str) -> str:
+    """``text`` unchanged when every character in it is printable; else its escaped form, quoted
+    as Python writes it (``'x\\x1b]0;pwned\\x07@example.com'``), so that no C0 or C1 control,
+    DEL, line break or other invisible format character reaches the terminal and what was
+    stored is still there to read."""
+    return text if text.isprintable() else repr(text)
 
 
 def celery_signals_connect() -> None:

@@ -13,8 +13,8 @@ from django.utils import timezone
 from shop.tasks import greet
 
 from asyncwork import deadletters
+from asyncwork.logging import printable
 from asyncwork.models import DeadLetter
-from asyncwork.terminal import printable
 
 # Sets the terminal's title and clears its screen; then C1's one-byte CSI and a forged line.
 HOSTILE = "x\x1b]0;pwned\x07\x1b[2J\x9b2J\r\nforged"

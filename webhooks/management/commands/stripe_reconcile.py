@@ -16,7 +16,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from asyncwork.contrib.periodic.jobs import job_run
 from asyncwork.deadletters import TIME_FORMS
-from asyncwork.terminal import printable
+from asyncwork.logging import printable
 from webhooks import reconcile
 from webhooks.stripe_api import API_OFF
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from asyncwork.terminal import printable
+from asyncwork.logging import printable
 from webhooks import testing
 
 

@@ -19,8 +19,7 @@ from celery import current_app
 from pythonjsonlogger.json import JsonFormatter as JsonFormatterBase
 
 from asyncwork.contrib.monitoring.metrics import suspicious_requests
-from asyncwork.logging import line_fields
-from asyncwork.terminal import printable
+from asyncwork.logging import line_fields, printable
 
 
 class SuspiciousRequestFilter(logging.Filter):

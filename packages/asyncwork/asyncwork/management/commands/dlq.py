@@ -42,8 +42,8 @@ from asyncwork.deadletters import (
     unresolve,
     waiting,
 )
+from asyncwork.logging import printable
 from asyncwork.models import DeadLetter
-from asyncwork.terminal import printable
 
 WIDTH = 100  # the whole line, in characters
 

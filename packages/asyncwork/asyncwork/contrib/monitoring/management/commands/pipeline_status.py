@@ -17,8 +17,8 @@ from asyncwork.contrib.monitoring.health import health_report
 from asyncwork.contrib.monitoring.probes import BrokerUnreadable, queues_probe
 from asyncwork.contrib.periodic.jobs import jobs_declared
 from asyncwork.contrib.periodic.locks import Holder, lock_holder
+from asyncwork.logging import printable
 from asyncwork.models import ScheduledJob
-from asyncwork.terminal import printable
 
 
 def _queue_depths() -> dict[str, int | str]:
