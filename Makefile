@@ -40,7 +40,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The fast tier, about a minute and a half: lint and the application's tests not marked slow
+# The fast tier, about three minutes here: lint and the application's tests not marked slow
 # (pyproject.toml), which prove each guarantee at least once; the tools' own tests (tests/stack,
 # tests/bench) are left to `make test`, which runs everything.
 check: lint
