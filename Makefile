@@ -16,6 +16,7 @@ COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --st
 .PHONY: demo lint check test bench lock
 
 PYTEST_PROCESSES := -n 2 --dist loadfile
+NOT_HERE := --ignore=tests/bench/test_peers.py
 
 # The first install takes a minute or two: each step says what it does, and pip names each
 # package as it takes it.
@@ -48,15 +49,17 @@ check: lint
 
 test: lint
 	# Two test processes (pytest-xdist), each module's tests in one of them: most tests wait on
-	# real timeouts, and each process is a run of its own (tests/settings.py).
-	$(VENV)/bin/pytest $(PYTEST_PROCESSES)
+	# real timeouts, and each process is a run of its own (tests/settings.py). The peers
+	# benchmark's own run (five minutes: six backends' workers) is `make bench`'s first step.
+	$(VENV)/bin/pytest $(PYTEST_PROCESSES) $(NOT_HERE)
 	# The machinery's own tests, on a small project of their own (packages/asyncwork/tests).
 	cd packages/asyncwork && ../../$(VENV)/bin/pytest
 	# The tests that prove the pipeline through the broker, again on RabbitMQ
 	# (tests/helpers/broker.py BOTH_BROKERS), in a virtual host each process creates and deletes.
-	TESTS_BROKER=rabbitmq $(VENV)/bin/pytest $(PYTEST_PROCESSES)
+	TESTS_BROKER=rabbitmq $(VENV)/bin/pytest $(PYTEST_PROCESSES) $(NOT_HERE)
 
 bench: $(STAMP)
+	$(VENV)/bin/pytest -p no:xdist tests/bench/test_peers.py
 	$(VENV)/bin/python -m bench
 
 # After changing a dependency in pyproject.toml: pin it (and what it needs) with hashes. The
