@@ -13,15 +13,14 @@ from django.test import Client
 from kombu import Connection
 
 from asyncwork import queues
-from asyncwork.models import DeadLetter, Job
+from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from stack import launch
 from stack.net import wait_until
 from stack.smtp import SmtpServer
-from tests import tasks as test_tasks
 from tests.helpers import broker
-from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.processes import poison_job_dead_lettered, worker_env, worker_thread
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 
@@ -98,22 +97,7 @@ def test_a_poison_job_is_dead_lettered_with_its_reason_not_left_on_dlq(
     process is lost, its run given back by the rescue once its owner's heartbeat lapsed) until
     its attempts are spent, when its next claim records the dead letter instead of running it.
     Each run is a message of its own, so RabbitMQ's delivery limit never moves it onto dlq."""
-    worker = launch.celery_worker(
-        worker_env(smtp_unreachable), name="poison", include=("tests.tasks",), concurrency=1
-    )
-    try:
-        worker.wait_ready()
-        result = test_tasks.crash.enqueue()
-        assert wait_until(DeadLetter.objects.exists, timeout=90), worker.log_text()[-3000:]
-    finally:
-        worker.stop()
-    letter = DeadLetter.objects.get()
-    assert (letter.task, letter.reason) == (test_tasks.crash.module_path, "redelivery_limit")
-    assert letter.exception_class == "asyncwork.runner.RedeliveredTooOften"
-    assert letter.exception_message.startswith("claimed 4 times, more than its 3 attempts")
-    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 3
-    job = Job.objects.get(pk=result.id)
-    assert (job.status, job.attempts) == (Job.Status.FAILED, 4)
+    poison_job_dead_lettered(smtp_unreachable)
     # Recorded once, as the row: its last delivery was acknowledged, nothing went onto dlq.
     assert broker.queue_depth(queues.DLQ) == 0
 

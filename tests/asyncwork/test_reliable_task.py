@@ -30,7 +30,7 @@ from stack import launch
 from stack.net import wait_until
 from tests import tasks as test_tasks
 from tests.helpers import broker
-from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.processes import poison_job_dead_lettered, worker_env, worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,26 +167,8 @@ def test_a_bug_fails_at_once_with_its_traceback() -> None:
 def test_a_job_that_kills_its_worker_every_time_fails_as_redelivery_limit(
     smtp_unreachable: int,
 ) -> None:
-    """``tests.crash`` (3 attempts) kills the pool process running it: its message is requeued
-    and finds the run still held; once its owner's heartbeat lapsed the rescue gives the run back
-    (an attempt spent), until the claim past its attempts records the dead letter instead of
-    running it."""
-    worker = launch.celery_worker(
-        worker_env(smtp_unreachable), name="poison", include=("tests.tasks",), concurrency=1
-    )
-    try:
-        worker.wait_ready()
-        result = test_tasks.crash.enqueue()
-        assert wait_until(DeadLetter.objects.exists, timeout=90), worker.log_text()[-3000:]
-    finally:
-        worker.stop()
-    letter = DeadLetter.objects.get()
-    assert (letter.task, letter.reason) == (test_tasks.crash.module_path, "redelivery_limit")
-    assert letter.exception_class == "asyncwork.runner.RedeliveredTooOften"
-    assert letter.exception_message.startswith("claimed 4 times, more than its 3 attempts")
-    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 3
-    job = Job.objects.get(pk=result.id)
-    assert (job.status, job.attempts) == (Job.Status.FAILED, 4)
+    """On Redis; on RabbitMQ, ``tests/asyncwork/test_rabbitmq.py``."""
+    poison_job_dead_lettered(smtp_unreachable)
 
 
 @pytest.mark.slow

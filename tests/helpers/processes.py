@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from asyncwork.heartbeat import Heartbeat
-from asyncwork.models import WorkerHeartbeat
+from asyncwork.models import DeadLetter, Job, WorkerHeartbeat
 from core.celery import app
 from stack import launch
 from stack.net import HOST, wait_until
@@ -85,3 +85,28 @@ def a_lapsed_and_a_live_worker() -> Iterator[Heartbeat]:
         yield beating
     finally:
         beating.stop()
+
+
+def poison_job_dead_lettered(smtp_port: int) -> None:
+    """``tests.crash`` (3 attempts) kills the pool process running it, on a worker of its own: its
+    message is requeued and finds the run still held; once its owner's heartbeat lapsed the rescue
+    gives the run back (an attempt spent), until the claim past its attempts records the dead
+    letter instead of running it. Asserts that outcome, on whichever broker the run uses."""
+    from tests import tasks as test_tasks
+
+    worker = launch.celery_worker(
+        worker_env(smtp_port), name="poison", include=("tests.tasks",), concurrency=1
+    )
+    try:
+        worker.wait_ready()
+        result = test_tasks.crash.enqueue()
+        assert wait_until(DeadLetter.objects.exists, timeout=90), worker.log_text()[-3000:]
+    finally:
+        worker.stop()
+    letter = DeadLetter.objects.get()
+    assert (letter.task, letter.reason) == (test_tasks.crash.module_path, "redelivery_limit")
+    assert letter.exception_class == "asyncwork.runner.RedeliveredTooOften"
+    assert letter.exception_message.startswith("claimed 4 times, more than its 3 attempts")
+    assert worker.log_text().count("exited with 'signal 9 (SIGKILL)'") == 3
+    job = Job.objects.get(pk=result.id)
+    assert (job.status, job.attempts) == (Job.Status.FAILED, 4)
