@@ -25,7 +25,6 @@ from django.utils.html import format_html, format_html_join
 from asyncwork import deadletters
 from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from asyncwork.contrib.idempotency import IdempotencyKeyReused
-from invoicing.mail import format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
     EMAIL_STATUSES,
@@ -40,6 +39,7 @@ from invoicing.services import (
     invoice_recipient_correct,
     recipient_now,
 )
+from invoicing.tasks import format_amount
 from operators.admin import OperatorActionInline
 
 # A misclick on "select all" must not mail a whole customer base; more go through the API.

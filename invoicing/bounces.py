@@ -35,9 +35,13 @@ from django.views.decorators.csrf import csrf_exempt
 from asyncwork import deadletters
 from asyncwork.contrib.mail import RecipientRejected, address_spec, header_text
 from asyncwork.models import DeadLetter
-from invoicing.mail import DELIVERY_KEY_METADATA
 from invoicing.models import EmailDelivery
-from invoicing.tasks import invoice_email_key, resend_invoice_email, send_invoice_email
+from invoicing.tasks import (
+    DELIVERY_KEY_METADATA,
+    invoice_email_key,
+    resend_invoice_email,
+    send_invoice_email,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -113,7 +113,7 @@ def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subj
 
 def _failed_on_address(letter: DeadLetter) -> bool:
     """Whether the letter's failure is a ``RecipientRejected``, under any path the class is
-    importable by (``invoicing.mail`` imports it too)."""
+    importable by (``invoicing.tasks`` imports it too)."""
     try:
         failure = import_string(letter.exception_class)
     except ImportError:

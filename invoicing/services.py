@@ -23,9 +23,13 @@ from asyncwork.contrib.idempotency import Performed, idempotent_perform
 from asyncwork.db import insert_or_skip
 from asyncwork.errors import PermanentError
 from asyncwork.logging import log_context_bind
-from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
-from invoicing.tasks import invoice_email_message_id, resend_invoice_email, send_invoice_email
+from invoicing.tasks import (
+    invoice_email_message_id,
+    recipient_address,
+    resend_invoice_email,
+    send_invoice_email,
+)
 from webhooks.stripe import (
     Event,
     WebhookRejected,
@@ -152,7 +156,7 @@ def invoice_open(
     created from now on is not older than it. ``ValueError`` for an address the send would refuse
     or a currency that is not a 3-letter code."""
     try:
-        mail.recipient_address(email=customer_email, name=customer_name)
+        recipient_address(email=customer_email, name=customer_name)
     except PermanentError as exc:
         raise ValueError(f"{customer_email!r} is not a valid email address: {exc}") from exc
     if not re.fullmatch(r"[a-zA-Z]{3}", currency):
@@ -250,7 +254,7 @@ def invoice_recipient_correct(*, invoice_id: int, email: str, reason: str, actor
     if email:
         try:
             # The send's own rules: a correction accepted here is one the send accepts.
-            mail.recipient_address(email=email, name="")
+            recipient_address(email=email, name="")
         except PermanentError as exc:
             raise ValueError(f"{email!r} is not a valid email address: {exc}") from exc
     if not reason:

@@ -12,6 +12,11 @@ the claim in ``sending``. Its job is run again once the worker's heartbeat lapse
 with the same Message-ID. The breaker (``email_breaker``) is asked before the claim, so a
 deferred job holds no claim and spends no attempt (``ProviderUnavailable``).
 
+The email itself (``invoice_email_build``) is made safe, for a signed event is authentic, not
+harmless: the recipient is validated (email-validator), the name and number lose every character
+Python's email package breaks a header line on, and the hosted URL is linked only over https to a
+host in ``INVOICE_URL_ALLOWED_HOSTS``.
+
 Its tasks, Django's ``@task`` on asyncwork's backend on a queue of their own (other work never
 delays an email), load by id and call ``invoice_email_send``: a transient failure is retried on
 the policy below, ``ProviderUnavailable`` (the breaker open) runs again later without spending an
@@ -25,19 +30,25 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from decimal import Decimal
+from email.headerregistry import Address
+from email.utils import parseaddr
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
+import email_validator
 import stripe
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import QuerySet
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django_tasks import task
 from prometheus_client import Counter
 
 from asyncwork.contrib.breaker import Breaker, Decision
-from asyncwork.contrib.mail import RecipientRejected, deliver
+from asyncwork.contrib.mail import CONTROLS, RecipientRejected, deliver, header_text
 from asyncwork.contrib.monitoring.metrics import metric_name
 from asyncwork.db import text_storable
 from asyncwork.errors import (
@@ -49,7 +60,6 @@ from asyncwork.errors import (
 )
 from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
 from asyncwork.logging import log_context_bind
-from invoicing import mail
 from invoicing.models import EmailDelivery, Invoice
 from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
@@ -86,7 +96,139 @@ def invoice_email_message_id(invoice: Invoice, key: str) -> str:
     """Deterministic from the invoice and key: a duplicate after a crash carries the same one."""
     provider = re.sub(r"[^A-Za-z0-9_.-]", "", invoice.provider_invoice_id)[:64] or "invoice"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return f"<{provider}.{digest}@{mail.message_id_domain()}>"
+    return f"<{provider}.{digest}@{message_id_domain()}>"
+
+
+# --- The email: its content, made safe ---------------------------------------------------------
+# The metadata name a provider keeps a message's delivery key under (anymail's ``metadata``).
+DELIVERY_KEY_METADATA = "delivery_key"
+
+# ISO 4217 exponents that are not 2, for the currencies Stripe supports.
+_ZERO_DECIMAL = frozenset(
+    "bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split()  # noqa: SIM905
+)
+_THREE_DECIMAL = frozenset(["bhd", "jod", "kwd", "omr", "tnd"])
+
+
+def _exponent(currency: str) -> int:
+    """How many decimals an amount in ``currency`` has (its minor unit)."""
+    code = currency.lower()
+    return 0 if code in _ZERO_DECIMAL else 3 if code in _THREE_DECIMAL else 2
+
+
+def format_amount(minor: int, currency: str) -> str:
+    """``1234, "usd"`` -> ``"12.34 USD"``; ``1200, "jpy"`` -> ``"1,200 JPY"``."""
+    exponent = _exponent(currency)
+    amount = Decimal(minor).scaleb(-exponent)
+    return f"{amount:,.{exponent}f} {currency.upper()}".strip()
+
+
+def amount_minor(text: str, currency: str) -> int:
+    """``"12.34", "usd"`` -> ``1234``; ``"1200", "jpy"`` -> ``1200``: an amount as a person writes
+    it, in integer minor units. ``ValueError`` says why one is refused."""
+    try:
+        amount = Decimal(text.strip())
+    except ArithmeticError:
+        raise ValueError(f"{text!r} is not an amount (e.g. 12.34)") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{text!r} is not an amount (e.g. 12.34)")
+    minor = amount.scaleb(_exponent(currency))
+    if minor != minor.to_integral_value():
+        places = _exponent(currency)
+        raise ValueError(f"{text!r} has more than {places} decimal(s), as {currency.upper()} has")
+    return int(minor)
+
+
+def message_id_domain() -> str:
+    return parseaddr(settings.DEFAULT_FROM_EMAIL)[1].rpartition("@")[2] or "localhost"
+
+
+def recipient_address(*, email: str, name: str) -> str:
+    """The To address for ``email`` with ``name`` as its display name, or ``RecipientRejected``.
+    A line break in the address is not repaired: guessing could mail a stranger."""
+    address = email.strip()
+    if not address:
+        raise RecipientRejected("invoice has no customer email")
+    if CONTROLS.search(address):
+        raise RecipientRejected(
+            "header injection in customer email: a line break or control character in it"
+        )
+    if "\ufffd" in address:
+        # What a lone surrogate was stored as: no mailbox is named that.
+        raise RecipientRejected(f"invalid recipient address {address!r}: it held unencodable text")
+    try:
+        valid = email_validator.validate_email(address, check_deliverability=False)
+    except email_validator.EmailNotValidError as exc:
+        raise RecipientRejected(f"invalid recipient address {address!r}: {exc}") from exc
+    if valid.ascii_email:
+        # Any server takes this: the domain as IDNA (xn--...), the local part as given.
+        username, domain = valid.ascii_local_part, valid.ascii_domain
+    else:
+        # A UTF-8 local part: sent with SMTPUTF8 if the server offers it (EmailBackend).
+        username, domain = valid.local_part, valid.domain
+    return str(Address(display_name=header_text(name), username=username, domain=domain))
+
+
+def _url_refusal(url: str) -> str:
+    """Why ``url`` is not linked from the email, or "" if it may be."""
+    if not re.fullmatch(r"[!-\[\]-~]+", url):
+        return "not printable ASCII, or contains a backslash or space"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "not a URL"
+    if parts.scheme != "https":
+        return "not https"
+    if "@" in parts.netloc:
+        return "carries user info"
+    if port not in (None, 443):
+        return "has a port other than 443"
+    if parts.hostname not in settings.INVOICE_URL_ALLOWED_HOSTS:
+        return f"host {(parts.hostname or '')[:100]!r} is not in INVOICE_URL_ALLOWED_HOSTS"
+    return ""
+
+
+def invoice_url(invoice: Invoice) -> str:
+    """The invoice's hosted URL if it is safe to link to, else "" (and a warning)."""
+    url = invoice.hosted_invoice_url
+    if not url:
+        return ""
+    refusal = _url_refusal(url)
+    if refusal:
+        # Not the URL itself: it may be built to mislead a reader.
+        logger.warning(
+            "hosted invoice URL left out of the email: %s",
+            refusal,
+            extra={"invoice_id": invoice.pk, "reason": refusal},
+        )
+        return ""
+    return url
+
+
+def invoice_email_build(*, invoice: Invoice, message_id: str, key: str) -> EmailMultiAlternatives:
+    """The paid-invoice email, to ``invoice.recipient``; a provider's backend (django-anymail)
+    sends its delivery ``key`` as the message's metadata, which its tracking events carry back
+    (``invoicing.bounces``). SMTP sends no metadata."""
+    to = recipient_address(email=invoice.recipient, name=invoice.customer_name)
+    context = {
+        "name": header_text(invoice.customer_name),
+        "number": header_text(invoice.number or invoice.provider_invoice_id),
+        "amount": format_amount(invoice.amount_paid, invoice.currency or "usd"),
+        "invoice_url": invoice_url(invoice),
+    }
+    message = EmailMultiAlternatives(
+        subject=f"Your invoice {context['number']} is paid",
+        body=render_to_string("invoicing/email/invoice_paid.txt", context),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=[to],
+        headers={"Message-ID": message_id},
+    )
+    message.attach_alternative(
+        render_to_string("invoicing/email/invoice_paid.html", context), "text/html"
+    )
+    message.metadata = {DELIVERY_KEY_METADATA: key}  # type: ignore[attr-defined]
+    return message
 
 
 # Returns the claim's row, token, Message-ID and take-over flag, or no row when not claimed. A
@@ -313,7 +455,7 @@ def invoice_recipient_fetch(invoice: Invoice) -> None:
             "recipient, then replay"
         )
     email = text_storable(email.strip())
-    mail.recipient_address(email=email, name="")  # the send's own rules, before it is kept
+    recipient_address(email=email, name="")  # the send's own rules, before it is kept
     Invoice.objects.filter(pk=invoice.pk, customer_email="").update(customer_email=email)
     invoice.customer_email = email
     logger.info("invoice recipient read from its customer", extra={"invoice_id": invoice.pk})
@@ -346,7 +488,7 @@ def _invoice_email_send_claimed(
     # duplicate, with the same Message-ID.
     try:
         invoice_recipient_fetch(invoice)
-        built = mail.invoice_email_build(invoice=invoice, message_id=claim.message_id, key=key)
+        built = invoice_email_build(invoice=invoice, message_id=claim.message_id, key=key)
         provider_message_id = _deliver(built, breaker=breaker, decision=decision)
     except Exception as exc:
         # Release whatever failed, so a retry or replay can claim again.

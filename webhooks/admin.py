@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from operators.admin import OperatorActionInline
 from webhooks.models import WebhookEvent
-from webhooks.services import webhook_event_reprocess
+from webhooks.stripe import webhook_event_reprocess
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -39,8 +39,7 @@ from stripe.params import EventListParams
 
 from asyncwork.contrib.periodic.jobs import job
 from webhooks.models import EventsCursor, WebhookEvent
-from webhooks.services import webhook_event_record
-from webhooks.stripe import WebhookRejected, event_parse, handled_types
+from webhooks.stripe import WebhookRejected, event_parse, handled_types, webhook_event_record
 from webhooks.stripe_api import stripe_client, stripe_error_sorted
 
 logger = logging.getLogger(__name__)

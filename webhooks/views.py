@@ -18,13 +18,16 @@ from django.views.decorators.csrf import csrf_exempt
 from asyncwork.contrib.backpressure import backpressure_shed
 from asyncwork.db import text_storable
 from asyncwork.logging import log_context
-from webhooks.services import (
+from webhooks.stripe import (
     KEPT_HEADERS,
+    Event,
+    WebhookRejected,
+    event_parse,
     other_api_version_count,
+    signature_verify,
     webhook_delivery_count,
     webhook_event_record,
 )
-from webhooks.stripe import Event, WebhookRejected, event_parse, signature_verify
 
 logger = logging.getLogger(__name__)
 

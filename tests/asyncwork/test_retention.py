@@ -22,7 +22,7 @@ from stack.process import ROOT
 from tests.helpers.stripe import paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
-from webhooks.services import webhook_event_reprocess
+from webhooks.stripe import webhook_event_reprocess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

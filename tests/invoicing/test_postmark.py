@@ -21,7 +21,7 @@ from asyncwork.contrib.periodic.alert import dlq_alert
 from asyncwork.deadletters import replay, subjects
 from asyncwork.errors import PermanentError, TransientError, Unreachable
 from asyncwork.models import DeadLetter
-from invoicing import mail
+from invoicing import tasks
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_recipient_correct
 from invoicing.tasks import email_breaker, invoice_email_key, send_invoice_email
@@ -81,7 +81,7 @@ def _letter(invoice: Invoice) -> DeadLetter:
 
 
 def _deliver(invoice: Invoice) -> None:
-    message = mail.invoice_email_build(
+    message = tasks.invoice_email_build(
         invoice=invoice, message_id="<t.1@example.com>", key=invoice_email_key(invoice.pk)
     )
     contrib_mail.deliver(message)

@@ -1,4 +1,4 @@
-"""The payment events through ``webhooks.services.webhook_event_record`` against the real
+"""The payment events through ``webhooks.stripe.webhook_event_record`` against the real
 PostgreSQL, as a request records them: event, invoice and the email's job (``Job``, enqueued by
 ``send_invoice_email.enqueue``) in one transaction, the publish once it commits; duplicates and
 concurrent events of one invoice leave one job."""
@@ -21,8 +21,7 @@ from invoicing.tasks import send_invoice_email
 from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
-from webhooks.services import Recorded, webhook_event_record
-from webhooks.stripe import Event, event_parse
+from webhooks.stripe import Event, Recorded, event_parse, webhook_event_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,9 +22,9 @@ from hypothesis import event as outcome
 from hypothesis import strategies as st
 
 from asyncwork.errors import PermanentError
-from invoicing.mail import invoice_email_build
 from invoicing.models import Invoice
 from invoicing.services import PAYMENT_EVENT_TYPES
+from invoicing.tasks import invoice_email_build
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent

@@ -24,7 +24,6 @@ from django.utils import timezone
 from asyncwork import deadletters
 from asyncwork.audit import cli_actor, cli_actor_argument
 from asyncwork.logging import printable
-from invoicing.mail import amount_minor, format_amount
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import invoice_dead_letters
 from invoicing.services import (
@@ -33,6 +32,7 @@ from invoicing.services import (
     invoice_recipient_correct,
     recipient_now,
 )
+from invoicing.tasks import amount_minor, format_amount
 from webhooks.stripe import name_valid
 from webhooks.testing import new_id
 

@@ -15,7 +15,7 @@ from invoicing.models import Invoice
 from tests.helpers.stripe import paid_event
 from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
-from webhooks.services import Reprocessed, webhook_event_reprocess
+from webhooks.stripe import Reprocessed, webhook_event_reprocess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
