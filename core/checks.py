@@ -88,13 +88,6 @@ def settings_refusals() -> list[str]:
         )
     if s.WEBHOOK_BODY_RETENTION_DAYS < 1:
         refused.append("WEBHOOK_BODY_RETENTION_DAYS must be at least 1.")
-    if s.API_TOKEN_TTL_HOURS < 1:
-        refused.append("API_TOKEN_TTL_HOURS must be at least 1: API tokens expire.")
-    if s.API_TOKEN_TTL_HOURS > s.API_TOKEN_MAX_HOURS:
-        refused.append(
-            f"API_TOKEN_TTL_HOURS ({s.API_TOKEN_TTL_HOURS}) must not exceed API_TOKEN_MAX_HOURS "
-            f"({s.API_TOKEN_MAX_HOURS}): the default lifetime of a token is one it may have."
-        )
     return refused
 
 

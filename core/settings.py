@@ -81,7 +81,7 @@ INSTALLED_APPS = [
     # Email providers' APIs as backends, and their tracking webhooks (invoicing.bounces).
     "anymail",
     # Before the domain apps, which fill asyncwork's registries in their ready().
-    "operators",
+    "asyncwork.contrib.operators",
     "asyncwork",
     "asyncwork.contrib.periodic",
     "asyncwork.contrib.monitoring",
@@ -466,6 +466,12 @@ ASYNCWORK: dict[str, Any] = {
     "LOG_CONTEXT_FIELDS": ["event_id", "invoice_id"],
     "REDIS_URL": REDIS_URL,
     "TRUSTED_PROXIES": _trusted_proxies,
+    # The apps whose models operators see; accounts and API tokens are not an operator's job.
+    "OPERATOR_APPS": ["asyncwork", "operators", "invoicing", "webhooks", "django_celery_beat"],
+    **machinery("API_TOKEN_TTL_HOURS", int, "hours an API token lives by default"),
+    **machinery(
+        "API_TOKEN_MAX_HOURS", int, "hours no API token may outlive, whatever --hours says"
+    ),
     **machinery(
         "BACKPRESSURE_SOFT_MARK",
         int,
@@ -495,17 +501,10 @@ ASYNCWORK: dict[str, Any] = {
     ),
 }
 
-# --- Operators (manage.py setup_groups) ------------------------------------------------------
-# The apps whose models operators see; accounts and API tokens are not an operator's job.
-OPERATOR_APPS = ["asyncwork", "operators", "invoicing", "webhooks", "django_celery_beat"]
 # --- API tokens and admin logins ------------------------------------------------------------
-# django-rest-knox: stored as a SHA-512 digest; a forgotten token dies within the maximum.
-API_TOKEN_TTL_HOURS = setting("API_TOKEN_TTL_HOURS", 24, "hours an API token lives by default")
-API_TOKEN_MAX_HOURS = setting(
-    "API_TOKEN_MAX_HOURS", 90 * 24, "hours no API token may outlive, whatever --hours says"
-)
+# django-rest-knox: stored as a SHA-512 digest; issued by `manage.py api_token` only, each with
+# its expiry (ASYNCWORK's API_TOKEN_TTL_HOURS and API_TOKEN_MAX_HOURS).
 REST_KNOX = {
-    "TOKEN_TTL": timedelta(hours=API_TOKEN_TTL_HOURS),
     "AUTH_HEADER_PREFIX": "Token",
     # A token's life is fixed when issued.
     "AUTO_REFRESH": False,
@@ -516,7 +515,7 @@ AXES_FAILURE_LIMIT = 5
 AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "asyncwork.contrib.http.client_address"
-AXES_USERNAME_CALLABLE = "operators.login.login_username"
+AXES_USERNAME_CALLABLE = "asyncwork.contrib.operators.login.login_username"
 AXES_RESET_ON_SUCCESS = True
 # No "AXES: BEGIN ..." line at every process start; lockouts are still logged.
 AXES_VERBOSE = False
@@ -527,7 +526,7 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": 0,
     # Tokens first: the first class names the 401 challenge; with sessions first it is 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "operators.tokens.ApiTokenAuthentication",
+        "asyncwork.contrib.operators.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     # Staff, then what their permissions allow, as in the admin (asyncwork.contrib.permissions).

@@ -25,6 +25,7 @@ from django.utils.html import format_html, format_html_join
 from asyncwork import deadletters
 from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from asyncwork.contrib.idempotency import IdempotencyKeyReused
+from asyncwork.contrib.operators.admin import OperatorActionInline
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.selectors import (
     EMAIL_STATUSES,
@@ -40,7 +41,6 @@ from invoicing.services import (
     recipient_now,
 )
 from invoicing.tasks import format_amount
-from operators.admin import OperatorActionInline
 
 # A misclick on "select all" must not mail a whole customer base; more go through the API.
 RESEND_SELECTION_MAX = 100

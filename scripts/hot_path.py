@@ -21,7 +21,7 @@ The first invoice warms everything (imports, connections, caches) under coverage
 backlog, the email breaker's state), a SIGUSR2 switches every process to the context ``measured``,
 and each answers before the second invoice is posted; once that one is done, a second SIGUSR2 stops
 coverage and saves its data. The lines recorded under ``measured`` are the second invoice's alone.
-First-party means the application's apps (core, invoicing, webhooks, operators) and the machinery's
+First-party means the application's apps (core, invoicing, webhooks) and the machinery's
 package (packages/asyncwork/asyncwork). A module whose measured lines are all module-level
 statements would only have been imported in the window: it is not counted, and the run says so.
 """
@@ -76,7 +76,7 @@ TIMEOUT = 60.0
 # loaded the machine.
 PAUSE = 2.0
 # What the processes' probe (scripts.hot_path_probe) measures, where it writes, and its phases.
-SOURCE = ["core", "invoicing", "webhooks", "operators", "packages/asyncwork/asyncwork"]
+SOURCE = ["core", "invoicing", "webhooks", "packages/asyncwork/asyncwork"]
 DATA = "HOT_PATH_DATA"
 WARM, MEASURED, SAVED = "warm", "measured", "saved"
 

@@ -33,12 +33,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.periodic import jobs
 from asyncwork.contrib.periodic.beat import active_beat
 from asyncwork.models import DeadLetter, ScheduledJob
 from core.celery import app
 from invoicing.models import Invoice
-from operators.models import OperatorAction
 from stack import launch
 from stack.net import free_port, wait_until
 from stack.process import ROOT, Process

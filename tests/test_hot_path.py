@@ -59,7 +59,7 @@ def test_one_paid_invoice_runs_at_most_fifteen_first_party_modules(
 def test_the_one_name_on_the_wire_is_declared_once_and_no_task_is_named_by_a_string() -> None:
     """Pass the thing, not its name: a task is enqueued as the object (its module path is its
     name), and the one Celery task name every job's message carries is a constant of its own."""
-    apps = ("core", "packages/asyncwork/asyncwork", "operators", "invoicing", "webhooks")
+    apps = ("core", "packages/asyncwork/asyncwork", "invoicing", "webhooks")
     sources = {
         str(path.relative_to(ROOT)): path.read_text()
         for app in apps

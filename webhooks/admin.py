@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
-from operators.admin import OperatorActionInline
+from asyncwork.contrib.operators.admin import OperatorActionInline
 from webhooks.models import WebhookEvent
 from webhooks.stripe import webhook_event_reprocess
 

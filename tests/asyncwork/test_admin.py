@@ -27,13 +27,13 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from asyncwork import deadletters, outbox, queues
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.periodic import jobs
 from asyncwork.models import DeadLetter, Job, ScheduledJob
 from asyncwork.outbox import message_id, relay
 from asyncwork.tasks import RUN
 from core.celery import app
 from invoicing.tasks import send_invoice_email
-from operators.models import OperatorAction
 from stack.net import free_port
 from tests.helpers.admin import (
     EMPTY,

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, settings
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import DeadLetter
 from invoicing.tasks import send_invoice_email
-from operators.models import OperatorAction
 from tests.helpers.admin import api_as
 from tests.helpers.factories import paid_invoice, staff_user
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from asyncwork import queues
 from asyncwork.audit import cli_actor
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.periodic.alert import dlq_alert
 from asyncwork.deadletters import purge, record
 from asyncwork.errors import PermanentError
@@ -29,7 +30,6 @@ from asyncwork.models import DeadLetter, Job
 from invoicing.models import Invoice
 from invoicing.services import invoice_recipient_correct
 from invoicing.tasks import invoice_email_send, send_invoice_email
-from operators.models import OperatorAction
 from stack import launch
 from stack.net import wait_until
 from stack.process import ROOT

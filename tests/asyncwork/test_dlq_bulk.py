@@ -33,6 +33,8 @@ from rest_framework.test import APIClient
 
 from asyncwork import deadletters
 from asyncwork.audit import operator_acted
+from asyncwork.contrib.operators.models import OperatorAction
+from asyncwork.contrib.operators.tokens import api_token_create
 from asyncwork.deadletters import (
     BULK_LIMIT,
     Subject,
@@ -43,8 +45,6 @@ from asyncwork.deadletters import (
 from asyncwork.management.commands.dlq import BATCH
 from asyncwork.models import DeadLetter, IdempotencyRecord, Job
 from asyncwork.outbox import message_id
-from operators.models import OperatorAction
-from operators.tokens import api_token_create
 from stack import launch
 from stack.net import HOST
 from stack.process import ROOT

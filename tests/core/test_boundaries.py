@@ -1,4 +1,4 @@
-"""The machinery (``asyncwork``) and the operators' plumbing (``operators``) name no domain:
+"""The machinery (``asyncwork``, its operators' plumbing included) names no domain:
 none of their modules imports ``invoicing`` or ``webhooks`` or spells one of their task names;
 what flows back from a domain (its jobs, queues and routes, what a dead letter is about, a
 probe, a health check, a metrics source, a retention rule, a webhook handler) comes through a
@@ -15,7 +15,7 @@ from stack.process import ROOT
 
 DOMAINS = ("invoicing", "webhooks")
 # Their source directories: the machinery is a distribution of its own.
-MACHINERY = ("packages/asyncwork/asyncwork", "operators")
+MACHINERY = ("packages/asyncwork/asyncwork",)
 # A task name (or dotted module path) of a domain: "invoicing.send_invoice_email".
 _DOMAIN_NAME = re.compile(rf"\b(?:{'|'.join(DOMAINS)})\.[a-z_][a-z0-9_.]*")
 

@@ -429,8 +429,8 @@ def test_scope_and_link_settings_are_read_and_normalised() -> None:
         ("STRIPE_ACCOUNT", "acct 1; drop", "STRIPE_ACCOUNT must be a Stripe account id"),
         ("INVOICE_URL_ALLOWED_HOSTS", "https://invoice.stripe.com", "is not a host name"),
         ("INVOICE_URL_ALLOWED_HOSTS", "*.stripe.com", "is not a host name"),
-        ("API_TOKEN_TTL_HOURS", "0", "API_TOKEN_TTL_HOURS must be at least 1"),
-        ("API_TOKEN_MAX_HOURS", "12", "API_TOKEN_TTL_HOURS (24) must not exceed"),
+        ("API_TOKEN_TTL_HOURS", "0", "ASYNCWORK['API_TOKEN_TTL_HOURS'] is 0: it must be"),
+        ("API_TOKEN_MAX_HOURS", "12", "ASYNCWORK['API_TOKEN_TTL_HOURS'] (24) must be at most"),
     ],
 )
 def test_bad_settings_stop_start_up_with_a_clear_message(
@@ -448,14 +448,15 @@ def test_a_default_token_lifetime_above_the_maximum_stops_start_up_naming_both()
     )
     assert result.returncode != 0
     assert result.stderr.splitlines() == [
-        "Configuration error: API_TOKEN_TTL_HOURS (3000) must not exceed API_TOKEN_MAX_HOURS "
-        "(2160): the default lifetime of a token is one it may have."
+        "Configuration error: ASYNCWORK['API_TOKEN_TTL_HOURS'] (3000) must be at most "
+        "ASYNCWORK['API_TOKEN_MAX_HOURS'] (2160): the default lifetime of a token is one it may "
+        "have."
     ]
     allowed = manage(
         "shell",
         "--no-imports",
         "-c",
-        "from django.conf import settings as s; "
+        "from asyncwork.settings import asyncwork_settings as s; "
         "print(s.API_TOKEN_TTL_HOURS, s.API_TOKEN_MAX_HOURS)",
         env={**PRODUCTION, "API_TOKEN_TTL_HOURS": "2160"},
     )

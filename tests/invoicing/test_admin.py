@@ -22,11 +22,11 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import IdempotencyRecord, Job
 from invoicing.admin import RESEND_SELECTION_MAX
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import invoice_email_key, invoice_email_send, resend_invoice_email
-from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.admin import (

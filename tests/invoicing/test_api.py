@@ -10,10 +10,10 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import DeadLetter, Job
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
-from operators.models import OperatorAction
 from tests.helpers.admin import api_as
 from tests.helpers.factories import staff_user
 

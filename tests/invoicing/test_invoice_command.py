@@ -19,10 +19,10 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
-from operators.models import OperatorAction
 from stack.process import ROOT
 from stack.smtp import SmtpServer
 from tests.helpers.deadletters import refused_invoice_dead_letter

@@ -16,9 +16,9 @@ from django.test import Client
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import DeadLetter
 from invoicing.models import Invoice
-from operators.models import OperatorAction
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.database import lock_waiters

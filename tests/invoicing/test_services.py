@@ -11,9 +11,9 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from asyncwork.contrib.operators.models import OperatorAction
 from invoicing.models import Invoice
 from invoicing.services import InvoiceData, invoice_recipient_correct, invoice_record_payment
-from operators.models import OperatorAction
 from tests.helpers.factories import paid_invoice
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import Job
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
-from operators.models import OperatorAction
 from stack.smtp import SmtpServer
 from tests.helpers.admin import action_choices, admin_as, messages, rows, run_action
 from tests.helpers.factories import staff_user

@@ -101,6 +101,17 @@ def asyncwork_settings_check(app_configs: Any = None, **kwargs: Any) -> list[Che
                 id="asyncwork.E004",
             )
         )
+    ttl = given.get("API_TOKEN_TTL_HOURS", SETTINGS["API_TOKEN_TTL_HOURS"].default)
+    longest = given.get("API_TOKEN_MAX_HOURS", SETTINGS["API_TOKEN_MAX_HOURS"].default)
+    if _is_number(ttl) and _is_number(longest) and ttl > longest:
+        errors.append(
+            Error(
+                f"ASYNCWORK['API_TOKEN_TTL_HOURS'] ({ttl}) must be at most "
+                f"ASYNCWORK['API_TOKEN_MAX_HOURS'] ({longest}): the default lifetime of a token "
+                "is one it may have.",
+                id="asyncwork.E008",
+            )
+        )
     return errors
 
 

@@ -24,6 +24,12 @@ class Setting:
 
 
 SETTINGS: dict[str, Setting] = {
+    "API_TOKEN_MAX_HOURS": Setting(
+        2160, "count", "hours no API token may outlive (asyncwork.contrib.operators)"
+    ),
+    "API_TOKEN_TTL_HOURS": Setting(
+        24, "count", "hours an API token lives unless `api_token create --hours` says"
+    ),
     "BACKPRESSURE_SOFT_MARK": Setting(
         5000, "count", "backlog at which work marked sheddable is refused (503)"
     ),
@@ -64,6 +70,11 @@ SETTINGS: dict[str, Setting] = {
     ),
     "METRICS_TOKEN": Setting(
         "", "text", "when set, /metrics and /health/'s details need Authorization: Bearer it"
+    ),
+    "OPERATOR_APPS": Setting(
+        ["asyncwork", "operators"],
+        "names",
+        "the apps whose models the viewers and operators groups see (`manage.py setup_groups`)",
     ),
     "OUTBOX_PUBLISH_TIMEOUT": Setting(
         0.5, "positive", "seconds a publish may wait on the broker before the relay takes the row"

@@ -18,9 +18,9 @@ from knox.models import AuthToken
 
 from asyncwork.contrib.admin.admin import DeadLetterAdmin, JobAdmin
 from asyncwork.contrib.admin.options import ReadOnly, ReadOnlyAdmin, admin_actor
+from asyncwork.contrib.operators.models import OperatorAction
+from asyncwork.contrib.operators.tokens import api_tokens_revoke
 from asyncwork.models import DeadLetter, Job
-from operators.models import OperatorAction
-from operators.tokens import api_tokens_revoke
 
 
 def _json(value: Any) -> str:

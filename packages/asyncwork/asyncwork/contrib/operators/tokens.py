@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -23,6 +22,7 @@ from knox.models import AuthToken
 from rest_framework.exceptions import AuthenticationFailed
 
 from asyncwork.audit import operator_action_record
+from asyncwork.settings import asyncwork_settings
 
 # The operator actions' names (ruff's S105 reads any *_TOKEN_* name as a password).
 ACTION_ISSUE = "api_token.issue"
@@ -42,7 +42,7 @@ class ApiTokenAuthentication(TokenAuthentication):
 class ApiTokenScheme(KnoxTokenScheme):
     """The OpenAPI schema's security scheme for it: knox's (``Authorization: Token ...``)."""
 
-    target_class = "operators.tokens.ApiTokenAuthentication"
+    target_class = "asyncwork.contrib.operators.tokens.ApiTokenAuthentication"
 
 
 class TokenRefused(ValueError):
@@ -76,13 +76,13 @@ def api_token_create(*, username: str, actor: str, ttl: timedelta | None = None)
     """Issue a token expiring after ``ttl`` (default ``API_TOKEN_TTL_HOURS``), recorded as an
     operator action. Raises ``TokenRefused`` for an unknown or inactive user, or a lifetime not
     above zero or above ``API_TOKEN_MAX_HOURS``."""
-    ttl = ttl if ttl is not None else timedelta(hours=settings.API_TOKEN_TTL_HOURS)
+    ttl = ttl if ttl is not None else timedelta(hours=asyncwork_settings.API_TOKEN_TTL_HOURS)
     if ttl <= timedelta(0):
         raise TokenRefused("a token's lifetime must be above zero")
-    longest = timedelta(hours=settings.API_TOKEN_MAX_HOURS)
+    longest = timedelta(hours=asyncwork_settings.API_TOKEN_MAX_HOURS)
     if ttl > longest:
         raise TokenRefused(
-            f"a token lives at most {settings.API_TOKEN_MAX_HOURS} hours "
+            f"a token lives at most {asyncwork_settings.API_TOKEN_MAX_HOURS} hours "
             f"(API_TOKEN_MAX_HOURS); {ttl.total_seconds() / 3600:g} asked for"
         )
     user = _user(username)

@@ -1,5 +1,5 @@
 """``manage.py setup_groups``: **viewers** get the view permission of every model of
-``settings.OPERATOR_APPS``; **operators** those and every permission the models declare in
+``ASYNCWORK["OPERATOR_APPS"]``; **operators** those and every permission the models declare in
 their ``Meta`` (the powers). Idempotent; a group changed by hand is set back, with what changed.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
-from django.conf import settings
 from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
@@ -16,17 +15,21 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.db.models import Model, Q, QuerySet
 
+from asyncwork.settings import asyncwork_settings
+
 VIEWERS = "viewers"
 OPERATORS = "operators"
 
 
 def _operator_models() -> list[type[Model]]:
     models: list[type[Model]] = []
-    for label in settings.OPERATOR_APPS:
+    for label in asyncwork_settings.OPERATOR_APPS:
         try:
             app_config = apps.get_app_config(label)
         except LookupError:
-            raise CommandError(f"OPERATOR_APPS names {label!r}, which is not installed") from None
+            raise CommandError(
+                f"ASYNCWORK['OPERATOR_APPS'] names {label!r}, which is not installed"
+            ) from None
         # The permissions of a model added since the last migrate may not exist yet.
         create_permissions(app_config, verbosity=0)
         models.extend(app_config.get_models())

@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
-from operators.models import OperatorAction
+from asyncwork.contrib.operators.models import OperatorAction
 
 
 def operator_action_keep(

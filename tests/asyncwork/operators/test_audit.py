@@ -19,11 +19,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from asyncwork.audit import cli_actor, operator_acted, operator_action_record
+from asyncwork.contrib.operators.models import OperatorAction
+from asyncwork.contrib.operators.tokens import api_token_create
 from asyncwork.deadletters import replay
 from asyncwork.models import DeadLetter
 from invoicing.tasks import send_invoice_email
-from operators.models import OperatorAction
-from operators.tokens import api_token_create
 from stack.process import ROOT
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_env

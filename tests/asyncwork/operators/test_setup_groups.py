@@ -80,7 +80,7 @@ def test_a_second_run_changes_nothing_and_a_hand_edit_is_set_back() -> None:
 
 
 def test_an_unknown_app_is_a_clear_error(settings: object) -> None:
-    settings.OPERATOR_APPS = ["asyncwork", "nonesuch"]  # type: ignore[attr-defined]
-    with pytest.raises(CommandError, match="OPERATOR_APPS names 'nonesuch', which is not"):
+    settings.ASYNCWORK = {**settings.ASYNCWORK, "OPERATOR_APPS": ["asyncwork", "nonesuch"]}
+    with pytest.raises(CommandError, match=r"\['OPERATOR_APPS'\] names 'nonesuch', which is not"):
         setup_groups()
     assert not Group.objects.exists()

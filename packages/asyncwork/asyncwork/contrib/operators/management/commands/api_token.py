@@ -11,12 +11,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from asyncwork.audit import cli_actor, cli_actor_argument
+from asyncwork.contrib.operators.tokens import TokenRefused, api_token_create, api_token_revoke
 from asyncwork.logging import printable
-from operators.tokens import TokenRefused, api_token_create, api_token_revoke
+from asyncwork.settings import asyncwork_settings
 
 
 class Command(BaseCommand):
@@ -31,8 +31,8 @@ class Command(BaseCommand):
             type=int,
             default=None,
             help=f"Lifetime in hours (default: API_TOKEN_TTL_HOURS, "
-            f"{settings.API_TOKEN_TTL_HOURS}; at most API_TOKEN_MAX_HOURS, "
-            f"{settings.API_TOKEN_MAX_HOURS}).",
+            f"{asyncwork_settings.API_TOKEN_TTL_HOURS}; at most API_TOKEN_MAX_HOURS, "
+            f"{asyncwork_settings.API_TOKEN_MAX_HOURS}).",
         )
         cli_actor_argument(create)
         revoke = sub.add_parser("revoke", help="Delete every token of USERNAME.")
