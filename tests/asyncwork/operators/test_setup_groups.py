@@ -5,6 +5,7 @@ by hand is set back."""
 from __future__ import annotations
 
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, Permission
@@ -79,7 +80,7 @@ def test_a_second_run_changes_nothing_and_a_hand_edit_is_set_back() -> None:
     assert repaired.splitlines()[0].endswith("(added 1, removed 1)")
 
 
-def test_an_unknown_app_is_a_clear_error(settings: object) -> None:
+def test_an_unknown_app_is_a_clear_error(settings: Any) -> None:
     settings.ASYNCWORK = {**settings.ASYNCWORK, "OPERATOR_APPS": ["asyncwork", "nonesuch"]}
     with pytest.raises(CommandError, match=r"\['OPERATOR_APPS'\] names 'nonesuch', which is not"):
         setup_groups()
