@@ -3,6 +3,8 @@ whose messages name the key that is wrong."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -92,3 +94,31 @@ def test_manage_py_check_stops_on_a_wrong_key(settings: Any) -> None:
     settings.ASYNCWORK = {**settings.ASYNCWORK, "METRICS_TOKN": "x"}
     with pytest.raises(SystemCheckError, match=r"ASYNCWORK\['METRICS_TOKN'\] is not a setting"):
         call_command("check")
+
+
+def test_a_default_token_lifetime_above_the_maximum_is_named(settings: Any) -> None:
+    assert messages(settings, API_TOKEN_TTL_HOURS=49, API_TOKEN_MAX_HOURS=48) == [
+        (
+            "asyncwork.E008",
+            "ASYNCWORK['API_TOKEN_TTL_HOURS'] (49) must be at most "
+            "ASYNCWORK['API_TOKEN_MAX_HOURS'] (48): the default lifetime of a token is one it may "
+            "have.",
+        )
+    ]
+
+
+def test_the_admin_pages_without_djangos_admin_are_named() -> None:
+    """``manage.py check`` of a project that installs the machinery's admin pages alone."""
+    project = (
+        "import django; from django.conf import settings; "
+        "settings.configure(INSTALLED_APPS=["
+        "'django.contrib.auth', 'django.contrib.contenttypes', 'asyncwork.contrib.admin']); "
+        "django.setup(); from django.core.management import call_command; call_command('check')"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-c", project], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert checked.returncode == 1
+    assert "(asyncwork.E009) asyncwork.contrib.admin is installed without django.contrib.admin" in (
+        checked.stderr
+    )
