@@ -66,6 +66,17 @@ def _fits(kind: str, value: Any) -> bool:
     )
 
 
+_ORDERED = [
+    ("BACKPRESSURE_SOFT_MARK", "BACKPRESSURE_HARD_MARK", "asyncwork.E004", ""),
+    (
+        "API_TOKEN_TTL_HOURS",
+        "API_TOKEN_MAX_HOURS",
+        "asyncwork.E008",
+        ": the default lifetime of a token is one it may have",
+    ),
+]
+
+
 @register()
 def asyncwork_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     given = getattr(settings, "ASYNCWORK", {})
@@ -91,27 +102,17 @@ def asyncwork_settings_check(app_configs: Any = None, **kwargs: Any) -> list[Che
                     id="asyncwork.E003",
                 )
             )
-    soft = given.get("BACKPRESSURE_SOFT_MARK", SETTINGS["BACKPRESSURE_SOFT_MARK"].default)
-    hard = given.get("BACKPRESSURE_HARD_MARK", SETTINGS["BACKPRESSURE_HARD_MARK"].default)
-    if _is_number(soft) and _is_number(hard) and soft > hard:
-        errors.append(
-            Error(
-                f"ASYNCWORK['BACKPRESSURE_SOFT_MARK'] ({soft}) must be at most "
-                f"ASYNCWORK['BACKPRESSURE_HARD_MARK'] ({hard}).",
-                id="asyncwork.E004",
+    # Pairs whose first may not exceed their second.
+    for low, high, check_id, why in _ORDERED:
+        values = [given.get(key, SETTINGS[key].default) for key in (low, high)]
+        if all(_is_number(value) for value in values) and values[0] > values[1]:
+            errors.append(
+                Error(
+                    f"ASYNCWORK[{low!r}] ({values[0]}) must be at most "
+                    f"ASYNCWORK[{high!r}] ({values[1]}){why}.",
+                    id=check_id,
+                )
             )
-        )
-    ttl = given.get("API_TOKEN_TTL_HOURS", SETTINGS["API_TOKEN_TTL_HOURS"].default)
-    longest = given.get("API_TOKEN_MAX_HOURS", SETTINGS["API_TOKEN_MAX_HOURS"].default)
-    if _is_number(ttl) and _is_number(longest) and ttl > longest:
-        errors.append(
-            Error(
-                f"ASYNCWORK['API_TOKEN_TTL_HOURS'] ({ttl}) must be at most "
-                f"ASYNCWORK['API_TOKEN_MAX_HOURS'] ({longest}): the default lifetime of a token "
-                "is one it may have.",
-                id="asyncwork.E008",
-            )
-        )
     return errors
 
 
