@@ -112,12 +112,14 @@ def resend_dead_letter_subjects(letters: Sequence[DeadLetter]) -> dict[int, Subj
 
 
 def _failed_on_address(letter: DeadLetter) -> bool:
-    """Whether the letter's failure is a ``RecipientRejected``, under any path the class is
-    importable by (``invoicing.tasks`` imports it too)."""
+    """Whether the letter's failure is a ``RecipientRejected``: the class its path names, under
+    any path the class is importable by (``invoicing.tasks`` imports it too); a path that no
+    longer imports (a letter kept from an earlier layout: ``invoicing.mail.RecipientRejected``)
+    by the class's name."""
     try:
         failure = import_string(letter.exception_class)
     except ImportError:
-        return False
+        return letter.exception_class.rpartition(".")[2] == RecipientRejected.__name__
     return isinstance(failure, type) and issubclass(failure, RecipientRejected)
 
 
