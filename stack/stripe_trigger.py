@@ -24,6 +24,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
 from asyncwork.logging import printable
 from stack import stripe_events
 
@@ -121,13 +124,10 @@ def trigger(options: dict[str, Any]) -> None:
 
 
 def signing_settings() -> tuple[str, int]:
-    """The receiver's first ``STRIPE_WEBHOOK_SECRET`` (the one a rolled secret signs with) and
+    """The receiver's ``STRIPE_WEBHOOK_SECRET`` (the first, while several are rolled) and
     ``STRIPE_WEBHOOK_TOLERANCE``, from its settings; settings that refuse to load are the
     ``Configuration error`` line every entry point prints, exit status 1."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "core.settings")
-    from django.conf import settings
-    from django.core.exceptions import ImproperlyConfigured
-
     try:
         return settings.STRIPE_WEBHOOK_SECRETS[0], settings.STRIPE_WEBHOOK_TOLERANCE
     except ImproperlyConfigured as exc:
