@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from stack import stripe_events
 from stack.net import HOST
-from webhooks import testing
 
 WEBHOOK_PATH = "/webhooks/stripe/"
 # The headers Stripe sends with a delivery, besides Stripe-Signature.
@@ -406,8 +406,8 @@ def pace(
 
 def paid_event() -> bytes:
     """A new ``invoice.paid`` event for a new invoice, encoded as Stripe sends it."""
-    invoice = testing.invoice_object(invoice_id=testing.new_id("in"))
-    return testing.encode(testing.event("invoice.paid", invoice))
+    invoice = stripe_events.invoice_object(invoice_id=stripe_events.new_id("in"))
+    return stripe_events.encode(stripe_events.event("invoice.paid", invoice))
 
 
 def signed_requests(bodies: Sequence[bytes], *, path: str, port: int, secret: str) -> list[bytes]:
@@ -420,7 +420,7 @@ def signed_requests(bodies: Sequence[bytes], *, path: str, port: int, secret: st
             port=port,
             headers={
                 **STRIPE_HEADERS,
-                "Stripe-Signature": testing.signature_header(body, secret, timestamp=now),
+                "Stripe-Signature": stripe_events.signature_header(body, secret, timestamp=now),
             },
         )
         for body in bodies
@@ -442,14 +442,16 @@ def paid_batch(
     before use: the signature is valid for ``STRIPE_WEBHOOK_TOLERANCE``, 300 s by default).
     ``recipients``: a domain, to give each invoice a customer email of its own,
     ``<invoice id>@<domain>``."""
-    ids = [testing.new_id("in") for _ in range(count)]
+    ids = [stripe_events.new_id("in") for _ in range(count)]
     objects = [
-        testing.invoice_object(invoice_id=invoice, customer_email=f"{invoice}@{recipients}")
+        stripe_events.invoice_object(invoice_id=invoice, customer_email=f"{invoice}@{recipients}")
         if recipients
-        else testing.invoice_object(invoice_id=invoice)
+        else stripe_events.invoice_object(invoice_id=invoice)
         for invoice in ids
     ]
-    bodies = [testing.encode(testing.event("invoice.paid", invoice)) for invoice in objects]
+    bodies = [
+        stripe_events.encode(stripe_events.event("invoice.paid", invoice)) for invoice in objects
+    ]
     return Batch(
         invoice_ids=ids,
         requests=signed_requests(bodies, path=path, port=port, secret=secret),

@@ -383,7 +383,7 @@ def stack_env(
         "REDIS_URL": run.redis_url,
         "REDIS_KEY_PREFIX": run.run_id,  # cache keys become "<prefix>1:<key>"
         "STRIPE_WEBHOOK_SECRET": run.secret,
-        # The senders sign test-mode events (webhooks/testing.py); production acts on live only.
+        # The senders sign test-mode events (stack/stripe_events.py); production acts on live only.
         "STRIPE_LIVEMODE": "test",
         **({"EMAIL_HOST": HOST, "EMAIL_PORT": str(smtp_port)} if smtp_port else {}),
         **settings,

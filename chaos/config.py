@@ -211,7 +211,7 @@ def app_env(
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "STRIPE_WEBHOOK_SECRET": "whsec_" + secrets.token_hex(24),
-        # The load signs test-mode events (webhooks/testing.py); production acts on live only.
+        # The load signs test-mode events (stack/stripe_events.py); production acts on live only.
         "STRIPE_LIVEMODE": "test",
         "DJANGO_SECURE_SSL_REDIRECT": "0",
         "DJANGO_ALLOWED_HOSTS": ",".join(web_hosts),

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhooks import testing
+from stack import stripe_events
 
 PATH = "/webhooks/stripe/"
 
@@ -93,7 +93,7 @@ def plan_build(
         recipient_of[invoice_id] = recipient
         if i in refused_indexes:
             refused.add(invoice_id)
-        obj = testing.invoice_object(
+        obj = stripe_events.invoice_object(
             invoice_id=invoice_id,
             customer_email=recipient,
             customer_name=f"Customer {i}",
@@ -104,8 +104,8 @@ def plan_build(
             types.append("invoice.payment_succeeded")
             both += 1
         for event_type in types:
-            event = testing.event(event_type, obj)
-            originals.append(Delivery(event["id"], invoice_id, testing.encode(event), False))
+            event = stripe_events.event(event_type, obj)
+            originals.append(Delivery(event["id"], invoice_id, stripe_events.encode(event), False))
     # resends / (originals + resends) >= duplicate_share
     resends = math.ceil(len(originals) * duplicate_share / (1 - duplicate_share))
     deliveries = originals + [
@@ -231,7 +231,7 @@ class Sender:
                 body=body,
                 headers={
                     "Content-Type": "application/json",
-                    "Stripe-Signature": testing.signature_header(body, self.secret),
+                    "Stripe-Signature": stripe_events.signature_header(body, self.secret),
                     "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
                 },
             )

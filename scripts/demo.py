@@ -290,7 +290,7 @@ def play(sink: SmtpServer) -> None:
     from asyncwork.models import DeadLetter
     from invoicing.models import EmailDelivery, Invoice
     from invoicing.services import invoice_recipient_correct
-    from webhooks import testing
+    from stack import stripe_events
 
     say(f"== Invoice emails, end to end (logs in {LOGS})")
     call_command("migrate", verbosity=0)  # which also syncs the scheduled jobs' schedules
@@ -327,15 +327,15 @@ def play(sink: SmtpServer) -> None:
             secret = settings.STRIPE_WEBHOOK_SECRETS[0]
 
             def deliver(event: dict[str, Any]) -> None:
-                body = testing.encode(event)
-                status, answer = post(url, body, testing.signature_header(body, secret))
+                body = stripe_events.encode(event)
+                status, answer = post(url, body, stripe_events.signature_header(body, secret))
                 say(f"  POST {event['type']} {event['id']} -> {status} {json.dumps(answer)}")
 
             say("\n1. invoice.paid, delivered twice (a provider retry)")
-            invoice_id = testing.new_id("in")
-            paid = testing.event(
+            invoice_id = stripe_events.new_id("in")
+            paid = stripe_events.event(
                 "invoice.paid",
-                testing.invoice_object(
+                stripe_events.invoice_object(
                     invoice_id=invoice_id,
                     customer_email="ada@example.com",
                     customer_name="Ada Lovelace",
@@ -351,11 +351,11 @@ def play(sink: SmtpServer) -> None:
             show_email(sink.messages[0])
 
             say("\n2. a paid invoice whose recipient the mail server refuses")
-            refused_id = testing.new_id("in")
+            refused_id = stripe_events.new_id("in")
             deliver(
-                testing.event(
+                stripe_events.event(
                     "invoice.paid",
-                    testing.invoice_object(invoice_id=refused_id, customer_email=MISTYPED),
+                    stripe_events.invoice_object(invoice_id=refused_id, customer_email=MISTYPED),
                 )
             )
             letter = expect(

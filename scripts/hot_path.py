@@ -49,11 +49,10 @@ import coverage
 import psycopg
 import redis
 
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import HOST, wait_until
 from stack.process import ROOT, ProcessError
 from stack.smtp import SmtpServer
-from webhooks import testing
 
 DOC = ROOT / "docs" / "explanation" / "hot-path.md"
 START, END = "<!-- hot-path:start -->", "<!-- hot-path:end -->"
@@ -257,8 +256,10 @@ def phase(data: Path, name: str, pids: list[int] | None = None) -> list[int]:
 def invoice(env: dict[str, str], url: str, sink: SmtpServer, number: int) -> None:
     """Post a paid invoice's event, signed, and wait until it is done: its email received,
     every job finished and every message acknowledged."""
-    body = testing.encode(
-        testing.event("invoice.paid", testing.invoice_object(invoice_id=testing.new_id("in")))
+    body = stripe_events.encode(
+        stripe_events.event(
+            "invoice.paid", stripe_events.invoice_object(invoice_id=stripe_events.new_id("in"))
+        )
     )
     request = urllib.request.Request(
         url,
@@ -266,7 +267,7 @@ def invoice(env: dict[str, str], url: str, sink: SmtpServer, number: int) -> Non
         method="POST",
         headers={
             "Content-Type": "application/json",
-            "Stripe-Signature": testing.signature_header(body, env["STRIPE_WEBHOOK_SECRET"]),
+            "Stripe-Signature": stripe_events.signature_header(body, env["STRIPE_WEBHOOK_SECRET"]),
         },
     )
     with urllib.request.urlopen(request, timeout=10) as response:  # an error status raises

@@ -79,7 +79,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
 _run_own("REDIS_KEY_PREFIX", f"test-{_RUN}")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_BASE", "1")
 os.environ.setdefault("EMAIL_RETRY_BACKOFF_MAX", "2")
-# The events the tests sign are test-mode events (livemode false, as webhooks/testing.py makes
+# The events the tests sign are test-mode events (livemode false, as stack/stripe_events.py makes
 # them), whatever DJANGO_DEBUG is: the endpoint under test acts on test mode.
 os.environ.setdefault("STRIPE_LIVEMODE", "test")
 

@@ -36,13 +36,12 @@ from asyncwork.deadletters import record
 from asyncwork.errors import PermanentError
 from asyncwork.models import Job
 from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import HOST, free_port, wait_until
 from stack.process import Process
 from tests.helpers.metrics import Samples, scrape
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import EventsCursor
 from webhooks.reconcile import JOB as RECONCILE_JOB
 
@@ -275,7 +274,7 @@ def served(transactional_db: None, client: Client, settings: Any) -> Exported:
     connection.close()
     connection.settings_dict["PORT"] = "1"  # nothing listens there: the database refuses
     try:
-        unavailable = post_event(client, stripe_testing.encode(paid_event()))
+        unavailable = post_event(client, stripe_events.encode(paid_event()))
     finally:
         connection.close()
         connection.settings_dict["PORT"] = real_port
@@ -287,9 +286,9 @@ def served(transactional_db: None, client: Client, settings: Any) -> Exported:
         "BACKPRESSURE_HARD_MARK": 1000,
     }
     Job.objects.create(task=send_invoice_email.module_path, args=[0], queue=EMAIL_QUEUE)
-    ignored = stripe_testing.event("customer.created", stripe_testing.customer_object())
-    shed = post_event(client, stripe_testing.encode(ignored))
-    rejected = post_event(client, stripe_testing.encode(paid_event()), secret="whsec_wrong")
+    ignored = stripe_events.event("customer.created", stripe_events.customer_object())
+    shed = post_event(client, stripe_events.encode(ignored))
+    rejected = post_event(client, stripe_events.encode(paid_event()), secret="whsec_wrong")
     assert [unavailable.status_code, shed.status_code, rejected.status_code] == [503, 503, 400]
 
     settings.STRIPE_API_KEY = "sk_test_alert_rules"

@@ -39,7 +39,7 @@ from asyncwork.contrib.periodic.beat import active_beat
 from asyncwork.models import DeadLetter, ScheduledJob
 from core.celery import app
 from invoicing.models import Invoice
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import free_port, wait_until
 from stack.process import ROOT, Process
 from stack.smtp import SmtpServer
@@ -49,7 +49,6 @@ from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_signed
 from tests.helpers.web import hashed_name
-from webhooks import testing as stripe_testing
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # Chromium
 
@@ -228,7 +227,7 @@ def test_the_operator_pages_are_styled_as_deployed(
             paid_event(customer_email="ada@example.com", customer_name="Ada Lovelace", amount=4200),
             paid_event(customer_email="typo@exmaple.com"),  # refused by the mail server
         ):
-            assert post_signed(url, stripe_testing.encode(event)).status_code == 200
+            assert post_signed(url, stripe_events.encode(event)).status_code == 200
         assert wait_until(lambda: DeadLetter.objects.count() == 1, timeout=30)
         smtp.handler.wait_for(1, timeout=20)
         sent = smtp.messages

@@ -12,8 +12,8 @@
   catches up. A page with examples has its commands run in a process laid over with them, as
   its test is, so that the web server and the worker have what the page adds (a handler the
   commands trigger). Two things differ from a developer's terminal: the web server is this test's
-  (``127.0.0.1:8000`` in a command is its address, and ``stripe_trigger`` posts to it), and the
-  commands in ``NOT_RUN`` are not run, for the reason given.
+  (``127.0.0.1:8000`` in a command is its address, and ``stack.stripe_trigger`` posts to it),
+  and the commands in ``NOT_RUN`` are not run, for the reason given.
 
 The package's README is run from its wheel, in a new project (tests/test_quickstart.py).
 """
@@ -197,7 +197,7 @@ def _not_run(command: str) -> str | None:
 def _as_run(command: str, server: str) -> str:
     """The command against this test's web server."""
     command = command.replace(TEST_SERVER, server)
-    if "manage.py stripe_trigger" in command and "--url" not in command:
+    if "-m stack.stripe_trigger" in command and "--url" not in command:
         command += f" --url {server}/webhooks/stripe/"
     return command
 

@@ -25,9 +25,9 @@ from asyncwork.tasks import RUN
 from core.celery import app
 from invoicing.models import Invoice
 from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
+from stack import stripe_events
 from stack.net import free_port
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db
@@ -72,11 +72,11 @@ def backlog(count: int, *, due_at: Any = None) -> None:
 
 
 def ignored_event() -> dict[str, Any]:
-    return stripe_testing.event("customer.created", stripe_testing.customer_object())
+    return stripe_events.event("customer.created", stripe_events.customer_object())
 
 
 def deliver(client: Client, event: dict[str, Any]) -> Any:
-    return post_event(client, stripe_testing.encode(event))
+    return post_event(client, stripe_events.encode(event))
 
 
 def stored(event: dict[str, Any]) -> bool:
@@ -133,7 +133,7 @@ def test_a_duplicate_of_a_stored_payment_is_shed_at_the_hard_mark_without_harm(
     client: Client, marks: Any, quiet_email_queue: None
 ) -> None:
     payment = paid_event("in_bp_dup")
-    body = stripe_testing.encode(payment)
+    body = stripe_events.encode(payment)
     assert post_event(client, body).status_code == 200
     backlog(20)
     assert post_event(client, body).status_code == 503

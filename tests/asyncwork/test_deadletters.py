@@ -30,7 +30,7 @@ from asyncwork.models import DeadLetter, Job
 from invoicing.models import Invoice
 from invoicing.services import invoice_recipient_correct
 from invoicing.tasks import invoice_email_send, send_invoice_email
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import wait_until
 from stack.process import ROOT
 from stack.smtp import SmtpServer
@@ -43,7 +43,6 @@ from tests.helpers.factories import paid_invoice, staff_user
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -265,10 +264,10 @@ def test_each_dead_letter_is_one_error_line_and_only_a_bug_logs_its_traceback(
 
     try:
         worker.wait_ready()
-        post_event(client, stripe_testing.encode(paid_event(customer_email="typo@exmaple.com")))
+        post_event(client, stripe_events.encode(paid_event(customer_email="typo@exmaple.com")))
         assert wait_until(lambda: failed(1), timeout=30)
         smtp.handler.faults.always = "451 4.3.0 try again later"
-        post_event(client, stripe_testing.encode(paid_event(customer_email="busy@example.com")))
+        post_event(client, stripe_events.encode(paid_event(customer_email="busy@example.com")))
         assert wait_until(lambda: failed(2), timeout=60)
         test_tasks.divide.enqueue(1, 0)
         assert wait_until(lambda: failed(3), timeout=30)

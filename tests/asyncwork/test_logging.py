@@ -24,12 +24,11 @@ from asyncwork.logging import log_context, log_context_bind
 from asyncwork.models import Job
 from asyncwork.outbox import message_id
 from invoicing.models import EmailDelivery, Invoice
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 
 def console_handler(log_format: str, stream: io.StringIO) -> logging.Handler:
@@ -101,11 +100,11 @@ def test_a_stale_event_line_carries_the_event_and_invoice_it_belongs_to(
 ) -> None:
     """The service logs a stale event with the invoice id only; the event id comes from the
     context the view opened, and leaves with the request."""
-    invoice_id = stripe_testing.new_id("in")
+    invoice_id = stripe_events.new_id("in")
     newer = paid_event(invoice_id, created=1_900_000_000)
     older = paid_event(invoice_id, event_type="invoice.payment_succeeded", created=1_800_000_000)
-    assert post_event(client, stripe_testing.encode(newer)).status_code == 200
-    assert post_event(client, stripe_testing.encode(older)).status_code == 200
+    assert post_event(client, stripe_events.encode(newer)).status_code == 200
+    assert post_event(client, stripe_events.encode(older)).status_code == 200
     logging.getLogger("tests.logging").info("after the requests")
 
     invoice = Invoice.objects.get(provider_invoice_id=invoice_id)
@@ -137,7 +136,7 @@ def test_json_lines_of_a_worker_process_carry_event_invoice_task_and_attempt(
     try:
         worker.wait_ready()
         event = paid_event()
-        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        assert post_event(client, stripe_events.encode(event)).status_code == 200
         smtp.handler.wait_for(1, timeout=30)
         assert wait_until(lambda: "succeeded in" in worker.log_text(), timeout=10)
     finally:
@@ -340,7 +339,7 @@ def test_a_refused_recipient_never_reaches_the_logs_unless_log_pii_is_on(
     try:
         worker.wait_ready()
         event = paid_event(customer_email=address)
-        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        assert post_event(client, stripe_events.encode(event)).status_code == 200
         assert wait_until(lambda: "dead-lettered" in worker.log_text(), timeout=30)
         assert wait_until(lambda: "succeeded in" in worker.log_text(), timeout=10)
     finally:

@@ -33,7 +33,7 @@ from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import EMAIL_QUEUE, email_breaker, send_invoice_email
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import free_port, wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.metrics import (
@@ -47,7 +47,6 @@ from tests.helpers.metrics import (
 )
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
-from webhooks import testing as stripe_testing
 
 SEND_INVOICE_EMAIL = send_invoice_email.module_path
 
@@ -58,7 +57,7 @@ def registry_value(name: str, **labels: str) -> float:
 
 
 def ignored_event() -> dict[str, Any]:
-    return stripe_testing.event("customer.created", stripe_testing.customer_object())
+    return stripe_events.event("customer.created", stripe_events.customer_object())
 
 
 # --- The web process's event counters ----------------------------------------------------------
@@ -74,13 +73,13 @@ def test_webhook_deliveries_are_counted_by_outcome(client: Client, settings: Any
         "BACKPRESSURE_SOFT_MARK": 1,
         "BACKPRESSURE_HARD_MARK": 1000,
     }
-    payment = stripe_testing.encode(paid_event())
+    payment = stripe_events.encode(paid_event())
     before = scrape(client)
 
     statuses = [
         post_event(client, payment).status_code,  # accepted
         post_event(client, payment).status_code,  # duplicate
-        post_event(client, stripe_testing.encode(ignored_event())).status_code,
+        post_event(client, stripe_events.encode(ignored_event())).status_code,
         post_event(client, payment, secret="whsec_wrong").status_code,
     ]
 
@@ -97,7 +96,7 @@ def test_webhook_deliveries_are_counted_by_outcome(client: Client, settings: Any
 @pytest.mark.django_db(transaction=True)
 def test_outbox_publishes_are_timed_and_failures_counted(client: Client) -> None:
     before = scrape(client)
-    assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+    assert post_event(client, stripe_events.encode(paid_event())).status_code == 200
 
     # A publish the broker refuses: a thread of its own builds its broker connection anew.
     row = Job.objects.create(task=SEND_INVOICE_EMAIL, args=[0], queue=queues.DLQ)
@@ -350,19 +349,19 @@ def test_task_attempts_and_outcomes_are_counted_by_the_worker(
     settings.EMAIL_BREAKER_RESET_SECONDS = 1
     with worker_thread():
         smtp.handler.faults.replies = ["451 4.3.0 try again later"]
-        post_event(client, stripe_testing.encode(paid_event()))
+        post_event(client, stripe_events.encode(paid_event()))
         assert wait_until(lambda: grew("successful") == 1, timeout=30)
         assert grew("retry") == 1
 
         breaker = email_breaker()
         for _ in range(breaker.threshold):
             breaker.record_failure()
-        post_event(client, stripe_testing.encode(paid_event()))
+        post_event(client, stripe_events.encode(paid_event()))
         assert wait_until(lambda: grew("successful") == 2, timeout=30)
         assert grew("deferred") >= 1
 
         smtp.handler.faults.always = "550 5.7.1 message rejected"
-        post_event(client, stripe_testing.encode(paid_event()))
+        post_event(client, stripe_events.encode(paid_event()))
         assert wait_until(lambda: grew("failed") == 1, timeout=30)
 
     assert len(smtp.messages) == 2
@@ -440,7 +439,7 @@ def test_gunicorn_workers_counts_are_summed_in_one_scrape(gunicorn: tuple[str, P
     assert not (directory / "counter_1.db").exists()
 
     def deliver(_: int) -> int:
-        body = stripe_testing.encode(paid_event())
+        body = stripe_events.encode(paid_event())
         return int(post_signed(f"{url}{WEBHOOK_URL}", body).status_code)
 
     def writers() -> set[str]:
@@ -492,7 +491,7 @@ def test_a_prefork_worker_serves_its_childrens_counts(
     try:
         worker.wait_ready()
         for _ in range(4):
-            assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+            assert post_event(client, stripe_events.encode(paid_event())).status_code == 200
         smtp.handler.wait_for(4, timeout=30)
         assert wait_until(lambda: successes() == 4, timeout=10), worker.log_text()
         samples = scraped()

@@ -21,6 +21,7 @@ from asyncwork.models import Job
 from asyncwork.outbox import _producer_drop
 from asyncwork.poll import POLL_SECONDS
 from asyncwork.settings import asyncwork_settings
+from stack import stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
@@ -28,7 +29,6 @@ from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.redis_server import PrivateRedis
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,7 +56,7 @@ def stallable_broker(
 def test_stalled_broker_at_commit_leaves_the_job_to_a_workers_poll(
     client: Client, smtp: SmtpServer, stallable_broker: redis.Redis
 ) -> None:
-    body = stripe_testing.encode(paid_event())
+    body = stripe_events.encode(paid_event())
     stallable_broker.execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # the broker stalls
     started = time.monotonic()
     response = post_event(client, body)
@@ -91,7 +91,7 @@ def test_a_publisher_killed_between_publish_and_mark_publishes_again_and_one_ema
     """The state a crash after publishing but before marking the row leaves behind: the message
     went out, the row is still unpublished; the relay publishes it again. Both messages wait for
     the worker, which runs the job once (its claim): one run, one email."""
-    assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+    assert post_event(client, stripe_events.encode(paid_event())).status_code == 200
     row = Job.objects.get()
     assert row.published_at is not None
     Job.objects.filter(pk=row.pk).update(published_at=None)  # the mark, lost
@@ -165,7 +165,7 @@ def test_a_mark_the_database_refuses_fails_no_request_and_leaves_the_row_to_the_
     with connection.cursor() as cursor:
         cursor.execute(REFUSE_MARKS)
     try:
-        assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+        assert post_event(client, stripe_events.encode(paid_event())).status_code == 200
         row = Job.objects.get()
         assert (row.published_at, row.publish_attempts) == (None, 0)
         assert sum(broker.jobs_in_broker().values()) == 1  # it went out all the same

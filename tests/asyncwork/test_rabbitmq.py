@@ -16,13 +16,12 @@ from asyncwork import queues
 from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
-from stack import launch
+from stack import launch, stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.processes import poison_job_dead_lettered, worker_env, worker_thread
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 pytestmark = [pytest.mark.django_db(transaction=True), broker.rabbitmq_only]
 
@@ -71,7 +70,7 @@ def test_the_outbox_marks_a_job_published_only_once_rabbitmq_confirmed_it(
         # A quorum queue refuses publishes once over its limit: fill it.
         with Connection(app.conf.broker_url, transport_options={"confirm_publish": True}) as conn:
             conn.Producer().publish({"filler": True}, exchange="email", routing_key="email")
-        assert post_event(client, stripe_testing.encode(paid_event())).status_code == 200
+        assert post_event(client, stripe_events.encode(paid_event())).status_code == 200
         row = Job.objects.get()
         assert row.published_at is None
         assert row.publish_attempts == 1

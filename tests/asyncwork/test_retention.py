@@ -18,9 +18,9 @@ from django.utils import timezone
 from asyncwork.contrib.periodic.retention import JOB_RETENTION_DAYS, retention_purge
 from asyncwork.models import Job
 from invoicing.models import Invoice
+from stack import stripe_events
 from stack.process import ROOT
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.stripe import webhook_event_reprocess
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def delivered(client: Client, event: dict[str, Any], *, days_ago: float) -> WebhookEvent:
     """An event delivered through the real view, then aged."""
-    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert post_event(client, stripe_events.encode(event)).status_code == 200
     rows = WebhookEvent.objects.filter(event_id=event["id"])
     rows.update(received_at=timezone.now() - timedelta(days=days_ago))
     return rows.get()
@@ -43,7 +43,7 @@ def test_bodies_are_cleared_in_every_state_and_dedupe_still_holds(settings: Any)
     old = delivered(client, old_paid, days_ago=31)
     old_ignored = delivered(
         client,
-        stripe_testing.event("customer.created", stripe_testing.customer_object()),
+        stripe_events.event("customer.created", stripe_events.customer_object()),
         days_ago=45,
     )
     failed = delivered(client, paid_event(), days_ago=40)
@@ -63,7 +63,7 @@ def test_bodies_are_cleared_in_every_state_and_dedupe_still_holds(settings: Any)
 
     # Stripe redelivers the old event: its id still makes it a duplicate; nothing changes.
     invoices, jobs = Invoice.objects.count(), Job.objects.count()
-    again = post_event(client, stripe_testing.encode(old_paid))
+    again = post_event(client, stripe_events.encode(old_paid))
     assert again.status_code == 200
     assert again.json()["duplicate"] is True
     assert (Invoice.objects.count(), Job.objects.count()) == (invoices, jobs)

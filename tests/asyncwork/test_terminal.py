@@ -1,9 +1,10 @@
 """Stored or requested text never drives a terminal: every command that prints such text (through
-``asyncwork.logging.printable``), run as ``python manage.py`` with hostile text in place,
-writes no control character to stdout or stderr, its log lines included, only the line breaks
-it means: the address of a paid invoice (``x<ESC>]0;pwned<BEL><ESC>[2J@example.com`` retitles
-the window and clears the screen) through ``dlq`` and ``invoice show``, an operator's ``why``
-sent through the API, a job's last error, a username, and a provider's answers."""
+``asyncwork.logging.printable``), run as ``python manage.py`` (the kit's ``python -m
+stack.stripe_trigger`` likewise) with hostile text in place, writes no control character to
+stdout or stderr, its log lines included, only the line breaks it means: the address of a paid
+invoice (``x<ESC>]0;pwned<BEL><ESC>[2J@example.com`` retitles the window and clears the screen)
+through ``dlq`` and ``invoice show``, an operator's ``why`` sent through the API, a job's last
+error, a username, and a provider's answers."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from asyncwork import deadletters
 from asyncwork.contrib.periodic.jobs import jobs_declared
 from asyncwork.models import DeadLetter, ScheduledJob
 from invoicing.models import Invoice
+from stack import stripe_events
 from stack.net import wait_until
 from stack.process import ROOT
 from stack.smtp import SmtpServer
@@ -29,7 +31,6 @@ from stack.standin import JsonHandler, StandIn
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_env, worker_thread
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 # What a customer's address held, as reproduced: sets the window's title, clears the screen.
 ADDRESS = "x\x1b]0;pwned\x07\x1b[2J@example.com"
@@ -41,8 +42,14 @@ pytestmark = pytest.mark.django_db(transaction=True)  # the commands read what t
 
 def manage(*args: str, **settings: Any) -> subprocess.CompletedProcess[bytes]:
     """A real ``python manage.py <args>`` on this test's database; its raw output."""
+    return python("manage.py", *args, **settings)
+
+
+def python(*args: str, **settings: Any) -> subprocess.CompletedProcess[bytes]:
+    """A real ``python <args>`` (``manage.py ...``, ``-m stack.stripe_trigger ...``) on this
+    test's database; its raw output."""
     return subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, *args],
         cwd=ROOT,
         capture_output=True,
         timeout=60,
@@ -72,7 +79,7 @@ def test_a_hostile_address_and_why_reach_no_terminal_through_dlq_and_invoice_sho
     replay check's refusal that ``dlq replay`` and its dry run print; an operator's ``why``,
     sent through the API, is what ``invoice show`` prints of the dead letter."""
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event(customer_email=ADDRESS)))
+        post_event(client, stripe_events.encode(paid_event(customer_email=ADDRESS)))
         assert wait_until(DeadLetter.objects.exists, timeout=20)
     letter, invoice = DeadLetter.objects.get(), Invoice.objects.get()
     assert invoice.customer_email == ADDRESS  # stored as the provider sent it
@@ -183,7 +190,7 @@ def provider() -> Iterator[HostileProvider]:
 def test_a_providers_answers_reach_no_terminal_through_stripe_trigger_and_reconcile(
     provider: HostileProvider,
 ) -> None:
-    trigger = manage("stripe_trigger", "invoice.paid", "--url", f"{provider.address}/")
+    trigger = python("-m", "stack.stripe_trigger", "invoice.paid", "--url", f"{provider.address}/")
     reconcile = manage(
         "stripe_reconcile",
         STRIPE_API_KEY="sk_test_hostile",

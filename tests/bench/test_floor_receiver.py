@@ -16,9 +16,9 @@ from psycopg.conninfo import make_conninfo
 from asyncwork.models import Job
 from bench import floor_receiver
 from invoicing.models import Invoice
+from stack import stripe_events
 from tests.helpers import broker
 from tests.helpers.stripe import SECRET, paid_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), broker.redis_only]
@@ -28,7 +28,7 @@ def _post(body: bytes) -> tuple[str, bytes]:
     environ = {
         "REQUEST_METHOD": "POST",
         "CONTENT_LENGTH": str(len(body)),
-        "HTTP_STRIPE_SIGNATURE": stripe_testing.signature_header(body, SECRET),
+        "HTTP_STRIPE_SIGNATURE": stripe_events.signature_header(body, SECRET),
         "wsgi.input": io.BytesIO(body),
     }
     statuses: list[str] = []
@@ -60,7 +60,7 @@ def test_the_floor_receiver_stores_an_event_once_with_its_invoice_and_job_row(
     monkeypatch.setenv("DATABASE_URL", conninfo)
     monkeypatch.setenv("STRIPE_WEBHOOK_SECRET", SECRET)
     monkeypatch.setattr(floor_receiver, "_process", {})
-    body = stripe_testing.encode(paid_event())
+    body = stripe_events.encode(paid_event())
     try:
         assert _post(body) == ("200 OK", b'{"received": true, "duplicate": false}')
         assert _post(body) == ("200 OK", b'{"received": true, "duplicate": true}')

@@ -16,11 +16,11 @@ from bench import tutorial
 from bench.fullstack import TUTORIAL_DOMAIN, emails_check
 from bench.run import TUTORIAL_PATH
 from invoicing.models import Invoice
+from stack import stripe_events
 from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.factories import paid_invoice
 from tests.helpers.stripe import SECRET, paid_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("bench.urls")]
@@ -31,7 +31,7 @@ def _post(client: Client, body: bytes, *, secret: str = SECRET) -> Any:
         TUTORIAL_PATH,
         data=body,
         content_type="application/json",
-        HTTP_STRIPE_SIGNATURE=stripe_testing.signature_header(body, secret),
+        HTTP_STRIPE_SIGNATURE=stripe_events.signature_header(body, secret),
     )
 
 
@@ -39,7 +39,7 @@ def test_the_tutorial_webhook_stores_a_new_event_once_and_publishes_its_email_on
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STRIPE_WEBHOOK_SECRET", SECRET)
-    body = stripe_testing.encode(paid_event())
+    body = stripe_events.encode(paid_event())
 
     assert _post(client, body, secret="whsec_someone_else").status_code == 400
     assert not WebhookEvent.objects.exists()
@@ -57,7 +57,7 @@ def test_the_tutorial_webhook_stores_a_new_event_once_and_publishes_its_email_on
 
 
 def test_the_tutorial_task_sends_one_email_named_by_its_recipient(smtp: SmtpServer) -> None:
-    provider_id = stripe_testing.new_id("in")
+    provider_id = stripe_events.new_id("in")
     invoice = paid_invoice(provider_id, customer_email=f"{provider_id}@{TUTORIAL_DOMAIN}")
 
     tutorial.send_invoice_email(invoice.pk)

@@ -9,8 +9,8 @@ from typing import Any
 import requests
 from django.test import Client
 
+from stack import stripe_events
 from stack.stripe_api import ERROR, HANG, MALFORMED, RATE_LIMITED
-from webhooks import testing as stripe_testing
 
 SECRET = "whsec_test_primary"
 WEBHOOK_URL = "/webhooks/stripe/"
@@ -37,7 +37,7 @@ def post_event(
     """POST ``body`` to the webhook with Django's test client, signed with ``secret`` at
     ``timestamp`` (now), or with ``header`` as it is."""
     if header is None:
-        header = stripe_testing.signature_header(body, secret, timestamp=timestamp)
+        header = stripe_events.signature_header(body, secret, timestamp=timestamp)
     return client.post(
         WEBHOOK_URL,
         data=body,
@@ -54,7 +54,7 @@ def post_signed(url: str, body: bytes) -> requests.Response:
         data=body,
         headers={
             "Content-Type": "application/json",
-            "Stripe-Signature": stripe_testing.signature_header(body, SECRET),
+            "Stripe-Signature": stripe_events.signature_header(body, SECRET),
         },
         timeout=10,
     )
@@ -68,10 +68,10 @@ def paid_event(
     **invoice: Any,
 ) -> dict[str, Any]:
     """An ``invoice.paid`` event (or ``event_type``) for a new invoice unless given."""
-    invoice_id = invoice_id or stripe_testing.new_id("in")
-    return stripe_testing.event(
+    invoice_id = invoice_id or stripe_events.new_id("in")
+    return stripe_events.event(
         event_type,
-        stripe_testing.invoice_object(invoice_id=invoice_id, **invoice),
+        stripe_events.invoice_object(invoice_id=invoice_id, **invoice),
         created=created,
     )
 
@@ -84,7 +84,7 @@ def cli_invoice_paid_events(*, customer_email: str | None = None) -> list[dict[s
     and paid with the card. The invoice carries the customer's id, and its email as it was
     at finalization (null without one)."""
     now = int(time.time()) - 60
-    ids = {p: stripe_testing.new_id(p) for p in ("cus", "pm", "ii", "in", "pi", "ch")}
+    ids = {p: stripe_events.new_id(p) for p in ("cus", "pm", "ii", "in", "pi", "ch")}
     cli = "(created by Stripe CLI)"
     number = f"{ids['cus'][4:12].upper()}-0001"
     common = {"livemode": False, "metadata": {}}
@@ -123,7 +123,7 @@ def cli_invoice_paid_events(*, customer_email: str | None = None) -> list[dict[s
     }
 
     def invoice(status: str) -> dict[str, Any]:
-        obj = stripe_testing.invoice_object(
+        obj = stripe_events.invoice_object(
             invoice_id=ids["in"], customer_name=None, status=status, paid_at=now + 5
         )
         finalized = status != "draft"
@@ -187,6 +187,6 @@ def cli_invoice_paid_events(*, customer_email: str | None = None) -> list[dict[s
         ("charge.succeeded", charge),
     ]
     return [
-        stripe_testing.event(event_type, obj, created=now + n)
+        stripe_events.event(event_type, obj, created=now + n)
         for n, (event_type, obj) in enumerate(made)
     ]

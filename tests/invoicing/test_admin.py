@@ -27,6 +27,7 @@ from asyncwork.models import IdempotencyRecord, Job
 from invoicing.admin import RESEND_SELECTION_MAX
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import invoice_email_key, invoice_email_send, resend_invoice_email
+from stack import stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.admin import (
@@ -44,7 +45,6 @@ from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -451,7 +451,7 @@ def test_the_providers_next_event_does_not_undo_a_correction_and_the_email_uses_
     and the email goes where the operator said, until the correction is removed."""
     now = int(time.time())
     first = paid_event("in_corr", created=now - 60, customer_email="typo@exmaple.com")
-    assert post_event(client, stripe_testing.encode(first)).status_code == 200
+    assert post_event(client, stripe_events.encode(first)).status_code == 200
     paid = Invoice.objects.get(provider_invoice_id="in_corr")
     assert correct(staff, paid, email="right@example.com", reason="typo").status_code == 302
 
@@ -461,7 +461,7 @@ def test_the_providers_next_event_does_not_undo_a_correction_and_the_email_uses_
         event_type="invoice.payment_succeeded",
         customer_email="new@provider.com",
     )
-    assert post_event(client, stripe_testing.encode(later)).status_code == 200
+    assert post_event(client, stripe_events.encode(later)).status_code == 200
     paid.refresh_from_db()
     assert (paid.customer_email, paid.recipient_override) == (
         "new@provider.com",

@@ -1,8 +1,9 @@
 """``manage.py invoice show|recipient INVOICE``: an invoice found by its id, provider's id or
 number (one that names none or several is refused with the candidates); ``show`` says where its
 emails go and each email's and dead letter's state; ``recipient`` is the admin's correction,
-recorded as ``cli:<actor>``; ``open`` makes an open invoice that ``stripe_trigger``'s events then
-act on; bad input is one line and exit status 1 (2 for argparse's own), with nothing changed."""
+recorded as ``cli:<actor>``; ``open`` makes an open invoice that the events of the kit's
+``python -m stack.stripe_trigger`` then act on; bad input is one line and exit status 1 (2 for
+argparse's own), with nothing changed."""
 
 from __future__ import annotations
 
@@ -341,18 +342,27 @@ def test_open_makes_an_open_invoice_that_a_triggered_event_acts_on(
     assert opened.provider_updated_at.microsecond == 0  # a Stripe event's resolution
 
     # At once, in the same second: the event is not older than the invoice.
-    out = StringIO()
-    call_command(
-        "stripe_trigger",
-        "invoice.voided",
-        "--invoice-id",
-        opened.provider_invoice_id,
-        "--url",
-        f"{live_server.url}/webhooks/stripe/",
-        stdout=out,
+    triggered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stack.stripe_trigger",
+            "invoice.voided",
+            "--invoice-id",
+            opened.provider_invoice_id,
+            "--url",
+            f"{live_server.url}/webhooks/stripe/",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
     )
-    assert '"type": "invoice.voided"' in out.getvalue()
-    assert '"handled": true' in out.getvalue()
+    assert triggered.returncode == 0, triggered.stderr
+    assert '"type": "invoice.voided"' in triggered.stdout
+    assert '"handled": true' in triggered.stdout
     assert Invoice.objects.get().status == Invoice.Status.VOID
 
 

@@ -21,12 +21,12 @@ from asyncwork.errors import TransientError, Unreachable
 from asyncwork.models import DeadLetter
 from invoicing import tasks
 from invoicing.models import EmailDelivery, Invoice
+from stack import stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers.mail import use_smtp
 from tests.helpers.processes import worker_thread
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,7 +44,7 @@ def deliver(client: Client, smtp: SmtpServer, *events: dict[str, Any]) -> list[E
     """Post the events and let a real worker send them; what the server received."""
     with worker_thread():
         for event in events:
-            assert post_event(client, stripe_testing.encode(event)).status_code == 200
+            assert post_event(client, stripe_events.encode(event)).status_code == 200
         wait_until(
             lambda: len(smtp.messages) + DeadLetter.objects.count() >= len(events), timeout=30
         )
@@ -188,7 +188,7 @@ def test_unencodable_text_in_the_address_is_a_dead_letter_not_a_crash(
     event = paid_event()
     event["data"]["object"]["customer_email"] = "jen\ud800ny@example.com"
     with worker_thread():
-        body = stripe_testing.encode(event)
+        body = stripe_events.encode(event)
         assert post_event(client, body).status_code == 200
         assert wait_until(DeadLetter.objects.exists, timeout=30)
     letter = DeadLetter.objects.get()

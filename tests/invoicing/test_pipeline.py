@@ -11,13 +11,13 @@ from asyncwork.outbox import message_id
 from asyncwork.tasks import TaskResultStatus
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
+from stack import stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from tests.helpers import broker
 from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +32,7 @@ def test_one_paid_event_sends_one_email(client: Client, smtp: SmtpServer) -> Non
         number="INV-42",
     )
     with worker_thread():
-        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        assert post_event(client, stripe_events.encode(event)).status_code == 200
         smtp.handler.wait_for(1, timeout=20)
         [message] = smtp.messages
 
@@ -58,10 +58,8 @@ def test_one_paid_event_sends_one_email(client: Client, smtp: SmtpServer) -> Non
 def test_paid_and_payment_succeeded_each_delivered_twice_send_one_email(
     client: Client, smtp: SmtpServer
 ) -> None:
-    paid = stripe_testing.encode(paid_event("in_twice"))
-    succeeded = stripe_testing.encode(
-        paid_event("in_twice", event_type="invoice.payment_succeeded")
-    )
+    paid = stripe_events.encode(paid_event("in_twice"))
+    succeeded = stripe_events.encode(paid_event("in_twice", event_type="invoice.payment_succeeded"))
     with worker_thread():
         for body in (paid, succeeded, paid, succeeded):
             assert post_event(client, body).status_code == 200
@@ -84,7 +82,7 @@ def test_smtp_451_twice_then_accepted_is_delivered_on_the_third_attempt(
 ) -> None:
     smtp.handler.faults.replies = ["451 4.3.0 try again later", "451 4.3.0 try again later"]
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event()))
+        post_event(client, stripe_events.encode(paid_event()))
         smtp.handler.wait_for(1, timeout=30)
     assert smtp.handler.attempts == 3
     delivery = EmailDelivery.objects.get()
@@ -95,7 +93,7 @@ def test_smtp_451_twice_then_accepted_is_delivered_on_the_third_attempt(
 def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> None:
     smtp.handler.faults.always = "550 5.7.1 message rejected"
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event()))
+        post_event(client, stripe_events.encode(paid_event()))
         assert wait_until(DeadLetter.objects.exists, timeout=20)
         pipeline_quiet()
     letter = DeadLetter.objects.get()
@@ -119,7 +117,7 @@ def test_smtp_550_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> 
 def test_refused_recipient_is_dead_lettered_at_once(client: Client, smtp: SmtpServer) -> None:
     smtp.handler.faults.refuse = {"nobody@example.com"}
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event(customer_email="nobody@example.com")))
+        post_event(client, stripe_events.encode(paid_event(customer_email="nobody@example.com")))
         assert wait_until(DeadLetter.objects.exists, timeout=20)
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("permanent", 1)
@@ -140,7 +138,7 @@ def test_bad_recipients_are_permanent_failures(
     client: Client, smtp: SmtpServer, email: str, reason: str
 ) -> None:
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event(customer_email=email)))
+        post_event(client, stripe_events.encode(paid_event(customer_email=email)))
         assert wait_until(DeadLetter.objects.exists, timeout=20)
     letter = DeadLetter.objects.get()
     assert (letter.reason, letter.attempts) == ("permanent", 1)
@@ -166,7 +164,7 @@ def test_smtp_unreachable_throughout_dead_letters_after_exactly_five_attempts(
     client: Client, smtp_unreachable: int
 ) -> None:
     with worker_thread():
-        post_event(client, stripe_testing.encode(paid_event()))
+        post_event(client, stripe_events.encode(paid_event()))
         # Backoff 1, 2, 2, 2 s at most (base 1, cap 2 in the test settings), with jitter.
         assert wait_until(DeadLetter.objects.exists, timeout=30)
     letter = DeadLetter.objects.get()

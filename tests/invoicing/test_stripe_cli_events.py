@@ -25,13 +25,13 @@ from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.services import invoice_email_resend_request
 from invoicing.tasks import NO_RECIPIENT_WITHOUT_API
+from stack import stripe_events
 from stack.net import wait_until
 from stack.smtp import SmtpServer
 from stack.stripe_api import ERROR, HANG, RATE_LIMITED, StripeApi
 from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import cli_invoice_paid_events, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,7 +40,7 @@ EMAIL = "jenny.rosen@example.com"
 
 
 def deliver(client: Client, events: list[dict[str, Any]]) -> None:
-    statuses = [post_event(client, stripe_testing.encode(event)).status_code for event in events]
+    statuses = [post_event(client, stripe_events.encode(event)).status_code for event in events]
     assert statuses == [200] * len(events), [e["type"] for e in events]
 
 
@@ -71,7 +71,7 @@ def test_the_cli_events_are_answered_200_and_email_the_customer_read_from_the_ap
         deliver(client, events)
         pipeline_quiet()
         # A later event of the invoice, its customer_email still null, keeps the address read.
-        deliver(client, [stripe_testing.event("invoice.payment_succeeded", paid)])
+        deliver(client, [stripe_events.event("invoice.payment_succeeded", paid)])
         invoice = Invoice.objects.get()
         invoice_email_resend_request(invoice_id=invoice.pk, idempotency_key="again", actor="t")
         pipeline_quiet()
@@ -101,7 +101,7 @@ def test_thin_events_forwarded_to_the_same_url_are_taken_beside_the_snapshot_one
 ) -> None:
     snapshot = cli_invoice_paid_events(customer_email="you@example.com")
     thin = [
-        stripe_testing.trigger_event(event_type)
+        stripe_events.trigger_event(event_type)
         for event_type in (
             "v1.billing.meter.error_report_triggered",
             "v1.billing.meter.no_meter_found",

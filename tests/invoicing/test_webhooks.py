@@ -18,8 +18,8 @@ from asyncwork.models import Job
 from invoicing.models import Invoice
 from invoicing.services import InvoiceData, invoice_record_payment
 from invoicing.tasks import send_invoice_email
+from stack import stripe_events
 from tests.helpers.stripe import paid_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.stripe import Event, Recorded, event_parse, webhook_event_record
 
@@ -31,7 +31,7 @@ NOW = int(time.time())
 def _event(
     invoice_id: str, *, created: int, event_type: str = "invoice.paid", **invoice: Any
 ) -> tuple[Event, str]:
-    body = stripe_testing.encode(
+    body = stripe_events.encode(
         paid_event(invoice_id, event_type=event_type, created=created, **invoice)
     )
     return event_parse(payload=body, signed_at=NOW), body.decode()

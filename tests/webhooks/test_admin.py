@@ -14,13 +14,13 @@ from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import Job
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
+from stack import stripe_events
 from stack.smtp import SmtpServer
 from tests.helpers.admin import action_choices, admin_as, messages, rows, run_action
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,8 +31,8 @@ EVENTS = "/admin/webhooks/webhookevent/"
 def stored(event: dict[str, Any], *, body: bytes | None = None, **fields: Any) -> WebhookEvent:
     """A delivery stored as the view stores it, in the state ``fields`` say (as an earlier
     failure would have left it)."""
-    body = body if body is not None else stripe_testing.encode(event)
-    header = stripe_testing.signature_header(body, "whsec_test_primary")
+    body = body if body is not None else stripe_events.encode(event)
+    header = stripe_events.signature_header(body, "whsec_test_primary")
     return WebhookEvent.objects.create(
         event_id=event["id"],
         type=event["type"],
@@ -55,11 +55,11 @@ def invoice_state(invoice: Invoice) -> tuple[Any, ...]:
 
 def test_pages_show_verdict_body_and_headers_read_only(client: Client, staff: Client) -> None:
     paid = paid_event(customer_email="jenny@example.com")
-    other = stripe_testing.event("customer.created", stripe_testing.customer_object())
-    post_event(client, stripe_testing.encode(paid), HTTP_USER_AGENT="Stripe/1.0")
-    post_event(client, stripe_testing.encode(other))
+    other = stripe_events.event("customer.created", stripe_events.customer_object())
+    post_event(client, stripe_events.encode(paid), HTTP_USER_AGENT="Stripe/1.0")
+    post_event(client, stripe_events.encode(other))
     broken = stored(
-        stripe_testing.event("invoice.paid", {}), error="data.object.id is missing", body=b"{}"
+        stripe_events.event("invoice.paid", {}), error="data.object.id is missing", body=b"{}"
     )
 
     listed = {row["event_id"]: row for row in rows(staff.get(EVENTS))}
@@ -88,7 +88,7 @@ def test_pages_show_verdict_body_and_headers_read_only(client: Client, staff: Cl
 
 
 def test_a_compact_body_is_shown_pretty_printed(staff: Client) -> None:
-    event = stripe_testing.event("customer.created", stripe_testing.customer_object())
+    event = stripe_events.event("customer.created", stripe_events.customer_object())
     row = stored(event, body=b'{"id":"%s","type":"customer.created"}' % event["id"].encode())
     page = staff.get(f"{EVENTS}{row.pk}/change/").content.decode()
     assert f"{{\n  &quot;id&quot;: &quot;{event['id']}&quot;,\n  &quot;type&quot;" in page
@@ -96,7 +96,7 @@ def test_a_compact_body_is_shown_pretty_printed(staff: Client) -> None:
 
 def test_reprocessing_an_applied_event_twice_changes_nothing(client: Client, staff: Client) -> None:
     event = paid_event()
-    post_event(client, stripe_testing.encode(event))
+    post_event(client, stripe_events.encode(event))
     row = WebhookEvent.objects.get()
     invoice = Invoice.objects.get()
     before = invoice_state(invoice)
@@ -152,7 +152,7 @@ def test_reprocess_reports_failed_and_ignored_events(staff: Client) -> None:
     bad = paid_event(currency="us$")
     bad_row = stored(bad, state=WebhookEvent.State.PROCESSED)
     other = stored(
-        stripe_testing.event("customer.created", stripe_testing.customer_object()),
+        stripe_events.event("customer.created", stripe_events.customer_object()),
         error="earlier failure",
     )
 
@@ -179,7 +179,7 @@ def test_reprocess_reports_failed_and_ignored_events(staff: Client) -> None:
 
 def test_a_viewer_sees_events_and_cannot_reprocess(client: Client) -> None:
     event = paid_event()
-    post_event(client, stripe_testing.encode(event))
+    post_event(client, stripe_events.encode(event))
     row = WebhookEvent.objects.get()
     viewer = admin_as(staff_user("watcher", groups=["viewers"]))
 

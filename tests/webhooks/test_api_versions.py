@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from asyncwork.contrib.monitoring import health
 from invoicing.models import Invoice
+from stack import stripe_events
 from tests.helpers.admin import admin_as, rows
 from tests.helpers.factories import staff_user
 from tests.helpers.metrics import (
@@ -32,7 +33,6 @@ from tests.helpers.metrics import (
     series,
 )
 from tests.helpers.stripe import WEBHOOK_URL, paid_event, post_event, post_signed
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,28 +46,28 @@ def send(client: Client, api_version: Any, **invoice: Any) -> dict[str, Any]:
     """A paid invoice's event rendered in ``api_version`` (None: Stripe's null), posted."""
     event = paid_event(**invoice)
     event["api_version"] = api_version
-    response = post_event(client, stripe_testing.encode(event))
+    response = post_event(client, stripe_events.encode(event))
     assert response.status_code == 200, response.content
     return event
 
 
 def test_the_default_is_the_version_the_handlers_and_their_events_are_written_for() -> None:
-    assert settings.STRIPE_API_VERSION == stripe_testing.API_VERSION == "2025-09-30.clover"
+    assert settings.STRIPE_API_VERSION == stripe_events.API_VERSION == "2025-09-30.clover"
 
 
 def test_each_event_s_version_is_stored_and_another_version_is_still_applied(
     client: Client,
 ) -> None:
-    current = send(client, stripe_testing.API_VERSION)
+    current = send(client, stripe_events.API_VERSION)
     older = send(client, OLDER, customer_email="older@example.com")
     unversioned = send(client, None)
     unreadable = send(client, {"not": "a version"})  # recorded as none, never refused
-    thin = stripe_testing.thin_event("v1.billing.meter.no_meter_found", None)
-    assert post_event(client, stripe_testing.encode(thin)).status_code == 200
+    thin = stripe_events.thin_event("v1.billing.meter.no_meter_found", None)
+    assert post_event(client, stripe_events.encode(thin)).status_code == 200
 
     stored = dict(WebhookEvent.objects.values_list("event_id", "api_version"))
     assert stored == {
-        current["id"]: stripe_testing.API_VERSION,
+        current["id"]: stripe_events.API_VERSION,
         older["id"]: OLDER,
         unversioned["id"]: "",
         unreadable["id"]: "",
@@ -84,27 +84,27 @@ def ignored_event(api_version: str, *, livemode: bool = False) -> dict[str, Any]
         event = paid_event()
         event["livemode"] = True
     else:
-        event = stripe_testing.event("customer.created", stripe_testing.customer_object())
+        event = stripe_events.event("customer.created", stripe_events.customer_object())
     event["api_version"] = api_version
     return event
 
 
 def test_events_acted_on_in_another_version_are_counted_once_by_version(client: Client) -> None:
     before = scrape(client)
-    send(client, stripe_testing.API_VERSION)
+    send(client, stripe_events.API_VERSION)
     older = send(client, OLDER)
-    assert post_event(client, stripe_testing.encode(older)).json()["duplicate"] is True
+    assert post_event(client, stripe_events.encode(older)).json()["duplicate"] is True
     send(client, "2024-04-10.charon")
     send(client, "2024-04-10.Charon")  # not how Stripe writes a version
     for ignored in (ignored_event("2023-10-16"), ignored_event("2023-08-16", livemode=True)):
-        assert post_event(client, stripe_testing.encode(ignored)).status_code == 200
+        assert post_event(client, stripe_events.encode(ignored)).status_code == 200
     after = scrape(client)
 
     assert delta(before, after, COUNTER, api_version=OLDER) == 1
     assert delta(before, after, COUNTER, api_version="2024-04-10.charon") == 1
     assert delta(before, after, COUNTER, api_version="other") == 1
     assert delta(before, after, COUNTER, api_version="2024-04-10.Charon") == 0
-    assert delta(before, after, COUNTER, api_version=stripe_testing.API_VERSION) == 0
+    assert delta(before, after, COUNTER, api_version=stripe_events.API_VERSION) == 0
     assert delta(before, after, COUNTER, api_version="2023-10-16") == 0
     assert delta(before, after, COUNTER, api_version="2023-08-16") == 0
 
@@ -139,7 +139,7 @@ def test_signed_events_cannot_grow_the_version_series(
     older["api_version"] = OLDER
     with multiprocess_gunicorn(directory, log=tmp_path / "gunicorn.log") as url:
         for event in [*acted, *ignored, older, older]:
-            response = post_signed(f"{url}{WEBHOOK_URL}", stripe_testing.encode(event))
+            response = post_signed(f"{url}{WEBHOOK_URL}", stripe_events.encode(event))
             assert response.status_code == 200, response.text
         samples = parse(requests.get(f"{url}{METRICS_URL}", timeout=10).text)
 
@@ -169,13 +169,13 @@ def test_health_shows_the_last_24_hours_other_versions_and_is_never_degraded_by_
     before = monitor.get("/health/").json()
     assert before["checks"]["api_versions"] == {
         "status": "ok",
-        "api_version": stripe_testing.API_VERSION,
+        "api_version": stripe_events.API_VERSION,
         "other_versions_last_24h": 0,
         "other_versions": {},
         "critical": False,
         "ms": before["checks"]["api_versions"]["ms"],
     }
-    for version in (stripe_testing.API_VERSION, OLDER, OLDER, "2024-04-10.charon", None):
+    for version in (stripe_events.API_VERSION, OLDER, OLDER, "2024-04-10.charon", None):
         send(client, version)
     yesterday = send(client, OLDER)
     WebhookEvent.objects.filter(event_id=yesterday["id"]).update(
@@ -190,13 +190,13 @@ def test_health_shows_the_last_24_hours_other_versions_and_is_never_degraded_by_
 
 
 def test_the_admin_lists_and_filters_events_by_version(client: Client) -> None:
-    current = send(client, stripe_testing.API_VERSION)
+    current = send(client, stripe_events.API_VERSION)
     older = send(client, OLDER)
     staff = admin_as(staff_user("op", groups=["operators"]))
     url = "/admin/webhooks/webhookevent/"
 
     listed = {row["event_id"]: row["api_version"] for row in rows(staff.get(url))}
-    assert listed == {current["id"]: stripe_testing.API_VERSION, older["id"]: OLDER}
+    assert listed == {current["id"]: stripe_events.API_VERSION, older["id"]: OLDER}
     filtered = rows(staff.get(url, {"api_version": OLDER}))
     assert [row["event_id"] for row in filtered] == [older["id"]]
     page = staff.get(f"{url}{WebhookEvent.objects.get(event_id=older['id']).pk}/change/")

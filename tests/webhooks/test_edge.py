@@ -33,7 +33,7 @@ import pytest
 import requests
 
 from bench.ingest_load import edge_unlimited
-from stack import launch
+from stack import launch, stripe_events
 from stack.launch import GunicornConfig
 from stack.net import wait_until
 from stack.nginx import RENDERER, RenderError, nginx_check, render, rendered, setting_names
@@ -41,7 +41,6 @@ from stack.process import ROOT, Process
 from tests.helpers.http import Answer, send
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 # The tests with the application behind the edge: gunicorn writes to the test database, which
@@ -100,14 +99,14 @@ def edge(pools: Pools, **options: Any) -> Process:
 def signed(body: bytes) -> dict[str, str]:
     return {
         "Content-Type": "application/json",
-        "Stripe-Signature": stripe_testing.signature_header(body, SECRET),
+        "Stripe-Signature": stripe_events.signature_header(body, SECRET),
     }
 
 
 def deliver(port: int, *, source: str = SIGNED) -> tuple[str, Answer]:
     """A new signed ``invoice.paid`` delivery from ``source``; its event id and the answer."""
     event = paid_event()
-    body = stripe_testing.encode(event)
+    body = stripe_events.encode(event)
     return event["id"], send(port, source=source, body=body, headers=signed(body))
 
 
@@ -374,7 +373,7 @@ def unsigned_webhook(_: int) -> Request:
 
 
 def signed_webhook(_: int) -> Request:
-    body = stripe_testing.encode(paid_event())
+    body = stripe_events.encode(paid_event())
     return "POST", WEBHOOK_URL, body, signed(body)
 
 
@@ -1109,7 +1108,7 @@ def test_an_allowed_source_behind_a_trusted_proxy_is_judged_by_its_own_address(a
     settings = {"WEBHOOK_ALLOWED_SOURCES": "203.0.113.0/24", "EDGE_TRUSTED_PROXIES": SIGNED}
     with edge(app, rate=10, burst=10, in_flight=4, settings=settings) as nginx:
         port = nginx.port
-        body = stripe_testing.encode(paid_event())
+        body = stripe_events.encode(paid_event())
         inside = send(port, body=body, headers={**signed(body), "X-Forwarded-For": "203.0.113.9"})
         outside = send(port, body=body, headers={**signed(body), "X-Forwarded-For": "10.1.1.1"})
         # Not a trusted proxy: its X-Forwarded-For is only a header.

@@ -25,8 +25,8 @@ from asyncwork.errors import PermanentError
 from invoicing.models import Invoice
 from invoicing.services import PAYMENT_EVENT_TYPES
 from invoicing.tasks import invoice_email_build
+from stack import stripe_events
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.stripe import WebhookRejected, signature_verify
 
@@ -163,7 +163,7 @@ def test_validly_signed_arbitrary_bodies_never_5xx(
     text = json.dumps(event, ensure_ascii=escape)
     body = raw if use_raw else text.encode("utf-8", "surrogatepass")
     timestamp = int(time.time()) + skew
-    header = stripe_testing.signature_header(body, SECRET, timestamp=timestamp)
+    header = stripe_events.signature_header(body, SECRET, timestamp=timestamp)
     before = WebhookEvent.objects.count()
     response = client.post(
         WEBHOOK_URL, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=header
@@ -180,7 +180,7 @@ def test_validly_signed_arbitrary_bodies_never_5xx(
 
 @st.composite
 def hostile_events(draw: st.DrawFn) -> dict[str, Any]:
-    """A realistic signed event (webhooks/testing.py), with hostile text drawn into any of its
+    """A realistic signed event (stack/stripe_events.py), with hostile text drawn into any of its
     string fields, and unknown fields with hostile keys added at any level."""
     event = paid_event(
         event_type=draw(st.sampled_from([*sorted(PAYMENT_EVENT_TYPES) * 2, "customer.created"]))

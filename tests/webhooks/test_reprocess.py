@@ -12,8 +12,8 @@ from django.db import connection
 
 from asyncwork.models import Job
 from invoicing.models import Invoice
+from stack import stripe_events
 from tests.helpers.stripe import paid_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.stripe import Reprocessed, webhook_event_reprocess
 
@@ -21,13 +21,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def failed_row(event: dict[str, object], *, timestamp: int | None = None) -> WebhookEvent:
-    body = stripe_testing.encode(event)
+    body = stripe_events.encode(event)
     return WebhookEvent.objects.create(
         event_id=str(event["id"]),
         type=str(event["type"]),
         body=body.decode(),
         headers={
-            "Stripe-Signature": stripe_testing.signature_header(
+            "Stripe-Signature": stripe_events.signature_header(
                 body, "whsec_test_primary", timestamp=timestamp
             )
         },

@@ -16,12 +16,11 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from asyncwork.errors import PermanentError, TransientError
-from stack import launch
+from stack import launch, stripe_events
 from stack.smtp import SmtpServer
 from stack.stripe_api import StripeApi
 from tests.helpers.processes import worker_env
 from tests.helpers.stripe import API_FAULT_WORDS
-from webhooks import testing as stripe_testing
 from webhooks.stripe_api import API_OFF, stripe_client, stripe_error_sorted
 
 
@@ -37,7 +36,7 @@ def customer_read(customer_id: str) -> Any:
 
 @pytest.fixture
 def customer(stripe_api: StripeApi) -> dict[str, Any]:
-    obj = stripe_testing.customer_object(customer_email="ada@example.com")
+    obj = stripe_events.customer_object(customer_email="ada@example.com")
     stripe_api.customers[obj["id"]] = obj
     return obj
 
@@ -98,7 +97,7 @@ def test_events_are_listed_newest_first_filtered_and_paged_as_stripe_does(
     now = int(time.time())
     kinds = ["invoice.paid", "customer.created", "invoice.payment_succeeded"]
     for n in range(30):
-        event = stripe_testing.event(kinds[n % 3], {"id": f"in_{n}"}, created=now - 100 + n)
+        event = stripe_events.event(kinds[n % 3], {"id": f"in_{n}"}, created=now - 100 + n)
         stripe_api.event_add(event, delivered=n % 2 == 0)
     client = stripe_client()
     assert client is not None

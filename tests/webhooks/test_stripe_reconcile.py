@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from asyncwork.contrib.monitoring.health import health_report
 from invoicing.models import EmailDelivery, Invoice
+from stack import stripe_events
 from stack.smtp import SmtpServer
 from stack.stripe_api import RATE_LIMITED, StripeApi
 from tests.helpers.dashboard import dashboard
@@ -42,7 +43,6 @@ from tests.helpers.processes import worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import API_FAULT_WORDS, paid_event, post_event
 from webhooks import reconcile
-from webhooks import testing as stripe_testing
 from webhooks.models import EventsCursor, WebhookEvent
 from webhooks.stripe_api import API_OFF
 
@@ -55,9 +55,9 @@ def undelivered(stripe_api: StripeApi, invoices: int) -> list[dict[str, Any]]:
     events = []
     for n in range(invoices):
         paid = paid_event(customer_email=f"customer{n}@example.com")
-        succeeded = stripe_testing.event("invoice.payment_succeeded", paid["data"]["object"])
+        succeeded = stripe_events.event("invoice.payment_succeeded", paid["data"]["object"])
         events += [paid, succeeded]
-    events.append(stripe_testing.event("customer.created", stripe_testing.customer_object()))
+    events.append(stripe_events.event("customer.created", stripe_events.customer_object()))
     for event in events:
         stripe_api.event_add(event, delivered=False)
     return events
@@ -88,7 +88,7 @@ def test_events_stripe_never_delivered_are_emailed_once_and_a_late_delivery_is_a
         assert said.splitlines()[1].startswith("cursor: every event created from ")
         # Stripe delivers them after all: each is a duplicate.
         for event in events:
-            answer = post_event(client, stripe_testing.encode(event))
+            answer = post_event(client, stripe_events.encode(event))
             assert answer.status_code == 200, answer.content
             assert answer.json()["duplicate"] is (event["type"] != "customer.created")
         pipeline_quiet()
@@ -124,7 +124,7 @@ def paid_ago(stripe_api: StripeApi, invoices: int, seconds: int, who: str) -> li
     for n in range(invoices):
         paid = paid_event(customer_email=f"{who}{n}@example.com", created=created)
         obj = paid["data"]["object"]
-        events += [paid, stripe_testing.event("invoice.payment_succeeded", obj, created=created)]
+        events += [paid, stripe_events.event("invoice.payment_succeeded", obj, created=created)]
     for event in events:
         stripe_api.event_add(event, delivered=False)
     return events
@@ -185,7 +185,7 @@ def test_the_first_run_reaches_back_three_days_and_since_to_what_stripe_keeps(
 
         # Stripe delivers them all after all: nothing more is sent.
         for event in an_hour + two_days + twenty_days:
-            answer = post_event(client, stripe_testing.encode(event))
+            answer = post_event(client, stripe_events.encode(event))
             assert (answer.status_code, answer.json()["duplicate"]) == (200, True)
         pipeline_quiet()
 

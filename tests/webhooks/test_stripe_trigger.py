@@ -1,35 +1,58 @@
-"""``manage.py stripe_trigger`` against a live server: every event type Stripe's CLI triggers,
-signed as Stripe signs, taken (applied when handled, stored ignored otherwise); duplicates and
-stale timestamps behave as real deliveries do; an unknown type is one line and exit status 1."""
+"""``python -m stack.stripe_trigger`` against a live server, run as a developer runs it: every
+event type Stripe's CLI triggers, signed as Stripe signs with the settings' secret, taken
+(applied when handled, stored ignored otherwise); duplicates and stale timestamps behave as real
+deliveries do; bad input and an unknown type are one line and exit status 1."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
-from io import StringIO
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from django.core.management import call_command
-from django.core.management.base import CommandError
 
 from invoicing.models import Invoice
+from stack import stripe_events, stripe_trigger
 from stack.process import ROOT
+from stack.standin import JsonHandler, StandIn, StandInServer
+from tests.helpers.environment import clean_env, settings_read
 from tests.helpers.processes import worker_env
 from webhooks import stripe as webhook_events
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def trigger(live_server: Any, *args: str) -> str:
-    out = StringIO()
-    call_command(
-        "stripe_trigger", *args, "--url", f"{live_server.url}/webhooks/stripe/", stdout=out
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m stack.stripe_trigger <args>`` in the environment of this test's processes
+    (its settings, and so its webhook secret, are the live server's)."""
+    return subprocess.run(
+        [sys.executable, "-m", "stack.stripe_trigger", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=worker_env(0),
     )
-    return out.getvalue()
+
+
+def trigger(live_server: Any, *args: str) -> str:
+    """What the script printed, once it exited 0 having said nothing on stderr."""
+    done = run(*args, "--url", f"{live_server.url}/webhooks/stripe/")
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return done.stdout
+
+
+def refused(live_server: Any, *args: str) -> str:
+    """The one line on stderr of a run that exited 1."""
+    done = run(*args, "--url", f"{live_server.url}/webhooks/stripe/")
+    assert done.returncode == 1, done
+    [line] = done.stderr.splitlines()
+    assert line.startswith("python -m stack.stripe_trigger: error: "), line
+    return line
 
 
 def test_repeat_delivers_one_event_three_times(live_server: Any) -> None:
@@ -90,24 +113,107 @@ def test_several_event_types_for_one_invoice(live_server: Any) -> None:
 
 
 def test_stale_is_refused_with_a_clear_error(live_server: Any) -> None:
-    with pytest.raises(CommandError, match="1 of 1 deliveries were not accepted"):
-        trigger(live_server, "invoice.paid", "--stale")
+    done = run("invoice.paid", "--stale", "--url", f"{live_server.url}/webhooks/stripe/")
+    assert done.returncode == 1
+    assert done.stdout.startswith("delivery 1: 400 ")
+    assert done.stderr.endswith(": error: 1 of 1 deliveries were not accepted\n")
     assert not WebhookEvent.objects.exists()
 
 
 def test_bad_arguments_are_clear_errors(live_server: Any) -> None:
-    with pytest.raises(CommandError, match="--repeat must be at least 1"):
-        trigger(live_server, "invoice.paid", "--repeat", "0")
-    with pytest.raises(CommandError, match="in_"):
-        trigger(live_server, "invoice.paid", "--invoice-id", "bogus")
+    assert refused(live_server, "invoice.paid", "--repeat", "0").endswith(
+        "--repeat must be at least 1"
+    )
+    assert "(in_...)" in refused(live_server, "invoice.paid", "--invoice-id", "bogus")
+    done = run("invoice.paid", "--url", "ftp://127.0.0.1/")
+    assert done.returncode == 1
+    assert done.stderr.endswith(": error: --url must be an http:// or https:// URL\n")
+    done = run("invoice.paid", "--repeat", "twice")
+    assert done.returncode == 2  # argparse's own
+    assert done.stderr.splitlines()[-1] == (
+        "python -m stack.stripe_trigger: error: argument --repeat: invalid int value: 'twice'"
+    )
+    assert not WebhookEvent.objects.exists()
 
 
-def test_every_type_the_cli_triggers_is_taken(live_server: Any) -> None:
-    known = sorted(stripe_testing.TRIGGER_OBJECTS)
+class _Receiver(JsonHandler):
+    """Takes every POST, recording its body and ``Stripe-Signature``."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        receiver: Receiver = cast(StandInServer, self.server).api
+        receiver.received.append((body, self.headers["Stripe-Signature"]))
+        self.send_json(200, {"received": True})
+
+
+class Receiver(StandIn):
+    handler = _Receiver
+    thread_name = "receiver"
+
+    def __init__(self) -> None:
+        super().__init__(hang_seconds=0)
+        self.received: list[tuple[bytes, str]] = []
+
+
+def test_it_signs_with_the_secret_the_receiver_reads_in_the_same_environment() -> None:
+    """The README's "Try it by hand": DJANGO_DEBUG=1 and nothing else, in the receiver's
+    terminal and in this one. The script signs with the secret that ``manage.py`` (and so
+    gunicorn) reads there, with no option to say which."""
+    env = {"DJANGO_DEBUG": "1"}
+    [secrets] = settings_read("STRIPE_WEBHOOK_SECRETS", env=env)
+    with Receiver() as receiver:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stack.stripe_trigger",
+                "invoice.paid",
+                "--url",
+                receiver.address,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=clean_env(**env),
+        )
+    assert (done.returncode, done.stdout) == (0, 'delivery 1: 200 {"received": true}\n'), done
+    [(body, header)] = receiver.received
+    webhook_events.signature_verify(
+        payload=body, header=header, secrets=ast.literal_eval(secrets), tolerance=300
+    )  # raises if no secret matches
+
+
+def test_settings_that_do_not_load_are_one_line() -> None:
+    """Production settings with no secret set: the line every entry point prints."""
+    done = subprocess.run(
+        [sys.executable, "-m", "stack.stripe_trigger", "invoice.paid"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=clean_env(),
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("Configuration error: DJANGO_SECRET_KEY and STRIPE_WEBHOOK_SECRET must")
+
+
+def test_every_type_the_cli_triggers_is_taken(
+    live_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the script's ``main`` in this process (the same settings): a process for each of
+    the 115 types would take minutes."""
+    known = sorted(stripe_events.TRIGGER_OBJECTS)
     assert len(known) == 115
     assert {"invoice.voided", "charge.succeeded", "v1.billing.meter.no_meter_found"} < set(known)
+    url = f"{live_server.url}/webhooks/stripe/"
     for event_type in known:
-        out = trigger(live_server, event_type, "--invoice-id", "in_every", "--amount", "4200")
+        args = [event_type, "--invoice-id", "in_every", "--amount", "4200", "--url", url]
+        assert stripe_trigger.main(args) == 0, event_type
+        out = capsys.readouterr().out
         assert out.startswith("delivery 1: 200 "), (event_type, out)
 
     stored = dict(WebhookEvent.objects.values_list("type", "state"))
@@ -123,29 +229,20 @@ def test_every_type_the_cli_triggers_is_taken(live_server: Any) -> None:
 
 
 def test_each_event_carries_the_object_its_type_names() -> None:
-    voided = stripe_testing.trigger_event("invoice.voided", invoice_id="in_void")["data"]["object"]
+    voided = stripe_events.trigger_event("invoice.voided", invoice_id="in_void")["data"]["object"]
     assert (voided["object"], voided["id"], voided["status"]) == ("invoice", "in_void", "void")
-    dispute = stripe_testing.trigger_event("charge.dispute.created")["data"]["object"]
+    dispute = stripe_events.trigger_event("charge.dispute.created")["data"]["object"]
     assert (dispute["object"], dispute["id"][:3], dispute["amount"]) == ("dispute", "dp_", 2000)
-    balance = stripe_testing.trigger_event("balance.available")["data"]["object"]
+    balance = stripe_events.trigger_event("balance.available")["data"]["object"]
     assert balance["object"] == "balance"
     assert "id" not in balance
 
 
 def test_an_unknown_type_is_one_line_listing_the_known_ones(live_server: Any) -> None:
-    with pytest.raises(CommandError, match=r"unknown event type 'invoice\.bogus'; known: "):
-        trigger(live_server, "invoice.bogus")
-    assert not WebhookEvent.objects.exists()
-    result = subprocess.run(
-        [sys.executable, "manage.py", "stripe_trigger", "invoice.bogus"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
+    line = refused(live_server, "invoice.bogus")
+    assert line.startswith(
+        "python -m stack.stripe_trigger: error: unknown event type 'invoice.bogus'"
     )
-    assert result.returncode == 1
-    [line] = result.stderr.splitlines()
     known = line.split("; known: ")[1].split(", ")
-    assert known == sorted(stripe_testing.TRIGGER_OBJECTS)
+    assert known == sorted(stripe_events.TRIGGER_OBJECTS)
+    assert not WebhookEvent.objects.exists()

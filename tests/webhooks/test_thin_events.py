@@ -22,10 +22,10 @@ from stripe.events import (
     V1BillingMeterErrorReportTriggeredEventNotification,
 )
 
+from stack import stripe_events
 from stack.stripe_api import StripeApi
 from tests.helpers.stripe import post_event
 from webhooks import stripe as webhook_events
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 from webhooks.stripe import Event, event_notification, event_parse
 from webhooks.stripe_api import stripe_client
@@ -42,12 +42,12 @@ METER = {
 
 
 def thin(created: Any = "2024-09-26T17:46:22.134Z", **fields: Any) -> dict[str, Any]:
-    return {**stripe_testing.thin_event(TYPE, METER, created=created), **fields}
+    return {**stripe_events.thin_event(TYPE, METER, created=created), **fields}
 
 
 def test_a_thin_event_is_stored_ignored_and_a_redelivery_is_a_duplicate(client: Client) -> None:
     event = thin()
-    body = stripe_testing.encode(event)
+    body = stripe_events.encode(event)
     response = post_event(client, body)
     assert response.status_code == 200
     assert response.json() == {
@@ -80,7 +80,7 @@ def test_a_thin_event_is_stored_ignored_and_a_redelivery_is_a_duplicate(client: 
 def test_created_is_read_as_an_iso_8601_time_in_utc(
     client: Client, created: str, expected: datetime
 ) -> None:
-    body = stripe_testing.encode(thin(created))
+    body = stripe_events.encode(thin(created))
     assert event_parse(payload=body, signed_at=int(time.time())).created == expected
     assert post_event(client, body).status_code == 200
 
@@ -89,7 +89,7 @@ def test_without_created_the_signature_time_is_the_event_time() -> None:
     event = thin()
     del event["created"]
     signed_at = int(time.time())
-    parsed = event_parse(payload=stripe_testing.encode(event), signed_at=signed_at)
+    parsed = event_parse(payload=stripe_events.encode(event), signed_at=signed_at)
     assert parsed.created == datetime.fromtimestamp(signed_at, UTC)
 
 
@@ -97,7 +97,7 @@ def test_without_created_the_signature_time_is_the_event_time() -> None:
     "created", ["yesterday", "2024-13-45T00:00:00Z", "", 1727372782, ["2024-09-26"]]
 )
 def test_a_created_that_cannot_be_read_is_a_clear_400(client: Client, created: Any) -> None:
-    response = post_event(client, stripe_testing.encode(thin(created)))
+    response = post_event(client, stripe_events.encode(thin(created)))
     assert (response.status_code, response.json()) == (
         400,
         {"error": "created is not an ISO 8601 time"},
@@ -106,9 +106,9 @@ def test_a_created_that_cannot_be_read_is_a_clear_400(client: Client, created: A
 
 
 def test_a_snapshot_event_keeps_its_epoch_created(client: Client) -> None:
-    event = stripe_testing.event("customer.created", stripe_testing.customer_object())
+    event = stripe_events.event("customer.created", stripe_events.customer_object())
     event["created"] = "2024-09-26T17:46:22Z"
-    response = post_event(client, stripe_testing.encode(event))
+    response = post_event(client, stripe_events.encode(event))
     assert (response.status_code, response.json()) == (
         400,
         {"error": "created is not a non-negative integer"},
@@ -118,8 +118,8 @@ def test_a_snapshot_event_keeps_its_epoch_created(client: Client) -> None:
 def test_a_thin_event_of_another_account_is_out_of_scope(client: Client, settings: Any) -> None:
     settings.STRIPE_ACCOUNT = "acct_mine"
     ours, theirs = thin(context="acct_mine"), thin(context="acct_theirs")
-    assert post_event(client, stripe_testing.encode(ours)).status_code == 200
-    assert post_event(client, stripe_testing.encode(theirs)).status_code == 200
+    assert post_event(client, stripe_events.encode(ours)).status_code == 200
+    assert post_event(client, stripe_events.encode(theirs)).status_code == 200
     stored = dict(WebhookEvent.objects.values_list("event_id", "error"))
     assert stored == {
         ours["id"]: "",
@@ -155,7 +155,7 @@ def test_a_handler_gets_stripe_pythons_notification_which_calls_nothing(
     event = thin(context="acct_1Nv0FGQ9RKHgCVdK")
     unknown = {**thin(), "type": UNKNOWN_TYPE}
     for body in (event, unknown):
-        assert post_event(client, stripe_testing.encode(body)).status_code == 200
+        assert post_event(client, stripe_events.encode(body)).status_code == 200
 
     [(notification, applied), (other, _)] = handled
     assert isinstance(notification, V1BillingMeterErrorReportTriggeredEventNotification)
@@ -200,7 +200,7 @@ UNREADABLE = [
 def test_a_thin_event_stripe_python_cannot_read_is_a_400_only_for_a_handled_type(
     client: Client, handled: list[tuple[Any, Event]], fields: dict[str, Any], words: str
 ) -> None:
-    refused = post_event(client, stripe_testing.encode(thin(**fields)))
+    refused = post_event(client, stripe_events.encode(thin(**fields)))
     assert (refused.status_code, refused.json()) == (
         400,
         {"error": f"stripe-python cannot read this thin event: {words}"},
@@ -209,7 +209,7 @@ def test_a_thin_event_stripe_python_cannot_read_is_a_400_only_for_a_handled_type
 
     # A type nothing handles is stored, whatever stripe-python would make of it.
     taken = thin(**fields, type="v1.billing.meter.something_else")
-    answer = post_event(client, stripe_testing.encode(taken))
+    answer = post_event(client, stripe_events.encode(taken))
     assert (answer.status_code, answer.json()["duplicate"]) == (200, False)
     assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
     assert handled == []
@@ -222,7 +222,7 @@ def test_livemode_is_read_as_stripe_documents_not_as_stripe_python_does(
     body = thin(livemode="false")
     assert event_notification(body).livemode is True
     settings.STRIPE_LIVEMODE = "live"
-    assert post_event(client, stripe_testing.encode(body)).status_code == 200
+    assert post_event(client, stripe_events.encode(body)).status_code == 200
     assert WebhookEvent.objects.get().error == "test-mode event; STRIPE_LIVEMODE is live"
 
 
@@ -231,12 +231,12 @@ def test_the_stripe_cli_thin_types_are_sent_thin(client: Client) -> None:
         (TYPE, "/v1/billing/meters/mtr_"),
         ("v1.billing.meter.no_meter_found", None),  # no meter was found: nothing to refer to
     ):
-        event = stripe_testing.trigger_event(event_type)
+        event = stripe_events.trigger_event(event_type)
         assert (event["object"], "data" in event) == ("v2.core.event", False)
         url = str((event["related_object"] or {}).get("url"))
         assert url.startswith(related) if related else url == "None"
         created = datetime.fromisoformat(event["created"])
         assert abs(created - datetime.now(UTC)) < timedelta(minutes=1)
-        assert post_event(client, stripe_testing.encode(event)).status_code == 200
+        assert post_event(client, stripe_events.encode(event)).status_code == 200
         event_notification(event)  # stripe-python reads it
     assert set(WebhookEvent.objects.values_list("state", flat=True)) == {"ignored"}

@@ -15,8 +15,8 @@ from django.test import Client
 from asyncwork.models import Job
 from invoicing.models import Invoice
 from invoicing.tasks import send_invoice_email
+from stack import stripe_events
 from tests.helpers.stripe import SECRET, WEBHOOK_URL, paid_event, post_event
-from webhooks import testing as stripe_testing
 from webhooks.models import WebhookEvent
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +30,7 @@ def test_valid_paid_event_is_stored_applied_and_acknowledged(client: Client) -> 
         currency="eur",
         number="INV-0001",
     )
-    body = stripe_testing.encode(event)
+    body = stripe_events.encode(event)
 
     response = post_event(client, body)
 
@@ -60,8 +60,8 @@ def test_valid_paid_event_is_stored_applied_and_acknowledged(client: Client) -> 
 
 
 def test_other_event_types_are_stored_and_ignored(client: Client) -> None:
-    event = stripe_testing.event("customer.created", stripe_testing.customer_object())
-    response = post_event(client, stripe_testing.encode(event))
+    event = stripe_events.event("customer.created", stripe_events.customer_object())
+    response = post_event(client, stripe_events.encode(event))
     assert response.status_code == 200
     # The sender is told no handler acted: a developer sees their handler is not declared.
     assert (response.json()["type"], response.json()["handled"]) == ("customer.created", False)
@@ -71,7 +71,7 @@ def test_other_event_types_are_stored_and_ignored(client: Client) -> None:
 
 
 def test_missing_optional_fields_and_unknown_fields_do_not_fail(client: Client) -> None:
-    event = stripe_testing.event(
+    event = stripe_events.event(
         "invoice.payment_succeeded",
         {
             "id": "in_minimal",
@@ -79,13 +79,13 @@ def test_missing_optional_fields_and_unknown_fields_do_not_fail(client: Client) 
             "brand_new_field": {"x": [1, 2]},
         },
     )
-    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert post_event(client, stripe_events.encode(event)).status_code == 200
     invoice = Invoice.objects.get()
     assert (invoice.status, invoice.number, invoice.customer_email) == ("paid", "", "")
 
 
 def _body() -> bytes:
-    return stripe_testing.encode(paid_event())
+    return stripe_events.encode(paid_event())
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_bad_signature_headers_are_400_and_store_nothing(
 
 def test_only_a_fake_v0_signature_is_refused(client: Client) -> None:
     body = _body()
-    good = stripe_testing.signature_header(body, SECRET)
+    good = stripe_events.signature_header(body, SECRET)
     v0_only = good.replace("v1=", "v0=")
     response = post_event(client, body, header=v0_only)
     assert response.status_code == 400
@@ -124,7 +124,7 @@ def test_only_a_fake_v0_signature_is_refused(client: Client) -> None:
 
 def test_stripe_cli_shape_with_fake_v0_beside_v1_is_accepted(client: Client) -> None:
     body = _body()
-    header = stripe_testing.signature_header(body, SECRET, with_v0=True)
+    header = stripe_events.signature_header(body, SECRET, with_v0=True)
     assert ",v0=" in header
     assert post_event(client, body, header=header).status_code == 200
 
@@ -168,7 +168,7 @@ def test_rotation_accepts_either_secret_and_any_v1(client: Client) -> None:
     assert post_event(client, body, secret="whsec_test_rolled").status_code == 200
     # During a roll Stripe sends one v1 per secret; a bad one first must not hide a good one.
     body2 = _body()
-    good = stripe_testing.signature_header(body2, SECRET)
+    good = stripe_events.signature_header(body2, SECRET)
     timestamp, v1 = good.split(",")
     header = f"{timestamp},v1={'f' * 64},{v1}"
     assert post_event(client, body2, header=header).status_code == 200
@@ -233,7 +233,7 @@ def test_empty_body_is_400(client: Client) -> None:
 def test_body_over_one_mebibyte_is_413(client: Client) -> None:
     event = paid_event()
     event["padding"] = "x" * (1024 * 1024)
-    response = post_event(client, stripe_testing.encode(event))
+    response = post_event(client, stripe_events.encode(event))
     assert response.status_code == 413
     assert not WebhookEvent.objects.exists()
 
@@ -296,7 +296,7 @@ def test_twenty_concurrent_deliveries_store_one_row_and_log_no_error(
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_paid_and_payment_succeeded_for_one_invoice_write_one_job() -> None:
     events = [
-        stripe_testing.encode(paid_event("in_race", event_type=t))
+        stripe_events.encode(paid_event("in_race", event_type=t))
         for t in ("invoice.paid", "invoice.payment_succeeded")
     ]
     bodies = [body for body in events for _ in range(5)]
@@ -330,9 +330,9 @@ def test_stale_event_for_a_paid_invoice_changes_nothing(client: Client) -> None:
         customer_email="old@example.com",
         event_type="invoice.payment_succeeded",
     )
-    assert post_event(client, stripe_testing.encode(newer)).status_code == 200
+    assert post_event(client, stripe_events.encode(newer)).status_code == 200
     before = Invoice.objects.values().get()
-    assert post_event(client, stripe_testing.encode(older)).status_code == 200
+    assert post_event(client, stripe_events.encode(older)).status_code == 200
     assert Invoice.objects.values().get() == before
     assert WebhookEvent.objects.count() == 2  # stored, but without effect
     assert Job.objects.count() == 1
@@ -340,10 +340,10 @@ def test_stale_event_for_a_paid_invoice_changes_nothing(client: Client) -> None:
 
 def test_a_paid_invoice_stays_paid(client: Client) -> None:
     now = int(time.time())
-    post_event(client, stripe_testing.encode(paid_event("in_stay", created=now)))
+    post_event(client, stripe_events.encode(paid_event("in_stay", created=now)))
     # A later event claiming the invoice is open (as a misordered replay could) keeps it paid.
     later = paid_event("in_stay", created=now + 5, status="open")
-    assert post_event(client, stripe_testing.encode(later)).status_code == 200
+    assert post_event(client, stripe_events.encode(later)).status_code == 200
     assert Invoice.objects.get().status == "paid"
     assert Job.objects.count() == 1
 
@@ -459,7 +459,7 @@ def test_an_event_of_the_other_mode_is_stored_ignored_and_changes_nothing(
     event = paid_event()
     event["livemode"] = livemode
 
-    response = post_event(client, stripe_testing.encode(event))
+    response = post_event(client, stripe_events.encode(event))
 
     assert response.status_code == 200
     assert response.json()["duplicate"] is False
@@ -482,7 +482,7 @@ def test_live_mode_acts_only_on_an_explicit_livemode_true(client: Client, settin
     settings.STRIPE_LIVEMODE = "live"
     event = paid_event()
     event["livemode"] = "true"  # not the JSON boolean
-    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert post_event(client, stripe_events.encode(event)).status_code == 200
     assert WebhookEvent.objects.get().state == WebhookEvent.State.IGNORED
     assert not Invoice.objects.exists()
 
@@ -534,5 +534,5 @@ def test_without_stripe_account_any_account_is_taken(client: Client, settings: A
     settings.STRIPE_ACCOUNT = ""
     event = paid_event()
     event["account"] = "acct_1Anyone"
-    assert post_event(client, stripe_testing.encode(event)).status_code == 200
+    assert post_event(client, stripe_events.encode(event)).status_code == 200
     assert WebhookEvent.objects.get().state == WebhookEvent.State.PROCESSED

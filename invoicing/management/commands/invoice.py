@@ -7,13 +7,14 @@ emails go and each email's and dead letter's state. ``recipient`` corrects where
 admin's and the API's service (the send's own rules, a reason, recorded as an operator action of
 ``cli:<--actor or login name>``); the same correction again changes nothing and exits 0. ``open``
 makes an open invoice under a provider's id (``in_...``, a new one unless given), as Stripe's events
-would have stored it before a payment, and prints its ids: what ``manage.py stripe_trigger
+would have stored it before a payment, and prints its ids: what ``python -m stack.stripe_trigger
 invoice.voided --invoice-id in_...`` then acts on, to try a webhook handler locally (Stripe knows
 nothing of it). Whatever it prints that was stored or given passes through ``printable``.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -34,7 +35,6 @@ from invoicing.services import (
 )
 from invoicing.tasks import amount_minor, format_amount
 from webhooks.stripe import name_valid
-from webhooks.testing import new_id
 
 INVOICE_HELP = "The invoice's id, its provider's id (in_...) or its number."
 
@@ -114,7 +114,7 @@ class Command(BaseCommand):
             help="Make an open invoice (a new in_... id) for a webhook event to act on locally.",
             description="Make an open invoice, as Stripe's events would have stored it before "
             "a payment, under a new provider's id; print its id and provider's id. Then "
-            "manage.py stripe_trigger invoice.voided --invoice-id in_... acts on it. Stripe "
+            "python -m stack.stripe_trigger invoice.voided --invoice-id in_... acts on it. Stripe "
             "knows nothing of it: for trying a handler on a development machine.",
         )
         opened.add_argument(
@@ -140,7 +140,7 @@ class Command(BaseCommand):
 
     def _open(self, options: dict[str, Any]) -> None:
         currency = options["currency"].strip()
-        provider_id = (options["invoice_id"] or new_id("in")).strip()
+        provider_id = (options["invoice_id"] or f"in_{secrets.token_hex(12)}").strip()
         if not (provider_id.startswith("in_") and name_valid(provider_id)):
             raise CommandError(f"--invoice-id {printable(provider_id)!r} is not an in_... id")
         try:

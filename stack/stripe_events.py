@@ -1,7 +1,8 @@
 """Realistic Stripe events, snapshot and thin, signed exactly as Stripe signs them.
 
-Shared by the tests, the benchmarks, the demo and ``manage.py stripe_trigger``. Signed with
-``hmac`` directly, not stripe-python, so the receiver is tested against an independent signer.
+Shared by the tests, the benchmarks, the chaos suite, the demo and ``python -m
+stack.stripe_trigger``. Signed with ``hmac`` directly, not stripe-python, so the receiver is
+tested against an independent signer.
 """
 
 from __future__ import annotations
