@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webhooks.views import StripeWebhookView
+from webhooks.stripe import StripeWebhookView
 
 app_name = "webhooks"
 urlpatterns = [path("stripe/", StripeWebhookView.as_view(), name="stripe")]

@@ -160,7 +160,7 @@ def test_a_rejected_delivery_is_logged_once(
         for r in caplog.records
         if r.levelno >= logging.INFO and not r.name.startswith("django.db")
     ]
-    assert lines == [("webhooks.views", "WARNING", f"webhook rejected: {reason}")]
+    assert lines == [("webhooks.stripe", "WARNING", f"webhook rejected: {reason}")]
 
 
 def test_rotation_accepts_either_secret_and_any_v1(client: Client) -> None:
