@@ -33,6 +33,7 @@ from rest_framework.test import APIClient
 
 from asyncwork import deadletters
 from asyncwork.audit import operator_acted
+from asyncwork.backend import message_id
 from asyncwork.deadletters import (
     BULK_LIMIT,
     Subject,
@@ -42,7 +43,6 @@ from asyncwork.deadletters import (
 )
 from asyncwork.management.commands.dlq import BATCH
 from asyncwork.models import DeadLetter, IdempotencyRecord, Job
-from asyncwork.outbox import message_id
 from operators.models import OperatorAction
 from operators.tokens import api_token_create
 from stack import launch

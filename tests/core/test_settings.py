@@ -17,8 +17,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from asyncwork.backend import OutboxBackend
-from asyncwork.tasks import RUN, TIME_LIMIT_GRACE
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, OutboxBackend
 from core.celery import app
 from invoicing.tasks import resend_invoice_email, send_invoice_email
 from stack import launch
@@ -329,9 +328,9 @@ def test_zero_tolerance_is_refused() -> None:
 
 _PRINT_BROKER = (
     "from django.conf import settings as s; from core.celery import app; "
-    "from asyncwork import queues; o = app.conf.broker_transport_options; "
-    "q = queues.consumed()[0]; "
-    "print(queues.rabbitmq(), app.conf.broker_transport or '-', "
+    "from asyncwork import broker; o = app.conf.broker_transport_options; "
+    "q = broker.consumed()[0]; "
+    "print(broker.rabbitmq(), app.conf.broker_transport or '-', "
     "o.get('confirm_publish', '-'), o.get('visibility_timeout', '-'), "
     "o.get('queue_order_strategy', '-'), "
     "(q.queue_arguments or {}).get('x-queue-type', '-'), q.exchange.type or '-')"
