@@ -226,7 +226,8 @@ def message_id(job_id: int) -> str:
 
 # The on-commit mark: a raw UPDATE by primary key, cheaper than compiling QuerySet.update() on
 # every enqueueing request. A row marked meanwhile keeps its first publish time; one a worker
-# has claimed since is left alone (its retry, if it failed already, waits unpublished).
+# has claimed since is left alone (its retry, if it failed already, waits unpublished). Job's
+# table by name: this module loads before the models.
 _MARK_PUBLISHED = (
     "UPDATE asyncwork_job "
     "SET published_at = coalesce(published_at, now()), publish_attempts = publish_attempts + 1 "

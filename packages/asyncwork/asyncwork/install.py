@@ -44,8 +44,8 @@ REQUIRED: dict[str, Any] = {
     "task_time_limit": 315,
     "task_default_queue": broker.DEFAULT,
 }
-# On Redis: kombu's transport with an acknowledgement that never loses its slot
-# (asyncwork.broker), and each queue read after the one ahead of it (asyncwork.broker).
+# On Redis: kombu's transport with an acknowledgement that never loses its slot, and each queue
+# read after the one ahead of it (asyncwork.broker).
 REDIS_TRANSPORT = "asyncwork.broker:Transport"
 REDIS_TRANSPORT_OPTIONS: dict[str, Any] = {
     "queue_order_strategy": "priority",
