@@ -7,18 +7,33 @@ Read in the master before anything forks: settings that do not load stop it with
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any
 
+from django.conf import settings
+
 from core.startup import settings_load_or_exit
 
-__all__ = ["access_log_format", "child_exit", "on_starting", "secure_scheme_headers"]
+__all__ = [
+    "access_log_format",
+    "child_exit",
+    "forwarded_allow_ips",
+    "on_starting",
+    "secure_scheme_headers",
+]
 
 settings_load_or_exit()
 
-# Otherwise gunicorn trusts X-Forwarded-Proto from loopback and Unix-socket peers whatever
-# TRUSTED_PROXIES says; Django alone decides (asyncwork.contrib.http.ForwardedProtoMiddleware).
-secure_scheme_headers: dict[str, str] = {}
+# Whether a request came over HTTPS: gunicorn sets the request's scheme from X-Forwarded-Proto
+# for a peer in TRUSTED_PROXIES alone (none by default, where gunicorn's own default trusts
+# loopback), and from no other header; Django reads the scheme gunicorn set (no
+# SECURE_PROXY_SSL_HEADER). A plain-HTTP client reaching gunicorn cannot pass as HTTPS.
+forwarded_allow_ips = ",".join(
+    str(ipaddress.ip_network(entry, strict=False))
+    for entry in settings.ASYNCWORK["TRUSTED_PROXIES"]
+)
+secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 
 # gunicorn's combined-log shape without query strings or Referer: an admin search's query is
 # the email address searched for.

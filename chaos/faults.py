@@ -12,7 +12,7 @@ ids the report needs to measure recovery afterwards from the database and the SM
   kept connection, that may be a message accepted just before the kill, no longer inside
   DATA), less those already marked sent.
 * ``relay_kill``: stalls the broker briefly so the on-commit publishes fail and leave jobs
-  unpublished, runs the real relay (``asyncwork.outbox.relay``, what every worker's poll runs,
+  unpublished, runs the real relay (``asyncwork.backend.relay``, what every worker's poll runs,
   in ``chaos.relay_probe``), and SIGKILLs it once it has published messages whose rows it has
   not marked; checks that the rows were left unmarked.
 * ``broker_stall``: ``CLIENT PAUSE <ms> ALL`` on the suite's Redis; on RabbitMQ the node is

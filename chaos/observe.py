@@ -28,7 +28,7 @@ import redis
 EMAIL_TASK = "invoicing.tasks.send_invoice_email"
 EMAIL_QUEUE = "email"
 # A job published again (a retry, a rescued run, one the relay sent late) waits here on Redis,
-# ahead of its queue (asyncwork.queues); on RabbitMQ it goes to the queue itself.
+# ahead of its queue (asyncwork.broker); on RabbitMQ it goes to the queue itself.
 EMAIL_RECOVERY_QUEUE = "email-recovery"
 DEFAULT_QUEUE = "default"
 DEFAULT_RECOVERY_QUEUE = "default-recovery"
@@ -371,7 +371,7 @@ def worker_outcomes(log_dir: Path) -> dict[str, list[float]]:
 
 
 # What the safety nets log when they act, in the text format: each worker's poll relays
-# (asyncwork.outbox), rescues (asyncwork.rescue) and publishes again what the broker lost
+# (asyncwork.backend), rescues (asyncwork.rescue) and publishes again what the broker lost
 # (asyncwork.recovery).
 _RELAYED = re.compile(r" relay published (\d+) job\(s\)")
 _RESCUED = re.compile(r" rescue (\S+): (\d+) ")

@@ -1,4 +1,4 @@
-"""The machinery's relay (``asyncwork.outbox.relay``, what every worker's poll runs each
+"""The machinery's relay (``asyncwork.backend.relay``, what every worker's poll runs each
 second), run once with no grace period and frozen right after it has published its
 ``--freeze-after``-th job, so the orchestrator can SIGKILL it *between publishing and marking
 published*.
@@ -34,27 +34,27 @@ def main() -> None:
     import django
 
     django.setup()
-    from asyncwork import outbox
+    from asyncwork import backend
 
     published = 0
-    send = outbox._send
+    send = backend._send
 
     def observed(job: Any, *, queue: str) -> Exception | None:
         nonlocal published
         error = send(job, queue=queue)
         if error is None:
             published += 1
-            print(f"published {outbox.message_id(job.pk)}", flush=True)
+            print(f"published {backend.message_id(job.pk)}", flush=True)
             if published >= freeze_after:
                 print("frozen", flush=True)
                 while True:  # the transaction stays open until SIGKILL
                     time.sleep(3600)
         return error
 
-    outbox._send = observed
+    backend._send = observed
     print("ready", flush=True)
     sys.stdin.readline()
-    outbox.relay(grace=timedelta(0))
+    backend.relay(grace=timedelta(0))
     print("finished", flush=True)
 
 

@@ -17,7 +17,7 @@ __all__ = ["app"]
 
 class RelayOnly(Poll):
     def tick(self) -> None:
-        from asyncwork.outbox import relay  # the models are loaded by the first tick
+        from asyncwork.backend import relay  # the models are loaded by the first tick
 
         self.guarded(relay, 0)
 

@@ -93,8 +93,6 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: drops X-Forwarded-Proto from an untrusted peer before anything reads it.
-    "asyncwork.contrib.http.ForwardedProtoMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files are answered before sessions, authentication or the database.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -188,7 +186,8 @@ STORAGES = {
 }
 
 # --- Proxies and HTTPS ------------------------------------------------------------------------
-# X-Forwarded-For and -Proto count only from these peers (asyncwork.contrib.http); empty: never.
+# X-Forwarded-For (asyncwork.contrib.http) and X-Forwarded-Proto (gunicorn's scheme,
+# gunicorn.conf.py) count only from these peers; empty: never.
 _trusted_proxies = setting(
     "TRUSTED_PROXIES",
     [],
@@ -205,11 +204,6 @@ CSRF_COOKIE_SECURE = HTTPS_ONLY
 SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS_ONLY else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS_ONLY
 SECURE_HSTS_PRELOAD = HTTPS_ONLY
-if _trusted_proxies:
-    # Set by the trusted proxy, replacing the client's (deploy/nginx does), dropped from any other
-    # peer (asyncwork.contrib.http.ForwardedProtoMiddleware); a TLS proxy not listed loops on
-    # redirects.
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # An explicit DJANGO_SECURE_SSL_REDIRECT=0 is a decision: `check --deploy` reports it as one
 # INFO (core.I001, core/checks.py) instead of the four warnings about what it turned off.
 HTTPS_OPTED_OUT = "DJANGO_SECURE_SSL_REDIRECT" in env and not HTTPS_ONLY

@@ -58,8 +58,8 @@ from asyncwork.errors import (
     TransientError,
     Unreachable,
 )
-from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
 from asyncwork.logging import log_context_bind
+from asyncwork.runner import heartbeat_owner, lapse_seconds, owner_lapsed_sql
 from invoicing.models import EmailDelivery, Invoice
 from webhooks.stripe_api import stripe_client, stripe_error_sorted
 

@@ -155,12 +155,12 @@ def test_recovery_over_30_s_names_each_fault_that_took_longer() -> None:
 def test_net_actions_are_summed_from_the_processes_logs(tmp_path: Path) -> None:
     # Lines as the application's text formatter writes them (two workers' polls).
     (tmp_path / "worker1-1.log").write_text(
-        "2026-12-02 10:00:01,000 INFO asyncwork.outbox relay published 2 job(s) published=2\n"
+        "2026-12-02 10:00:01,000 INFO asyncwork.backend relay published 2 job(s) published=2\n"
         "2026-12-02 10:00:02,000 WARNING asyncwork.rescue rescue jobs: 3 job(s) of worker "
         "processes that are gone released and re-enqueued rescue=jobs rescued=3\n"
         "2026-12-02 10:00:03,000 WARNING asyncwork.recovery the broker lost its messages: 7 "
         "job(s) published and not started are published again republished=7\n"
-        "2026-12-02 10:00:04,000 INFO asyncwork.outbox relay published 9 job(s) published=9\n"
+        "2026-12-02 10:00:04,000 INFO asyncwork.backend relay published 9 job(s) published=9\n"
     )
     (tmp_path / "worker2-1.log").write_text(
         "2026-12-02 10:00:03,100 WARNING asyncwork.recovery the broker lost its messages: 0 "

@@ -67,6 +67,6 @@ def test_the_one_name_on_the_wire_is_declared_once_and_no_task_is_named_by_a_str
         if "migrations" not in path.parts
     }
     assert [path for path, text in sources.items() if '"asyncwork.run"' in text] == [
-        "packages/asyncwork/asyncwork/tasks.py"
+        "packages/asyncwork/asyncwork/backend.py"
     ]
     assert [path for path, text in sources.items() if '"invoicing.tasks.' in text] == []

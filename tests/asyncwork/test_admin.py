@@ -26,12 +26,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from asyncwork import deadletters, outbox, queues
+from asyncwork import backend, broker, deadletters
+from asyncwork.backend import RUN, message_id, relay
 from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.periodic import jobs
 from asyncwork.models import DeadLetter, Job, ScheduledJob
-from asyncwork.outbox import message_id, relay
-from asyncwork.tasks import RUN
 from core.celery import app
 from invoicing.tasks import send_invoice_email
 from stack.net import free_port
@@ -80,9 +79,9 @@ def letter(task_id: str = "t1") -> DeadLetter:
 @pytest.fixture
 def queue() -> Any:
     """A queue of this test's own on the real broker; ``queue.messages()`` reads what was
-    published to it again: the queue read ahead of it (``asyncwork.queues.ahead``)."""
+    published to it again: the queue read ahead of it (``asyncwork.broker.ahead``)."""
     name = f"admintest-{uuid.uuid4().hex[:8]}"
-    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + queues.ahead(name)
+    key = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + broker.ahead(name)
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
 
     class Queue(str):
@@ -227,7 +226,7 @@ def test_a_republish_the_broker_refuses_leaves_the_row_to_the_relay(
     lost = job(queue, published=True)
     nothing_listens = f"redis://127.0.0.1:{free_port()}/0"
     refused = app.amqp.Producer(app.connection_for_write(nothing_listens), auto_declare=False)
-    monkeypatch.setattr(outbox, "_producer", lambda: refused)
+    monkeypatch.setattr(backend, "_producer", lambda: refused)
 
     response = run_action(staff, JOBS, "republish_selected", [lost.pk])
 

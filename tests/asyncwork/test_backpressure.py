@@ -17,11 +17,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from asyncwork.backend import RUN
 from asyncwork.broker import queue_keys
-from asyncwork.contrib.backpressure import pressure_measure
-from asyncwork.contrib.monitoring.probes import queues_probe
+from asyncwork.contrib.backpressure import pressure_measure, queues_probe
 from asyncwork.models import Job
-from asyncwork.tasks import RUN
 from core.celery import app
 from invoicing.models import Invoice
 from invoicing.tasks import EMAIL_QUEUE, send_invoice_email

@@ -5,7 +5,7 @@ which gives a clear unknown or failing result within the probe timeout, never a 
 
 On Redis the depth is the length of the queue's lists; on RabbitMQ, the messages ready on the
 quorum queue, read by a passive declaration on a kept AMQP connection
-(``asyncwork.contrib.monitoring.rabbitmq.queue_depths``)."""
+(``asyncwork.contrib.backpressure.rabbitmq_depths``)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from asyncwork import queues
+from asyncwork.broker import DEFAULT, DLQ, rabbitmq, watched
 from asyncwork.contrib import backpressure
+from asyncwork.contrib.backpressure import BrokerUnreadable, queues_probe
 from asyncwork.contrib.monitoring import health
 from asyncwork.contrib.monitoring.gauges import queues_figures
-from asyncwork.contrib.monitoring.probes import BrokerUnreadable, queues_probe
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
 from invoicing.tasks import EMAIL_QUEUE
@@ -60,7 +60,7 @@ def silent_broker() -> Iterator[int]:
 
 
 def unreachable_url(port: int) -> str:
-    if queues.rabbitmq():
+    if rabbitmq():
         return f"amqp://guest:guest@127.0.0.1:{port}/nowhere"
     return f"redis://127.0.0.1:{port}/0"
 
@@ -74,20 +74,20 @@ def refused_port() -> int:
 def test_the_queues_probe_counts_messages_waiting_on_each_queue() -> None:
     for _ in range(3):
         app.send_task("core.nothing", queue=EMAIL_QUEUE)
-    app.send_task("core.nothing", queue=queues.DEFAULT, priority=9)
+    app.send_task("core.nothing", queue=DEFAULT, priority=9)
 
     assert wait_until(lambda: broker.queue_depth(EMAIL_QUEUE) == 3, timeout=5)
     # On RabbitMQ a job published again goes to its own queue; on Redis to the queue read
-    # ahead of it (asyncwork.queues). And dlq is RabbitMQ's alone, where it holds what went
+    # ahead of it (asyncwork.broker). And dlq is RabbitMQ's alone, where it holds what went
     # past a delivery limit.
     if broker.RABBITMQ:
         ahead: dict[str, int] = {}
-        dlq = {queues.DLQ: 0}
+        dlq = {DLQ: 0}
     else:
-        ahead = {f"{queues.DEFAULT}-recovery": 0, f"{EMAIL_QUEUE}-recovery": 0}
+        ahead = {f"{DEFAULT}-recovery": 0, f"{EMAIL_QUEUE}-recovery": 0}
         dlq = {}
     assert queues_probe().depths == {
-        queues.DEFAULT: 1,
+        DEFAULT: 1,
         **ahead,
         EMAIL_QUEUE: 3,
         **dlq,
@@ -104,12 +104,12 @@ def test_on_rabbitmq_the_probe_also_counts_consumers_and_the_dashboard_shows_the
     shown = {figure.label: figure for figure in queues_figures(probe)}
     assert shown[f"waiting on {EMAIL_QUEUE}"].value == "1"
     assert shown[f"consumers of {EMAIL_QUEUE}"].status == "degraded"
-    assert f"consumers of {queues.DLQ}" not in shown
+    assert f"consumers of {DLQ}" not in shown
 
 
 def test_a_depth_read_is_cheap() -> None:
     """The figure the report quotes: the cost of one read of every queue on a warm client."""
-    names = queues.watched()
+    names = watched()
     queues_probe(names)  # connect
     costs = []
     for _ in range(50):

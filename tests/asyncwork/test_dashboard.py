@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 from django.utils import timezone
 
-from asyncwork import queues
+from asyncwork import broker
 from asyncwork.contrib.monitoring import probes
 from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
@@ -82,7 +82,7 @@ def test_each_figure_is_right_links_to_what_it_counts_and_agrees_with_health_and
     exhausted = letter(3, reason="exhausted")
     letter(4, reason="permanent", replayed=True)
     stuck = Job.objects.bulk_create(
-        Job(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(3)
+        Job(task="core.nothing", args=[n], queue=broker.DEFAULT) for n in range(3)
     )
     Job.objects.filter(pk=stuck[0].pk).update(created_at=timezone.now() - timedelta(minutes=10))
     breaker = email_breaker()
@@ -198,7 +198,7 @@ def test_the_outbox_backlog_is_counted_up_to_the_hard_mark_everywhere(
     }
     monitor = Client(HTTP_AUTHORIZATION="Bearer dashboard-test-token")
     Job.objects.bulk_create(
-        Job(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(7)
+        Job(task="core.nothing", args=[n], queue=broker.DEFAULT) for n in range(7)
     )
 
     assert dashboard(viewer).figures["outbox"]["unpublished"]["value"] == "5+"

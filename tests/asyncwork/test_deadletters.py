@@ -20,8 +20,8 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 
-from asyncwork import queues
 from asyncwork.audit import cli_actor
+from asyncwork.broker import DLQ
 from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.periodic.alert import dlq_alert
 from asyncwork.deadletters import purge, record
@@ -171,7 +171,7 @@ def test_recording_the_same_task_twice_keeps_one_dead_letter_and_nothing_else() 
     assert (letter.args, letter.kwargs) == ([1], {"key": "k-1"})
     # The row is the one record: no job for the broker, no queue holding a copy.
     assert not Job.objects.exists()
-    assert broker.queue_depth(queues.DLQ) == 0
+    assert broker.queue_depth(DLQ) == 0
 
 
 def test_purge_older_than_days_is_recorded_per_dead_letter() -> None:

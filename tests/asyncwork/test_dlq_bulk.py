@@ -33,6 +33,7 @@ from rest_framework.test import APIClient
 
 from asyncwork import deadletters
 from asyncwork.audit import operator_acted
+from asyncwork.backend import message_id
 from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.operators.tokens import api_token_create
 from asyncwork.deadletters import (
@@ -44,7 +45,6 @@ from asyncwork.deadletters import (
 )
 from asyncwork.management.commands.dlq import BATCH
 from asyncwork.models import DeadLetter, IdempotencyRecord, Job
-from asyncwork.outbox import message_id
 from stack import launch
 from stack.net import HOST
 from stack.process import ROOT

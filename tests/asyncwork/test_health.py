@@ -18,6 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from asyncwork.contrib.backpressure import queues_probe
 from asyncwork.contrib.monitoring import health, probes
 from asyncwork.models import DeadLetter, Job
 from asyncwork.settings import asyncwork_settings
@@ -154,7 +155,7 @@ def test_backlog_at_the_hard_mark_is_503_at_the_soft_mark_degraded(
     monitor: Client, settings: Any
 ) -> None:
     # Messages earlier tests' commits left on the email queue count too: stay above them.
-    waiting = probes.queues_probe((EMAIL_QUEUE,)).depths[EMAIL_QUEUE]
+    waiting = queues_probe((EMAIL_QUEUE,)).depths[EMAIL_QUEUE]
     settings.ASYNCWORK = {
         **settings.ASYNCWORK,
         "BACKPRESSURE_SOFT_MARK": waiting + 2,

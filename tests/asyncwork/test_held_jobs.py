@@ -4,7 +4,7 @@ their messages back: on Redis that is after the visibility timeout (20 s here).
 
 A real prefork worker holds two jobs: one running in a pool process, and one it received while
 its other pool process could not start it (stopped, as a busy pool leaves a received job), so
-the job is still READY and its worker's heartbeat lists it (``asyncwork.heartbeat.held_jobs``:
+the job is still READY and its worker's heartbeat lists it (``asyncwork.runner.held_jobs``:
 job ids). The worker is SIGKILLed with its whole process group; another worker, and nothing
 else, runs both within the lapse (3 s) plus a rescue run: the running one as its owner's
 heartbeat lapsed, the waiting one as its consumer's did. On both brokers: RabbitMQ redelivers

@@ -20,12 +20,11 @@ from django.utils import timezone
 from kombu import Queue
 
 import asyncwork
-from asyncwork import queues
-from asyncwork.heartbeat import WorkerHeartbeatStep
-from asyncwork.install import REDIS_TRANSPORT, REQUIRED
+from asyncwork import broker
+from asyncwork.broker import DeadLetterQueueDeclare
+from asyncwork.install import HEARTBEAT_STEP, REDIS_TRANSPORT, REQUIRED
 from asyncwork.models import Job, WorkerHeartbeat
 from asyncwork.poll import PollStep
-from asyncwork.queues import DeadLetterQueueDeclare
 from core.celery import app as project_app
 from stack import launch
 from stack.net import wait_until
@@ -46,11 +45,11 @@ def test_a_fresh_celery_app_gets_the_machinery_in_one_call() -> None:
     asyncwork.install(fresh)
     asyncwork.install(fresh)  # once is enough; twice changes nothing
 
-    assert fresh.conf.task_default_queue == queues.DEFAULT
+    assert fresh.conf.task_default_queue == broker.DEFAULT
     assert [queue.name for queue in fresh.conf.task_queues] == [
-        queue.name for queue in queues.consumed()
+        queue.name for queue in broker.consumed()
     ]
-    assert {WorkerHeartbeatStep, PollStep} <= fresh.steps["worker"]
+    assert {HEARTBEAT_STEP, PollStep} <= fresh.steps["worker"]
     assert fresh.steps["consumer"] == {DeadLetterQueueDeclare}
     key = f"installed-{os.getpid()}"
     # Due now and never published: nothing but the worker's poll publishes it.
@@ -93,9 +92,9 @@ def test_where_the_project_left_celerys_default_install_sets_what_the_guarantees
 
     assert {key: fresh.conf[key] for key in REQUIRED} == REQUIRED
     assert [queue.name for queue in fresh.conf.task_queues] == [
-        queue.name for queue in queues.consumed()
+        queue.name for queue in broker.consumed()
     ]
-    if queues.rabbitmq():
+    if broker.rabbitmq():
         assert fresh.conf.broker_transport_options["confirm_publish"] is True
     else:
         assert fresh.conf.broker_transport == REDIS_TRANSPORT

@@ -19,10 +19,10 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
+from asyncwork.backend import message_id
 from asyncwork.contrib.logging import pii_mask
 from asyncwork.logging import log_context, log_context_bind
 from asyncwork.models import Job
-from asyncwork.outbox import message_id
 from invoicing.models import EmailDelivery, Invoice
 from stack import launch, stripe_events
 from stack.net import wait_until

@@ -23,7 +23,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from asyncwork import outbox, queues
+from asyncwork import backend, broker
 from asyncwork.contrib.monitoring import metrics
 from asyncwork.contrib.periodic import jobs
 from asyncwork.deadletters import record, replay
@@ -99,12 +99,12 @@ def test_outbox_publishes_are_timed_and_failures_counted(client: Client) -> None
     assert post_event(client, stripe_events.encode(paid_event())).status_code == 200
 
     # A publish the broker refuses: a thread of its own builds its broker connection anew.
-    row = Job.objects.create(task=SEND_INVOICE_EMAIL, args=[0], queue=queues.DLQ)
+    row = Job.objects.create(task=SEND_INVOICE_EMAIL, args=[0], queue=broker.DLQ)
     published: list[int] = []
 
     def publish() -> None:
         try:
-            published.append(outbox.republish(ids=[row.pk], actor="test"))
+            published.append(backend.republish(ids=[row.pk], actor="test"))
         finally:
             connection.close()
 

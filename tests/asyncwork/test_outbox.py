@@ -1,5 +1,5 @@
 """The outbox: a stalled broker never fails or hangs the request; a worker's poll, alone,
-publishes within seconds what a publish at commit left behind (``outbox.relay``, on its poll
+publishes within seconds what a publish at commit left behind (``backend.relay``, on its poll
 thread: no other process, command nor scheduled job); a job published twice runs once; and
 concurrent relays never publish one row twice."""
 
@@ -16,9 +16,10 @@ import redis
 from django.db import connection
 from django.test import Client
 
-from asyncwork import outbox, queues
+from asyncwork import backend
+from asyncwork.backend import _producer_drop
+from asyncwork.broker import ahead
 from asyncwork.models import Job
-from asyncwork.outbox import _producer_drop
 from asyncwork.poll import POLL_SECONDS
 from asyncwork.settings import asyncwork_settings
 from stack import stripe_events
@@ -95,7 +96,7 @@ def test_a_publisher_killed_between_publish_and_mark_publishes_again_and_one_ema
     row = Job.objects.get()
     assert row.published_at is not None
     Job.objects.filter(pk=row.pk).update(published_at=None)  # the mark, lost
-    assert outbox.relay() == 1
+    assert backend.relay() == 1
     assert sum(broker.jobs_in_broker().values()) == 2
     with worker_thread():
         smtp.handler.wait_for(1, timeout=20)
@@ -116,7 +117,7 @@ def test_concurrent_relays_publish_each_row_exactly_once() -> None:
     def relay() -> None:
         try:
             barrier.wait()
-            totals.append(outbox.relay(grace=timedelta(0), batch_size=25))
+            totals.append(backend.relay(grace=timedelta(0), batch_size=25))
         finally:
             connection.close()
 
@@ -127,19 +128,19 @@ def test_concurrent_relays_publish_each_row_exactly_once() -> None:
         thread.join(60)
 
     # Published late: to the queue read ahead of the job's own.
-    task_ids = [m["headers"]["id"] for m in broker.queue_messages(queues.ahead(queue))]
-    broker.queue_delete(queues.ahead(queue))
+    task_ids = [m["headers"]["id"] for m in broker.queue_messages(ahead(queue))]
+    broker.queue_delete(ahead(queue))
     assert sum(totals) == 300
     assert len(task_ids) == 300
     assert set(task_ids) == {
-        outbox.message_id(pk) for pk in Job.objects.values_list("pk", flat=True)
+        backend.message_id(pk) for pk in Job.objects.values_list("pk", flat=True)
     }
     assert not Job.objects.filter(published_at__isnull=True).exists()
 
 
 def test_relay_leaves_young_rows_to_their_own_publish() -> None:
     Job.objects.create(task="core.does_not_exist", args=[1], queue="relaytest-young")
-    assert outbox.relay(grace=timedelta(seconds=60)) == 0
+    assert backend.relay(grace=timedelta(seconds=60)) == 0
     assert Job.objects.get().published_at is None
 
 
@@ -172,7 +173,7 @@ def test_a_mark_the_database_refuses_fails_no_request_and_leaves_the_row_to_the_
     finally:
         with connection.cursor() as cursor:
             cursor.execute(ALLOW_MARKS)
-    assert outbox.relay() == 1
+    assert backend.relay() == 1
     row.refresh_from_db()
     assert row.published_at is not None
     with worker_thread():

@@ -12,7 +12,8 @@ from django.db import connection
 from django.db.utils import OperationalError
 from django.utils import timezone
 
-from asyncwork import queues
+from asyncwork import broker
+from asyncwork.contrib.backpressure import queues_probe
 from asyncwork.contrib.monitoring import probes
 from asyncwork.contrib.monitoring.probes import (
     BreakerProbe,
@@ -24,7 +25,6 @@ from asyncwork.contrib.monitoring.probes import (
     outbox_probe,
     probe_declare,
     probes_read,
-    queues_probe,
     scheduled_jobs_probe,
 )
 from asyncwork.contrib.periodic import jobs
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def unpublished(count: int, *, age: timedelta = timedelta(0)) -> list[Job]:
     rows = Job.objects.bulk_create(
-        Job(task="core.nothing", args=[n], queue=queues.DEFAULT) for n in range(count)
+        Job(task="core.nothing", args=[n], queue=broker.DEFAULT) for n in range(count)
     )
     Job.objects.filter(pk__in=[r.pk for r in rows]).update(created_at=timezone.now() - age)
     return rows
@@ -96,7 +96,7 @@ def test_the_dlq_probe_counts_the_waiting_by_reason() -> None:
             task_id=f"probe-{n}",
             args=[n],
             kwargs={},
-            queue=queues.DEFAULT,
+            queue=broker.DEFAULT,
             reason=reason,
             exc=PermanentError("no"),
             traceback="",
@@ -136,12 +136,12 @@ def test_the_scheduled_jobs_probe_lists_every_declared_job_and_any_other_that_ra
 def test_the_queues_probe_counts_each_queue_in_one_round_trip() -> None:
     for _ in range(3):
         app.send_task("core.nothing", queue=EMAIL_QUEUE)
-    app.send_task("core.nothing", queue=queues.DEFAULT, priority=9)  # another priority list
+    app.send_task("core.nothing", queue=broker.DEFAULT, priority=9)  # another priority list
 
     assert queues_probe().depths == {
-        queues.DEFAULT: 1,
-        queues.ahead(queues.DEFAULT): 0,
-        queues.ahead(EMAIL_QUEUE): 0,
+        broker.DEFAULT: 1,
+        broker.ahead(broker.DEFAULT): 0,
+        broker.ahead(EMAIL_QUEUE): 0,
         EMAIL_QUEUE: 3,
     }
     assert queues_probe((EMAIL_QUEUE,)).depths == {EMAIL_QUEUE: 3}

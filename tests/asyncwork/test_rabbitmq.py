@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 from kombu import Connection
 
-from asyncwork import queues
+from asyncwork.broker import DLQ, consumed, dlq_declaration
 from asyncwork.models import Job
 from asyncwork.settings import asyncwork_settings
 from core.celery import app
@@ -32,9 +32,9 @@ def test_the_queues_are_durable_quorum_queues_with_a_delivery_limit_onto_dlq() -
         consumers = broker.rabbitmqctl(
             "list_consumers", "-p", broker.vhost(), "queue_name", "ack_required", "prefetch_count"
         )
-    consumed = [queue.name for queue in queues.consumed()]
-    assert {"default", "email"} <= set(consumed)
-    for name in consumed:
+    names = [queue.name for queue in consumed()]
+    assert {"default", "email"} <= set(names)
+    for name in names:
         queue = declared[name]
         assert (queue["type"], queue["durable"]) == ("quorum", True), queue
         arguments = queue["arguments"]
@@ -98,18 +98,18 @@ def test_a_poison_job_is_dead_lettered_with_its_reason_not_left_on_dlq(
     Each run is a message of its own, so RabbitMQ's delivery limit never moves it onto dlq."""
     poison_job_dead_lettered(smtp_unreachable)
     # Recorded once, as the row: its last delivery was acknowledged, nothing went onto dlq.
-    assert broker.queue_depth(queues.DLQ) == 0
+    assert broker.queue_depth(DLQ) == 0
 
 
 def test_rabbitmq_moves_a_message_past_its_delivery_limit_onto_dlq() -> None:
     """Should a worker die on the last delivery too, RabbitMQ dead-letters the message onto
     dlq itself (here, returned by a consumer with no worker at all)."""
-    default = queues.consumed()[0]
+    default = consumed()[0]
     # Confirmed: a quorum queue takes a message once a majority of its replicas wrote it,
     # and a basic.get right after an unconfirmed publish can come before.
     with Connection(app.conf.broker_url, transport_options={"confirm_publish": True}) as conn:
         channel: Any = conn.channel()
-        queues.dlq_declaration()(channel).declare()
+        dlq_declaration()(channel).declare()
         default(channel).declare()
         conn.Producer(channel).publish(
             {"poison": True}, exchange=default.exchange, routing_key=default.routing_key
@@ -121,7 +121,7 @@ def test_rabbitmq_moves_a_message_past_its_delivery_limit_onto_dlq() -> None:
             channel.basic_reject(message.delivery_tag, requeue=True)
         assert channel.basic_get(default.name, no_ack=False) is None
         channel.close()
-    [dead] = broker.queue_messages(queues.DLQ)
+    [dead] = broker.queue_messages(DLQ)
     assert dead["headers"]["x-first-death-reason"] == "delivery_limit"
     assert dead["headers"]["x-first-death-queue"] == default.name
 

@@ -19,11 +19,10 @@ from django.core.cache import cache
 from django_tasks import task
 from django_tasks.exceptions import InvalidTaskError
 
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, ReliableTask, message_id
 from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import message_id
 from asyncwork.poll import POLL_SECONDS
 from asyncwork.runner import backoff_seconds
-from asyncwork.tasks import RUN, TIME_LIMIT_GRACE, ReliableTask
 from core.celery import app
 from invoicing.tasks import EMAIL_QUEUE, resend_invoice_email, send_invoice_email
 from stack import launch

@@ -1,5 +1,5 @@
 """A retry waits in PostgreSQL, not in a worker nor in the broker (asyncwork.runner,
-asyncwork.outbox): the job's row made READY again, due after its wait, and published by a
+asyncwork.backend): the job's row made READY again, due after its wait, and published by a
 worker's poll once due. Nothing is held in the broker meanwhile, so a worker that dies or a
 broker that restarts takes no waiting retry with it (on Redis a held message would come back only
 after the visibility timeout, or never after a restart), and RabbitMQ's consumer timeout cannot
@@ -24,12 +24,12 @@ from django.db import connection
 from django.utils import timezone
 from psycopg import sql
 
-from asyncwork import outbox, queues
+from asyncwork import backend
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, ReliableTask, message_id
+from asyncwork.broker import ahead
 from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import message_id
 from asyncwork.poll import POLL_SECONDS
 from asyncwork.runner import WRITE_WAIT
-from asyncwork.tasks import RUN, TIME_LIMIT_GRACE, ReliableTask
 from core.celery import app
 from stack import launch
 from stack.net import wait_until
@@ -103,7 +103,7 @@ def test_a_job_run_after_a_time_waits_for_it_then_retries_from_the_queue_it_went
     job = Job.objects.get(pk=result.id)
     assert (job.due_at, job.published_at) == (later, None)
     assert broker.jobs_in_broker() == {}
-    assert outbox.relay() == 0  # not due
+    assert backend.relay() == 0  # not due
 
     with worker_thread(concurrency=1):
         assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 15)
@@ -257,7 +257,7 @@ def test_a_retry_the_database_refuses_is_given_back_by_the_runs_lease_and_not_lo
 
 
 def scheduled(due_in: float) -> Job:
-    return outbox.job_create(
+    return backend.job_create(
         task=test_tasks.pid.module_path,
         args=[f"pid-{uuid.uuid4().hex}"],
         kwargs={},
@@ -273,14 +273,14 @@ def test_nothing_publishes_a_job_before_it_is_due() -> None:
         created_at=timezone.now() - timedelta(hours=1)
     )
     # The relay, however old the rows: only the job that came due.
-    assert outbox.relay(grace=timedelta(0)) == 1
+    assert backend.relay(grace=timedelta(0)) == 1
     later.refresh_from_db()
     due.refresh_from_db()
     assert later.published_at is None
     assert due.published_at is not None
-    assert outbox.relay(grace=timedelta(0)) == 0
+    assert backend.relay(grace=timedelta(0)) == 0
     Job.objects.filter(pk=later.pk).update(due_at=timezone.now())
-    assert outbox.relay(grace=timedelta(0)) == 1
+    assert backend.relay(grace=timedelta(0)) == 1
 
 
 def test_a_job_come_due_is_published_as_its_id_to_the_queue_read_ahead_of_its_own() -> None:
@@ -291,9 +291,9 @@ def test_a_job_come_due_is_published_as_its_id_to_the_queue_read_ahead_of_its_ow
     key = f"overrun-{uuid.uuid4().hex}"
     result = test_tasks.overrun.using(run_after=timezone.now()).enqueue(key)
     unlimited = test_tasks.pid.using(run_after=timezone.now()).enqueue(key)
-    assert outbox.relay() == 2
-    ahead = queues.ahead(test_tasks.overrun.queue_name)
-    published = {m["headers"]["id"]: m["headers"] for m in broker.queue_messages(ahead)}
+    assert backend.relay() == 2
+    again = ahead(test_tasks.overrun.queue_name)
+    published = {m["headers"]["id"]: m["headers"] for m in broker.queue_messages(again)}
     assert published[message_id(int(unlimited.id))]["timelimit"] == [None, None]
     headers = published[message_id(int(result.id))]
     assert (headers["task"], headers["id"], headers["shadow"]) == (

@@ -26,7 +26,7 @@ REDIS_URL = "redis://127.0.0.1:6379/15"
 
 def broker_use(settings: Any, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     """The project's broker is ``url``: its setting, and the environment variable the Celery app
-    reads first (``asyncwork.queues.rabbitmq`` asks the app)."""
+    reads first (``asyncwork.broker.rabbitmq`` asks the app)."""
     settings.CELERY_BROKER_URL = url
     monkeypatch.setenv("CELERY_BROKER_URL", url)
 

@@ -1,4 +1,4 @@
-"""A soft time limit reaches only the task it was set for (``asyncwork.timelimits``).
+"""A soft time limit reaches only the task it was set for (``asyncwork.runner``).
 
 A prefork worker whose event loop was held up (reconnecting to a restarted broker) fires a soft
 time limit late, for a job already finished: ``SIGUSR1`` lands in a pool process that is

@@ -13,6 +13,7 @@ from django.db import connection
 from django.utils import timezone
 from psycopg.conninfo import make_conninfo
 
+from asyncwork.contrib.backpressure import outbox_waiting
 from asyncwork.models import Job
 from bench import floor_receiver
 from invoicing.models import Invoice
@@ -72,4 +73,4 @@ def test_the_floor_receiver_stores_an_event_once_with_its_invoice_and_job_row(
         (floor_receiver.FLOOR_TASK, [invoice.pk])
     ]
     # Written published: no backlog for the application's probes, backpressure or relay.
-    assert not Job.objects.waiting(timezone.now()).exists()
+    assert not outbox_waiting(timezone.now()).exists()

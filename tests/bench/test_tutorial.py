@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from asyncwork import queues
+from asyncwork.broker import DEFAULT
 from bench import tutorial
 from bench.fullstack import TUTORIAL_DOMAIN, emails_check
 from bench.run import TUTORIAL_PATH
@@ -51,7 +51,7 @@ def test_the_tutorial_webhook_stores_a_new_event_once_and_publishes_its_email_on
     assert (WebhookEvent.objects.count(), invoice.status) == (1, Invoice.Status.PAID)
     published = [
         (message["headers"]["task"], message["headers"]["argsrepr"])
-        for message in broker.queue_messages(queues.DEFAULT)
+        for message in broker.queue_messages(DEFAULT)
     ]
     assert published == [(tutorial.TUTORIAL_TASK, f"({invoice.pk},)")]
 

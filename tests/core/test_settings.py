@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +19,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from asyncwork.backend import OutboxBackend
-from asyncwork.tasks import RUN, TIME_LIMIT_GRACE
+from asyncwork.backend import RUN, TIME_LIMIT_GRACE, OutboxBackend
 from core.celery import app
 from invoicing.tasks import resend_invoice_email, send_invoice_email
 from stack import launch
 from stack.net import HOST
+from stack.process import ROOT
 from tests.helpers.environment import PRODUCTION, clean_env, manage, settings_read
 from tests.helpers.http import Answer, send
 
@@ -311,14 +313,32 @@ def test_a_bad_network_stops_start_up_naming_it(setting: str, entry: str) -> Non
 def test_trusted_proxies_are_read_as_networks() -> None:
     env = {**PRODUCTION, "TRUSTED_PROXIES": "10.0.0.2, 2001:db8::/32"}
     names = ("ASYNCWORK['TRUSTED_PROXIES']", "SECURE_PROXY_SSL_HEADER")
-    trusted, header = settings_read(*names, env=env)
-    assert trusted == "['10.0.0.2', '2001:db8::/32']"
-    assert header == "('HTTP_X_FORWARDED_PROTO', 'https')"
-    # None by default: no header counts.
-    assert settings_read(*names, env=PRODUCTION) == [
-        "[]",
-        "None",
-    ]
+    # Django reads the scheme gunicorn set, whose trust is the same networks (gunicorn.conf.py).
+    assert settings_read(*names, env=env) == ["['10.0.0.2', '2001:db8::/32']", "None"]
+    assert gunicorn_trust(env) == ("10.0.0.2/32,2001:db8::/32", {"X-FORWARDED-PROTO": "https"})
+    # None by default: no header counts, not even loopback's (gunicorn's own default).
+    assert settings_read(*names, env=PRODUCTION) == ["[]", "None"]
+    assert gunicorn_trust(PRODUCTION)[0] == ""
+
+
+def gunicorn_trust(env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """``forwarded_allow_ips`` and ``secure_scheme_headers`` as gunicorn.conf.py sets them."""
+    code = (
+        "import runpy; c = runpy.run_path('gunicorn.conf.py'); "
+        "print(repr((c['forwarded_allow_ips'], c['secure_scheme_headers'])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=clean_env(DJANGO_SETTINGS_MODULE="core.settings", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    trust: tuple[str, dict[str, str]] = ast.literal_eval(result.stdout)
+    return trust
 
 
 def test_zero_tolerance_is_refused() -> None:
@@ -329,9 +349,9 @@ def test_zero_tolerance_is_refused() -> None:
 
 _PRINT_BROKER = (
     "from django.conf import settings as s; from core.celery import app; "
-    "from asyncwork import queues; o = app.conf.broker_transport_options; "
-    "q = queues.consumed()[0]; "
-    "print(queues.rabbitmq(), app.conf.broker_transport or '-', "
+    "from asyncwork import broker; o = app.conf.broker_transport_options; "
+    "q = broker.consumed()[0]; "
+    "print(broker.rabbitmq(), app.conf.broker_transport or '-', "
     "o.get('confirm_publish', '-'), o.get('visibility_timeout', '-'), "
     "o.get('queue_order_strategy', '-'), "
     "(q.queue_arguments or {}).get('x-queue-type', '-'), q.exchange.type or '-')"

@@ -20,13 +20,12 @@ from django.conf import settings
 from kombu import Connection
 from kombu.transport.native_delayed_delivery import level_name
 
-from asyncwork import queues
+from asyncwork import broker
+from asyncwork.backend import RUN, message_id
 from asyncwork.broker import queue_keys
-from asyncwork.outbox import message_id
-from asyncwork.tasks import RUN
 
 # As the machinery reads it: from the broker URL's scheme.
-RABBITMQ = queues.rabbitmq()
+RABBITMQ = broker.rabbitmq()
 
 redis_only = pytest.mark.skipif(RABBITMQ, reason="Redis only: the broker is RabbitMQ")
 rabbitmq_only = pytest.mark.skipif(not RABBITMQ, reason="RabbitMQ only: the broker is Redis")
@@ -142,12 +141,12 @@ def held_unacknowledged() -> int:
 
 
 def jobs_in_broker() -> dict[str, int]:
-    """The messages of the queues the workers consume (``queues.consumed``) that wait there or
+    """The messages of the queues the workers consume (``broker.consumed``) that wait there or
     are delivered to a worker and not yet acknowledged, by queue, leaving out the queues that
     hold none. On Redis, which keeps the unacknowledged messages of every queue in one hash,
     those are counted under ``unacked``. On RabbitMQ the unacknowledged ones are read (with
     ``rabbitmqctl``, about a second) only once no message waits."""
-    names = [queue.name for queue in queues.consumed()]
+    names = [queue.name for queue in broker.consumed()]
     if RABBITMQ:
         counts = {name: _rabbitmq_depth(name) for name in names}
         if not any(counts.values()):
@@ -211,7 +210,7 @@ def queues_empty() -> None:
             client.delete(*keys)
         client.close()
         return
-    names = [*(queue.name for queue in queues.consumed()), queues.DLQ, *DELAY_QUEUES]
+    names = [*(queue.name for queue in broker.consumed()), broker.DLQ, *DELAY_QUEUES]
     # Twice, a moment apart: RabbitMQ requeues the unacknowledged messages of a worker that just
     # closed its connection (the previous test's) a moment after it closed.
     for sweep in range(2):

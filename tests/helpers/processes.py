@@ -13,8 +13,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 
-from asyncwork.heartbeat import Heartbeat
 from asyncwork.models import DeadLetter, Job, WorkerHeartbeat
+from asyncwork.runner import Heartbeat
 from core.celery import app
 from stack import launch
 from stack.net import HOST, wait_until

@@ -4,7 +4,8 @@ A test that asserts one email, one row or one dead letter must first give a dupl
 chance to arrive, and a fixed sleep only guesses how long that takes. ``pipeline_quiet`` waits
 until no job is on its way anywhere:
 
-* the jobs: none unpublished and due now (``Job.objects.waiting``), none running;
+* the jobs: none unpublished and due now (``asyncwork.contrib.backpressure.outbox_waiting``),
+  none running;
 * the broker (``tests.helpers.broker.jobs_in_broker``): no message waiting on a queue the
   workers consume, and none delivered to a worker and not yet acknowledged (the tasks
   acknowledge late, so a job that is running counts);
@@ -27,6 +28,7 @@ import time
 import pytest
 from django.utils import timezone
 
+from asyncwork.contrib.backpressure import outbox_waiting
 from asyncwork.models import Job
 from invoicing.models import EmailDelivery
 from tests.helpers import broker
@@ -37,7 +39,7 @@ def pipeline_busy() -> list[str]:
     travels (job row, broker, claim), so that a job moving on while it is read is found in the
     place it moved to; a job leaves the broker only once acknowledged, after its work."""
     busy = []
-    due = list(Job.objects.waiting(timezone.now()).values_list("pk", "task"))
+    due = list(outbox_waiting(timezone.now()).values_list("pk", "task"))
     if due:
         busy.append(f"{len(due)} job(s) due and unpublished {due[:5]}")
     running = list(Job.objects.filter(status=Job.Status.RUNNING).values_list("pk", "task"))

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from asyncwork.backend import job_ran
 from asyncwork.models import DeadLetter, Job
-from asyncwork.tasks import job_ran
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import email_breaker, send_invoice_email
 from stack.net import wait_until

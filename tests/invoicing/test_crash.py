@@ -17,11 +17,11 @@ import time
 import pytest
 from django.conf import settings
 
+from asyncwork.backend import TIME_LIMIT_GRACE
 from asyncwork.models import Job
 from asyncwork.poll import POLL_SECONDS
 from asyncwork.rescue import RESCUE_EVERY
 from asyncwork.settings import asyncwork_settings
-from asyncwork.tasks import TIME_LIMIT_GRACE
 from invoicing.models import EmailDelivery
 from invoicing.tasks import send_invoice_email
 from stack import launch

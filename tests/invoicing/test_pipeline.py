@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from asyncwork.backend import TaskResultStatus, message_id
 from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import message_id
-from asyncwork.tasks import TaskResultStatus
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
 from stack import stripe_events

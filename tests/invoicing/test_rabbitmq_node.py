@@ -80,7 +80,7 @@ def _env(smtp: SmtpServer, node: RabbitNode) -> dict[str, str]:
 
 
 _RELAY = (
-    "from datetime import timedelta; from asyncwork.outbox import relay; "
+    "from datetime import timedelta; from asyncwork.backend import relay; "
     "print('published', relay(grace=timedelta(0)))"
 )
 

@@ -2,7 +2,7 @@
 
 A job's first publish goes to its queue; any later one (the relay publishing what the broker
 refused at commit, a retry or a rescued run come due, a job the broker lost) goes to the queue
-read ahead of it (``asyncwork.queues``). Here twenty emails wait in the email queue before a
+read ahead of it (``asyncwork.broker``). Here twenty emails wait in the email queue before a
 worker starts; three more invoices' jobs, written earlier, have waited longer (their publish
 failed at commit), and the relay publishes them; a real worker, one process, sends those three
 first.
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from asyncwork import queues
+from asyncwork.backend import relay
+from asyncwork.broker import ahead
 from asyncwork.models import Job
-from asyncwork.outbox import relay
 from invoicing.models import EmailDelivery
 from invoicing.tasks import EMAIL_QUEUE, send_invoice_email
 from stack import launch
@@ -53,16 +53,16 @@ def test_a_job_published_again_goes_before_the_backlog(smtp: SmtpServer) -> None
         send_invoice_email.enqueue(paid_invoice().pk)
 
     assert relay() == WAITED  # the relay each worker's poll runs, here run once by hand
-    ahead = queues.ahead(EMAIL_QUEUE)
+    again = ahead(EMAIL_QUEUE)
     assert not Job.objects.filter(published_at__isnull=True).exists()
     published = Job.objects.filter(pk__in=[row.pk for row in rows])
     assert list(published.values_list("publish_attempts", flat=True)) == [2] * WAITED
     if broker.RABBITMQ:
-        assert ahead == EMAIL_QUEUE
+        assert again == EMAIL_QUEUE
         assert wait_until(lambda: broker.queue_depth(EMAIL_QUEUE) == BACKLOG + WAITED, 10)
     else:
-        assert ahead == f"{EMAIL_QUEUE}-recovery"
-        assert wait_until(lambda: broker.queue_depth(ahead) == WAITED, 10)
+        assert again == f"{EMAIL_QUEUE}-recovery"
+        assert wait_until(lambda: broker.queue_depth(again) == WAITED, 10)
         assert wait_until(lambda: broker.queue_depth(EMAIL_QUEUE) == BACKLOG, 10)
 
     worker = launch.celery_worker(worker_env(smtp.port), name="order-worker", concurrency=1)

@@ -17,7 +17,7 @@ from django.db import connections
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 
-from asyncwork.queues import BACKEND, rabbitmq
+from asyncwork.broker import BACKEND, rabbitmq
 from asyncwork.settings import SETTINGS, asyncwork_settings
 
 _MUST = {

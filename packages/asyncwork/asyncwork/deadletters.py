@@ -27,10 +27,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from asyncwork.audit import operator_action_record
+from asyncwork.backend import Task, job_create, message_id, task_for
 from asyncwork.db import insert_or_skip, text_storable
 from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import job_create, message_id
-from asyncwork.tasks import Task, task_for
 
 logger = logging.getLogger(__name__)
 

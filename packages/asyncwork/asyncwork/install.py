@@ -1,34 +1,34 @@
 """``asyncwork.install(app)``: the machinery in a Celery app, in one call, beside
 ``TASKS = {"default": {"BACKEND": "asyncwork.backend.OutboxBackend"}}``.
 
-It registers the task that runs jobs (``run``, ``asyncwork.runner``), adds the worker's bootsteps
-(the
-heartbeat, the poll that relays, publishes what came due and rescues dead workers' jobs,
-RabbitMQ's dead-letter queue declared before any worker consumes), connects the signal receivers
-(log context across the broker, the heartbeat of each prefork child, the kept
-database connection, a late soft time limit kept off the pool), and, once Celery reads its
+It adds the worker's bootsteps (the heartbeat, the poll that relays, publishes what came due and
+rescues dead workers' jobs, RabbitMQ's dead-letter queue declared before any worker consumes),
+connects the signal receivers that read no model (log context across the broker, the
+kept database connection, a message for no task kept as a dead letter), and, once Celery reads its
 configuration, sets what the guarantees need where the project left Celery's default
 (``REQUIRED``; ``manage.py check`` names a project value that weakens one, ``asyncwork.checks``).
 Celery's logging is left as Celery sets it. Idempotent: each receiver has a ``dispatch_uid``, a
-bootstep is added once.
+bootstep is added once. The task that runs jobs and the receivers of each pool process (its
+heartbeat, its soft time limit) are the runner's, which loads with Django's apps
+(``asyncwork.runner``, ``AsyncWorkConfig.ready()``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery, shared_task
-from celery import Task as CeleryTask
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery import Celery
 from celery.signals import task_unknown
-from django.db import DatabaseError, connection
+from django.db import connection
 
-from asyncwork import db, heartbeat, queues, timelimits
+from asyncwork import broker, db
 from asyncwork import logging as log_context
-from asyncwork.heartbeat import WorkerHeartbeatStep
+from asyncwork.broker import DeadLetterQueueDeclare
 from asyncwork.poll import PollStep
-from asyncwork.queues import DeadLetterQueueDeclare
-from asyncwork.tasks import RUN
+
+# The heartbeat of the worker's own process, by name: Celery imports it as the worker starts,
+# Django's apps loaded, and its module reads the models, which load after this one.
+HEARTBEAT_STEP = "asyncwork.runner:WorkerHeartbeatStep"
 
 # Celery settings the guarantees rely on, set unless the project set its own.
 REQUIRED: dict[str, Any] = {
@@ -42,10 +42,10 @@ REQUIRED: dict[str, Any] = {
     # hard one its process is killed (a task's own time_limit overrides both).
     "task_soft_time_limit": 300,
     "task_time_limit": 315,
-    "task_default_queue": queues.DEFAULT,
+    "task_default_queue": broker.DEFAULT,
 }
-# On Redis: kombu's transport with an acknowledgement that never loses its slot
-# (asyncwork.broker), and each queue read after the one ahead of it (asyncwork.queues).
+# On Redis: kombu's transport with an acknowledgement that never loses its slot, and each queue
+# read after the one ahead of it (asyncwork.broker).
 REDIS_TRANSPORT = "asyncwork.broker:Transport"
 REDIS_TRANSPORT_OPTIONS: dict[str, Any] = {
     "queue_order_strategy": "priority",
@@ -59,14 +59,12 @@ RABBITMQ_TRANSPORT_OPTIONS: dict[str, Any] = {"confirm_publish": True}
 
 def install(app: Celery) -> None:
     app.on_after_configure.connect(_configure, weak=False, dispatch_uid="asyncwork.install")
-    app.steps["worker"].add(WorkerHeartbeatStep)
+    app.steps["worker"].add(HEARTBEAT_STEP)
     app.steps["worker"].add(PollStep)
     app.steps["consumer"].add(DeadLetterQueueDeclare)
     task_unknown.connect(_unknown, weak=False, dispatch_uid="asyncwork.install.unknown")
     log_context.celery_signals_connect()
-    heartbeat.celery_signals_connect()
     db.celery_signals_connect()
-    timelimits.celery_signals_connect()
 
 
 def _configure(sender: Celery, **_: Any) -> None:
@@ -75,7 +73,7 @@ def _configure(sender: Celery, **_: Any) -> None:
     default included (``task_acks_late = False``): the system checks name one that weakens a
     guarantee (``asyncwork.checks``), and would otherwise warn of a value not in force."""
     conf = sender.conf
-    for key, value in {**REQUIRED, "task_queues": queues.consumed()}.items():
+    for key, value in {**REQUIRED, "task_queues": broker.consumed()}.items():
         if not conf.value_set_for(key):
             conf[key] = value
     url = str(conf.broker_url or "")
@@ -84,37 +82,8 @@ def _configure(sender: Celery, **_: Any) -> None:
         if not conf.value_set_for("broker_transport"):
             conf.broker_transport = REDIS_TRANSPORT
         conf.broker_transport_options = {**REDIS_TRANSPORT_OPTIONS, **options}
-    elif queues.rabbitmq():
+    elif broker.rabbitmq():
         conf.broker_transport_options = {**RABBITMQ_TRANSPORT_OPTIONS, **options}
-
-
-# A job with no time limit (none on its task, none in Celery's configuration) is taken back only
-# when its worker's heartbeat lapses, or after this long.
-UNLIMITED_LEASE_SECONDS = 3600.0
-
-
-class Runner(CeleryTask):
-    """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
-    it is killed (``REQUIRED``) or its claim could not be written; it raises nothing else, every
-    outcome being on the job's row."""
-
-    ignore_result = True
-
-
-@shared_task(name=RUN, bind=True, base=Runner)
-def run(self: Runner, job_id: int) -> str:
-    """Run job ``job_id`` (``asyncwork.runner``), its lease to the message's hard time limit."""
-    from asyncwork.runner import job_run  # the models load with Django's apps, after this module
-
-    limits = self.request.timelimit or (None, None)
-    hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
-    try:
-        return job_run(job_id, lease_seconds=float(hard))
-    except (DatabaseError, SoftTimeLimitExceeded) as exc:
-        # The claim could not be written: PostgreSQL down past the runner's wait, or out of
-        # reach until the run's soft time limit. The message goes back to its queue:
-        # acknowledged, it would be gone, and the job, READY and marked published, with it.
-        raise Reject(exc, requeue=True) from exc
 
 
 class UnknownTask(LookupError):

@@ -21,12 +21,6 @@ def job_arguments(args: list[Any]) -> str:
 
 
 class JobQuerySet(models.QuerySet["Job"]):
-    def waiting(self, now: datetime) -> JobQuerySet:
-        """Jobs due for publishing by ``now``: unpublished and not scheduled for later."""
-        return self.filter(published_at__isnull=True, status=Job.Status.READY).filter(
-            Q(due_at__isnull=True) | Q(due_at__lte=now)
-        )
-
     def scheduled(self, now: datetime) -> JobQuerySet:
         """Jobs waiting for a time after ``now``: ``run_after``, a retry's backoff, a deferral."""
         return self.filter(published_at__isnull=True, status=Job.Status.READY, due_at__gt=now)
@@ -60,7 +54,8 @@ class Job(models.Model):
     published_at = models.DateTimeField(null=True, blank=True)
     publish_attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, help_text="Why the last publish failed.")
-    # The run in progress: the process (asyncwork.heartbeat's owner) and when it is surely over.
+    # The run in progress: the process (asyncwork.runner.heartbeat_owner) and when it is surely
+    # over.
     owner = models.CharField(max_length=255, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Runs that spent an attempt.")
@@ -228,7 +223,7 @@ class LockHolder(models.Model):
 
 
 class WorkerHeartbeat(models.Model):
-    """One worker process's heartbeat (``asyncwork.heartbeat``): ``owner`` names it (host, pid,
+    """One worker process's heartbeat (``asyncwork.runner``): ``owner`` names it (host, pid,
     token), ``beat_at`` is written on the database's clock."""
 
     owner = models.CharField(max_length=255, unique=True)

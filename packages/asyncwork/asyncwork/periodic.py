@@ -1,6 +1,6 @@
 """A worker's periodic database thread (the heartbeat's, the due poll's), on a connection of its
 own. A tick the database refuses closes the connection; an outage is logged when it starts and
-when it ends, not per tick. Imports no model: the heartbeat loads with the Celery app, before
+when it ends, not per tick. Imports no model: the poll loads with the Celery app, before
 Django's models.
 """
 

@@ -1,6 +1,6 @@
 """Every worker's poll: a thread in its main process (a bootstep, ``asyncwork.install``) that
 each ``POLL_SECONDS`` publishes the jobs come due and those whose publish failed
-(``outbox.relay``) or the broker lost (``recovery``), and every ``RESCUE_EVERY`` gives back what
+(``backend.relay``) or the broker lost (``recovery``), and every ``RESCUE_EVERY`` gives back what
 dead workers held (``rescue.workers_rescue``). So a worker alone holds every guarantee: no other
 process needs to run for a job whose publish failed at commit, or whose worker died, to run.
 Workers split the rows (``SKIP LOCKED``), so each runs while any worker does.
@@ -41,7 +41,7 @@ class Poll(PeriodicThread):
 
     def tick(self) -> None:
         # The models are loaded by the first tick.
-        from asyncwork.outbox import relay
+        from asyncwork.backend import relay
         from asyncwork.recovery import BrokerWatch, jobs_republish_lost, jobs_republish_unstarted
         from asyncwork.rescue import RESCUE_EVERY, workers_rescue
 

@@ -1,5 +1,4 @@
-"""The rescue of what a dead worker process held, once its heartbeat lapsed
-(``asyncwork.heartbeat``),
+"""The rescue of what a dead worker process held, once its heartbeat lapsed (``asyncwork.runner``),
 run by every worker's poll (``asyncwork.poll``) every ``RESCUE_EVERY``; and the dashboard's view
 of the workers.
 
@@ -27,9 +26,9 @@ from typing import TypeVar
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from asyncwork.heartbeat import lapse_seconds, owner_lapsed_sql
+from asyncwork.backend import rescued as rescued_signal
 from asyncwork.models import Job, WorkerHeartbeat
-from asyncwork.tasks import rescued as rescued_signal
+from asyncwork.runner import lapse_seconds, owner_lapsed_sql
 
 logger = logging.getLogger(__name__)
 

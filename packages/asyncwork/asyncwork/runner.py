@@ -1,9 +1,9 @@
 """How a worker runs a job: ``asyncwork.run(job_id)``, the one Celery task every job's message
-names (``asyncwork.outbox``). The row is the truth; a message only says "look at job n".
+names (``asyncwork.backend``). The row is the truth; a message only says "look at job n".
 
 1. **Claim.** One ``UPDATE ... RETURNING`` makes the job RUNNING, with this process as its owner
    and a lease to the run's hard time limit, if it is READY and due, or RUNNING under an owner that
-   is gone (its heartbeat lapsed, ``asyncwork.heartbeat``, or its lease expired). Any other
+   is gone (its heartbeat lapsed, below, or its lease expired). Any other
    message (a duplicate, a stale redelivery, one for a job already done) finds nothing and is
    acknowledged: two messages for one job never run it twice at once.
 2. **Run.** The task at the row's module path, with the row's arguments. A path the code does not
@@ -22,39 +22,74 @@ names (``asyncwork.outbox``). The row is the truth; a message only says "look at
 The message is acknowledged once the outcome is written (``acks_late``); a worker killed before
 that leaves its job RUNNING until its heartbeat lapses, when the workers' rescue makes it READY
 and publishes it again (``asyncwork.rescue``).
+
+**Liveness, by heartbeat.** Every process that runs tasks keeps a ``WorkerHeartbeat`` row,
+written every ``WORKER_HEARTBEAT_SECONDS`` by a thread of its own; a claim records
+``heartbeat_owner()`` (host, pid, token). An owner is gone when others have beaten without it for
+``WORKER_HEARTBEAT_LAPSE_SECONDS`` and its claim is older than that (``owner_lapsed_sql``); ages
+are on the database's clock, counted from the newest heartbeat, so neither clock skew nor a
+database outage makes live owners look dead. The consumer process beats too, listing the jobs it
+holds (``held_jobs``), which the rescue publishes again once it lapsed.
+``WORKER_HEARTBEAT_LAPSE_SECONDS=0`` turns rescue by heartbeat off.
+
+**A soft time limit reaches only the task it was set for.** In a prefork worker the soft limit is
+a timer in the main process, which sends ``SIGUSR1`` to the pool process while the job is in its
+cache of unfinished jobs. If the main loop was held up (reconnecting to a restarted broker), the
+timer fires for a finished job, and the signal can interrupt the pool process writing that job's
+result: the main process fails to decode it (``Unrecoverable error: UnicodeDecodeError``) and the
+worker stops taking tasks (``tests/asyncwork/test_timelimits.py``). So each pool process replaces
+billiard's handler with one that raises only while a task runs in it (between ``task_prerun`` and
+``task_postrun``) and otherwise ignores the signal with a warning.
+
+Loaded with Django's apps (it reads the models): ``AsyncWorkConfig.ready()`` imports it, which
+registers ``run`` with Celery, and connects its receivers (``celery_signals_connect``);
+``asyncwork.install`` adds its bootstep by name.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
+import secrets
+import signal
+import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
-from celery.exceptions import SoftTimeLimitExceeded
+from billiard.pool import SIG_SOFT_TIMEOUT, soft_timeout_sighandler
+from celery import Task as CeleryTask
+from celery import bootsteps, shared_task
+from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from asyncwork.deadletters import record
-from asyncwork.errors import Deferred, PermanentError, TransientError
-from asyncwork.heartbeat import heartbeat_owner, lapse_seconds, owner_lapsed_sql
-from asyncwork.logging import attempt_set
-from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import message_id
-from asyncwork.tasks import (
+from asyncwork.backend import (
+    RUN,
     TaskContext,
     TaskResultStatus,
     job_ran,
+    message_id,
     normalize_json,
     task_finished,
     task_for,
     task_result,
     task_started,
 )
+from asyncwork.deadletters import record
+from asyncwork.errors import Deferred, PermanentError, TransientError
+from asyncwork.logging import attempt_set
+from asyncwork.models import DeadLetter, Job
+from asyncwork.periodic import PeriodicThread
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +102,36 @@ LEASE_MARGIN_SECONDS = 30.0
 # restart), before the run is left to its lease.
 WRITE_INTERVAL = 1.0
 WRITE_WAIT = 10.0
+
+
+_owner: tuple[int, str] | None = None
+
+
+def heartbeat_owner() -> str:
+    """This process's claim-owner name, ``<host>:<pid>:<token>``; a new token after a fork."""
+    global _owner
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
+    return _owner[1]
+
+
+def lapse_seconds() -> float:
+    return float(asyncwork_settings.WORKER_HEARTBEAT_LAPSE_SECONDS)
+
+
+def owner_lapsed_sql(*, owner: str, since: str) -> str:
+    """An SQL predicate: the process named by column ``owner`` is gone (as above), its claim being
+    column ``since``. Parameter ``%(heartbeat_lapse)s``: ``lapse_seconds()``."""
+    # Aliases of its own, which a caller's query is unlikely to use for its own tables.
+    newest = "(SELECT max(lapse_n.beat_at) FROM asyncwork_workerheartbeat lapse_n)"
+    fresh = f"{newest} - make_interval(secs => %(heartbeat_lapse)s)"
+    return (
+        f"(%(heartbeat_lapse)s > 0"  # noqa: S608 - no input: the caller's own columns
+        " AND NOT EXISTS (SELECT 1 FROM asyncwork_workerheartbeat lapse_h"
+        f" WHERE lapse_h.owner = {owner} AND lapse_h.beat_at >= {fresh})"
+        f" AND {since} < {fresh})"
+    )
 
 
 _CLAIM_SQL = f"""
@@ -338,3 +403,168 @@ def job_run(job_id: int, *, lease_seconds: float) -> str:
     task_finished.send(backend, task_result=result)
     job_ran.send(job_run, task=job.task, outcome="successful")
     return "successful"
+
+
+# A job with no time limit (none on its task, none in Celery's configuration) is taken back only
+# when its worker's heartbeat lapses, or after this long.
+UNLIMITED_LEASE_SECONDS = 3600.0
+
+
+class Runner(CeleryTask):
+    """``asyncwork.run``: acknowledged after the outcome is written, requeued if the process running
+    it is killed (``asyncwork.install.REQUIRED``) or its claim could not be written; it raises
+    nothing else, every outcome being on the job's row."""
+
+    ignore_result = True
+
+
+@shared_task(name=RUN, bind=True, base=Runner)
+def run(self: Runner, job_id: int) -> str:
+    """Run job ``job_id`` (``job_run``), its lease to the message's hard time limit."""
+    limits = self.request.timelimit or (None, None)
+    hard = limits[0] or self.app.conf.task_time_limit or UNLIMITED_LEASE_SECONDS
+    try:
+        return job_run(job_id, lease_seconds=float(hard))
+    except (DatabaseError, SoftTimeLimitExceeded) as exc:
+        # The claim could not be written: PostgreSQL down past the runner's wait, or out of
+        # reach until the run's soft time limit. The message goes back to its queue:
+        # acknowledged, it would be gone, and the job, READY and marked published, with it.
+        raise Reject(exc, requeue=True) from exc
+
+
+_BEAT_SQL = """
+INSERT INTO asyncwork_workerheartbeat (owner, hostname, pid, started_at, beat_at, holding)
+VALUES (%(owner)s, %(hostname)s, %(pid)s, now(), now(), %(holding)s::jsonb)
+ON CONFLICT (owner) DO UPDATE SET beat_at = now(), holding = EXCLUDED.holding
+"""
+
+
+def held_jobs() -> list[int]:
+    """The ids of the jobs this consumer received and has not finished, for the rescue."""
+    from celery.worker import state
+
+    for _ in range(3):  # the consumer's thread changes the dict while this one copies it
+        try:
+            requests = list(state.requests.values())
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
+    # The type, not the name: a job's message shows the name of its task (``shadow``).
+    return [int(request.args[0]) for request in requests if request.type == RUN and request.args]
+
+
+_DELETE_SQL = "DELETE FROM asyncwork_workerheartbeat WHERE owner = %(owner)s"
+
+
+class Heartbeat(PeriodicThread):
+    """One process's heartbeat thread: beats at once, then every ``interval`` seconds, on a
+    connection of its own; deletes its row when stopped."""
+
+    def __init__(self, *, interval: float, holding: Callable[[], list[int]] | None = None) -> None:
+        self.holding = holding
+        self.owner = heartbeat_owner()
+        super().__init__(
+            name="asyncwork-heartbeat",
+            interval=interval,
+            logger=logger,
+            failed="worker heartbeat not written: %s",
+            recovered="worker heartbeat written again",
+            at_once=True,
+            extra={"owner": self.owner},
+        )
+
+    def tick(self) -> None:
+        params: dict[str, str | int] = {
+            "owner": self.owner,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "holding": json.dumps(self.holding() if self.holding else [], default=str),
+        }
+
+        def write() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(_BEAT_SQL, params)
+
+        self.guarded(write, None)
+
+    def at_stop(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(_DELETE_SQL, {"owner": self.owner})
+        except DatabaseError as exc:
+            logger.info("worker heartbeat row not deleted: %s", exc, extra={"owner": self.owner})
+
+
+_running: Heartbeat | None = None
+
+
+def heartbeat_start(*, holding: Callable[[], list[int]] | None = None, **_: Any) -> None:
+    """Start this process's heartbeat thread once; ``holding``: its held jobs (the consumer's)."""
+    global _running
+    if _running is not None and _running.owner == heartbeat_owner():
+        return
+    _running = Heartbeat(
+        interval=float(asyncwork_settings.WORKER_HEARTBEAT_SECONDS), holding=holding
+    )
+    _running.start()
+
+
+def heartbeat_stop(**_: Any) -> None:
+    global _running
+    if _running is not None and _running.owner == heartbeat_owner():
+        _running.stop()
+    _running = None
+
+
+class WorkerHeartbeatStep(bootsteps.StartStopStep):
+    """The heartbeat of the worker's own process, listing the jobs it holds. Prefork children start
+    theirs on ``worker_process_init``."""
+
+    label = "Heartbeat"
+
+    def start(self, parent: Any) -> None:
+        heartbeat_start(holding=held_jobs)
+
+    def stop(self, parent: Any) -> None:
+        heartbeat_stop()
+
+    def terminate(self, parent: Any) -> None:  # a cold shutdown: its row goes all the same
+        self.stop(parent)
+
+
+_task_running = threading.Event()
+_IGNORED = "soft time limit signal ignored: no task is running in this process (its job ended)"
+
+
+def _soft_timeout(signum: int, frame: FrameType | None) -> None:
+    if _task_running.is_set():
+        raise SoftTimeLimitExceeded()
+    logger.warning(_IGNORED)
+
+
+def _task_started(**_: Any) -> None:
+    # Only a prefork pool process (billiard's handler installed, main thread) gets the signal.
+    if (
+        SIG_SOFT_TIMEOUT is not None
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(SIG_SOFT_TIMEOUT) is soft_timeout_sighandler
+    ):
+        signal.signal(SIG_SOFT_TIMEOUT, _soft_timeout)
+    _task_running.set()
+
+
+def _task_ended(**_: Any) -> None:
+    _task_running.clear()
+
+
+def celery_signals_connect() -> None:
+    """Each prefork child beats from start to exit, and keeps its soft time limit to its task;
+    idempotent (``dispatch_uid``)."""
+    worker_process_init.connect(heartbeat_start, weak=False, dispatch_uid="asyncwork.runner.beat")
+    worker_process_shutdown.connect(
+        heartbeat_stop, weak=False, dispatch_uid="asyncwork.runner.unbeat"
+    )
+    task_prerun.connect(_task_started, weak=False, dispatch_uid="asyncwork.runner.started")
+    task_postrun.connect(_task_ended, weak=False, dispatch_uid="asyncwork.runner.ended")

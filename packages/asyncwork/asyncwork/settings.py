@@ -99,7 +99,7 @@ SETTINGS: dict[str, Setting] = {
         "a job published this long ago and never started is published again (its message lost)",
     ),
     "TRUSTED_PROXIES": Setting(
-        [], "networks", "peers whose X-Forwarded-For and X-Forwarded-Proto count; empty: none"
+        [], "networks", "peers whose X-Forwarded-For counts (asyncwork.contrib.http); empty: none"
     ),
     "WORKER_HEARTBEAT_SECONDS": Setting(
         2.0, "positive", "how often each task-running process writes its heartbeat row"

@@ -23,7 +23,7 @@ from shop.models import Guest
 from shop.tasks import fail_with_a_bug, greet, wait_then_greet
 
 from asyncwork import DeadLetter, Job, replay
-from asyncwork.outbox import job_create
+from asyncwork.backend import job_create
 
 in_process_worker = pytest.mark.usefixtures("worker")
 
@@ -228,17 +228,17 @@ def test_a_task_whose_worker_is_killed_mid_run_runs_again_on_another(tmp_path: P
 def override_broker(url: str) -> object:
     from celery import current_app
 
-    from asyncwork import outbox
+    from asyncwork import backend
 
     class _Broker:
         def __enter__(self) -> None:
             self.before = current_app.conf.broker_url
             current_app.conf.broker_url = url
-            outbox._producer_drop()
+            backend._producer_drop()
 
         def __exit__(self, *_: object) -> None:
             current_app.conf.broker_url = self.before
-            outbox._producer_drop()
+            backend._producer_drop()
 
     return _Broker()
 

@@ -20,6 +20,7 @@ from shop.tasks import fail_with_a_bug, greet
 
 from asyncwork import deadletters
 from asyncwork.audit import operator_acted
+from asyncwork.backend import message_id
 from asyncwork.deadletters import (
     OUTCOME_DEAD_LETTERED,
     OUTCOME_PUBLISHED,
@@ -35,7 +36,6 @@ from asyncwork.deadletters import (
     selection,
 )
 from asyncwork.models import DeadLetter, Job
-from asyncwork.outbox import message_id
 
 GREET = greet.module_path
 # Another task of the shop's: its dead letters are not the greeting's.

@@ -1,9 +1,9 @@
 """Who is asking: the client address every per-client decision uses (the ``/metrics``
-allow-list, an application's own limits), and whether the request came over HTTPS; and the
-origin of a URL a setting names (``origin``), read as every parser reads it.
+allow-list, an application's own limits); and the origin of a URL a setting names (``origin``),
+read as every parser reads it.
 
-``X-Forwarded-For`` and ``X-Forwarded-Proto`` count only from a peer in ``TRUSTED_PROXIES``;
-from any other, the client is the peer. Every address given is one PostgreSQL accepts (IPv4
+``X-Forwarded-For`` counts only from a peer in ``TRUSTED_PROXIES``; from any other, the client
+is the peer. Every address given is one PostgreSQL accepts (IPv4
 through a dual-stack socket is IPv4; an IPv6 scope is dropped).
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest
 
 from asyncwork.settings import asyncwork_settings
 
@@ -84,19 +84,6 @@ def client_address(request: HttpRequest) -> str | None:
     if not from_proxy:
         return peer
     return _forwarded_client(request.META.get("HTTP_X_FORWARDED_FOR", ""), trusted) or peer
-
-
-class ForwardedProtoMiddleware:
-    """First in ``MIDDLEWARE``: drops ``X-Forwarded-Proto`` from an untrusted peer before
-    anything reads it, so a plain-HTTP client cannot pass as HTTPS."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        if "HTTP_X_FORWARDED_PROTO" in request.META and not peer_is_trusted_proxy(request):
-            del request.META["HTTP_X_FORWARDED_PROTO"]
-        return self.get_response(request)
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -23,6 +23,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
+from asyncwork.backend import republish
 from asyncwork.contrib.admin.options import ReadOnlyAdmin, admin_actor, has_power
 from asyncwork.db import bounded, statement_timed_out
 from asyncwork.deadletters import (
@@ -44,7 +45,6 @@ from asyncwork.deadletters import (
     unresolve,
 )
 from asyncwork.models import DeadLetter, Job, job_arguments
-from asyncwork.outbox import republish
 from asyncwork.settings import asyncwork_settings
 
 # The admin's index links the operator's dashboard (asyncwork.contrib.monitoring.dashboard).

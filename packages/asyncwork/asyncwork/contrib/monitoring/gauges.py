@@ -21,9 +21,15 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from asyncwork import queues
+from asyncwork import broker
 from asyncwork.broker import broker_redis
-from asyncwork.contrib.monitoring import rabbitmq
+from asyncwork.contrib.backpressure import (
+    Pressure,
+    QueuesProbe,
+    pressure_measure,
+    queues_probe,
+    rabbitmq_depths,
+)
 from asyncwork.contrib.monitoring.probes import (
     BreakerProbe,
     CheckResult,
@@ -31,18 +37,16 @@ from asyncwork.contrib.monitoring.probes import (
     Figure,
     OutboxProbe,
     Probe,
-    QueuesProbe,
     dlq_probe,
     outbox_probe,
     probe_declare,
-    queues_probe,
     scheduled_jobs_probe,
 )
 from asyncwork.contrib.periodic.beat import active_beat
 from asyncwork.contrib.periodic.locks import Holder
 from asyncwork.deadletters import duration_short
-from asyncwork.heartbeat import lapse_seconds
 from asyncwork.models import DeadLetter, ScheduledJob, WorkerHeartbeat
+from asyncwork.runner import lapse_seconds
 from asyncwork.settings import asyncwork_settings, metric_name
 
 
@@ -64,8 +68,8 @@ def _database_ping() -> CheckResult:
 
 def _broker_ping() -> CheckResult:
     """Raises when the broker does not answer in time."""
-    if queues.rabbitmq():
-        rabbitmq.queue_depths((queues.DLQ,))
+    if broker.rabbitmq():
+        rabbitmq_depths((broker.DLQ,))
     elif (client := broker_redis()) is not None:
         client.ping()
     else:
@@ -172,7 +176,7 @@ probe_declare(
 def queues_figures(probe: QueuesProbe) -> list[Figure]:
     figures = [Figure(f"waiting on {name}", str(depth)) for name, depth in probe.depths.items()]
     for name, n in (probe.consumers or {}).items():  # RabbitMQ only
-        if name != queues.DLQ:  # nobody consumes it
+        if name != broker.DLQ:  # nobody consumes it
             figures.append(Figure(f"consumers of {name}", str(n), status="ok" if n else "degraded"))
     return figures
 
@@ -184,7 +188,7 @@ probe_declare(
 
 def pressure_queues_probe() -> QueuesProbe:
     """The pressure queues only (none declared: none read)."""
-    names = queues.pressure()
+    names = broker.pressure()
     return queues_probe(names) if names else QueuesProbe(depths={})
 
 
@@ -200,6 +204,25 @@ def queue_metrics(probe: QueuesProbe) -> list[Metric]:
 
 
 probe_declare(Probe("broker_queues", pressure_queues_probe, database=False, metrics=queue_metrics))
+
+
+def backpressure_check(pressure: Pressure) -> CheckResult:
+    level = pressure.level()
+    status = {"normal": "ok", "soft": "degraded", "hard": "failing"}[level]
+    if pressure.queue_depth is None and pressure.outbox_backlog is None:
+        status = "unknown"
+    return {
+        "status": status,
+        "level": str(level),
+        "queue_depth": pressure.queue_depth,
+        "outbox_backlog": pressure.outbox_backlog,
+        "soft_mark": asyncwork_settings.BACKPRESSURE_SOFT_MARK,
+        "hard_mark": asyncwork_settings.BACKPRESSURE_HARD_MARK,
+        "queues": list(broker.pressure()),
+    }
+
+
+probe_declare(Probe("backpressure", pressure_measure, database=False, check=backpressure_check))
 
 
 def beat_check(active: Holder | None) -> CheckResult:

@@ -39,6 +39,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from asyncwork.backend import job_publish_failed, job_published, job_ran, rescued, task_started
 from asyncwork.contrib.http import (
     address_parse,
     address_within,
@@ -50,7 +51,6 @@ from asyncwork.settings import asyncwork_settings
 
 # Public here: an application's own metrics take the same prefix.
 from asyncwork.settings import metric_name as metric_name
-from asyncwork.tasks import job_publish_failed, job_published, job_ran, rescued, task_started
 
 logger = logging.getLogger(__name__)
 

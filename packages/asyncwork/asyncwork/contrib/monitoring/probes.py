@@ -1,6 +1,7 @@
 """The probes: each piece of state watched, declared once as a ``Probe`` (how it is read, and
 what ``/health/``, ``/metrics`` and the dashboard make of a reading), and read one way,
-``probe_read``. Backpressure reads the outbox and the queues through the same functions.
+``probe_read``. The outbox's backlog and the queues are read as backpressure reads them
+(``asyncwork.contrib.backpressure``).
 
 A read function measures now and returns what it read (a frozen dataclass, or rows); it decides
 nothing, a probe's parts do. The machinery's probes are declared in
@@ -17,22 +18,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-import redis
 from django.db import DatabaseError
 from django.db.models import Count, Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from prometheus_client.core import Metric
 
-from asyncwork import queues
-from asyncwork.broker import broker_redis, queue_keys
+from asyncwork.contrib.backpressure import outbox_backlog, outbox_waiting
 from asyncwork.contrib.breaker import Breaker
-from asyncwork.contrib.monitoring import rabbitmq
-from asyncwork.contrib.monitoring.rabbitmq import BrokerUnreadable
 from asyncwork.contrib.periodic.jobs import jobs_declared
 from asyncwork.db import bounded
 from asyncwork.deadletters import waiting
-from asyncwork.models import Job, ScheduledJob
+from asyncwork.models import ScheduledJob
 from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
@@ -67,18 +64,12 @@ class OutboxProbe:
         return age is not None and age > asyncwork_settings.OUTBOX_STALE_SECONDS
 
 
-def outbox_backlog(*, now: datetime, cap: int) -> int:
-    """Outbox rows waiting at ``now`` (a row scheduled for later is no backlog until due), counted
-    up to ``cap``, where the index scan stops: backpressure reads it each second per process."""
-    return Job.objects.waiting(now)[:cap].count()
-
-
 def outbox_probe() -> OutboxProbe:
     cap = asyncwork_settings.BACKPRESSURE_HARD_MARK
     now = timezone.now()
     # A due row has waited since its due time.
     oldest = (
-        Job.objects.waiting(now)
+        outbox_waiting(now)
         .annotate(since=Coalesce("due_at", "created_at"))
         .order_by("since")
         .values_list("since", flat=True)
@@ -133,40 +124,6 @@ def scheduled_jobs_probe() -> tuple[ScheduledJob, ...]:
     rows = {job.name: job for job in ScheduledJob.objects.all()}
     names = sorted({job.name for job in jobs_declared()} | set(rows))
     return tuple(rows.get(name) or ScheduledJob(name=name) for name in names)
-
-
-@dataclass(frozen=True)
-class QueuesProbe:
-    """Messages waiting on each queue (not those a worker holds); on RabbitMQ, consumers too."""
-
-    depths: dict[str, int]
-    consumers: dict[str, int] | None = None
-
-
-def queues_probe(names: tuple[str, ...] | None = None) -> QueuesProbe:
-    """``names``, by default every watched queue (``queues.watched``): one pipelined round trip on
-    Redis; one passive declaration per queue on RabbitMQ (``asyncwork.rabbitmq``). Raises
-    ``BrokerUnreadable`` (an ``OSError``) when the broker does not answer in time."""
-    names = names or queues.watched()
-    if queues.rabbitmq():
-        read = rabbitmq.queue_depths(names)
-        return QueuesProbe(
-            depths={name: ready for name, (ready, _) in read.items()},
-            consumers={name: consumers for name, (_, consumers) in read.items()},
-        )
-    client = broker_redis()
-    if client is None:
-        raise ValueError("the broker is neither Redis nor RabbitMQ")
-    keys = {name: queue_keys(name) for name in names}
-    try:
-        with client.pipeline(transaction=False) as pipe:
-            for name in names:
-                for key in keys[name]:
-                    pipe.llen(key)
-            lengths = iter(pipe.execute())
-    except redis.RedisError as exc:
-        raise BrokerUnreadable(type(exc).__name__) from exc
-    return QueuesProbe(depths={name: sum(int(next(lengths)) for _ in keys[name]) for name in names})
 
 
 @dataclass(frozen=True)

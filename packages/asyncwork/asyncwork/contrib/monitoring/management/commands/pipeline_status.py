@@ -12,9 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
-from asyncwork import queues
+from asyncwork import broker
+from asyncwork.contrib.backpressure import BrokerUnreadable, queues_probe
 from asyncwork.contrib.monitoring.health import health_report
-from asyncwork.contrib.monitoring.probes import BrokerUnreadable, queues_probe
 from asyncwork.contrib.periodic.jobs import jobs_declared
 from asyncwork.contrib.periodic.locks import Holder, lock_holder
 from asyncwork.logging import printable
@@ -22,7 +22,7 @@ from asyncwork.models import ScheduledJob
 
 
 def _queue_depths() -> dict[str, int | str]:
-    names = queues.watched()
+    names = broker.watched()
     try:
         return dict(queues_probe(names).depths)
     except (BrokerUnreadable, ValueError) as exc:
