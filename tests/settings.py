@@ -133,3 +133,7 @@ STORAGES = {
 }
 STATIC_ROOT = None  # type: ignore[assignment]  # none: nothing is collected
 WHITENOISE_USE_FINDERS = True
+# Each file looked up when asked for, as with DEBUG on, rather than every app's static files
+# listed when the middleware starts: the test client starts it again for every client, a few
+# hundred times a run.
+WHITENOISE_AUTOREFRESH = True
