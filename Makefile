@@ -16,6 +16,11 @@ COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --st
 .PHONY: demo lint check test bench lock
 
 PYTEST_PROCESSES := -n 2 --dist loadfile
+# Python keeps the modules it compiled (__pycache__, ignored by git and Docker): a test run starts
+# a hundred processes (manage.py, workers, gunicorn) and two test processes whose assertion
+# rewriting takes seconds, each compiling the same modules again if a shell's
+# PYTHONDONTWRITEBYTECODE forbids it.
+unexport PYTHONDONTWRITEBYTECODE
 NOT_HERE := --ignore=tests/bench/test_peers.py
 
 # The first install takes a minute or two: each step says what it does, and pip names each

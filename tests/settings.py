@@ -107,6 +107,11 @@ if "visibility_timeout" in CELERY_BROKER_TRANSPORT_OPTIONS:  # Redis: the scaled
         "polling_interval": 0.1,
     }
 
+# Passwords hashed in microseconds, not PBKDF2's deliberate half-second (Django's advice for
+# tests): the login tests prove the limit and the form, not the hash's cost. The processes the
+# tests start (gunicorn, manage.py) read this module too, so a password set here checks there.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 # The test database is this run's own: two runs at once (or a run beside the developer's
 # ``invoicing`` database) never create, flush or drop each other's.
 DATABASES["default"]["TEST"] = {"NAME": f"test_invoicing_{_RUN}"}
@@ -128,3 +133,7 @@ STORAGES = {
 }
 STATIC_ROOT = None  # type: ignore[assignment]  # none: nothing is collected
 WHITENOISE_USE_FINDERS = True
+# Each file looked up when asked for, as with DEBUG on, rather than every app's static files
+# listed when the middleware starts: the test client starts it again for every client, a few
+# hundred times a run.
+WHITENOISE_AUTOREFRESH = True

@@ -19,6 +19,7 @@ from asyncwork.contrib.periodic.jobs import JobTask, job_run
 from asyncwork.errors import TransientError
 
 FLAKY_RETRY_SECONDS = 8
+SOON_RETRY_SECONDS = 1
 FAILING_JOB = "tests-failing-job"
 
 
@@ -53,8 +54,24 @@ def flaky(context: TaskContext, key: str) -> None:
     task's longest wait: its retry is due exactly that long after, not at a random time of full
     jitter (``asyncwork.runner``). Then records in the cache under ``key`` the attempt that
     succeeded."""
+    _first_attempt_fails(context, key, retry_after=FLAKY_RETRY_SECONDS)
+
+
+@task(
+    takes_context=True,
+    max_attempts=2,
+    backoff=SOON_RETRY_SECONDS,
+    backoff_max=SOON_RETRY_SECONDS,
+)
+def flaky_soon(context: TaskContext, key: str) -> None:
+    """``flaky`` with a wait of ``SOON_RETRY_SECONDS``, for a test that proves the retry itself
+    rather than how long it waits or what happens meanwhile."""
+    _first_attempt_fails(context, key, retry_after=SOON_RETRY_SECONDS)
+
+
+def _first_attempt_fails(context: TaskContext, key: str, *, retry_after: float) -> None:
     if context.attempt == 1:
-        raise TransientError("the first attempt fails", retry_after=FLAKY_RETRY_SECONDS)
+        raise TransientError("the first attempt fails", retry_after=retry_after)
     cache.set(key, context.attempt, timeout=300)
 
 

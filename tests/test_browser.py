@@ -23,8 +23,10 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.conf import global_settings
 from django.test import Client
 from PIL import Image
 from selenium import webdriver
@@ -195,10 +197,17 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 
 @pytest.fixture
 def operator(
-    transactional_db: None, browser: webdriver.Chrome, production_web: Process, tmp_path: Path
+    transactional_db: None,
+    browser: webdriver.Chrome,
+    production_web: Process,
+    tmp_path: Path,
+    settings: Any,
 ) -> Operator:
     """Chromium logged in through the admin's login form as "ops", an operator, on gunicorn as
     deployed."""
+    # The password hashed as production hashes it: gunicorn on core.settings checks it, and
+    # knows nothing of the tests' own hasher (tests/settings.py).
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
     staff_user("ops", groups=["operators"], password=PASSWORD)
     signed_in = Operator(
         driver=browser,

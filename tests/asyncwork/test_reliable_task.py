@@ -99,13 +99,13 @@ def declared_here() -> None:
 
 
 def test_a_transient_failure_is_retried_on_the_tasks_policy() -> None:
-    """``tests.flaky``: two attempts, its retry within ``FLAKY_RETRY_SECONDS`` (its backoff and
-    its longest wait), each error kept on the job."""
+    """``tests.flaky_soon``: two attempts, its retry within ``SOON_RETRY_SECONDS`` (its backoff
+    and its longest wait), each error kept on the job."""
     key = f"flaky-{uuid.uuid4().hex}"
     with worker_thread(concurrency=1):
-        result = test_tasks.flaky.enqueue(key)
-        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.FLAKY_RETRY_SECONDS + 10)
-    done = test_tasks.flaky.get_result(result.id)
+        result = test_tasks.flaky_soon.enqueue(key)
+        assert wait_until(lambda: cache.get(key) == 2, timeout=test_tasks.SOON_RETRY_SECONDS + 10)
+    done = test_tasks.flaky_soon.get_result(result.id)
     assert (str(done.status), done.attempts) == ("SUCCESSFUL", 2)
     assert [error.exception_class_path for error in done.errors] == [
         "asyncwork.errors.TransientError"
@@ -115,7 +115,7 @@ def test_a_transient_failure_is_retried_on_the_tasks_policy() -> None:
     assert job.first_failed_at is not None
     assert job.last_attempted_at is not None
     waited = (job.last_attempted_at - job.first_failed_at).total_seconds()
-    assert 0 <= waited < test_tasks.FLAKY_RETRY_SECONDS + POLL_SECONDS + 1
+    assert 0 <= waited < test_tasks.SOON_RETRY_SECONDS + POLL_SECONDS + 1
     assert not DeadLetter.objects.exists()
 
 
