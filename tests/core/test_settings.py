@@ -15,9 +15,10 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from django.conf import settings
+from django.conf import global_settings, settings
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.test import override_settings
 
 from asyncwork.backend import RUN, TIME_LIMIT_GRACE, OutboxBackend
 from core.celery import app
@@ -223,7 +224,10 @@ def test_behind_a_tls_balancer_and_the_edge_https_holds_and_a_client_cannot_clai
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_x_forwarded_proto_counts_only_from_a_trusted_proxy(collected_static: Path) -> None:
-    get_user_model().objects.create_superuser("boss", "boss@example.com", "right-horse-battery")
+    # The password hashed as production hashes it: gunicorn on core.settings checks it, and
+    # knows nothing of the tests' own hasher (tests/settings.py).
+    with override_settings(PASSWORD_HASHERS=global_settings.PASSWORD_HASHERS):
+        get_user_model().objects.create_superuser("boss", "boss@example.com", "right-horse-battery")
     args = GUNICORN_COMMANDS["gunicorn core.wsgi"]
     with gunicorn(
         args,
