@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import subprocess
-import sys
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +30,6 @@ from invoicing.services import invoice_recipient_correct
 from invoicing.tasks import invoice_email_send, send_invoice_email
 from stack import launch, stripe_events
 from stack.net import wait_until
-from stack.process import ROOT
 from stack.smtp import SmtpServer
 from tests import tasks as test_tasks
 from tests.helpers import broker
@@ -40,7 +37,7 @@ from tests.helpers.admin import messages as changelist_messages
 from tests.helpers.admin import rows
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice, staff_user
-from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.processes import python, worker_env, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from tests.helpers.stripe import paid_event, post_event
 
@@ -130,15 +127,7 @@ def test_replay_from_the_admin_action(client: Client, smtp: SmtpServer) -> None:
 def test_unknown_id_is_a_clear_error_with_non_zero_exit() -> None:
     with pytest.raises(CommandError, match="no dead letter with id 424242"):
         dlq("replay", "424242")
-    result = subprocess.run(
-        [sys.executable, "manage.py", "dlq", "replay", "424242"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
-    )
+    result = python("manage.py", "dlq", "replay", "424242")
     assert result.returncode == 1
     assert "no dead letter with id 424242" in result.stderr
     assert "Traceback" not in result.stderr
@@ -488,15 +477,7 @@ def test_dlq_replay_with_no_arguments_explains_its_two_forms() -> None:
         dlq("replay")
     assert "dlq replay ID [ID ...]" in str(refused.value)
     assert "dlq replay --all" in str(refused.value)
-    result = subprocess.run(
-        [sys.executable, "manage.py", "dlq", "replay"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
-    )
+    result = python("manage.py", "dlq", "replay")
     assert result.returncode == 1
     assert "manage.py dlq replay ID [ID ...]" in result.stderr
     assert "manage.py dlq replay --all" in result.stderr

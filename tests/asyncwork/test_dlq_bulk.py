@@ -11,8 +11,6 @@ declared here, for a test task."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -47,10 +45,9 @@ from asyncwork.management.commands.dlq import BATCH
 from asyncwork.models import DeadLetter, IdempotencyRecord, Job
 from stack import launch
 from stack.net import HOST
-from stack.process import ROOT
 from tests.helpers.admin import admin_as, api_as, form_data, messages, rows, run_action
 from tests.helpers.factories import staff_user
-from tests.helpers.processes import worker_env
+from tests.helpers.processes import python, worker_env
 from tests.tasks import divide
 
 pytestmark = pytest.mark.django_db
@@ -595,15 +592,7 @@ def test_the_outcome_column_costs_the_same_queries_however_many_replays(
 )
 def test_dlq_bad_filters_exit_non_zero_with_the_reason(args: list[str], error: str) -> None:
     waiting = letter("t1")
-    done = subprocess.run(
-        [sys.executable, "manage.py", "dlq", "replay", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
-    )
+    done = python("manage.py", "dlq", "replay", *args)
     assert done.returncode == 1, done.stdout + done.stderr
     [line] = done.stderr.splitlines()  # one line
     assert error in line
@@ -890,15 +879,7 @@ def test_20000_after_an_outage_through_gunicorn_and_the_command_each_replayed_on
 
     started = time.monotonic()
     argv = ["manage.py", "dlq", "replay", "--reason", "provider_unavailable", "--actor", "ops"]
-    command = subprocess.run(
-        [sys.executable, *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=worker_env(0),
-    )
+    command = python(*argv, timeout=600)
     command_s = time.monotonic() - started
     assert command.returncode == 0, command.stderr[-2000:]
     assert command.stdout.splitlines()[-1] == f"{OUTAGE - BULK_LIMIT} replayed, 0 skipped"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
@@ -18,6 +20,7 @@ from asyncwork.runner import Heartbeat
 from core.celery import app
 from stack import launch
 from stack.net import HOST, wait_until
+from stack.process import ROOT
 
 # Worker timing scaled down for the tests that wait on a redelivery (visibility 20 s instead
 # of 180 s, lease 10 s), keeping every relation core.settings checks.
@@ -56,6 +59,20 @@ def worker_env(
         "TEST_SETTINGS": json.dumps(dict(settings or {})),
         **extra,
     }
+
+
+def python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A real ``python <args>`` from the repository's root on this test's database and settings
+    (``manage.py ...``, ``-m stack.stripe_trigger ...``): what an operator's shell runs."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=worker_env(0),
+    )
 
 
 def worker_thread(concurrency: int = 2) -> AbstractContextManager[None]:

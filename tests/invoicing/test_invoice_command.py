@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -24,11 +23,10 @@ from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.models import DeadLetter
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import send_invoice_email
-from stack.process import ROOT
 from stack.smtp import SmtpServer
 from tests.helpers.deadletters import refused_invoice_dead_letter
 from tests.helpers.factories import paid_invoice
-from tests.helpers.processes import worker_env, worker_thread
+from tests.helpers.processes import python, worker_thread
 from tests.helpers.quiescence import pipeline_quiet
 from webhooks import stripe as webhook_events
 from webhooks.stripe import Event, webhook_handler
@@ -44,15 +42,7 @@ def invoice(*args: str) -> str:
 
 def manage(*args: str) -> subprocess.CompletedProcess[str]:
     """A real ``python manage.py <args>`` on this test's database."""
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
-    )
+    return python("manage.py", *args)
 
 
 def unchanged(made: Invoice) -> None:
@@ -342,23 +332,14 @@ def test_open_makes_an_open_invoice_that_a_triggered_event_acts_on(
     assert opened.provider_updated_at.microsecond == 0  # a Stripe event's resolution
 
     # At once, in the same second: the event is not older than the invoice.
-    triggered = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stack.stripe_trigger",
-            "invoice.voided",
-            "--invoice-id",
-            opened.provider_invoice_id,
-            "--url",
-            f"{live_server.url}/webhooks/stripe/",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
+    triggered = python(
+        "-m",
+        "stack.stripe_trigger",
+        "invoice.voided",
+        "--invoice-id",
+        opened.provider_invoice_id,
+        "--url",
+        f"{live_server.url}/webhooks/stripe/",
     )
     assert triggered.returncode == 0, triggered.stderr
     assert '"type": "invoice.voided"' in triggered.stdout

@@ -18,7 +18,7 @@ from stack import stripe_events, stripe_trigger
 from stack.process import ROOT
 from stack.standin import JsonHandler, StandIn, StandInServer
 from tests.helpers.environment import clean_env, settings_read
-from tests.helpers.processes import worker_env
+from tests.helpers.processes import python
 from webhooks import stripe as webhook_events
 from webhooks.models import WebhookEvent
 
@@ -28,15 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     """``python -m stack.stripe_trigger <args>`` in the environment of this test's processes
     (its settings, and so its webhook secret, are the live server's)."""
-    return subprocess.run(
-        [sys.executable, "-m", "stack.stripe_trigger", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
-    )
+    return python("-m", "stack.stripe_trigger", *args)
 
 
 def trigger(live_server: Any, *args: str) -> str:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import subprocess
-import sys
 from datetime import timedelta
 from typing import Any
 
@@ -26,9 +24,8 @@ from rest_framework.test import APIClient
 
 from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.operators.tokens import api_token_create, api_token_revoke
-from stack.process import ROOT
 from tests.helpers.factories import staff_user
-from tests.helpers.processes import worker_env
+from tests.helpers.processes import python
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server reads what we wrote
 
@@ -235,15 +232,7 @@ def test_no_token_outlives_the_maximum_lifetime(settings: Any, ops: Any) -> None
 
 def test_hours_above_the_maximum_exit_non_zero_with_one_line_and_no_token(ops: Any) -> None:
     """Through a real ``python manage.py``: the exit status and the message an operator sees."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", "api_token", "create", "ops", "--hours", "2161"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=worker_env(0),
-    )
+    result = python("manage.py", "api_token", "create", "ops", "--hours", "2161")
     assert result.returncode == 1
     assert result.stdout == ""  # nothing a script would take for a token
     assert result.stderr.splitlines() == [
