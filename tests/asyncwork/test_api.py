@@ -4,35 +4,17 @@ permission too, and a replay is recorded as an operator action; the OpenAPI sche
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from asyncwork.contrib.operators.models import OperatorAction
-from asyncwork.models import DeadLetter
-from invoicing.tasks import send_invoice_email
 from tests.helpers.admin import api_as
+from tests.helpers.deadletters import dead_letter as letter
 from tests.helpers.factories import paid_invoice, staff_user
 
 pytestmark = pytest.mark.django_db
-
-
-def letter(task_id: str = "t1", **fields: Any) -> DeadLetter:
-    values: dict[str, Any] = {
-        "task": send_invoice_email.module_path,
-        "args": [1],
-        "queue": "email",
-        "reason": "permanent",
-        "attempts": 1,
-        "first_failed_at": timezone.now(),
-        "last_failed_at": timezone.now(),
-        **fields,
-    }
-    return DeadLetter.objects.create(task_id=task_id, **values)
 
 
 def test_dead_letters_list_filter_and_replay_once(api_staff: APIClient) -> None:

@@ -8,13 +8,11 @@ from typing import Any
 
 import pytest
 import schemathesis
-from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from knox.models import AuthToken
 
-from asyncwork.models import DeadLetter
-from invoicing.tasks import send_invoice_email
+from tests.helpers.deadletters import dead_letter
 from tests.helpers.factories import staff_user
 
 pytestmark = pytest.mark.slow
@@ -25,16 +23,7 @@ schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=Non
 @pytest.fixture
 def token_header(db: Any) -> dict[str, str]:
     user = staff_user("fuzzer", groups=["operators"])
-    DeadLetter.objects.create(
-        task_id="fuzz-1",
-        task=send_invoice_email.module_path,
-        args=[1],
-        queue="email",
-        reason="permanent",
-        attempts=1,
-        first_failed_at=timezone.now(),
-        last_failed_at=timezone.now(),
-    )
+    dead_letter("fuzz-1")
     _, token = AuthToken.objects.create(user=user)
     return {"Authorization": f"Token {token}"}
 

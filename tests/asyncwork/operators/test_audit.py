@@ -23,26 +23,12 @@ from asyncwork.contrib.operators.models import OperatorAction
 from asyncwork.contrib.operators.tokens import api_token_create
 from asyncwork.deadletters import replay
 from asyncwork.models import DeadLetter
-from invoicing.tasks import send_invoice_email
 from stack.process import ROOT
+from tests.helpers.deadletters import dead_letter as letter
 from tests.helpers.factories import staff_user
 from tests.helpers.processes import worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def letter(task_id: str = "t1") -> DeadLetter:
-    """A dead letter of a task the code has: a replay is not refused for a task it lacks."""
-    return DeadLetter.objects.create(
-        task=send_invoice_email.module_path,
-        task_id=task_id,
-        args=[1],
-        queue="email",
-        reason="permanent",
-        attempts=1,
-        first_failed_at=timezone.now(),
-        last_failed_at=timezone.now(),
-    )
 
 
 def test_an_action_rolled_back_leaves_no_record() -> None:
