@@ -14,7 +14,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_tasks import TaskResultStatus
 from django_tasks.exceptions import InvalidTaskError
@@ -24,6 +25,7 @@ from shop.tasks import fail_with_a_bug, greet, wait_then_greet
 
 from asyncwork import DeadLetter, Job, replay
 from asyncwork.backend import job_create
+from asyncwork.runner import claim, job_run
 
 in_process_worker = pytest.mark.usefixtures("worker")
 
@@ -54,6 +56,31 @@ def test_an_enqueue_commits_with_the_callers_data_and_runs_once_it_has() -> None
     assert done.started_at is not None
     assert done.finished_at is not None
     assert Guest.objects.get(name="ada").greeted == 1
+
+
+def test_a_run_reads_its_row_whole_and_writes_its_success_in_one_statement(db: None) -> None:
+    Guest.objects.create(name="ada")
+    due = timezone.now() - timedelta(seconds=1)  # due already: published by the relay, not here
+    job = job_create(task="shop.tasks.greet", args=["ada"], kwargs={}, queue="default", due_at=due)
+    run = claim(job.pk, lease_seconds=60)
+    assert run is not None
+    claimed = Job.objects.get(pk=job.pk)
+    fields = [field.attname for field in Job._meta.concrete_fields]
+    assert {f: getattr(run.job, f) for f in fields} == {f: getattr(claimed, f) for f in fields}
+    assert (run.job.status, run.job.attempts, run.job.args) == ("RUNNING", 1, ["ada"])
+
+    second = job_create(
+        task="shop.tasks.greet", args=["ada"], kwargs={}, queue="default", due_at=due
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert job_run(second.pk, lease_seconds=60) == "successful"
+    # The claim, the task's own statements, then its success: no transaction block of the runner's
+    # (inside this test's transaction, a SAVEPOINT).
+    statements = [query["sql"].split()[0] for query in queries.captured_queries]
+    assert (statements[0], statements[-1]) == ("UPDATE", "UPDATE")
+    assert "SAVEPOINT" not in statements
+    done = Job.objects.get(pk=second.pk)
+    assert (done.status, done.return_value, done.owner, done.attempts) == ("SUCCESSFUL", 1, "", 1)
 
 
 def enqueue_then_roll_back() -> None:
