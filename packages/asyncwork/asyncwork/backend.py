@@ -68,6 +68,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from asyncwork import broker
 from asyncwork.audit import operator_action_record
+from asyncwork.db import insert
 from asyncwork.logging import HEADER as LOG_CONTEXT_HEADER
 from asyncwork.logging import log_context_current
 from asyncwork.settings import asyncwork_settings
@@ -213,7 +214,7 @@ def job_create(
         due_at=due_at,
         context=log_context_current(),
     )
-    job.save(force_insert=True)
+    insert(job)
     if due_at is None:
         transaction.on_commit(lambda: _publish_committed(job), robust=True)
     return job

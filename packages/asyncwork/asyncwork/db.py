@@ -1,6 +1,7 @@
-"""Database helpers: an insert guarded by a constraint, text PostgreSQL can always store, a
-transaction whose statements give up in time (``bounded``, where every probe and every bulk
-dead-letter request runs), and a worker's connections kept across tasks.
+"""Database helpers: an insert built once per model (guarded by a constraint or not), text
+PostgreSQL can always store, a transaction whose statements give up in time (``bounded``, where
+every probe and every bulk dead-letter request runs), and a worker's connections kept across
+tasks.
 
 With ``CELERY_DB_REUSE_MAX`` set (core/settings.py) Celery's Django fixup keeps connections, and
 each task is bracketed by Django's per-request rule (``close_old_connections``: ``CONN_MAX_AGE``,
@@ -52,24 +53,36 @@ def _column(field: object) -> str:
 def _insert_statement(
     meta: Options[Any], conflict_fields: tuple[str, ...], *, with_pk: bool
 ) -> tuple[tuple[Field[Any, Any], ...], str]:
-    """The fields and SQL of ``insert_or_skip`` for a model, built once: every webhook runs them."""
+    """The fields and SQL of an insert of a model (with ``ON CONFLICT`` if ``conflict_fields``),
+    built once: every webhook and every enqueue runs them."""
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key or with_pk)
     columns = ", ".join(_column(f) for f in fields)
-    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
     placeholders = ", ".join(["%s"] * len(fields))
+    conflict = ", ".join(_column(meta.get_field(name)) for name in conflict_fields)
     assert meta.pk is not None
-    pk_column = _column(meta.pk)
     sql = (
         f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers from model metadata
-        f"VALUES ({placeholders}) ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk_column}"
+        f"VALUES ({placeholders})"
+        + (f" ON CONFLICT ({conflict}) DO NOTHING" if conflict_fields else "")
+        + f" RETURNING {_column(meta.pk)}"
     )
     return fields, sql
+
+
+def insert(instance: models.Model) -> None:
+    """``INSERT`` of one unsaved instance (``Model.save()`` without the SQL compiled on every call
+    nor the signals), ``instance.pk`` set: what every enqueue runs."""
+    _insert(instance, conflict_fields=())
 
 
 def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
     """``INSERT ... ON CONFLICT (conflict_fields) DO NOTHING`` of one unsaved instance: True (and
     ``instance.pk`` set) when inserted, False when the key existed or a concurrent transaction was
     inserting it. A duplicate never raises nor logs an error, here or in PostgreSQL."""
+    return _insert(instance, conflict_fields=conflict_fields)
+
+
+def _insert(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
     meta = instance._meta
     fields, sql = _insert_statement(meta, tuple(conflict_fields), with_pk=instance.pk is not None)
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
