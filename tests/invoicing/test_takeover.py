@@ -12,7 +12,7 @@ the broker and an SMTP server; the dead worker is the rows its run left behind.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,11 +21,12 @@ from django.utils import timezone
 
 from asyncwork.contrib.monitoring.metrics import worker_rescues
 from asyncwork.models import Job, WorkerHeartbeat
-from asyncwork.rescue import workers_rescue
+from asyncwork.rescue import jobs_rescue, workers_rescue
 from invoicing.models import EmailDelivery, Invoice
 from invoicing.tasks import email_claim, invoice_email_key, send_invoice_email
 from stack.net import wait_until
 from stack.smtp import SmtpServer
+from tests.helpers import broker
 from tests.helpers.factories import paid_invoice
 from tests.helpers.processes import a_lapsed_and_a_live_worker, worker_thread
 
@@ -135,6 +136,38 @@ def test_a_gone_owners_job_and_claim_are_taken_over_at_once_and_a_beating_ones_a
     assert (alive_claim.state, alive_claim.attempts) == ("sending", 1)
     assert rescues._value.get() == before + 1
     assert not WorkerHeartbeat.objects.filter(owner="long-dead").exists()
+
+
+def published_waiting(task: str, *, published_at: datetime) -> Job:
+    """A job published at ``published_at`` and not started: its message in the broker, or lost."""
+    return Job.objects.create(
+        task=task, args=[], queue="default", published_at=published_at, publish_attempts=1
+    )
+
+
+def test_a_job_published_as_a_consumer_died_is_published_again_once_its_heartbeat_lapsed() -> None:
+    with a_lapsed_and_a_live_worker():
+        died = WorkerHeartbeat.objects.get(owner="gone-host:41:dead").beat_at
+        # Published a moment after the dead process's last beat, never started: its message may
+        # have died with a consumer that had taken it from Redis.
+        taken = published_waiting("tests.tasks.nap", published_at=died + timedelta(seconds=1))
+        # Published long before, and since: messages still in the broker, left alone.
+        backlog = published_waiting("tests.tasks.nap", published_at=died - timedelta(minutes=1))
+        since = published_waiting("tests.tasks.nap", published_at=timezone.now())
+
+        rescued = jobs_rescue()
+        again = jobs_rescue()  # every worker's poll runs it: once published again, left
+
+    taken.refresh_from_db()
+    if broker.RABBITMQ:  # RabbitMQ gives a dead consumer's deliveries back itself
+        assert (rescued, taken.published_at) == (0, died + timedelta(seconds=1))
+    else:
+        assert rescued == 1
+        assert (taken.published_at, taken.status) == (None, "READY")
+        assert taken.due_at is not None  # the relay publishes it now, ahead of its queue
+    assert again == 0
+    for job in (backlog, since):
+        assert Job.objects.get(pk=job.pk).published_at == job.published_at
 
 
 def test_a_job_finding_its_email_claimed_waits_and_sends_once_the_claim_ends(

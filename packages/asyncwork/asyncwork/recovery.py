@@ -82,9 +82,9 @@ def jobs_republish_lost() -> int:
 
 def jobs_republish_unstarted() -> int:
     """Publish again the jobs published ``REPUBLISH_UNSTARTED_SECONDS`` ago and still not started:
-    their message may be gone without the broker restarting (a consumer killed between taking it
-    from Redis and recording it unacknowledged, a queue purged). Under a backlog that old, a
-    second message for a job is taken and does nothing."""
+    their message may be gone without the broker restarting (a queue purged; a message a killed
+    consumer took after it had waited, which the rescue does not look for). Under a backlog that
+    old, a second message for a job is taken and does nothing."""
     since = Now() - timedelta(seconds=asyncwork_settings.REPUBLISH_UNSTARTED_SECONDS)
     stale = Job.objects.filter(status=Job.Status.READY, published_at__lt=since)
     republished = stale.update(published_at=None, due_at=Now())

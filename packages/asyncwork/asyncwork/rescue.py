@@ -7,8 +7,12 @@ of the workers.
   once; its lost run counts as an attempt (``asyncwork.runner``: a job that kills its worker each
   time fails once its attempts are spent). A job a dead consumer had received and not started
   (listed in its heartbeat) is published again: the broker would give it back only after its
-  visibility or heartbeat timeout. A message the broker brings back later finds the job claimed
-  or done, and does nothing.
+  visibility or heartbeat timeout. On Redis, a consumer killed as Redis handed it a message (the
+  reply in flight, or not yet recorded as unacknowledged: a killed process closes its sockets only
+  after freeing its memory) takes the message with it, and nothing in Redis gives it back: a job
+  published within a heartbeat of a dead process's last beat and still not started is published
+  again (under a backlog, a second message for some jobs, which does nothing). A message the
+  broker brings back later finds the job claimed or done, and does nothing.
 * An app declares what rescuing its own claims means with ``@rescue(name)``.
 
 Each is safe to run in every worker at once. Heartbeat rows older than ``DEAD_HEARTBEAT_KEPT`` are
@@ -27,8 +31,10 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from asyncwork.backend import rescued as rescued_signal
+from asyncwork.broker import rabbitmq
 from asyncwork.models import Job, WorkerHeartbeat
 from asyncwork.runner import lapse_seconds, owner_lapsed_sql
+from asyncwork.settings import asyncwork_settings
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +79,19 @@ FOR UPDATE SKIP LOCKED
 """  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
 
 
+# Published within a heartbeat of a dead process's last beat (its death is within one after it)
+# and a second more (the published mark follows the publish), not started: its message may have
+# died with a consumer (above). Once published again, its mark is past the window.
+_TAKEN_SQL = f"""
+UPDATE {Job._meta.db_table} AS j SET published_at = NULL, due_at = now()
+FROM {WorkerHeartbeat._meta.db_table} w
+WHERE j.status = 'READY' AND j.published_at IS NOT NULL
+  AND j.published_at BETWEEN w.beat_at - make_interval(secs => %(heartbeat)s)
+                         AND w.beat_at + make_interval(secs => %(heartbeat)s + 1)
+  AND {owner_lapsed_sql(owner="w.owner", since="w.started_at")}
+"""  # noqa: S608 - no input: the models' table names and the heartbeat's predicate
+
+
 def jobs_rescue() -> int:
     """Give back the jobs of processes whose heartbeat lapsed (above), in one transaction; returns
     how many."""
@@ -80,6 +99,10 @@ def jobs_rescue() -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_RUNNING_SQL, lapse)
         rescued = cursor.rowcount
+        if not rabbitmq():  # RabbitMQ requeues the deliveries of a consumer gone
+            heartbeat = float(asyncwork_settings.WORKER_HEARTBEAT_SECONDS)
+            cursor.execute(_TAKEN_SQL, {**lapse, "heartbeat": heartbeat})
+            rescued += cursor.rowcount
         cursor.execute(_HELD_SQL, lapse)
         # Django's connection reads jsonb as its text.
         rows = [(pk, json.loads(holding)) for pk, holding in cursor.fetchall()]
