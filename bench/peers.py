@@ -36,16 +36,16 @@ started, the time from the first task's start to the last one's end, per core to
 burn-down of email tasks, **emails/s**; (4) **enqueue-to-start latency**, p50 and p99, with the
 enqueues paced open loop at half the arm's no-op drain rate of that round; (5) a **kill -9** of
 a worker (a Celery worker's whole process group; one of the two ``db_worker`` or procrastinate
-processes) halfway through a paced load of tasks that each take 200 ms, offered to keep 80% of
-the arm's slots busy (at most half its drain rate), a new worker started at once as a
-supervisor would, then: tasks not run once the arm's own bound on giving a dead worker's
-tasks back has passed (asyncwork on Redis: 300 s, longer than its 180 s visibility timeout, for the
-messages a dead worker had reserved; 30 s for every other arm), and tasks run
-twice. Each task records its runs in ``bench_peer_run`` (keyed by arm and task number), from
-which every figure is read. For each burn-down: CPU ms per task of the workers, PostgreSQL,
-Redis and RabbitMQ (the machine's node: shared with its other users), and PostgreSQL
-transactions and rows written per task (``pg_stat_database``, read once the workers have
-exited; worker start-up included).
+processes) halfway through a paced load of tasks that each take 200 ms, offered to keep 80% of the
+arm's slots busy (at most half its drain rate), a new worker started at once as a supervisor would,
+then: tasks not run once the arm's own bound on giving a dead worker's tasks back has passed
+(asyncwork on Redis: 700 s, its republish of a job whose message a dead consumer took from Redis
+without recording it, 600 s, plus the sweep's minute; 30 s for every other arm), tasks run twice,
+and the longest a task that ran waited to start. Each task records its runs in ``bench_peer_run``
+(keyed by arm and task number), from which every figure is read. For each burn-down: CPU ms per
+task of the workers, PostgreSQL, Redis and RabbitMQ (the machine's node: shared with its other
+users), and PostgreSQL transactions and rows written per task (``pg_stat_database``, read once the
+workers have exited; worker start-up included).
 
 Goals (``bench.report``): asyncwork ≥ 1.2 x the best transactional peer (django-tasks-db,
 procrastinate) on drained/s and emails/s, ≥ 1.0 x on enqueues/s, its p99 the lowest of the
@@ -79,6 +79,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from asyncwork.poll import UNSTARTED_EVERY_SECONDS
+from asyncwork.settings import SETTINGS
 from bench.harness import percentile
 from bench.report import Goal, machine, results_write, table
 from bench.run import (
@@ -126,14 +128,18 @@ class Arm:
     # Seconds after the kill before a task not run counts as lost: the arm's own bound on giving
     # a dead worker's tasks back, or SETTLE where it has none.
     settle: float = 0.0
+    concurrency: int = CELERY_CONCURRENCY  # a Celery worker's pool processes
 
 
 # The wait after a kill for an arm with no recovery of its own (a late run still counts).
 SETTLE = 30.0
-# asyncwork on Redis: a dead worker's claimed jobs come back by heartbeat within seconds; the
-# messages it had reserved but not started wait in Redis's unacknowledged set, so the wait is
-# longer than the transport's visibility timeout (180 s, core/settings.py).
-REDIS_RESTORE_BOUND = 300.0
+# asyncwork on Redis: a dead worker's claimed jobs come back by heartbeat within seconds, and
+# the messages it had reserved but not started wait in Redis's unacknowledged set for the
+# transport's visibility timeout (180 s, core/settings.py); a message it had taken from Redis and
+# not yet recorded there is gone, and its job is published again once it has been
+# REPUBLISH_UNSTARTED_SECONDS unstarted, by the next sweep (asyncwork.poll: every 60 s). So the
+# wait is that bound and a margin.
+REDIS_RESTORE_BOUND = SETTINGS["REPUBLISH_UNSTARTED_SECONDS"].default + UNSTARTED_EVERY_SECONDS + 40
 
 
 ARMS = (
@@ -152,6 +158,35 @@ ARMS = (
     Arm("tutorial", "none", "celery", "celery", transactional=False),
 )
 ARM_NAMES = tuple(arm.name for arm in ARMS)
+
+
+# The plain levers (``--levers``), each asyncwork on Redis with one change, measured in one run
+# against the arm as configured (``asyncwork-redis``): settings as Django and Celery document them.
+def _lever(name: str, **change: Any) -> Arm:
+    return Arm(name, "asyncwork", "celery", "django", settle=REDIS_RESTORE_BOUND, **change)
+
+
+LEVERS = (
+    # psycopg's server-side binding, so a statement run five times is prepared (psycopg's
+    # prepare_threshold): https://docs.djangoproject.com/en/5.2/ref/databases/#server-side-parameters-binding
+    _lever(
+        "lever-server-side-binding",
+        settings={"DATABASE": {"OPTIONS": {"server_side_binding": True}}},
+    ),
+    # Django's connection pool (psycopg_pool) in place of persistent connections:
+    # https://docs.djangoproject.com/en/5.2/ref/databases/#connection-pool
+    _lever(
+        "lever-pool",
+        settings={"DATABASE": {"CONN_MAX_AGE": 0, "OPTIONS": {"pool": True}}},
+    ),
+    # No health check (a SELECT 1) before the first query of each task.
+    _lever("lever-no-health-checks", settings={"DATABASE": {"CONN_HEALTH_CHECKS": False}}),
+    # Four messages reserved per pool process instead of one.
+    _lever("lever-prefetch-4", settings={"CELERY_WORKER_PREFETCH_MULTIPLIER": 4}),
+    # Eight pool processes instead of four: more runs waiting on I/O at once.
+    _lever("lever-concurrency-8", concurrency=8),
+)
+LEVER_NAMES = ("asyncwork-redis", *(arm.name for arm in LEVERS))
 
 
 # --- The client: one subprocess per batch, with the arm's settings ------------------------------
@@ -190,7 +225,7 @@ def client_main(args: argparse.Namespace) -> int:
     django.setup()
     from django.db import connection, transaction
 
-    arm = next(a for a in ARMS if a.name == args.arm)
+    arm = next(a for a in (*ARMS, *LEVERS) if a.name == args.arm)
     enqueue = _enqueuer(arm, args.kind, args.hold)
     numbers = itertools.count()
     committed: list[float] = [math.nan] * args.count
@@ -266,7 +301,7 @@ class ArmStack:
                 self.env,
                 name=name,
                 pool="prefork",
-                concurrency=CELERY_CONCURRENCY,
+                concurrency=self.arm.concurrency,
                 include=("bench.peer_tasks",),
                 loglevel="WARNING",
                 log=log,
@@ -284,7 +319,7 @@ class ArmStack:
     def slots(self) -> int:
         """Tasks the arm's workers run at once."""
         if self.arm.worker == "celery":
-            return CELERY_CONCURRENCY
+            return self.arm.concurrency
         if self.arm.worker == "procrastinate":
             return PROCESSES * PROCRASTINATE_CONCURRENCY
         return PROCESSES
@@ -478,7 +513,7 @@ def kill(stack: ArmStack, rate: float, options: Options) -> dict[str, Any]:
     halfway = threading.Thread(target=kill_halfway)
     halfway.start()
     try:
-        stack.client("noop", count, threads=PACED_THREADS, rate=rate, hold=KILL_HOLD)
+        _, sent = stack.client("noop", count, threads=PACED_THREADS, rate=rate, hold=KILL_HOLD)
     finally:
         halfway.join()
     settle = stack.arm.settle or SETTLE
@@ -490,6 +525,10 @@ def kill(stack: ArmStack, rate: float, options: Options) -> dict[str, Any]:
         "tasks": count,
         "lost": count - len(rows),
         "twice": sum(1 for _, runs, _, _ in rows if runs > 1),
+        # The longest a task that ran waited to start: a task the kill held, given back late.
+        "slowest_start_s": max(
+            (started - sent["committed"][n - first] for n, _, started, _ in rows), default=0.0
+        ),
         "settle_seconds": settle,
     }
 
@@ -523,6 +562,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "p99_ms": _median([r["latency"]["p99_ms"] for r in rounds]),
         "lost": sum(r["kill"]["lost"] for r in rounds),
         "twice": sum(r["kill"]["twice"] for r in rounds),
+        "slowest_start_s": max(r["kill"]["slowest_start_s"] for r in rounds),
         "completed": all(
             r["noop"]["done"] and r["email"]["done"] and r["latency"]["done"] for r in rounds
         ),
@@ -719,7 +759,8 @@ def measure(options: Options) -> dict[str, Any]:
                         f"emails {result['email']['drain_rate']:6.0f}/s  "
                         f"p50/p99 {result['latency']['p50_ms']:6.0f}/"
                         f"{result['latency']['p99_ms']:6.0f} ms  "
-                        f"lost {result['kill']['lost']} twice {result['kill']['twice']}",
+                        f"lost {result['kill']['lost']} twice {result['kill']['twice']} "
+                        f"slowest {result['kill']['slowest_start_s']:.1f} s",
                         flush=True,
                     )
         finally:
@@ -769,7 +810,7 @@ def parse(argv: Sequence[str] | None) -> Options | argparse.Namespace:
     )
     sub = parser.add_subparsers(dest="command")
     client = sub.add_parser("client", help="internal: one arm's enqueues, in its environment")
-    client.add_argument("--arm", choices=ARM_NAMES, required=True)
+    client.add_argument("--arm", choices=(*ARM_NAMES, *LEVER_NAMES), required=True)
     client.add_argument("--kind", choices=("noop", "email"), required=True)
     client.add_argument("--first", type=int, required=True)
     client.add_argument("--count", type=int, required=True)
@@ -783,6 +824,12 @@ def parse(argv: Sequence[str] | None) -> Options | argparse.Namespace:
     parser.add_argument("--latency-seconds", type=float, help="paced load of (4), seconds (15)")
     parser.add_argument("--kill-seconds", type=float, help="paced load of (5), seconds (10)")
     parser.add_argument("--arms", default=",".join(ARM_NAMES), help="comma-separated arms")
+    parser.add_argument(
+        "--levers",
+        action="store_true",
+        help="asyncwork on Redis as configured and with each plain lever "
+        "(results: peers_levers.json)",
+    )
     parser.add_argument("--database-url", default=DATABASE_URL)
     parser.add_argument("--redis-url", default=REDIS_URL)
     parser.add_argument("--output", type=Path, default=RESULTS / "peers.json")
@@ -790,7 +837,11 @@ def parse(argv: Sequence[str] | None) -> Options | argparse.Namespace:
     if args.command == "client":
         return args
     chosen = [name.strip() for name in args.arms.split(",") if name.strip()]
-    unknown = set(chosen) - set(ARM_NAMES)
+    if args.levers:
+        chosen = list(LEVER_NAMES)
+        if args.output == RESULTS / "peers.json":
+            args.output = RESULTS / "peers_levers.json"
+    unknown = set(chosen) - {*ARM_NAMES, *LEVER_NAMES}
     if unknown or not chosen:
         parser.error(f"unknown arm(s): {', '.join(sorted(unknown)) or '(none)'}")
     if urlsplit(args.database_url).path.lstrip("/") in ("", "invoicing"):
@@ -811,7 +862,7 @@ def parse(argv: Sequence[str] | None) -> Options | argparse.Namespace:
         parser.error("--tasks, --emails and --rounds must be at least 1")
     return Options(
         **sizes,
-        arms=tuple(arm for arm in ARMS if arm.name in chosen),
+        arms=tuple(arm for arm in (*ARMS, *LEVERS) if arm.name in chosen),
         database_url=args.database_url,
         redis_url=args.redis_url,
         output=args.output,
