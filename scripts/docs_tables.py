@@ -68,7 +68,7 @@ BROKER_CPU_GROUPS = (
 
 def bench_files(key: str = "summary") -> list[Path]:
     """The benchmark result files holding ``key`` (goal rows by default)."""
-    files = [p for p in BENCH_RESULTS.glob("*.json") if key in _load(p)]
+    files = [p for p in BENCH_RESULTS.glob("*.json") if _load(p).get(key)]
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     return sorted(files, key=lambda p: (order.get(p.stem, len(order)), p.name))
 
@@ -443,6 +443,7 @@ def peers_section(path: Path) -> list[str]:
             f"{arm['p99_ms']:.0f}",
             f"{arm['lost']}",
             f"{arm['twice']}",
+            _slowest(arm),
             *(f"{arm['cpu_ms_per_task'][group]:.2f}" for group, _ in PEERS_CPU_GROUPS),
             f"{arm['transactions_per_task']:.1f}",
         )
@@ -459,6 +460,7 @@ def peers_section(path: Path) -> list[str]:
         "p99 ms",
         "lost",
         "run twice",
+        "slowest start after the kill",
         *(f"CPU ms/task: {label}" for _, label in PEERS_CPU_GROUPS),
         "transactions/task",
     )
@@ -484,6 +486,70 @@ def peers_section(path: Path) -> list[str]:
         "",
         *_table(enqueue_header, enqueue_rows, "l" + "r" * (len(enqueue_header) - 1)),
     ]
+
+
+def _slowest(arm: dict[str, Any]) -> str:
+    """The longest a task of the kill's load waited to start (a result file without it: "-")."""
+    return f"{arm['slowest_start_s']:.1f} s" if "slowest_start_s" in arm else "-"
+
+
+# The figures of a lever against the arm as configured (bench.peers --levers): higher is better
+# for the rates, lower for the latency.
+LEVER_RATIOS = (
+    ("drain_rate", "drained/s"),
+    ("email_rate", "emails/s"),
+    ("enqueue_rate", "enqueues/s"),
+    ("p99_ms", "p99 ms"),
+)
+
+
+def levers_section(path: Path) -> list[str]:
+    """Each plain lever against asyncwork on Redis as configured, from one run of
+    ``python -m bench.peers --levers``: its figures and their ratio to the reference arm's."""
+    document = _load(path)
+    arms = document["arms"]
+    reference = arms["asyncwork-redis"]
+    rows = []
+    for name, arm in arms.items():
+        cells = [name]
+        for key, _ in LEVER_RATIOS:
+            figure = f"{arm[key]:.0f}"
+            cells.append(
+                figure if arm is reference else f"{figure} ({arm[key] / reference[key]:.2f}x)"
+            )
+        cells += [
+            f"{arm['cpu_ms_per_task']['workers']:.2f}",
+            f"{arm['cpu_ms_per_task']['postgres']:.2f}",
+            f"{arm['transactions_per_task']:.1f}",
+            f"{arm['lost']}",
+            f"{arm['twice']}",
+            _slowest(arm),
+        ]
+        rows.append(cells)
+    header = (
+        "arm",
+        *(label for _, label in LEVER_RATIOS),
+        "CPU ms/task: workers",
+        "CPU ms/task: PostgreSQL",
+        "transactions/task",
+        "lost",
+        "run twice",
+        "slowest start after the kill",
+    )
+    caption = _caption(path, document, "`python -m bench.peers --levers`")
+    config = document["config"]
+    return [
+        caption,
+        f"{config['rounds']} round(s), arms interleaved; {config['tasks']:,} no-op tasks and "
+        f"{config['emails']:,} emails per burn-down; ratios to `asyncwork-redis` of the same run "
+        "(better: above 1 for a rate, below 1 for p99).",
+        "",
+        *_table(header, rows, "l" + "r" * (len(header) - 1)),
+    ]
+
+
+def levers_files() -> list[Path]:
+    return [p for p in [BENCH_RESULTS / "peers_levers.json"] if p.exists()]
 
 
 def _settles(seconds: dict[str, float]) -> str:
@@ -710,6 +776,7 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
         # The application beside its reference arms (the tutorial's, the floor).
         "floor": lambda: block([reference_section()]),
         "peers": lambda: block([peers_section(p) for p in peers_files()]),
+        "peers-levers": lambda: block([levers_section(p) for p in levers_files()]),
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
     BROKERS: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
