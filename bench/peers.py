@@ -121,7 +121,7 @@ class Arm:
     name: str
     backend: str  # bench.peers_settings' PEER_BACKENDS key
     worker: str  # "celery", "db_worker" or "procrastinate"
-    enqueue: str  # "django", "django-on-commit", "procrastinate" or "celery"
+    enqueue: str  # "django", "django-relay", "django-on-commit", "procrastinate" or "celery"
     broker: str = "redis"
     transactional: bool = True
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -163,7 +163,16 @@ ARM_NAMES = tuple(arm.name for arm in ARMS)
 # The plain levers (``--levers``), each asyncwork on Redis with one change, measured in one run
 # against the arm as configured (``asyncwork-redis``): settings as Django and Celery document them.
 def _lever(name: str, **change: Any) -> Arm:
-    return Arm(name, "asyncwork", "celery", "django", settle=REDIS_RESTORE_BOUND, **change)
+    return Arm(
+        **{
+            "name": name,
+            "backend": "asyncwork",
+            "worker": "celery",
+            "enqueue": "django",
+            "settle": REDIS_RESTORE_BOUND,
+            **change,
+        }
+    )
 
 
 LEVERS = (
@@ -185,6 +194,14 @@ LEVERS = (
     _lever("lever-prefetch-4", settings={"CELERY_WORKER_PREFETCH_MULTIPLIER": 4}),
     # Eight pool processes instead of four: more runs waiting on I/O at once.
     _lever("lever-concurrency-8", concurrency=8),
+    # Batched relay publishes: nothing published at commit (the client drops the enqueue's
+    # on-commit publish); each worker's poll (asyncwork.poll, every POLL_SECONDS) publishes the
+    # committed rows, RELAY_BATCH_SIZE to a transaction, marked with one UPDATE per batch.
+    _lever(
+        "lever-relay-publishes",
+        enqueue="django-relay",
+        settings={"ASYNCWORK": {"OUTBOX_RELAY_GRACE_SECONDS": 0}},
+    ),
 )
 LEVER_NAMES = ("asyncwork-redis", *(arm.name for arm in LEVERS))
 
@@ -204,6 +221,15 @@ def _enqueuer(arm: Arm, kind: str, hold: float) -> Callable[[int], None]:
     if arm.enqueue == "django":
         task = getattr(peer_tasks, kind)
         return lambda n: task.enqueue(n, *args)
+    if arm.enqueue == "django-relay":
+        task = getattr(peer_tasks, kind)
+
+        def enqueue_unpublished(n: int) -> None:
+            task.enqueue(n, *args)
+            # The enqueue registered one hook, its publish at commit: left to the relay instead.
+            transaction.get_connection().run_on_commit.pop()
+
+        return enqueue_unpublished
     if arm.enqueue == "django-on-commit":
         task = getattr(peer_tasks, kind)
         return lambda n: transaction.on_commit(partial(task.enqueue, n, *args))
