@@ -50,8 +50,8 @@ BENCHMARKS: dict[str, Main] = {
 }
 PROFILES: dict[str, dict[str, list[str]]] = {
     "full": {
-        "webhook_ingest": ["--rounds", "2", "--duration", "5", "--warmup", "1"],
-        "pipeline": ["--emails", "2000", "--rounds", "2"],
+        "webhook_ingest": ["--rounds", "3", "--duration", "5", "--warmup", "1"],
+        "pipeline": ["--emails", "2000", "--rounds", "3"],
         "e2e_latency": ["--duration", "20", "--max-duration", "10"],
         "ack_latency": ["--duration", "20", "--rounds", "2"],
         "ingest_load": ["--max-duration", "10", "--duration", "20", "--throttle", "1.0,0.6"],
