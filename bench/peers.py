@@ -162,17 +162,8 @@ ARM_NAMES = tuple(arm.name for arm in ARMS)
 
 # The plain levers (``--levers``), each asyncwork on Redis with one change, measured in one run
 # against the arm as configured (``asyncwork-redis``): settings as Django and Celery document them.
-def _lever(name: str, **change: Any) -> Arm:
-    return Arm(
-        **{
-            "name": name,
-            "backend": "asyncwork",
-            "worker": "celery",
-            "enqueue": "django",
-            "settle": REDIS_RESTORE_BOUND,
-            **change,
-        }
-    )
+def _lever(name: str, *, enqueue: str = "django", **change: Any) -> Arm:
+    return Arm(name, "asyncwork", "celery", enqueue, settle=REDIS_RESTORE_BOUND, **change)
 
 
 LEVERS = (

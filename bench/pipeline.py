@@ -27,11 +27,10 @@ as ``celery -A core worker``, an SMTP sink in this process):
 
 Goal: pipeline emails/s at least the tutorial's, the median of the rounds' rates (the
 guarantees at no cost); the ratios to the floor's and to the no-op task rate are reported, not
-goals. At the end: one invoice per event, exactly one
-email per invoice in the sink, one sent email recorded for each of the application's and the
-floor's (the tutorial records none), no dead letter, no unpublished outbox row (the floor
-receiver writes its rows published; the tutorial has no outbox), nothing left in the broker's
-queues.
+goals. At the end: one invoice per event, exactly one email per invoice in the sink, one sent
+email recorded for each of the application's and the floor's (the tutorial records none), no
+dead letter, no unpublished outbox row (the floor receiver writes its rows published; the
+tutorial has no outbox), nothing left in the broker's queues.
 
     .venv/bin/python -m bench.pipeline [--emails 2000 --rounds 2 --worker-concurrency 4 ...]
 """

@@ -22,8 +22,8 @@ after a warm-up. Goals: ingest at least the tutorial's rate, the median of the r
 receiver's rate and to the no-op's are reported, not goals. A missed goal prints MISS and exits
 0; a failed request or a wrong stored state (one event and invoice per acknowledged new event,
 one published outbox row for the application's and the floor's, one message in Redis for each)
-exits 1. No Celery worker runs: published
-messages wait in Redis, under the run's own prefix, deleted at the end.
+exits 1. No Celery worker runs: published messages wait in Redis, under the run's own prefix,
+deleted at the end.
 
     .venv/bin/python -m bench.webhook_ingest [--rounds 4 --duration 10 --workers 3 ...]
 """
