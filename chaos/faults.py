@@ -81,6 +81,7 @@ class Step:
     kind: str
     window: str = ""  # worker_kill: stack.smtp.IN_WINDOW or OUTSIDE
     seconds: float = 0.0  # broker_stall, a partition: how long
+    after: float | None = None  # seconds after the previous fault ended; None: the runner's gap
 
 
 @dataclass
@@ -357,7 +358,8 @@ class FaultRunner:
                     self.load_done.is_set() or (step.at < 1 and self.ctx.sender.progress >= step.at)
                 ):
                     time.sleep(0.1)
-                time.sleep(max(0.0, last_end + wait - time.time()))
+                pause = wait if step.after is None else step.after
+                time.sleep(max(0.0, last_end + pause - time.time()))
                 record = {"kind": step.kind, **self.injectors[step.kind](self.ctx, step)}
                 record["during_load"] = not self.load_done.is_set()
                 self.records.append(record)
