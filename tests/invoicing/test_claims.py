@@ -195,7 +195,7 @@ def test_rescue_by_heartbeat_off_leaves_the_lease_alone_to_decide(settings: Any)
 def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
     """The fence is the owner and the claim's token: after a takeover the old owner's release
     and mark sent match nothing, even where it is the same process claiming again (a retry):
-    its claim (``Claim.held``) is not on the row any more."""
+    its claim (``Claim.update``) is not on the row any more."""
     invoice = paid_invoice()
     key = invoice_email_key(invoice.pk)
     old = email_claim(invoice_id=invoice.pk, key=key, owner="zombie").claim
@@ -207,7 +207,9 @@ def test_the_owner_of_a_claim_taken_over_writes_nothing() -> None:
     assert new is not None
     before = EmailDelivery.objects.values().get(key=key)
 
-    assert not old.held().filter(state=EmailDelivery.State.SENDING).exists()
+    assert not EmailDelivery.objects.filter(
+        pk=old.delivery_id, claimed_by=old.owner, attempts=old.attempts
+    ).exists()
     _claim_release(old, error="late failure", recipient="late@example.com")
     assert not _claim_mark_sent(old, recipient="late@example.com", provider_message_id="late")
     assert EmailDelivery.objects.values().get(key=key) == before
