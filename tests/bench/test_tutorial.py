@@ -64,5 +64,6 @@ def test_the_tutorial_task_sends_one_email_named_by_its_recipient(smtp: SmtpServ
 
     assert smtp.handler.wait_for(1, timeout=5)
     (email,) = smtp.handler.received()
-    assert f"Subject: Invoice {invoice.number} paid".encode() in email.content
+    assert f"Subject: Your invoice {invoice.number} is paid".encode() in email.content
+    assert b"Content-Type: text/html" in email.content
     assert emails_check(smtp, [provider_id])["ok"]
