@@ -136,10 +136,11 @@ DATABASES["default"]["CONN_MAX_AGE"] = 60
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
 # Prepared statements: a statement run five times on a connection is parsed and planned once
-# (psycopg's default threshold, which Django turns off unless OPTIONS gives it, for poolers such
-# as PgBouncer in transaction mode; none stands between these processes and PostgreSQL). They
-# need psycopg's server-side binding. Every job's claim and outcome, every email's claim and
-# mark run so: PostgreSQL's CPU per email about 2.2 -> 0.9 ms (docs/explanation/performance.md).
+# (psycopg's default threshold, which Django turns off unless OPTIONS gives it, for a pooler
+# such as PgBouncer in transaction mode without its max_prepared_statements; none stands between
+# these processes and PostgreSQL). They need psycopg's server-side binding. Every job's claim
+# and outcome, every email's claim and mark run so: PostgreSQL's CPU per email about 2.2 -> 0.9
+# ms (docs/explanation/performance.md).
 DATABASES["default"]["OPTIONS"].setdefault("server_side_binding", True)
 DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 5)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
