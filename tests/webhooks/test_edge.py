@@ -303,6 +303,53 @@ def test_an_address_s_burst_waits_its_turn_at_its_rate() -> None:
     assert max(passed) < 1.5
 
 
+@pytest.mark.slow
+def test_what_is_over_the_capacity_is_refused_on_arrival_not_after_its_turn() -> None:
+    """Eight addresses, each at its own rate (a quarter of the capacity's) and at random
+    (Poisson), send twice the capacity for four seconds. No address is over its budget, so
+    each request would wait its turn at its address's rate and only then be judged by the
+    capacity server, which would refuse half of them after that wait. The capacity's rate judged
+    on arrival refuses them at once instead; about the capacity's rate passes."""
+    rate, burst, seconds, addresses = 40, 10, 4.0, 8
+    each = rate / 4  # an address's rate
+    draw = random.Random(7)
+    plan = []
+    for address in range(addresses):
+        at = draw.expovariate(each)
+        while at < seconds:
+            plan.append((at, f"127.0.0.{address + 1}"))
+            at += draw.expovariate(each)
+    plan.sort()
+
+    def one(source: str) -> tuple[int, float]:
+        started = time.monotonic()
+        answer = send(port, source=source, body=b"{}")
+        return answer.status, time.monotonic() - started
+
+    with (
+        upstream() as up,
+        launch.edge(up, rate=rate, burst=burst, in_flight=64) as nginx,
+        ThreadPoolExecutor(64) as pool,
+    ):
+        port = nginx.port
+        futures = []
+        begun = time.monotonic()
+        for at, source in plan:
+            time.sleep(max(0.0, begun + at - time.monotonic()))
+            futures.append(pool.submit(one, source))
+        answers = [future.result() for future in futures]
+    refused = sorted(latency for status, latency in answers if status == 429)
+    passed = sum(1 for status, _ in answers if status == 200)
+    print(
+        f"\n{len(answers)} sent, {passed} passed, {len(refused)} refused: median "
+        f"{refused[len(refused) // 2]:.3f} s, 3/4 {refused[len(refused) * 3 // 4]:.3f} s"
+    )
+    assert passed + len(refused) == len(answers)
+    # The capacity's rate, and at most the arrival's burst (the capacity's and an address's).
+    assert rate * seconds * 0.8 <= passed <= rate * seconds + 1 + burst + 12
+    assert refused[len(refused) * 3 // 4] < 0.1, refused
+
+
 # --- the attack: no stranger keeps signed deliveries out -----------------------------------------
 
 # The edge as compose.yaml's edge service renders it (its values are render.sh's defaults):
@@ -1252,6 +1299,9 @@ def test_render_fills_in_the_settings_and_derives_the_per_address_ones() -> None
     # flight, the capacity's.
     assert "zone=webhook_address:10m rate=2r/s;" in text
     assert "limit_req zone=webhook_address burst=12;" in text
+    # On arrival, the capacity's rate with its burst and an address's together.
+    assert 'limit_req_zone "webhooks" zone=webhooks_arrival:1m rate=7r/s;' in text
+    assert "limit_req zone=webhooks_arrival burst=15 nodelay;" in text
     assert "limit_conn webhook_address_open 6;" in text
     assert "    default 0;\n    3.18.12.63 1;\n    2001:db8::/32 1;\n" in text
     assert "    set_real_ip_from 10.0.0.0/8;\n    real_ip_header X-Forwarded-For;\n" in text
@@ -1395,7 +1445,8 @@ def test_the_settings_render_reads_are_the_templates() -> None:
     names = set(setting_names())
     template = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "default.conf.template"
     used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", template.read_text()))
-    assert used - {"EDGE_LOGIN_RETRY_AFTER", "EDGE_TRUSTED_PROXIES_GEO"} == names
+    derived = {"EDGE_LOGIN_RETRY_AFTER", "EDGE_TRUSTED_PROXIES_GEO", "WEBHOOK_EDGE_ARRIVAL_BURST"}
+    assert used - derived == names
 
 
 # --- Stripe's senders ---------------------------------------------------------------------------
