@@ -136,6 +136,10 @@ def owner_lapsed_sql(*, owner: str, since: str) -> str:
     )
 
 
+# The claim returns the job's columns in its fields' order, named here once: reading the names
+# back from the cursor would build a description of every column on every claim.
+_JOB_FIELDS = tuple(Job._meta.concrete_fields)
+
 _CLAIM_SQL = f"""
 UPDATE {Job._meta.db_table} AS j
 SET status = 'RUNNING', attempts = j.attempts + 1, owner = %(owner)s::text,
@@ -146,8 +150,8 @@ WHERE j.id = %(id)s
   AND ((j.status = 'READY' AND (j.due_at IS NULL OR j.due_at <= now()))
        OR (j.status = 'RUNNING' AND (j.lease_expires_at < now()
            OR {owner_lapsed_sql(owner="j.owner", since="j.last_attempted_at")})))
-RETURNING j.*
-"""  # noqa: S608 - no input: a model's table name and the heartbeat's predicate
+RETURNING {", ".join(f"j.{connection.ops.quote_name(str(f.column))}" for f in _JOB_FIELDS)}
+"""  # noqa: S608 - no input: a model's table and columns, and the heartbeat's predicate
 
 
 @dataclass(frozen=True)
@@ -203,33 +207,28 @@ def claim(job_id: int, *, lease_seconds: float) -> Run | None:
             with connection.cursor() as cursor:
                 cursor.execute(_CLAIM_SQL, params)
                 row = cursor.fetchone()
-                columns = tuple(column.name for column in cursor.description or ())
         except DatabaseError:
             connection.close()
             if time.monotonic() - started >= WRITE_WAIT:
                 raise
             time.sleep(WRITE_INTERVAL)
             continue
-        return None if row is None else Run(job=_job_from_row(columns, row))
+        return None if row is None else Run(job=_job_from_row(row))
 
 
-@functools.lru_cache(maxsize=4)
-def _readers(columns: tuple[str, ...]) -> tuple[tuple[int, Callable[..., Any] | None], ...]:
-    """Per field of ``Job``, its column's place in ``columns`` and how the field reads a value
-    from the database (JSON), if at all."""
-    return tuple(
-        (columns.index(field.column), getattr(field, "from_db_value", None))
-        for field in Job._meta.concrete_fields
-    )
+# Per field of ``Job``, how it reads a value from the database (JSON), if at all.
+_READERS = tuple(getattr(field, "from_db_value", None) for field in _JOB_FIELDS)
+_ATTNAMES = [field.attname for field in _JOB_FIELDS]
 
 
-def _job_from_row(columns: tuple[str, ...], row: tuple[Any, ...]) -> Job:
-    """A ``Job`` from a row of its whole table: ``RawQuerySet`` without its per-query set-up."""
-    values = []
-    for place, read in _readers(columns):
-        value = row[place]
-        values.append(value if read is None or value is None else read(value, None, connection))
-    return Job.from_db(connection.alias, [f.attname for f in Job._meta.concrete_fields], values)
+def _job_from_row(row: tuple[Any, ...]) -> Job:
+    """A ``Job`` from the claim's row (``_JOB_FIELDS``' columns): ``RawQuerySet`` without its
+    per-query set-up."""
+    values = [
+        value if read is None or value is None else read(value, None, connection)
+        for read, value in zip(_READERS, row, strict=True)
+    ]
+    return Job.from_db(connection.alias, _ATTNAMES, values)
 
 
 def _written(write: Callable[[], int], *, what: str, job_id: int) -> bool:
