@@ -30,7 +30,7 @@ def test_the_edge_declares_exactly_what_render_sh_reads() -> None:
     assert declared == set(setting_names())
     # ...and names nothing else as ${NAME} in the template.
     template = (ROOT / "deploy" / "nginx" / "default.conf.template").read_text()
-    derived = {"EDGE_LOGIN_RETRY_AFTER", "EDGE_TRUSTED_PROXIES_GEO"}
+    derived = {"EDGE_LOGIN_RETRY_AFTER", "EDGE_TRUSTED_PROXIES_GEO", "WEBHOOK_EDGE_ARRIVAL_BURST"}
     assert set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", template)) - derived <= declared
 
 
