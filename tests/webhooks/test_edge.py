@@ -1353,6 +1353,18 @@ def test_one_address_s_budget_is_its_rate_share_and_lets_a_provider_s_deliveries
     assert round(bucket_loss(0.8, 3), 3) == 0.059
 
 
+def test_the_capacity_s_rate_on_arrival_holds_an_address_s_burst_and_random_deliveries() -> None:
+    """On arrival the capacity's rate has its burst and one address's together, as the
+    template's header says: 10 + 12 at the defaults, which refuses deliveries arriving at random
+    at 4/5 of the capacity about once in 75,000."""
+    conf = rendered(BASE)
+    found = re.search(r"limit_req zone=webhooks_arrival burst=(\d+) nodelay;", conf)
+    assert found
+    arrival = int(found.group(1))
+    assert arrival == BURST + Budget.of(conf).burst == 22
+    assert round(1 / bucket_loss(0.8, arrival), -3) == 75000
+
+
 def test_render_with_any_lets_every_address_post_and_trusts_no_proxy() -> None:
     text = rendered(BASE)
     assert "$webhook_source_allowed {\n    default 1;" in text
