@@ -15,9 +15,12 @@ COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --st
 
 .PHONY: demo lint check test bench lock
 
-PYTEST_PROCESSES := -n 2 --dist loadfile
+# Three test processes (pytest-xdist), each module's tests in one of them, the modules handed out
+# in the order tests/conftest.py gives them (the slow ones first), not by their count of tests: most
+# tests wait on real timeouts, so three processes keep two cores busy.
+PYTEST_PROCESSES := -n 3 --dist loadfile --no-loadscope-reorder
 # Python keeps the modules it compiled (__pycache__, ignored by git and Docker): a test run starts
-# a hundred processes (manage.py, workers, gunicorn) and two test processes whose assertion
+# a hundred processes (manage.py, workers, gunicorn) and three test processes whose assertion
 # rewriting takes seconds, each compiling the same modules again if a shell's
 # PYTHONDONTWRITEBYTECODE forbids it.
 unexport PYTHONDONTWRITEBYTECODE
@@ -56,9 +59,8 @@ check: lint
 		--ignore=tests/asyncwork/test_api_fuzz.py
 
 test: lint
-	# Two test processes (pytest-xdist), each module's tests in one of them: most tests wait on
-	# real timeouts, and each process is a run of its own (tests/settings.py). The peers
-	# benchmark's own run (five minutes: six backends' workers) is `make bench`'s first step.
+	# Each test process is a run of its own (tests/settings.py). The peers benchmark's own run
+	# (five minutes: six backends' workers) is `make bench`'s first step.
 	$(VENV)/bin/pytest $(PYTEST_PROCESSES) $(NOT_HERE)
 	# The machinery's own tests, on a small project of their own (packages/asyncwork/tests).
 	cd packages/asyncwork && ../../$(VENV)/bin/pytest

@@ -19,7 +19,7 @@ What a run shares with the machine, and why, and how it stays out of others' way
 * The chaos suite's test runs its own PostgreSQL cluster and redis-server, which it restarts.
 
 So running ``make test`` twice at once, or beside ``make demo`` or a local stack, changes
-nothing outside each run's own resources. Under pytest-xdist (``make test`` runs two test
+nothing outside each run's own resources. Under pytest-xdist (``make test`` runs three test
 processes) each process is a run of its own: the run id with the process's name after it."""
 
 import json
