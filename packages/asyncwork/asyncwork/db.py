@@ -85,8 +85,10 @@ def insert_or_skip(instance: models.Model, *, conflict_fields: Sequence[str]) ->
 def _insert(instance: models.Model, *, conflict_fields: Sequence[str]) -> bool:
     meta = instance._meta
     fields, sql = _insert_statement(meta, tuple(conflict_fields), with_pk=instance.pk is not None)
-    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     with connection.cursor() as cursor:
+        # The connection itself (cursor.db), as Django's compiler gives it: through the
+        # ``connection`` proxy each field's preparation would look it up again, several times.
+        values = [f.get_db_prep_save(f.pre_save(instance, True), cursor.db) for f in fields]
         cursor.execute(sql, values)
         row = cursor.fetchone()
     if row is None:

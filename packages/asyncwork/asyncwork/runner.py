@@ -166,10 +166,12 @@ class Run:
         writes its outcome so, and compiling a ``QuerySet.update()`` costs more than the
         statement."""
         fields, sql = _fenced_update(tuple(changes))
-        values = [
-            f.get_db_prep_save(v, connection) for f, v in zip(fields, changes.values(), strict=True)
-        ]
         with connection.cursor() as cursor:
+            # The connection itself, not the proxy (asyncwork.db's insert).
+            values = [
+                f.get_db_prep_save(v, cursor.db)
+                for f, v in zip(fields, changes.values(), strict=True)
+            ]
             cursor.execute(sql, [*values, self.job.pk, self.job.owner, self.job.attempts])
             return cursor.rowcount
 
