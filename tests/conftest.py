@@ -30,8 +30,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The slow tests first (a stable sort: otherwise in the order collected). `make test` hands
-    # the modules to its processes in this order: a slow module handed out last (the chaos
-    # suite's, minutes long) kept one process busy long after the others were done.
+    # the modules to its processes in this order, so that no slow module (the chaos suite's
+    # takes minutes) starts as the other processes run out of work.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
