@@ -1,7 +1,8 @@
 """The docs stay true: the benchmark and chaos tables are what the result files of real runs
 say, with their date and machine (docs/reference/settings.md:
 tests/core/test_configuration_doc.py); every relative link resolves, to a file and a heading;
-docs/ holds the four kinds of page (Diataxis) and nothing else."""
+docs/ holds the four kinds of page (Diataxis) and nothing else; the README says how many
+test processes `make test` runs."""
 
 from __future__ import annotations
 
@@ -138,3 +139,10 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path: Path
 def test_docs_holds_only_the_four_kinds_of_page() -> None:
     entries = {entry.name for entry in (ROOT / "docs").iterdir()}
     assert entries <= DOCS_ENTRIES, sorted(entries - DOCS_ENTRIES)
+
+
+def test_the_readme_says_how_many_test_processes_make_test_runs() -> None:
+    (said,) = re.findall(r"the tests \(pytest, (\d+) processes\)", (ROOT / "README.md").read_text())
+    makefile = (ROOT / "Makefile").read_text()
+    (run,) = re.findall(r"^PYTEST_PROCESSES := -n (\d+) ", makefile, re.M)
+    assert said == run
