@@ -61,7 +61,9 @@ check: lint
 test: lint
 	# Each test process is a run of its own (tests/settings.py). The peers benchmark's own run
 	# (five minutes: six backends' workers) is `make bench`'s first step.
-	$(VENV)/bin/pytest $(PYTEST_PROCESSES) $(NOT_HERE)
+	$(VENV)/bin/pytest $(PYTEST_PROCESSES) -m "not alone" $(NOT_HERE)
+	# The tests that time what the cores do under a load they make themselves, one at a time.
+	$(VENV)/bin/pytest -m alone $(NOT_HERE)
 	# The machinery's own tests, on a small project of their own (packages/asyncwork/tests).
 	cd packages/asyncwork && ../../$(VENV)/bin/pytest
 	# The tests that prove the pipeline through the broker, again on RabbitMQ
