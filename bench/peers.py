@@ -132,7 +132,9 @@ class Arm:
     # Seconds after the kill before a task not run counts as lost: the arm's own bound on giving
     # a dead worker's tasks back, or SETTLE where it has none.
     settle: float = 0.0
-    concurrency: int = CELERY_CONCURRENCY  # a Celery worker's pool processes
+    concurrency: int = CELERY_CONCURRENCY  # a Celery worker's pool processes (or threads)
+    pool: str = "prefork"  # a Celery worker's pool
+    celery_workers: int = 1
 
 
 # The wait after a kill for an arm with no recovery of its own (a late run still counts).
@@ -201,6 +203,10 @@ LEVERS = (
     _lever("lever-prefetch-4", settings={"CELERY_WORKER_PREFETCH_MULTIPLIER": 4}),
     # Eight pool processes instead of four: more runs waiting on I/O at once.
     _lever("lever-concurrency-8", concurrency=8),
+    # Celery's threads pool: two workers of two threads each (the same four slots, one process
+    # per core), each running its tasks in the process that takes their messages, with no pipe
+    # to a pool process between them.
+    _lever("lever-threads", pool="threads", concurrency=2, celery_workers=2),
     # Batched relay publishes: nothing published at commit (the client drops the enqueue's
     # on-commit publish); each worker's poll (asyncwork.poll, every POLL_SECONDS) publishes the
     # committed rows, RELAY_BATCH_SIZE to a transaction, marked with one UPDATE per batch.
@@ -333,7 +339,7 @@ class ArmStack:
             return launch.celery_worker(
                 self.env,
                 name=name,
-                pool="prefork",
+                pool=self.arm.pool,
                 concurrency=self.arm.concurrency,
                 include=("bench.peer_tasks",),
                 loglevel="WARNING",
@@ -352,13 +358,13 @@ class ArmStack:
     def slots(self) -> int:
         """Tasks the arm's workers run at once."""
         if self.arm.worker == "celery":
-            return self.arm.concurrency
+            return self.arm.celery_workers * self.arm.concurrency
         if self.arm.worker == "procrastinate":
             return PROCESSES * PROCRASTINATE_CONCURRENCY
         return PROCESSES
 
     def start(self) -> None:
-        count = 1 if self.arm.worker == "celery" else PROCESSES
+        count = self.arm.celery_workers if self.arm.worker == "celery" else PROCESSES
         self.workers = [self._worker() for _ in range(count)]
 
     def kill_one(self) -> None:
