@@ -24,6 +24,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -562,6 +563,40 @@ def _settles(seconds: dict[str, float]) -> str:
     return ", ".join([*parts, f"{common:g} s ({'the others' if parts else 'every arm'})"])
 
 
+def peers_sentence(path: Path) -> list[str]:
+    """The package README's line of the same run: each backend's figures in words."""
+    document = _load(path)
+    config, arms = document["config"], document["arms"]
+
+    def figures(key: str, unit: str = "", digits: int = 0) -> str:
+        def of(name: str) -> str:
+            return f"{arms[name][key]:,.{digits}f}{unit}"
+
+        return (
+            f"asyncwork {of('asyncwork-redis')} (Redis) and {of('asyncwork-rabbitmq')} (RabbitMQ), "
+            f"django-tasks-db {of('django-tasks-db')}, procrastinate {of('procrastinate')} "
+            f"({of('procrastinate-unprepared')} without prepared statements), "
+            f"django-tasks-fennel {of('fennel')}, `delay_on_commit` {of('tutorial')}"
+        )
+
+    slowest = max(arms[n]["slowest_start_s"] for n in ("asyncwork-redis", "asyncwork-rabbitmq"))
+    text = (
+        f"Measured here, the same task bodies through Django's task API on each (the repository's "
+        f"`bench/peers.py`: the median of {config['rounds']} interleaved rounds of "
+        f"{config['tasks']:,} no-op tasks and {config['emails']:,} emails on "
+        f"{document['machine']['nproc']} vCPUs, whose rates move by tens of percent from round "
+        f"to round; the run's date and machine in its `docs/explanation/performance.md`): "
+        f"drained per second, {figures('drain_rate')}; emails per second, "
+        f"{figures('email_rate')}; enqueues per second inside a transaction (asyncwork's: the job "
+        f"row, then the publish and its published mark), {figures('enqueue_rate')}; "
+        f"enqueue-to-start p99 at half each one's drain rate, {figures('p99_ms', ' ms')}; tasks "
+        f"a worker's `kill -9` left unrun over the rounds (not run "
+        f"{_settles(config['settle_seconds'])} after it), {figures('lost')}; asyncwork ran the "
+        f"killed worker's tasks within {slowest:.1f} s."
+    )
+    return textwrap.wrap(text, width=99, break_long_words=False, break_on_hyphens=False)
+
+
 def peers_files() -> list[Path]:
     return [p for p in [BENCH_RESULTS / "peers.json"] if p.exists()]
 
@@ -768,6 +803,7 @@ def block(sections: list[list[str]]) -> str:
 EXPLANATION = ROOT / "docs" / "explanation"
 PERFORMANCE, CHAOS = EXPLANATION / "performance.md", EXPLANATION / "chaos.md"
 BROKERS = EXPLANATION / "choosing-a-broker.md"
+PACKAGE_README = ROOT / "packages" / "asyncwork" / "README.md"
 # Each doc's blocks: the name in its markers, and what renders it.
 DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     PERFORMANCE: {
@@ -780,6 +816,7 @@ DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     },
     CHAOS: {"chaos": lambda: block([chaos_section(p) for p in chaos_files()])},
     BROKERS: {"brokers": lambda: block([brokers_section(p) for p in brokers_files()])},
+    PACKAGE_README: {"peers": lambda: block([peers_sentence(p) for p in peers_files()])},
 }
 
 
